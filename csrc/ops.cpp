@@ -1,0 +1,47 @@
+// deltaconv operator schemas: the one TORCH_LIBRARY block of the extension.
+//
+// Layout conventions shared by every op (see deltaconv/backends/reference.py, the oracle):
+//   delta  [N, C, H, W]  activation dtype (float32 / float16 / bfloat16), channels_last
+//   mask   [N, 1, H, W]  bool, true where the pixel carries a change
+//   acc / sent           float32 state with the shape of the value it tracks, updated in place
+//   key    [N] bool or None: streams whose state was just reset (send every pixel, add biases)
+// Ops return fresh (delta_out, mask_out); values at inactive output pixels are unspecified.
+// Implementations: TORCH_LIBRARY_IMPL(deltaconv, CUDA, m) blocks in the .cu files.
+#include <Python.h>
+#include <torch/library.h>
+
+extern "C" {
+// An empty module so that `import deltaconv._C` also works; ops are registered by loading the
+// library (torch.ops.load_library), which runs the static registrations below.
+PyObject* PyInit__C(void) {
+  static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+  return PyModule_Create(&module_def);
+}
+}
+
+TORCH_LIBRARY(deltaconv, m) {
+  // ---- boundaries
+  m.def("sparsify(Tensor x, Tensor(a!) sent, float threshold, Tensor? key, Tensor? measure) -> (Tensor, Tensor)");
+  m.def("densify(Tensor delta, Tensor mask, Tensor(a!) acc, ScalarType out_dtype) -> Tensor");
+  // ---- pointwise
+  m.def("activation(Tensor delta, Tensor mask, Tensor(a!) acc, Tensor(b!) sent, str kind, float param, "
+        "float threshold, Tensor? key) -> (Tensor, Tensor)");
+  m.def("affine_channel(Tensor delta, Tensor mask, Tensor? scale, Tensor? shift, Tensor? key) -> (Tensor, Tensor)");
+  m.def("add(Tensor delta_a, Tensor mask_a, Tensor delta_b, Tensor mask_b, float alpha) -> (Tensor, Tensor)");
+  m.def("mul(Tensor delta_a, Tensor mask_a, Tensor(a!) acc_a, Tensor delta_b, Tensor mask_b, Tensor(b!) acc_b, "
+        "Tensor(c!) sent, float threshold, Tensor? key) -> (Tensor, Tensor)");
+  m.def("concatenate(Tensor[] deltas, Tensor[] masks) -> (Tensor, Tensor)");
+  m.def("interpolate(Tensor delta, Tensor mask, int[2] out_size, float? scale_h, float? scale_w, str mode, "
+        "bool align_corners) -> (Tensor, Tensor)");
+  // ---- convolution and pooling
+  m.def("conv2d(Tensor delta, Tensor mask, Tensor weight, Tensor? bias, int[2] stride, int[2] padding, "
+        "int[2] dilation, int groups, Tensor? key) -> (Tensor, Tensor)");
+  m.def("conv_transpose2d(Tensor delta, Tensor mask, Tensor weight, Tensor? bias, int[2] stride, int[2] padding, "
+        "int[2] output_padding, int groups, int[2] dilation, Tensor? key) -> (Tensor, Tensor)");
+  m.def("max_pool2d(Tensor delta, Tensor mask, Tensor(a!) acc, Tensor(b!) sent, int[2] kernel_size, int[2] stride, "
+        "int[2] padding, int[2] dilation, bool ceil_mode, float threshold, Tensor? key) -> (Tensor, Tensor)");
+  m.def("avg_pool2d(Tensor delta, Tensor mask, int[2] kernel_size, int[2] stride, int[2] padding, bool ceil_mode, "
+        "bool count_include_pad, int? divisor_override) -> (Tensor, Tensor)");
+  m.def("adaptive_avg_pool2d(Tensor delta, Tensor mask, int[2] output_size) -> (Tensor, Tensor)");
+  m.def("linear(Tensor delta, Tensor mask, Tensor weight, Tensor? bias, Tensor? key) -> (Tensor, Tensor)");
+}

@@ -1,0 +1,16 @@
+"""deltaconv: sparse delta inference for video CNNs.
+
+``deltaconv.convert(model)`` turns a dense PyTorch CNN into a :class:`DeltaModel` that, after a
+key frame, processes only the pixels that changed since the previous frame, with the dense
+model's outputs.
+"""
+from .convert import ConversionError, convert
+from .delta import Delta
+from .model import DeltaModel
+from .modules import *  # noqa: F401,F403 - the DC* layer classes
+from .modules import __all__ as _modules_all
+from .report import ConversionReport, NodeReport
+
+__version__ = "0.1.0"
+__all__ = ["convert", "DeltaModel", "Delta", "ConversionReport", "NodeReport", "ConversionError",
+           *_modules_all]

@@ -1,0 +1,127 @@
+"""Pointwise non-linearities as data: a kind name plus parameters, callable on tensors.
+
+The CUDA backend dispatches on ``kind``; the reference backend just calls the object. ``kind ==
+"generic"`` wraps any other pointwise callable (it then runs through PyTorch on every backend).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+#: kinds the CUDA kernels implement natively, with the meaning of ``param``
+NATIVE_KINDS = {
+    "identity": "unused",
+    "relu": "unused",
+    "relu6": "unused",
+    "leaky_relu": "negative slope",
+    "hardswish": "unused",
+    "hardsigmoid": "unused",
+    "silu": "unused",
+    "sigmoid": "unused",
+    "gelu": "0: exact (erf), 1: tanh approximation",
+    "tanh": "unused",
+    "elu": "alpha",
+}
+
+
+@dataclass(frozen=True)
+class Activation:
+    """A pointwise function ``y = f(x)``: ``kind`` names it, ``param`` is its one parameter."""
+
+    kind: str
+    param: float = 0.0
+    generic: Optional[Callable[[torch.Tensor], torch.Tensor]] = field(default=None, compare=False)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        k = self.kind
+        if k == "identity":
+            return x
+        if k == "relu":
+            return F.relu(x)
+        if k == "relu6":
+            return F.relu6(x)
+        if k == "leaky_relu":
+            return F.leaky_relu(x, self.param)
+        if k == "hardswish":
+            return F.hardswish(x)
+        if k == "hardsigmoid":
+            return F.hardsigmoid(x)
+        if k == "silu":
+            return F.silu(x)
+        if k == "sigmoid":
+            return torch.sigmoid(x)
+        if k == "gelu":
+            return F.gelu(x, approximate="tanh" if self.param else "none")
+        if k == "tanh":
+            return torch.tanh(x)
+        if k == "elu":
+            return F.elu(x, self.param)
+        if k == "generic":
+            return self.generic(x)
+        raise ValueError(f"Activation: unknown kind {k!r}; expected one of {sorted(NATIVE_KINDS)} or 'generic'")
+
+    def __repr__(self) -> str:
+        if self.kind == "generic":
+            return f"Activation(generic {getattr(self.generic, '__name__', self.generic)!r})"
+        return f"Activation({self.kind}{'' if not self.param else f', {self.param:g}'})"
+
+
+def from_module(module: nn.Module) -> Optional[Activation]:
+    """The :class:`Activation` equal to a dense activation module, or ``None`` if it is not one."""
+    t = type(module)
+    simple = {nn.ReLU: "relu", nn.ReLU6: "relu6", nn.Hardswish: "hardswish", nn.Hardsigmoid: "hardsigmoid",
+              nn.SiLU: "silu", nn.Sigmoid: "sigmoid", nn.Tanh: "tanh"}
+    if t in simple:
+        return Activation(simple[t])
+    if t is nn.LeakyReLU:
+        return Activation("leaky_relu", float(module.negative_slope))
+    if t is nn.GELU:
+        return Activation("gelu", 1.0 if module.approximate == "tanh" else 0.0)
+    if t is nn.ELU:
+        return Activation("elu", float(module.alpha))
+    if t is nn.Hardtanh and module.min_val == 0.0 and module.max_val == 6.0:
+        return Activation("relu6")
+    if t in (nn.Hardtanh, nn.Mish, nn.Softplus, nn.SELU, nn.CELU, nn.Softsign, nn.Tanhshrink, nn.LogSigmoid):
+        return Activation("generic", generic=module)
+    return None
+
+
+# functional forms: function or method name -> (kind, name of the parameter argument, its position
+# after the input, its default)
+_FUNCTIONAL = {
+    "relu": ("relu", None), "relu_": ("relu", None), "relu6": ("relu6", None),
+    "hardswish": ("hardswish", None), "hardsigmoid": ("hardsigmoid", None), "silu": ("silu", None),
+    "sigmoid": ("sigmoid", None), "tanh": ("tanh", None),
+    "leaky_relu": ("leaky_relu", ("negative_slope", 0, 0.01)), "elu": ("elu", ("alpha", 0, 1.0)),
+    "gelu": ("gelu", ("approximate", 0, "none")),
+}
+_GENERIC_FUNCTIONAL = {"hardtanh", "mish", "softplus", "selu", "celu", "softsign", "exp", "log", "sqrt",
+                       "rsqrt", "abs", "clamp", "clamp_min", "clamp_max", "clip", "pow", "square",
+                       "reciprocal", "erf", "sin", "cos", "log_sigmoid", "logsigmoid"}
+
+
+def from_call(name: str, fn: Callable, args: tuple, kwargs: dict) -> Optional[Activation]:
+    """The :class:`Activation` for a call ``fn(x, *args, **kwargs)`` of a function or method named
+    ``name`` whose extra arguments are all static values, or ``None``."""
+    kwargs = {k: v for k, v in kwargs.items() if k != "inplace"}
+    if name in _FUNCTIONAL:
+        kind, p = _FUNCTIONAL[name]
+        if p is None:
+            return Activation(kind) if not args and not kwargs else None
+        pname, pos, default = p
+        value = kwargs.pop(pname, args[pos] if len(args) > pos else default)
+        if len(args) > pos + 1 or kwargs:
+            return None
+        if kind == "gelu":
+            return Activation("gelu", 1.0 if value == "tanh" else 0.0)
+        return Activation(kind, float(value))
+    if name in _GENERIC_FUNCTIONAL:
+        def bound(x, _fn=fn, _a=args, _k=kwargs):
+            return _fn(x, *_a, **_k)
+        bound.__name__ = name
+        return Activation("generic", generic=bound)
+    return None

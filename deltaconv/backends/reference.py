@@ -1,0 +1,266 @@
+"""Reference backend: the delta rule of every layer, in plain PyTorch.
+
+This is the one place where the delta semantics are written down; the CUDA backend implements
+the same functions and is tested against these. Every function is exact, runs on any device and
+any float dtype, and ignores (never reads) values at inactive pixels.
+
+Conventions for every function here
+-----------------------------------
+* ``delta``: ``[N, C, H, W]`` change since the previous frame (any memory format); ``mask``:
+  ``[N, 1, H, W]`` bool, ``True`` where the pixel carries a change.
+* State tensors (``sent``, ``acc``) are float32, same shape as the value they track, and are
+  updated in place.
+* ``key``: ``None``, or a ``[N]`` bool tensor marking the streams whose state was just reset:
+  for those the layer sends every pixel (key frames are exact and dense) and affine layers add
+  their constant term (bias, BN shift) once.
+* ``threshold``: a pixel is sent when ``max_c |change| > threshold``; what is not sent stays in
+  the state and goes out once the accumulated change crosses the threshold.
+* Returns ``(delta_out, mask_out)`` with ``delta_out`` zero at inactive pixels, in the input's
+  dtype.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from ..delta import reduce_mask
+
+Tensor = torch.Tensor
+
+
+def _key_view(key: Optional[Tensor], ndim: int) -> Optional[Tensor]:
+    """``key`` [N] reshaped to broadcast against an ``ndim``-D tensor."""
+    if key is None:
+        return None
+    return key.view([-1] + [1] * (ndim - 1))
+
+
+def _zero_inactive(delta: Tensor, mask: Tensor) -> Tensor:
+    # where() rather than a product so that garbage (even NaN) at inactive pixels never leaks
+    return torch.where(mask, delta, torch.zeros((), dtype=delta.dtype, device=delta.device))
+
+
+def _footprint(mask: Tensor, pool: Callable[[Tensor], Tensor]) -> Tensor:
+    """Mask of output pixels whose receptive field holds an active input pixel.
+
+    ``pool`` is the layer's own spatial op applied to a float mask with non-negative weights
+    (a ones kernel for convolutions), so the footprint respects kernel, stride, dilation,
+    padding and ceil_mode exactly as the layer does.
+    """
+    return pool(mask.to(torch.float32)) > 0
+
+
+# ----------------------------------------------------------------------------- truncation
+def truncate(y: Tensor, region: Tensor, sent: Tensor, threshold: float, key: Optional[Tensor],
+             out_dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """Send ``y - sent`` on pixels of ``region`` whose change exceeds ``threshold``.
+
+    The common tail of every non-linear layer: ``y`` is the layer's new output computed from its
+    accumulated inputs, ``sent`` what downstream has received so far (updated in place).
+    """
+    change = torch.where(region, y.to(torch.float32) - sent, torch.zeros((), device=y.device))
+    out_mask = region & (reduce_mask(change.abs() > threshold))
+    k = _key_view(key, out_mask.dim())
+    if k is not None:
+        out_mask = out_mask | (k & region)
+    out = torch.where(out_mask, change, torch.zeros((), device=y.device)).to(out_dtype)
+    sent += out.to(torch.float32)
+    return out, out_mask
+
+
+# ----------------------------------------------------------------------------- boundaries
+def sparsify(x: Tensor, sent: Tensor, threshold: float, key: Optional[Tensor],
+             change_measure: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+    """Input sparsifier: send pixels of frame ``x`` that moved more than ``threshold`` from ``sent``.
+
+    ``change_measure`` ([N,1,H,W] float, optional) replaces the per-pixel ``max_c |x - sent|`` as
+    the quantity compared with the threshold (the noise-robust measures of ``deltaconv.sparsify``
+    compute it); the values sent are always the exact ``x - sent``.
+    """
+    change = x.to(torch.float32) - sent
+    measure = change.abs().amax(dim=1, keepdim=True) if change_measure is None else change_measure
+    mask = measure > threshold
+    k = _key_view(key, mask.dim())
+    if k is not None:
+        mask = mask | k
+    out = torch.where(mask, change, torch.zeros((), device=x.device)).to(x.dtype)
+    sent += out.to(torch.float32)
+    return out, mask
+
+
+def densify(delta: Tensor, mask: Tensor, acc: Tensor, out_dtype: torch.dtype) -> Tensor:
+    """Output densifier: accumulate ``delta`` into ``acc`` and return a dense copy."""
+    acc += _zero_inactive(delta, mask).to(torch.float32)
+    return acc.to(out_dtype, copy=True)
+
+
+# ----------------------------------------------------------------------------- pointwise
+def activation(delta: Tensor, mask: Tensor, acc: Tensor, sent: Tensor, fn: Callable[[Tensor], Tensor],
+               threshold: float, key: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+    """Pointwise non-linearity ``fn``: ``fn(acc + d) - sent`` on active pixels, then truncation."""
+    acc += _zero_inactive(delta, mask).to(torch.float32)
+    return truncate(fn(acc), mask, sent, threshold, key, delta.dtype)
+
+
+def affine_channel(delta: Tensor, mask: Tensor, scale: Optional[Tensor], shift: Optional[Tensor],
+                   key: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+    """Per-channel ``y = scale * x + shift`` (BatchNorm in eval): scale the delta; add ``shift``
+    once, on key frames."""
+    shape = [1, -1] + [1] * (delta.dim() - 2)
+    out = _zero_inactive(delta, mask)
+    if scale is not None:
+        out = out * scale.view(shape).to(delta.dtype)
+    k = _key_view(key, delta.dim())
+    if k is not None:
+        mask = mask | k
+        if shift is not None:
+            out = out + shift.view(shape).to(delta.dtype) * k.to(delta.dtype)
+    return out, mask
+
+
+def add(delta_a: Tensor, mask_a: Tensor, delta_b: Tensor, mask_b: Tensor,
+        alpha: float = 1.0) -> tuple[Tensor, Tensor]:
+    """``a + alpha * b`` of two changing tensors (broadcasting): linear, the union of masks."""
+    out = _zero_inactive(delta_a, mask_a) + alpha * _zero_inactive(delta_b, mask_b)
+    return out, mask_a | mask_b
+
+
+def mul(delta_a: Tensor, mask_a: Tensor, acc_a: Tensor, delta_b: Tensor, mask_b: Tensor, acc_b: Tensor,
+        sent: Tensor, threshold: float, key: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+    """Product of two changing tensors (broadcasting, e.g. squeeze-excite): non-linear."""
+    acc_a += _zero_inactive(delta_a, mask_a).to(torch.float32)
+    acc_b += _zero_inactive(delta_b, mask_b).to(torch.float32)
+    region = mask_a | mask_b
+    y = acc_a * acc_b
+    region = region.expand(list(y.shape[:1]) + [1] + list(y.shape[2:]))
+    return truncate(y, region, sent, threshold, key, delta_a.dtype)
+
+
+def concatenate(deltas: Sequence[Tensor], masks: Sequence[Tensor], dim: int) -> tuple[Tensor, Tensor]:
+    """``torch.cat`` along ``dim``: along channels the masks are OR-ed, along other dims joined."""
+    values = [_zero_inactive(d, m) for d, m in zip(deltas, masks)]
+    out = torch.cat(values, dim=dim)
+    ndim = out.dim()
+    if dim % ndim == 1:
+        mask = masks[0]
+        for m in masks[1:]:
+            mask = mask | m
+    else:
+        mask = torch.cat(list(masks), dim=dim)
+    return out, mask
+
+
+# ----------------------------------------------------------------------------- convolution
+def conv2d(delta: Tensor, mask: Tensor, weight: Tensor, bias: Optional[Tensor], stride, padding, dilation,
+           groups: int, key: Optional[Tensor], padding_mode: str = "zeros") -> tuple[Tensor, Tensor]:
+    """Convolution (any kernel, stride, padding, dilation, groups): ``W * d``; the mask is dilated by
+    the receptive field; the bias is added once, on key frames."""
+    x = _zero_inactive(delta, mask)
+    m = mask.to(torch.float32)
+    if padding_mode != "zeros":
+        pad = _reversed_padding(padding, weight.shape[-2:], dilation)
+        x = F.pad(x, pad, mode=padding_mode)
+        m = F.pad(m, pad, mode=padding_mode)
+        padding = 0
+    out = F.conv2d(x, weight.to(delta.dtype), None, stride, padding, dilation, groups)
+    ones = torch.ones((1, 1) + tuple(weight.shape[-2:]), device=delta.device)
+    out_mask = F.conv2d(m, ones, None, stride, padding, dilation) > 0
+    return _add_bias_on_key(out, out_mask, bias, key)
+
+
+def _reversed_padding(padding, kernel_size, dilation) -> list[int]:
+    """F.pad amounts (left, right, top, bottom) for a conv's ``padding`` (int, tuple or 'same')."""
+    if isinstance(padding, str):
+        if padding == "valid":
+            return [0, 0, 0, 0]
+        dil = (dilation, dilation) if isinstance(dilation, int) else dilation
+        total = [d * (k - 1) for d, k in zip(dil, kernel_size)]
+        return [total[1] // 2, total[1] - total[1] // 2, total[0] // 2, total[0] - total[0] // 2]
+    ph, pw = (padding, padding) if isinstance(padding, int) else padding
+    return [pw, pw, ph, ph]
+
+
+def _add_bias_on_key(out: Tensor, out_mask: Tensor, bias: Optional[Tensor],
+                     key: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+    k = _key_view(key, out.dim())
+    if k is not None:
+        out_mask = out_mask | k
+        if bias is not None:
+            shape = [1, -1] + [1] * (out.dim() - 2)
+            out = out + bias.view(shape).to(out.dtype) * k.to(out.dtype)
+    return out, out_mask
+
+
+def conv_transpose2d(delta: Tensor, mask: Tensor, weight: Tensor, bias: Optional[Tensor], stride, padding,
+                     output_padding, groups: int, dilation, key: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+    """Transposed convolution: linear; the mask is scattered through the same footprint."""
+    x = _zero_inactive(delta, mask)
+    out = F.conv_transpose2d(x, weight.to(delta.dtype), None, stride, padding, output_padding, groups, dilation)
+    ones = torch.ones((1, 1) + tuple(weight.shape[-2:]), device=delta.device)
+    out_mask = F.conv_transpose2d(mask.to(torch.float32), ones, None, stride, padding, output_padding, 1,
+                                  dilation) > 0
+    return _add_bias_on_key(out, out_mask, bias, key)
+
+
+def linear(delta: Tensor, mask: Tensor, weight: Tensor, bias: Optional[Tensor],
+           key: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+    """``F.linear`` over the last dim. For rank > 2 the last dim is a pixel dim, so every output
+    along it is active when any input along it is."""
+    out = F.linear(_zero_inactive(delta, mask), weight.to(delta.dtype))
+    if delta.dim() > 2:
+        mask = mask.any(dim=-1, keepdim=True).expand(list(mask.shape[:-1]) + [out.shape[-1]])
+    k = _key_view(key, out.dim())
+    if k is not None:
+        mask = mask | k
+        if bias is not None:
+            out = out + bias.to(out.dtype) * k.to(out.dtype)
+    return out, mask
+
+
+# ----------------------------------------------------------------------------- pooling, resizing
+def linear_spatial(delta: Tensor, mask: Tensor, op: Callable[[Tensor], Tensor]) -> tuple[Tensor, Tensor]:
+    """A linear, bias-free spatial op with non-negative weights (average pooling, adaptive average
+    pooling, nearest/bilinear interpolation): apply ``op`` to the delta and to the mask."""
+    return op(_zero_inactive(delta, mask)), _footprint(mask, op)
+
+
+def pool_nonlinear(delta: Tensor, mask: Tensor, acc: Tensor, sent: Tensor, op: Callable[[Tensor], Tensor],
+                   threshold: float, key: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+    """A non-linear spatial op (max pooling): ``op`` on the accumulated input over the footprint of
+    the active pixels, then truncation."""
+    acc += _zero_inactive(delta, mask).to(torch.float32)
+    region = _footprint(mask, op)
+    return truncate(op(acc), region, sent, threshold, key, delta.dtype)
+
+
+def avg_pool2d(delta: Tensor, mask: Tensor, kernel_size, stride, padding, ceil_mode: bool,
+               count_include_pad: bool, divisor_override: Optional[int]) -> tuple[Tensor, Tensor]:
+    """Average pooling (``F.avg_pool2d`` arguments): linear."""
+    def op(t):
+        return F.avg_pool2d(t, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+    return linear_spatial(delta, mask, op)
+
+
+def adaptive_avg_pool2d(delta: Tensor, mask: Tensor, output_size) -> tuple[Tensor, Tensor]:
+    """Adaptive average pooling (global pooling included): linear."""
+    return linear_spatial(delta, mask, lambda t: F.adaptive_avg_pool2d(t, output_size))
+
+
+def interpolate(delta: Tensor, mask: Tensor, size, scale_factor, mode: str,
+                align_corners: Optional[bool]) -> tuple[Tensor, Tensor]:
+    """``F.interpolate`` in a mode with non-negative weights (nearest, nearest-exact, bilinear,
+    area): linear; the mask follows the same resampling."""
+    def op(t):
+        ac = align_corners if mode in ("linear", "bilinear", "bicubic", "trilinear") else None
+        return F.interpolate(t, size=size, scale_factor=scale_factor, mode=mode, align_corners=ac)
+    return linear_spatial(delta, mask, op)
+
+
+def max_pool2d(delta: Tensor, mask: Tensor, acc: Tensor, sent: Tensor, kernel_size, stride, padding, dilation,
+               ceil_mode: bool, threshold: float, key: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+    """Max pooling (``F.max_pool2d`` arguments): non-linear, over the footprint of active pixels."""
+    def op(t):
+        return F.max_pool2d(t, kernel_size, stride, padding, dilation, ceil_mode)
+    return pool_nonlinear(delta, mask, acc, sent, op, threshold, key)

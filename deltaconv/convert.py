@@ -1,0 +1,325 @@
+"""``convert()``: one pass over a torch.fx trace of a dense model that swaps every op for its
+delta layer (``rules.py`` says which), folds BatchNorm into convs, and inserts the input sparsifier
+and the output densifiers."""
+from __future__ import annotations
+
+import copy
+import operator
+from typing import Optional, Union
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+from torch.fx.passes.shape_prop import ShapeProp
+
+from . import backends
+from .modules import DCConv2d, DCDensify, DCFallback, DCModule, DCSparsify
+from .modules.linear import DCBatchNorm2d, DCConvTranspose2d, DCLinear
+from .report import ConversionReport, NodeReport
+from .rules import FUNCTION_RULES, MODULE_RULES, PASSTHROUGH_CALLS, PASSTHROUGH_MODULES, Built, Site
+
+#: DC classes that carry the dense module's parameters under the same names (replace it in place)
+_ADOPTING = (DCConv2d, DCConvTranspose2d, DCLinear, DCBatchNorm2d)
+
+
+class ConversionError(RuntimeError):
+    """Raised by ``convert(..., strict=True)`` when some op has no delta rule."""
+
+
+class _ScopedTracer(fx.Tracer):
+    """A tracer that records, for every node, the path of the module whose forward created it
+    (``node.meta["dc_scope"]``), so functional ops get names like ``layer1.0.add``."""
+
+    def create_node(self, *args, **kwargs):
+        node = super().create_node(*args, **kwargs)
+        node.meta["dc_scope"] = self.scope.module_path
+        return node
+
+
+def _target_name(node: fx.Node, root: nn.Module) -> str:
+    if node.op == "call_module":
+        return f"{type(root.get_submodule(node.target)).__name__}:{node.target}"
+    if node.op == "call_method":
+        return f".{node.target}()"
+    if node.op == "call_function":
+        return getattr(node.target, "__name__", str(node.target))
+    return str(node.target)
+
+
+class _Converter:
+    """Rewrites ``graph`` (traced from ``root``) in place; registers DC layers inside ``root``."""
+
+    def __init__(self, root: nn.Module, graph: fx.Graph) -> None:
+        self.root, self.graph = root, graph
+        self.report = ConversionReport()
+        self.delta_nodes: set[fx.Node] = set()
+        self.first_site: dict[str, DCModule] = {}
+        self.dense_sources: dict[str, nn.Module] = {}  # path of a replaced module -> the dense module
+
+    # -------------------------------------------------------------- placement
+    def _register(self, scope: str, base: str, module: nn.Module) -> str:
+        parent = self.root.get_submodule(scope) if scope else self.root
+        base = base.replace(".", "_").strip("_") or "op"
+        name, i = base, 1
+        while hasattr(parent, name):
+            name, i = f"{base}_{i}", i + 1
+        parent.add_module(name, module)
+        return f"{scope}.{name}" if scope else name
+
+    def _replace(self, path: str, module: nn.Module) -> str:
+        parent_path, _, leaf = path.rpartition(".")
+        setattr(self.root.get_submodule(parent_path) if parent_path else self.root, leaf, module)
+        return path
+
+    def _swap(self, node: fx.Node, path: str, args, kwargs) -> fx.Node:
+        with self.graph.inserting_before(node):
+            new = self.graph.call_module(path, tuple(args), dict(kwargs))
+        new.meta = dict(node.meta)
+        node.replace_all_uses_with(new)
+        self.graph.erase_node(node)
+        self.delta_nodes.discard(node)
+        self.delta_nodes.add(new)
+        return new
+
+    def _note(self, node: fx.Node, status: str, layer: str = "", module: Optional[nn.Module] = None,
+              note: str = "", target: Optional[str] = None) -> None:
+        self.report.nodes.append(NodeReport(node.name, target or _target_name(node, self.root), status, layer,
+                                            type(module).__name__ if module is not None else "", note))
+
+    # -------------------------------------------------------------- classification
+    def _classify(self) -> None:
+        for node in self.graph.nodes:
+            has_tensor = "tensor_meta" in node.meta
+            if node.op == "placeholder":
+                if has_tensor:
+                    self.delta_nodes.add(node)
+            elif node.op in ("call_module", "call_function", "call_method"):
+                if has_tensor and any(i in self.delta_nodes for i in node.all_input_nodes):
+                    self.delta_nodes.add(node)
+
+    # -------------------------------------------------------------- the pass
+    def run(self) -> ConversionReport:
+        self._classify()
+        placeholders = [n for n in self.graph.nodes if n.op == "placeholder" and n in self.delta_nodes]
+        for node in list(self.graph.nodes):
+            if getattr(node, "_erased", False):  # a BatchNorm folded into its conv
+                continue
+            if node.op == "placeholder":
+                if node in self.delta_nodes:
+                    self._input(node, "input" if len(placeholders) == 1 else f"input_{node.name}")
+                continue
+            if node.op == "output":
+                self._output(node)
+                continue
+            if node.op == "get_attr":
+                self._note(node, "static")
+                continue
+            if node not in self.delta_nodes:
+                reads = any(i in self.delta_nodes for i in node.all_input_nodes)
+                self._note(node, "shape" if reads else "static")
+                continue
+            if node.op == "call_module":
+                self._module_site(node)
+            else:
+                self._function_site(node)
+        self.graph.lint()
+        return self.report
+
+    def _input(self, node: fx.Node, name: str) -> None:
+        sparsify = DCSparsify()
+        path = self._register("", name, sparsify)
+        with self.graph.inserting_after(node):
+            new = self.graph.call_module(path, (node,))
+        node.replace_all_uses_with(new, delete_user_cb=lambda user: user is not new)
+        new.meta = dict(node.meta)
+        self.delta_nodes.add(new)
+        self._note(node, "input", path, sparsify, target="frames")
+
+    def _output(self, node: fx.Node) -> None:
+        def densify(n: fx.Node) -> fx.Node:
+            if n not in self.delta_nodes:
+                return n
+            module = DCDensify()
+            path = self._register("", f"output_{n.name}" if n.op != "call_module" else "output", module)
+            with self.graph.inserting_before(node):
+                out = self.graph.call_module(path, (n,))
+            self.report.nodes.append(NodeReport(out.name, n.name, "output", path, "DCDensify"))
+            return out
+        node.args = fx.node.map_arg(node.args, densify)
+
+    def _module_site(self, node: fx.Node) -> None:
+        path = node.target
+        dense = self.root.get_submodule(path)
+        if isinstance(dense, PASSTHROUGH_MODULES):
+            node.replace_all_uses_with(node.args[0])
+            self.graph.erase_node(node)
+            self._note(node, "removed", note="identity in eval", target=f"{type(dense).__name__}:{path}")
+            return
+        if path in self.first_site and not self.first_site[path].truncates:
+            module = self.first_site[path]  # a stateless layer serves every call site
+            self._swap(node, path, node.args, node.kwargs)
+            self._note(node, "converted", path, module, note="shared call site",
+                       target=f"{type(dense).__name__}:{path}")
+            return
+        if isinstance(dense, DCModule):  # the first site already replaced it; build a twin from the rule
+            dense = self.dense_sources[path]
+        target = f"{type(dense).__name__}:{path}"
+        bn_node = self._foldable_bn(node, dense)
+        rule = MODULE_RULES.get(type(dense))
+        if bn_node is not None:
+            module = DCConv2d.from_dense(dense, bn=self.root.get_submodule(bn_node.target))
+        else:
+            module = rule(dense) if rule is not None and not node.kwargs else None
+        if module is None:
+            fallback = DCFallback(dense, type(dense).__name__)
+            scope, _, leaf = path.rpartition(".")
+            new_path = self._register(scope, f"{leaf}_fallback", fallback)
+            self._swap(node, new_path, node.args, node.kwargs)
+            self._note(node, "fallback", new_path, fallback, note="no delta rule", target=target)
+            return
+        param_free = next(dense.parameters(), None) is None and next(dense.buffers(), None) is None
+        if path not in self.first_site and (isinstance(module, _ADOPTING) or param_free):
+            new_path = self._replace(path, module)
+        else:
+            scope, _, leaf = path.rpartition(".")
+            new_path = self._register(scope, leaf, module)
+        self.first_site.setdefault(path, module)
+        self.dense_sources[new_path] = dense
+        new = self._swap(node, new_path, node.args, {})
+        self._note(node, "converted", new_path, module,
+                   note="BatchNorm folded" if bn_node is not None else "", target=target)
+        if bn_node is not None:
+            bn_node.replace_all_uses_with(new)
+            self.graph.erase_node(bn_node)
+            self.delta_nodes.discard(bn_node)
+            self._note(bn_node, "folded", new_path, note=f"into {path}",
+                       target=f"BatchNorm2d:{bn_node.target}")
+
+    def _foldable_bn(self, node: fx.Node, dense: nn.Module) -> Optional[fx.Node]:
+        if type(dense) is not nn.Conv2d or len(node.users) != 1:
+            return None
+        user = next(iter(node.users))
+        if user.op != "call_module" or user.args != (node,) or user.kwargs:
+            return None
+        bn = self.root.get_submodule(user.target)
+        if type(bn) is not nn.BatchNorm2d or bn.running_mean is None or bn.num_features != dense.out_channels:
+            return None
+        return user
+
+    def _function_site(self, node: fx.Node) -> None:
+        if node.op == "call_method":
+            key, name = f"method:{node.target}", node.target
+            fn = getattr(torch.Tensor, node.target, None)
+        else:
+            key, fn = node.target, node.target
+            name = getattr(fn, "__name__", str(fn))
+        scope = node.meta.get("dc_scope", "")
+        if node.op == "call_function" and fn is operator.getitem and not _tensor_input(node):
+            self._note(node, "converted", note="item of a delta container")  # e.g. a chunk of split()
+            return
+        if self._passthrough(key, node):
+            node.replace_all_uses_with(node.args[0])
+            self.graph.erase_node(node)
+            self.delta_nodes.discard(node)
+            self._note(node, "removed", note="identity in eval")
+            return
+        builder = FUNCTION_RULES.get(key)
+        built: Optional[Built] = None
+        if builder is not None:
+            built = builder(Site(node, fn, name, self.delta_nodes))
+        if built is None:
+            caller = fn if node.op == "call_function" else _MethodCaller(node.target)
+            module = DCFallback(caller, name)
+            path = self._register(scope, f"{name}_fallback", module)
+            self._swap(node, path, node.args, node.kwargs)
+            self._note(node, "fallback", path, module, note="no delta rule for this call")
+            return
+        path = self._register(scope, name, built.module)
+        self._swap(node, path, built.args, built.kwargs)
+        self._note(node, "converted", path, built.module)
+
+    def _passthrough(self, key, node: fx.Node) -> bool:
+        if key not in PASSTHROUGH_CALLS:
+            return False
+        position = PASSTHROUGH_CALLS[key]
+        if position is None:
+            return not node.kwargs and len(node.args) == 1
+        training = node.kwargs.get("training", node.args[position] if len(node.args) > position else True)
+        return training is False
+
+
+class _MethodCaller:
+    """Calls tensor method ``name`` on its first argument (fallback for ``call_method`` nodes)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.__name__ = name
+
+    def __call__(self, obj, *args, **kwargs):
+        return getattr(obj, self.name)(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f".{self.name}()"
+
+
+def _tensor_input(node: fx.Node) -> bool:
+    first = node.args[0]
+    t = first.meta.get("type") if isinstance(first, fx.Node) else None
+    return t is not None and issubclass(t, torch.Tensor)
+
+
+def _example_for(model: nn.Module) -> torch.Tensor:
+    p = next(model.parameters(), None)
+    device = p.device if p is not None else torch.device("cpu")
+    dtype = p.dtype if p is not None and p.is_floating_point() else torch.float32
+    return torch.randn(1, 3, 224, 224, device=device, dtype=dtype)
+
+
+def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
+            thresholds: Union[None, dict, str] = None, strict: bool = False,
+            example_input: Optional[torch.Tensor] = None, change_detector=None):
+    """Convert a dense CNN into a :class:`~deltaconv.DeltaModel` that processes only changed pixels.
+
+    Args:
+        model: any torch.fx-traceable model taking frames ``[N, 3, H, W]``; it is left untouched.
+        threshold: default truncation threshold of the input sparsifier and every non-linear layer.
+        backend: ``"auto"`` (CUDA kernels for CUDA tensors when built, else reference),
+            ``"reference"`` or ``"cuda"``.
+        thresholds: per-layer thresholds (``{layer name: value}`` or a JSON file path) applied
+            over ``threshold``.
+        strict: raise :class:`ConversionError` instead of inserting fallbacks.
+        example_input: a frame batch used once to trace shapes (default: ``randn(1, 3, 224, 224)``
+            on the model's device and dtype).
+        change_detector: optional input change measure (see :mod:`deltaconv.sparsify`).
+    """
+    from .model import DeltaModel
+
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"convert: model must be a torch.nn.Module, got {type(model).__name__}")
+    backends.check_name(backend)
+    if not isinstance(threshold, (int, float)) or threshold < 0:
+        raise ValueError(f"convert: threshold must be a number >= 0, got {threshold!r}")
+    dense = copy.deepcopy(model).eval()
+    tracer = _ScopedTracer()
+    graph = tracer.trace(dense)
+    traced = fx.GraphModule(dense, graph)
+    example = _example_for(dense) if example_input is None else example_input
+    examples = example if isinstance(example, (tuple, list)) else (example,)
+    with torch.no_grad():
+        ShapeProp(traced).propagate(*examples)
+    graph = fx.Graph()  # an unowned copy (with the shape metadata) to rewrite
+    graph.output(graph.graph_copy(traced.graph, {}))
+    converter = _Converter(dense, graph)
+    report = converter.run()
+    if strict and report.fallbacks:
+        raise ConversionError("convert(strict=True): no delta rule for " +
+                              ", ".join(f"{n.node} ({n.target})" for n in report.fallbacks))
+    dm = DeltaModel(dense, graph, report, backend)
+    dm.set_threshold_all(float(threshold))
+    if change_detector is not None:
+        for layer in dm.layers():
+            if isinstance(layer, DCSparsify):
+                layer.change_detector = change_detector
+    if thresholds is not None:
+        dm.load_thresholds(thresholds)
+    return dm

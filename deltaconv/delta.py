@@ -1,0 +1,82 @@
+"""The value that flows between converted layers: a delta and its update mask.
+
+Shapes and layout
+-----------------
+``value``: ``[N, C, *pixel_dims]`` (4-D feature maps are kept channels-last); the change of
+each element since the previous frame. ``mask``: ``[N, 1, *pixel_dims]`` bool, one flag per
+pixel and stream; ``True`` where the pixel carries a change. For tensors of rank < 2 the mask
+has one element per dimension of size 1 (it broadcasts against the value).
+
+Values at inactive pixels carry no information: every op must ignore them. The reference
+backend writes zeros there; the CUDA backend may leave them unwritten.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+def reduce_mask(active: torch.Tensor) -> torch.Tensor:
+    """Collapse an element-wise activity tensor to a per-pixel mask (``any`` over dim 1)."""
+    if active.dim() >= 2:
+        return active.any(dim=1, keepdim=True)
+    return active.any().reshape([1] * active.dim())
+
+
+def mask_shape(value_shape: torch.Size) -> list[int]:
+    """The mask shape that goes with a value of ``value_shape``."""
+    shape = list(value_shape)
+    if len(shape) >= 2:
+        shape[1] = 1
+        return shape
+    return [1] * len(shape)
+
+
+@dataclass
+class Delta:
+    """A change of a tensor since the previous frame, and where it is (see module docstring).
+
+    ``Delta`` answers the shape queries of a tensor (``shape``, ``size()``, ``dim()``, ``dtype``,
+    ``device``) so that code in a traced model that reads shapes keeps working unchanged.
+    """
+
+    value: torch.Tensor
+    mask: torch.Tensor
+
+    # --- shape queries, so traced shape arithmetic runs on deltas unchanged ---
+    @property
+    def shape(self) -> torch.Size:
+        return self.value.shape
+
+    def size(self, dim: int | None = None):
+        return self.value.size() if dim is None else self.value.size(dim)
+
+    def dim(self) -> int:
+        return self.value.dim()
+
+    @property
+    def ndim(self) -> int:
+        return self.value.dim()
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.value.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.value.device
+
+    def numel(self) -> int:
+        return self.value.numel()
+
+    def masked_value(self) -> torch.Tensor:
+        """The value with inactive pixels set to zero (what a linear op may consume)."""
+        return self.value * self.mask.to(self.value.dtype)
+
+    def density(self) -> torch.Tensor:
+        """Fraction of active pixels, as a 0-d float tensor on the delta's device (no sync)."""
+        return self.mask.float().mean()
+
+    def __repr__(self) -> str:
+        return f"Delta(shape={tuple(self.value.shape)}, dtype={self.value.dtype}, device={self.value.device})"

@@ -1,0 +1,49 @@
+"""Where dense tensors enter and leave a converted model: the sparsifier and the densifier."""
+from __future__ import annotations
+
+import torch
+
+from ..delta import Delta
+from .base import DCModule
+
+
+class DCSparsify(DCModule):
+    """Input sparsifier: turns a dense frame into a delta against what was sent before.
+
+    A pixel is sent when its change exceeds ``threshold`` (by default ``max_c |x - sent|``; a
+    ``change_detector`` from :mod:`deltaconv.sparsify` may replace that measure). Values sent are
+    exact; what is not sent stays pending in ``sent`` and goes out once it crosses the threshold.
+    State: ``sent`` (float32, shape of the frame).
+    """
+
+    kind = "sparsify"
+    truncates = True
+
+    def __init__(self, threshold: float = 0.0, change_detector=None) -> None:
+        super().__init__()
+        self.threshold = float(threshold)
+        self.change_detector = change_detector
+
+    def forward(self, x: torch.Tensor) -> Delta:
+        sent = self.state("sent", x.shape, x.device)
+        measure = None
+        if self.change_detector is not None and self.key is None:
+            measure = self.change_detector(x.to(torch.float32) - sent)
+        value, mask = self.ops.sparsify(x, sent, self.threshold, self.key, measure)
+        return self.observe(Delta(value, mask))
+
+    def flops_per_output_pixel(self, out: Delta) -> float:
+        return 0.0
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + (f", change_detector={self.change_detector!r}" if self.change_detector else "")
+
+
+class DCDensify(DCModule):
+    """Output densifier: accumulates deltas and returns the dense output. State: ``acc``."""
+
+    kind = "densify"
+
+    def forward(self, delta: Delta) -> torch.Tensor:
+        acc = self.state("acc", delta.shape, delta.device)
+        return self.ops.densify(delta.value, delta.mask, acc, delta.dtype)

@@ -1,0 +1,399 @@
+"""Linear layers: they commute with deltas and keep no state.
+
+Each applies the layer to the delta (without its constant term) and propagates the mask through
+the layer's footprint; affine layers add their constant term (bias, BN shift) once, on key frames.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.modules.utils import _pair
+
+from ..delta import Delta, reduce_mask
+from .base import DCModule
+
+
+def _adopt(target: nn.Module, dense: nn.Module, names) -> None:
+    """Register ``dense``'s parameters and buffers ``names`` on ``target`` under the same names,
+    so that the dense model's state_dict loads into the converted one."""
+    for n in names:
+        if n in dense._parameters:
+            target.register_parameter(n, dense._parameters[n])
+        elif n in dense._buffers:
+            target.register_buffer(n, dense._buffers[n], persistent=n not in dense._non_persistent_buffers_set)
+
+
+def _bn_scale_shift(bn: nn.modules.batchnorm._BatchNorm) -> tuple[torch.Tensor, torch.Tensor]:
+    """BatchNorm in eval as ``y = scale * x + shift`` (float32)."""
+    var = bn.running_var.float()
+    scale = torch.rsqrt(var + bn.eps)
+    if bn.weight is not None:
+        scale = scale * bn.weight.float()
+    shift = -bn.running_mean.float() * scale
+    if bn.bias is not None:
+        shift = shift + bn.bias.float()
+    return scale, shift
+
+
+def _versions(*tensors) -> tuple:
+    return tuple((id(t), t._version, t.device, t.dtype) if t is not None else None for t in tensors)
+
+
+class _FoldedWeights:
+    """Weight and bias with an optional BatchNorm folded in, recomputed when any source changes
+    (in-place updates such as ``load_state_dict`` bump the tensors' versions)."""
+
+    def __init__(self) -> None:
+        self._key = None
+        self._value = None
+
+    def get(self, weight, bias, bn, out_dim: int):
+        srcs = (weight, bias) + ((bn.weight, bn.bias, bn.running_mean, bn.running_var) if bn is not None else ())
+        key = _versions(*srcs)
+        if key != self._key:
+            with torch.no_grad():
+                if bn is None:
+                    w, b = weight, bias
+                else:
+                    scale, shift = _bn_scale_shift(bn)
+                    shape = [1] * weight.dim()
+                    shape[out_dim] = -1
+                    w = (weight.float() * scale.view(shape)).to(weight.dtype)
+                    b = shift if bias is None else bias.float() * scale + shift
+                    b = b.to(weight.dtype)
+            self._key, self._value = key, (w, b)
+        return self._value
+
+
+class DCConv2d(DCModule):
+    """Conv2d (any kernel, stride, padding, dilation, groups), with an optional BatchNorm folded in.
+
+    Delta rule: ``d_out = W * d_in``; mask dilated by the receptive field; bias on key frames.
+    ``weight``/``bias`` are the dense module's parameters (PyTorch layout); a folded BatchNorm
+    stays a module of its own in the converted model, so the dense state_dict still loads.
+    """
+
+    kind = "conv2d"
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
+                 groups: int = 1, bias: bool = True, padding_mode: str = "zeros") -> None:
+        super().__init__()
+        self.in_channels, self.out_channels = in_channels, out_channels
+        self.kernel_size, self.stride, self.dilation = _pair(kernel_size), _pair(stride), _pair(dilation)
+        self.padding = padding if isinstance(padding, str) else _pair(padding)
+        self.groups, self.padding_mode = groups, padding_mode
+        self.weight = nn.Parameter(torch.empty(out_channels, in_channels // groups, *self.kernel_size))
+        self.bias = nn.Parameter(torch.empty(out_channels)) if bias else None
+        self.folded_bn: Optional[nn.Module] = None
+        self._folded = _FoldedWeights()
+
+    @classmethod
+    def from_dense(cls, conv: nn.Conv2d, bn: Optional[nn.Module] = None) -> "DCConv2d":
+        """Build from a dense ``nn.Conv2d`` (sharing its parameters), folding ``bn`` if given."""
+        m = cls.__new__(cls)
+        DCModule.__init__(m)
+        m.in_channels, m.out_channels = conv.in_channels, conv.out_channels
+        m.kernel_size, m.stride, m.dilation = conv.kernel_size, conv.stride, conv.dilation
+        m.padding, m.groups, m.padding_mode = conv.padding, conv.groups, conv.padding_mode
+        _adopt(m, conv, ["weight", "bias"])
+        if "bias" not in m._parameters:
+            m.bias = None
+        # kept outside the module tree: it stays registered where it was in the dense model
+        object.__setattr__(m, "folded_bn", bn)
+        m._folded = _FoldedWeights()
+        return m
+
+    def folded_weight_bias(self) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        return self._folded.get(self.weight, self.bias, self.folded_bn, out_dim=0)
+
+    def forward(self, x: Delta) -> Delta:
+        w, b = self.folded_weight_bias()
+        v, m = self.ops.conv2d(x.value, x.mask, w, b, self.stride, self.padding, self.dilation, self.groups,
+                               self.key, self.padding_mode)
+        return self.observe(Delta(v, m))
+
+    def flops_per_output_pixel(self, out: Delta) -> float:
+        return 2.0 * self.in_channels // self.groups * math.prod(self.kernel_size) * self.out_channels
+
+    def extra_repr(self) -> str:
+        s = (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, "
+             f"padding={self.padding}, dilation={self.dilation}, groups={self.groups}")
+        return s + (", bn folded" if self.folded_bn is not None else "") + ", " + super().extra_repr()
+
+
+class DCConvTranspose2d(DCModule):
+    """ConvTranspose2d: ``d_out = W^T * d_in``; the mask is scattered through the footprint."""
+
+    kind = "conv_transpose2d"
+
+    @classmethod
+    def from_dense(cls, conv: nn.ConvTranspose2d) -> "DCConvTranspose2d":
+        m = cls()
+        for a in ("in_channels", "out_channels", "kernel_size", "stride", "padding", "output_padding", "groups",
+                  "dilation"):
+            setattr(m, a, getattr(conv, a))
+        _adopt(m, conv, ["weight", "bias"])
+        if "bias" not in m._parameters:
+            m.bias = None
+        return m
+
+    def forward(self, x: Delta) -> Delta:
+        v, m = self.ops.conv_transpose2d(x.value, x.mask, self.weight, self.bias, self.stride, self.padding,
+                                         self.output_padding, self.groups, self.dilation, self.key)
+        return self.observe(Delta(v, m))
+
+    def flops_per_output_pixel(self, out: Delta) -> float:
+        s = self.stride[0] * self.stride[1]
+        return 2.0 * self.in_channels * self.out_channels // self.groups * math.prod(self.kernel_size) / s
+
+
+class DCLinear(DCModule):
+    """Linear over the last dim (after flatten + pooling): ``d_out = W d_in``, bias on key frames."""
+
+    kind = "linear"
+
+    @classmethod
+    def from_dense(cls, lin: nn.Linear) -> "DCLinear":
+        m = cls()
+        m.in_features, m.out_features = lin.in_features, lin.out_features
+        _adopt(m, lin, ["weight", "bias"])
+        if "bias" not in m._parameters:
+            m.bias = None
+        return m
+
+    def forward(self, x: Delta) -> Delta:
+        v, m = self.ops.linear(x.value, x.mask, self.weight, self.bias, self.key)
+        return self.observe(Delta(v, m))
+
+    def flops_per_output_pixel(self, out: Delta) -> float:
+        return 2.0 * self.in_features * self.out_features / max(out.value.shape[-1] // self.out_features, 1)
+
+
+class DCBatchNorm2d(DCModule):
+    """A BatchNorm that could not be folded into a conv: ``d_out = scale * d_in``, shift on key
+    frames. Holds the dense module's parameters and running statistics under their own names."""
+
+    kind = "batchnorm"
+    _names = ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")
+
+    @classmethod
+    def from_dense(cls, bn: nn.modules.batchnorm._BatchNorm) -> "DCBatchNorm2d":
+        m = cls()
+        m.eps = bn.eps
+        _adopt(m, bn, cls._names)
+        for n in ("weight", "bias"):
+            if n not in m._parameters:
+                setattr(m, n, None)
+        return m
+
+    def forward(self, x: Delta) -> Delta:
+        scale, shift = _bn_scale_shift(self)
+        v, m = self.ops.affine_channel(x.value, x.mask, scale, shift, self.key)
+        return self.observe(Delta(v, m))
+
+    def flops_per_output_pixel(self, out: Delta) -> float:
+        return 2.0 * out.value.shape[1]
+
+
+class DCAvgPool2d(DCModule):
+    """Average pooling: linear; mask by the pooling footprint."""
+
+    kind = "avg_pool2d"
+
+    def __init__(self, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
+                 divisor_override=None) -> None:
+        super().__init__()
+        self.kernel_size = _pair(kernel_size)
+        self.stride = _pair(stride) if stride not in (None, [], ()) else self.kernel_size
+        self.padding = _pair(padding)
+        self.ceil_mode, self.count_include_pad, self.divisor_override = ceil_mode, count_include_pad, divisor_override
+
+    @classmethod
+    def from_dense(cls, pool: nn.AvgPool2d) -> "DCAvgPool2d":
+        return cls(pool.kernel_size, pool.stride, pool.padding, pool.ceil_mode, pool.count_include_pad,
+                   pool.divisor_override)
+
+    def forward(self, x: Delta) -> Delta:
+        v, m = self.ops.avg_pool2d(x.value, x.mask, self.kernel_size, self.stride, self.padding, self.ceil_mode,
+                                   self.count_include_pad, self.divisor_override)
+        return self.observe(Delta(v, m))
+
+    def flops_per_output_pixel(self, out: Delta) -> float:
+        return float(out.value.shape[1] * math.prod(self.kernel_size))
+
+
+class DCAdaptiveAvgPool2d(DCModule):
+    """Adaptive (and global) average pooling: linear; an output pixel is active when any input
+    pixel of its window is."""
+
+    kind = "adaptive_avg_pool2d"
+
+    def __init__(self, output_size) -> None:
+        super().__init__()
+        self.output_size = output_size
+
+    @classmethod
+    def from_dense(cls, pool: nn.AdaptiveAvgPool2d) -> "DCAdaptiveAvgPool2d":
+        return cls(pool.output_size)
+
+    def _resolved_size(self, x: Delta) -> tuple[int, int]:
+        size = _pair(self.output_size)
+        return tuple(x.shape[-2 + i] if s is None else int(s) for i, s in enumerate(size))
+
+    def forward(self, x: Delta) -> Delta:
+        v, m = self.ops.adaptive_avg_pool2d(x.value, x.mask, self._resolved_size(x))
+        return self.observe(Delta(v, m))
+
+
+class DCUpsample(DCModule):
+    """Nearest / bilinear resampling (``nn.Upsample``, ``F.interpolate``): linear; the mask follows
+    the same resampling (both ``align_corners``). ``size`` may also arrive per call."""
+
+    kind = "upsample"
+    MODES = ("nearest", "nearest-exact", "bilinear")
+
+    def __init__(self, size=None, scale_factor=None, mode: str = "nearest", align_corners: Optional[bool] = None):
+        super().__init__()
+        if mode not in self.MODES:
+            raise ValueError(f"DCUpsample: mode must be one of {self.MODES}, got {mode!r}")
+        self.size, self.scale_factor, self.mode, self.align_corners = size, scale_factor, mode, align_corners
+
+    @classmethod
+    def from_dense(cls, up: nn.Upsample) -> "DCUpsample":
+        return cls(up.size, up.scale_factor, up.mode, up.align_corners)
+
+    def forward(self, x: Delta, size=None, scale_factor=None) -> Delta:
+        size = self.size if size is None else size
+        scale = self.scale_factor if scale_factor is None else scale_factor
+        v, m = self.ops.interpolate(x.value, x.mask, size, scale, self.mode, bool(self.align_corners))
+        return self.observe(Delta(v, m))
+
+    def flops_per_output_pixel(self, out: Delta) -> float:
+        return float(out.value.shape[1] * (8 if self.mode == "bilinear" else 1))
+
+
+class DCAdd(DCModule):
+    """``a + alpha * b`` (add, sub, rsub): linear. With two deltas the masks are united; with one
+    static operand the constant is added once, on key frames."""
+
+    kind = "add"
+
+    def __init__(self, alpha: float = 1.0) -> None:
+        super().__init__()
+        self.alpha = alpha
+
+    def forward(self, a, b) -> Delta:
+        if isinstance(a, Delta) and isinstance(b, Delta):
+            v, m = self.ops.add(a.value, a.mask, b.value, b.mask, self.alpha)
+            return self.observe(Delta(v, m))
+        if isinstance(a, Delta):
+            d, const, sign = a, b, 1.0
+            const = const * self.alpha
+        else:
+            d, const, sign = b, a, self.alpha
+        return self.observe(_with_constant(d, sign, const, self.key))
+
+    def flops_per_output_pixel(self, out: Delta) -> float:
+        return float(out.value.shape[1]) if out.value.dim() > 1 else 1.0
+
+
+def _with_constant(d: Delta, sign: float, const, key) -> Delta:
+    """``sign * d`` plus ``const`` on key streams, broadcast to the output shape."""
+    value = d.value * sign if sign != 1.0 else d.value
+    out_shape = torch.broadcast_shapes(value.shape, torch.as_tensor(const).shape) if torch.is_tensor(const) \
+        else value.shape
+    mask = d.mask
+    if tuple(out_shape) != tuple(value.shape):
+        value = value.expand(out_shape)
+        mask = mask.expand([out_shape[0], 1] + list(out_shape[2:]))
+    value = torch.where(mask, value, torch.zeros((), dtype=value.dtype, device=value.device))
+    if key is not None:
+        k = key.view([-1] + [1] * (value.dim() - 1))
+        value = value + torch.as_tensor(const, dtype=value.dtype, device=value.device) * k.to(value.dtype)
+        mask = mask | k
+    return Delta(value, mask)
+
+
+class DCScale(DCModule):
+    """Multiplication or division of a delta by a static tensor or number: linear."""
+
+    kind = "scale"
+
+    def __init__(self, divide: bool = False) -> None:
+        super().__init__()
+        self.divide = divide
+
+    def forward(self, a, b) -> Delta:
+        d, s = (a, b) if isinstance(a, Delta) else (b, a)
+        value = d.value / s if self.divide else d.value * s
+        mask = d.mask
+        if tuple(value.shape) != tuple(d.value.shape):
+            mask = mask.expand(list(value.shape[:1]) + [1] + list(value.shape[2:]))
+        return self.observe(Delta(value, mask))
+
+
+def _expanded_mask(d: Delta) -> torch.Tensor:
+    """The mask as a float tensor with the value's shape and strides (1 where active)."""
+    out = torch.empty_like(d.value, dtype=torch.float32)
+    return out.copy_(d.mask.expand_as(d.value))
+
+
+def _map_deltas(obj, fn):
+    if isinstance(obj, Delta):
+        return fn(obj)
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_map_deltas(o, fn) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _map_deltas(v, fn) for k, v in obj.items()}
+    return obj
+
+
+class DCLinearFunction(DCModule):
+    """Any bias-free linear op with non-negative coefficients on its delta inputs: data movement
+    (view, reshape, permute, flatten, split, chunk, getitem, channel shuffle, pad, pixel shuffle,
+    ...) and reductions (mean, sum). The op runs on the delta values and, to find the mask, on the
+    masks expanded to the values' shape: an output pixel is active when any element it is made from
+    is active."""
+
+    kind = "linear_fn"
+
+    def __init__(self, fn: Callable, label: str = "") -> None:
+        super().__init__()
+        self.fn = fn
+        self.label = label or getattr(fn, "__name__", str(fn))
+
+    def forward(self, *args, **kwargs):
+        values = self.fn(*_map_deltas(args, lambda d: torch.where(d.mask, d.value, 0)),
+                         **_map_deltas(kwargs, lambda d: torch.where(d.mask, d.value, 0)))
+        masks = self.fn(*_map_deltas(args, _expanded_mask), **_map_deltas(kwargs, _expanded_mask))
+        out = _zip_outputs(values, masks)
+        return self.observe(out) if isinstance(out, Delta) else out
+
+    def extra_repr(self) -> str:
+        return f"{self.label}, " + super().extra_repr()
+
+
+def _zip_outputs(values, masks):
+    if torch.is_tensor(values):
+        return Delta(values, reduce_mask(masks != 0))
+    if isinstance(values, (list, tuple)):
+        return type(values)(_zip_outputs(v, m) for v, m in zip(values, masks))
+    return values
+
+
+class DCConcatenate(DCModule):
+    """``torch.cat`` of deltas: along channels the masks are united, along other dims joined."""
+
+    kind = "cat"
+
+    def __init__(self, dim: int = 0) -> None:
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, tensors) -> Delta:
+        v, m = self.ops.concatenate([t.value for t in tensors], [t.mask for t in tensors], self.dim)
+        return self.observe(Delta(v, m))

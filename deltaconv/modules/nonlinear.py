@@ -1,0 +1,164 @@
+"""Non-linear layers: they keep the accumulated input and what they have sent.
+
+Each computes its new output from the accumulated inputs on the pixels a change can reach, sends
+``new - sent`` where it exceeds the layer's threshold, and keeps the rest pending (no drift).
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+import torch.nn as nn
+from torch.nn.modules.utils import _pair
+
+from .. import activations
+from ..delta import Delta, mask_shape
+from .base import DCModule
+from .linear import _map_deltas
+
+
+class DCActivation(DCModule):
+    """Pointwise non-linearity (ReLU, ReLU6, LeakyReLU, Hardswish, Hardsigmoid, SiLU, Sigmoid,
+    GELU, Tanh, ELU, or any pointwise callable). State: ``acc`` (input), ``sent`` (output)."""
+
+    kind = "activation"
+    truncates = True
+
+    def __init__(self, fn: activations.Activation, threshold: float = 0.0) -> None:
+        super().__init__()
+        self.fn = fn
+        self.threshold = float(threshold)
+
+    @classmethod
+    def from_dense(cls, module: nn.Module) -> Optional["DCActivation"]:
+        fn = activations.from_module(module)
+        return None if fn is None else cls(fn)
+
+    def forward(self, x: Delta) -> Delta:
+        acc = self.state("acc", x.shape, x.device)
+        sent = self.state("sent", x.shape, x.device)
+        v, m = self.ops.activation(x.value, x.mask, acc, sent, self.fn, self.threshold, self.key)
+        return self.observe(Delta(v, m))
+
+    def flops_per_output_pixel(self, out: Delta) -> float:
+        return float(out.value.shape[1]) if out.value.dim() > 1 else 1.0
+
+    def extra_repr(self) -> str:
+        return f"{self.fn!r}, " + super().extra_repr()
+
+
+class DCMul(DCModule):
+    """Product of two changing tensors (broadcasting; squeeze-excite): ``new = A_a * A_b`` over
+    the union of the masks. State: ``acc_a``, ``acc_b``, ``sent``."""
+
+    kind = "mul"
+    truncates = True
+
+    def forward(self, a: Delta, b: Delta) -> Delta:
+        acc_a = self.state("acc_a", a.shape, a.device)
+        acc_b = self.state("acc_b", b.shape, b.device)
+        out_shape = torch.broadcast_shapes(a.shape, b.shape)
+        sent = self.state("sent", out_shape, a.device)
+        v, m = self.ops.mul(a.value, a.mask, acc_a, b.value, b.mask, acc_b, sent, self.threshold, self.key)
+        return self.observe(Delta(v, m))
+
+    def flops_per_output_pixel(self, out: Delta) -> float:
+        return float(out.value.shape[1]) if out.value.dim() > 1 else 1.0
+
+
+class DCMaxPool2d(DCModule):
+    """Max pooling (any window, stride, padding, dilation, ceil_mode): the max of the accumulated
+    input over the footprint of the active pixels. State: ``acc``, ``sent``."""
+
+    kind = "max_pool2d"
+    truncates = True
+
+    def __init__(self, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False) -> None:
+        super().__init__()
+        self.kernel_size = _pair(kernel_size)
+        self.stride = _pair(stride) if stride not in (None, [], ()) else self.kernel_size
+        self.padding, self.dilation, self.ceil_mode = _pair(padding), _pair(dilation), bool(ceil_mode)
+
+    @classmethod
+    def from_dense(cls, pool: nn.MaxPool2d) -> Optional["DCMaxPool2d"]:
+        if pool.return_indices:
+            return None
+        return cls(pool.kernel_size, pool.stride, pool.padding, pool.dilation, pool.ceil_mode)
+
+    def forward(self, x: Delta) -> Delta:
+        acc = self.state("acc", x.shape, x.device)
+        n, c = x.shape[:2]
+        out_hw = torch.nn.functional.max_pool2d(torch.empty((1, 1) + tuple(x.shape[2:]), device="meta"),
+                                                self.kernel_size, self.stride, self.padding, self.dilation,
+                                                self.ceil_mode).shape[2:]
+        sent = self.state("sent", (n, c) + tuple(out_hw), x.device)
+        v, m = self.ops.max_pool2d(x.value, x.mask, acc, sent, self.kernel_size, self.stride, self.padding,
+                                   self.dilation, self.ceil_mode, self.threshold, self.key)
+        return self.observe(Delta(v, m))
+
+    def flops_per_output_pixel(self, out: Delta) -> float:
+        return float(out.value.shape[1] * self.kernel_size[0] * self.kernel_size[1])
+
+
+class DCFallback(DCModule):
+    """Any op without a delta rule: runs the dense op on its accumulated inputs and re-sparsifies
+    its output against what it sent before (correct for every op, costs a dense evaluation).
+
+    State: ``acc<i>`` per delta input, ``sent<j>`` per tensor output. Also used for spatial
+    non-linear ops whose footprint is unknown (adaptive max pooling, ...).
+    """
+
+    kind = "fallback"
+    truncates = True
+
+    def __init__(self, fn: Callable, label: str = "") -> None:
+        super().__init__()
+        object.__setattr__(self, "fn", fn)  # a dense module stays registered where it was
+        self.label = label or getattr(fn, "__name__", type(fn).__name__)
+
+    def forward(self, *args, **kwargs):
+        counter = iter(range(1 << 30))
+
+        def accumulate(d: Delta) -> torch.Tensor:
+            acc = self.state(f"acc{next(counter)}", d.shape, d.device)
+            acc += torch.where(d.mask, d.value, 0).to(torch.float32)
+            return acc.to(d.dtype)
+
+        dtypes = [d.dtype for d in _leaves(args, kwargs)]
+        dense_args = _map_deltas(args, accumulate)
+        dense_kwargs = _map_deltas(kwargs, accumulate)
+        y = self.fn(*dense_args, **dense_kwargs)
+        outputs = iter(range(1 << 30))
+        out_dtype = dtypes[0] if dtypes else None
+
+        def resparsify(t: torch.Tensor) -> Delta:
+            sent = self.state(f"sent{next(outputs)}", t.shape, t.device)
+            region = torch.ones(mask_shape(t.shape), dtype=torch.bool, device=t.device)
+            key = self.key
+            if key is not None and (t.dim() < 1 or t.shape[0] != key.shape[0]):
+                key = torch.ones(t.shape[0] if t.dim() else 1, dtype=torch.bool, device=t.device)
+            dtype = t.dtype if t.is_floating_point() else out_dtype
+            v, m = self.ops.truncate(t, region, sent, self.threshold, key, dtype)
+            return Delta(v, m)
+
+        out = _map_tensors(y, resparsify)
+        return self.observe(out) if isinstance(out, Delta) else out
+
+    def extra_repr(self) -> str:
+        return f"{self.label}, " + super().extra_repr()
+
+
+def _leaves(args, kwargs):
+    out = []
+    _map_deltas((args, kwargs), lambda d: out.append(d) or d)
+    return out
+
+
+def _map_tensors(obj, fn):
+    if torch.is_tensor(obj):
+        return fn(obj)
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_map_tensors(o, fn) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _map_tensors(v, fn) for k, v in obj.items()}
+    return obj
