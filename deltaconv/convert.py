@@ -277,7 +277,8 @@ def _example_for(model: nn.Module) -> torch.Tensor:
 
 def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
             thresholds: Union[None, dict, str] = None, strict: bool = False,
-            example_input: Optional[torch.Tensor] = None, change_detector=None):
+            example_input: Optional[torch.Tensor] = None, change_detector=None,
+            refresh_every: Optional[int] = None, check_finite: bool = True):
     """Convert a dense CNN into a :class:`~deltaconv.DeltaModel` that processes only changed pixels.
 
     Args:
@@ -291,6 +292,9 @@ def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
         example_input: a frame batch used once to trace shapes (default: ``randn(1, 3, 224, 224)``
             on the model's device and dtype).
         change_detector: optional input change measure (see :mod:`deltaconv.sparsify`).
+        refresh_every: force a key frame every this many frames (``None``: never).
+        check_finite: reject frames holding NaN/Inf before any state changes (one device sync
+            per frame; turn off for CUDA-graph capture).
     """
     from .model import DeltaModel
 
@@ -314,7 +318,7 @@ def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
     if strict and report.fallbacks:
         raise ConversionError("convert(strict=True): no delta rule for " +
                               ", ".join(f"{n.node} ({n.target})" for n in report.fallbacks))
-    dm = DeltaModel(dense, graph, report, backend)
+    dm = DeltaModel(dense, graph, report, backend, refresh_every=refresh_every, check_finite=check_finite)
     dm.set_threshold_all(float(threshold))
     if change_detector is not None:
         for layer in dm.layers():

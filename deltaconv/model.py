@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from typing import Iterable, Optional, Union
 
 import torch
@@ -25,10 +26,18 @@ class DeltaModel(nn.Module):
     The module tree is the dense model's (so its ``state_dict`` loads unchanged), with each layer
     replaced by its ``DC*`` layer and extra layers for functional ops added next to where they
     were called. Per-frame state lives in non-persistent buffers: it is per stream, so one model
-    instance serves one set of streams at a time.
+    instance serves one set of streams at a time; using it from two threads at once raises
+    (give each thread its own ``copy.deepcopy(dm)``).
+
+    Frames are checked before any state changes: they must be floating-point tensors of the
+    traced rank and channel count, on the model's device and dtype, and (when ``check_finite``)
+    free of NaN/Inf. A frame that fails raises and leaves the state as it was. If a frame fails
+    midway (out of memory, ...), the next frame is a key frame. Converted models are inference
+    only: frames run under ``torch.no_grad()``.
     """
 
-    def __init__(self, dense: nn.Module, graph: fx.Graph, report: ConversionReport, backend: str = "auto"):
+    def __init__(self, dense: nn.Module, graph: fx.Graph, report: ConversionReport, backend: str = "auto",
+                 refresh_every: Optional[int] = None, check_finite: bool = True):
         super().__init__()
         for name, child in dense.named_children():
             self.add_module(name, child)
@@ -49,28 +58,97 @@ class DeltaModel(nn.Module):
             layer.context = self._context
         self._signature = None
         self._pending_key: Optional[list[bool]] = None
+        self._inputs = [n.meta.get("tensor_meta") for n in graph.nodes if n.op == "placeholder"]
+        if refresh_every is not None and (not isinstance(refresh_every, int) or refresh_every < 1):
+            raise ValueError(f"refresh_every must be a positive int or None, got {refresh_every!r}")
+        self.refresh_every = refresh_every
+        self.check_finite = check_finite
+        self._frames_since_key = 0
+        self._inference_state = False
+        self._lock = _FrameLock()
 
     # ------------------------------------------------------------------ running
     def forward(self, *frames: torch.Tensor):
+        if not self._lock.acquire():
+            raise RuntimeError("DeltaModel is already running a frame in another thread; it holds per-stream "
+                               "state, so give each thread its own copy (copy.deepcopy(dm))")
+        try:
+            return self._run_frame(frames)
+        finally:
+            self._lock.release()
+
+    def _run_frame(self, frames: tuple) -> object:
+        self._validate(frames)
         frames = tuple(f.contiguous(memory_format=torch.channels_last) if f.dim() == 4 else f for f in frames)
         signature = tuple((tuple(f.shape), f.dtype, f.device) for f in frames)
         if signature != self._signature:
             self._release_state()
             self._signature = signature
             self._pending_key = [True] * frames[0].shape[0]
+        elif self.refresh_every is not None and self._frames_since_key >= self.refresh_every:
+            self.reset()
+        self._match_inference_mode()
         ctx = self._context
         device = frames[0].device
         ctx.ops = backends.select(self.backend, device)
         if self._pending_key is not None and any(self._pending_key):
             ctx.key = torch.tensor(self._pending_key, dtype=torch.bool).to(device, non_blocking=True)
+            if all(self._pending_key):
+                self._frames_since_key = 0
         else:
             ctx.key = None
         try:
-            out = self._runner(*frames)
+            if torch.is_inference_mode_enabled():
+                out = self._runner(*frames)
+            else:
+                with torch.no_grad():
+                    out = self._runner(*frames)
+        except BaseException:
+            self._signature = None  # state may be half-updated: the next frame is a key frame
+            raise
         finally:
             ctx.key = None
         self._pending_key = None
+        self._frames_since_key += 1
         return out
+
+    def _validate(self, frames: tuple) -> None:
+        """Check frames against the traced inputs and the model, before any state changes."""
+        if len(frames) != len(self._inputs):
+            raise TypeError(f"DeltaModel expects {len(self._inputs)} input tensor(s), got {len(frames)}")
+        param = next(self.parameters(), None)
+        for i, (f, meta) in enumerate(zip(frames, self._inputs)):
+            name = "frames" if len(frames) == 1 else f"input {i}"
+            if not isinstance(f, torch.Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor, got {type(f).__name__}")
+            if not f.is_floating_point():
+                raise TypeError(f"{name} must be a floating-point tensor, got dtype {f.dtype}; convert decoder "
+                                f"output with frames.float().div(255) (then normalise as the model expects), or "
+                                f"use deltaconv.video.to_tensor")
+            if meta is not None and f.dim() != len(meta.shape):
+                raise ValueError(f"{name} must be {len(meta.shape)}-D like the traced input "
+                                 f"{list(meta.shape)}, got shape {list(f.shape)}")
+            if meta is not None and f.dim() >= 2 and f.shape[1] != meta.shape[1]:
+                raise ValueError(f"{name} must have {meta.shape[1]} channels (dim 1), got shape {list(f.shape)}")
+            if param is not None and f.device != param.device:
+                raise ValueError(f"{name} are on {f.device} but the model is on {param.device}; move one of them "
+                                 f"(dm.to({str(f.device)!r}) or frames.to({str(param.device)!r}))")
+            if param is not None and param.is_floating_point() and f.dtype != param.dtype:
+                raise TypeError(f"{name} have dtype {f.dtype} but the model's parameters are {param.dtype}; "
+                                f"convert the frames (frames.to({param.dtype})) or the model (dm.to({f.dtype}))")
+            if self.check_finite and not bool(torch.isfinite(f).all()):
+                raise ValueError(f"{name} contain NaN or Inf; the frame was rejected and the state is unchanged")
+
+    def _match_inference_mode(self) -> None:
+        """State made under ``torch.inference_mode`` cannot be updated outside it: copy it then."""
+        inference = torch.is_inference_mode_enabled()
+        if self._inference_state and not inference:
+            for layer in self.layers():
+                for name in layer._state_names:
+                    buf = layer._buffers.get(name)
+                    if buf is not None and buf.is_inference():
+                        layer._buffers[name] = buf.clone()
+        self._inference_state = inference
 
     def reset(self, streams: Optional[Iterable[int]] = None) -> None:
         """Make the next frame a key frame, for all streams or only the given batch indices."""
@@ -151,3 +229,25 @@ class DeltaModel(nn.Module):
         """Write the thresholds as JSON (``{"thresholds": {layer name: value}}``)."""
         with open(path, "w") as f:
             json.dump({"thresholds": self.thresholds()}, f, indent=1, sort_keys=True)
+
+
+class _FrameLock:
+    """A non-blocking lock that copies (``deepcopy``/pickle) as a fresh, unlocked lock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+
+    def acquire(self) -> bool:
+        return self._lock.acquire(blocking=False)
+
+    def release(self) -> None:
+        self._lock.release()
+
+    def __deepcopy__(self, memo) -> "_FrameLock":
+        return _FrameLock()
+
+    def __getstate__(self) -> dict:
+        return {}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__()

@@ -1,6 +1,8 @@
 """Base class of every converted layer: state handling, statistics and the frame context."""
 from __future__ import annotations
 
+import copy
+import importlib
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Optional
@@ -24,6 +26,16 @@ class FrameContext:
     ops: ModuleType = reference
     record_stats: bool = True
     extra: dict = field(default_factory=dict)
+
+    def __deepcopy__(self, memo) -> "FrameContext":
+        # backend modules are shared, never copied; ``key`` only lives during a frame
+        return FrameContext(None, self.ops, self.record_stats, copy.deepcopy(self.extra, memo))
+
+    def __getstate__(self) -> dict:
+        return {"ops": self.ops.__name__, "record_stats": self.record_stats, "extra": self.extra}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(None, importlib.import_module(state["ops"]), state["record_stats"], state["extra"])
 
 
 class DCModule(nn.Module):

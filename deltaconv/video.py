@@ -1,0 +1,102 @@
+"""Reading frames of the sample videos (OpenCV, imported lazily) as model-ready tensors."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterator, Optional, Union
+
+import torch
+
+#: ImageNet normalisation used by torchvision's pretrained models
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+_DEBIAN_VTEST = "/usr/share/doc/opencv-doc/examples/data/vtest.avi"
+SAMPLE_VIDEO_HELP = (
+    "Pass a video path, or set DELTACONV_VIDEOS to a folder holding vtest.avi. The project's sample "
+    "videos live in ../shared/videos next to the checkout. On Debian/Ubuntu get vtest.avi with: "
+    "apt-get download opencv-doc && dpkg-deb --fsys-tarfile opencv-doc_*.deb | "
+    "tar -xO ./usr/share/doc/opencv-doc/examples/data/vtest.avi > vtest.avi")
+
+
+def video_dirs() -> list[Path]:
+    """Folders searched for sample videos, in order: ``$DELTACONV_VIDEOS``, ``../shared/videos``
+    beside the checkout (and beside the working directory)."""
+    dirs = []
+    if os.environ.get("DELTACONV_VIDEOS"):
+        dirs.append(Path(os.environ["DELTACONV_VIDEOS"]))
+    root = Path(__file__).resolve().parent.parent
+    dirs += [root.parent / "shared" / "videos", Path.cwd().parent / "shared" / "videos",
+             Path.cwd() / "shared" / "videos"]
+    return dirs
+
+
+def find_sample_video(name: str = "vtest.avi") -> Path:
+    """Path of a sample video: the folders of :func:`video_dirs`, then (for vtest.avi) Debian's
+    ``opencv-doc`` package. Raises ``FileNotFoundError`` naming every option."""
+    for d in video_dirs():
+        if (d / name).is_file():
+            return d / name
+    if name == "vtest.avi" and Path(_DEBIAN_VTEST).is_file():
+        return Path(_DEBIAN_VTEST)
+    searched = ", ".join(str(d) for d in video_dirs())
+    raise FileNotFoundError(f"sample video {name!r} not found (searched {searched}"
+                            f"{', ' + _DEBIAN_VTEST if name == 'vtest.avi' else ''}). {SAMPLE_VIDEO_HELP}")
+
+
+def to_tensor(frame_bgr, size: Optional[tuple[int, int]] = None, normalize: bool = True) -> torch.Tensor:
+    """An OpenCV BGR ``uint8`` frame ``[H, W, 3]`` as a float tensor ``[1, 3, h, w]`` (RGB, in
+    [0, 1], ImageNet-normalised if ``normalize``), resized to ``size = (h, w)`` if given."""
+    import cv2
+
+    if size is not None and tuple(frame_bgr.shape[:2]) != tuple(size):
+        interp = cv2.INTER_AREA if size[0] < frame_bgr.shape[0] else cv2.INTER_LINEAR
+        frame_bgr = cv2.resize(frame_bgr, (size[1], size[0]), interpolation=interp)
+    rgb = torch.from_numpy(frame_bgr[:, :, ::-1].copy()).permute(2, 0, 1).float().div_(255.0)
+    if normalize:
+        mean = torch.tensor(IMAGENET_MEAN).view(3, 1, 1)
+        std = torch.tensor(IMAGENET_STD).view(3, 1, 1)
+        rgb = (rgb - mean) / std
+    return rgb.unsqueeze(0).contiguous(memory_format=torch.channels_last)
+
+
+def read_frames(path: Union[str, os.PathLike, None] = None, max_frames: Optional[int] = None,
+                size: Optional[tuple[int, int]] = None, normalize: bool = True, start: int = 0,
+                stride: int = 1) -> Iterator[torch.Tensor]:
+    """Yield frames of a video as ``[1, 3, h, w]`` float tensors (see :func:`to_tensor`).
+
+    ``path`` defaults to the sample ``vtest.avi``; ``start``/``stride`` select frames;
+    ``max_frames`` bounds how many are yielded.
+    """
+    import cv2
+
+    path = find_sample_video() if path is None else Path(path)
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"read_frames: video {str(path)!r} does not exist. {SAMPLE_VIDEO_HELP}")
+    cap = cv2.VideoCapture(str(path))
+    if not cap.isOpened():
+        raise RuntimeError(f"read_frames: OpenCV could not open {str(path)!r}")
+    try:
+        index = yielded = 0
+        while max_frames is None or yielded < max_frames:
+            ok, frame = cap.read()
+            if not ok:
+                break
+            if index >= start and (index - start) % stride == 0:
+                yield to_tensor(frame, size, normalize)
+                yielded += 1
+            index += 1
+    finally:
+        cap.release()
+
+
+def video_info(path: Union[str, os.PathLike]) -> dict:
+    """``{"frames", "fps", "height", "width"}`` of a video file."""
+    import cv2
+
+    cap = cv2.VideoCapture(str(path))
+    try:
+        return {"frames": int(cap.get(cv2.CAP_PROP_FRAME_COUNT)), "fps": float(cap.get(cv2.CAP_PROP_FPS)),
+                "height": int(cap.get(cv2.CAP_PROP_FRAME_HEIGHT)), "width": int(cap.get(cv2.CAP_PROP_FRAME_WIDTH))}
+    finally:
+        cap.release()
