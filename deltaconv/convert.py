@@ -278,7 +278,7 @@ def _example_for(model: nn.Module) -> torch.Tensor:
 def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
             thresholds: Union[None, dict, str] = None, strict: bool = False,
             example_input: Optional[torch.Tensor] = None, change_detector=None,
-            refresh_every: Optional[int] = None, check_finite: bool = True):
+            refresh_every: Optional[int] = None, check_finite: bool = True, cuda_graph: bool = False):
     """Convert a dense CNN into a :class:`~deltaconv.DeltaModel` that processes only changed pixels.
 
     Args:
@@ -295,6 +295,8 @@ def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
         refresh_every: force a key frame every this many frames (``None``: never).
         check_finite: reject frames holding NaN/Inf before any state changes (one device sync
             per frame; turn off for CUDA-graph capture).
+        cuda_graph: record the first delta frame as a CUDA graph and replay it for later frames
+            (see :meth:`DeltaModel.capture`).
     """
     from .model import DeltaModel
 
@@ -318,7 +320,8 @@ def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
     if strict and report.fallbacks:
         raise ConversionError("convert(strict=True): no delta rule for " +
                               ", ".join(f"{n.node} ({n.target})" for n in report.fallbacks))
-    dm = DeltaModel(dense, graph, report, backend, refresh_every=refresh_every, check_finite=check_finite)
+    dm = DeltaModel(dense, graph, report, backend, refresh_every=refresh_every, check_finite=check_finite,
+                    cuda_graph=cuda_graph)
     dm.set_threshold_all(float(threshold))
     if change_detector is not None:
         for layer in dm.layers():

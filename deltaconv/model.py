@@ -37,7 +37,7 @@ class DeltaModel(nn.Module):
     """
 
     def __init__(self, dense: nn.Module, graph: fx.Graph, report: ConversionReport, backend: str = "auto",
-                 refresh_every: Optional[int] = None, check_finite: bool = True):
+                 refresh_every: Optional[int] = None, check_finite: bool = True, cuda_graph: bool = False):
         super().__init__()
         for name, child in dense.named_children():
             self.add_module(name, child)
@@ -66,6 +66,8 @@ class DeltaModel(nn.Module):
         self._frames_since_key = 0
         self._inference_state = False
         self._lock = _FrameLock()
+        self.cuda_graph = cuda_graph
+        self._graph: Optional[_CapturedFrame] = None
 
     # ------------------------------------------------------------------ running
     def forward(self, *frames: torch.Tensor):
@@ -87,6 +89,14 @@ class DeltaModel(nn.Module):
             self._pending_key = [True] * frames[0].shape[0]
         elif self.refresh_every is not None and self._frames_since_key >= self.refresh_every:
             self.reset()
+        key_frame = self._pending_key is not None and any(self._pending_key)
+        if self._graph is not None and not key_frame:
+            return self._replay(frames)
+        if self.cuda_graph and not key_frame and frames[0].is_cuda:
+            return self._capture(frames)
+        return self._run_eager(frames)
+
+    def _run_eager(self, frames: tuple) -> object:
         self._match_inference_mode()
         ctx = self._context
         device = frames[0].device
@@ -110,7 +120,51 @@ class DeltaModel(nn.Module):
             ctx.key = None
         self._pending_key = None
         self._frames_since_key += 1
+        ctx.frames += 1
         return out
+
+    # ------------------------------------------------------------------ CUDA graphs
+    def capture(self, frames: torch.Tensor) -> object:
+        """Process ``frames`` as the next frame and record a CUDA graph of one delta frame; later
+        frames of the same shape, dtype and device replay it (one launch per frame).
+
+        Replayed frames return the same output tensors each time, overwritten by the next frame
+        (clone what you keep). Key frames (first frame, ``reset()``, shape changes) run eagerly;
+        a shape, dtype or device change drops the graph. Capture after loading new weights.
+        ``check_finite`` costs a device sync per frame: turn it off for full speed.
+        """
+        if not frames.is_cuda:
+            raise ValueError(f"capture: frames must be on a CUDA device, got {frames.device}")
+        self._validate((frames,))
+        frames = frames.contiguous(memory_format=torch.channels_last)
+        signature = ((tuple(frames.shape), frames.dtype, frames.device),)
+        if signature != self._signature or (self._pending_key is not None and any(self._pending_key)):
+            self._run_frame((frames,))  # key frame first: the graph records delta frames
+        return self._capture((frames,))
+
+    def _capture(self, frames: tuple) -> object:
+        side = torch.cuda.Stream(device=frames[0].device)
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up on a side stream, as CUDA graph capture requires
+            out = self._run_eager(frames)
+        torch.cuda.current_stream().wait_stream(side)
+        static_in = tuple(f.clone() for f in frames)
+        graph = torch.cuda.CUDAGraph()
+        ctx = self._context
+        ctx.key = None
+        with torch.no_grad(), torch.cuda.graph(graph):
+            static_out = self._runner(*static_in)
+        self._graph = _CapturedFrame(graph, static_in, static_out)
+        return out
+
+    def _replay(self, frames: tuple) -> object:
+        captured = self._graph
+        for static, f in zip(captured.inputs, frames):
+            static.copy_(f)
+        captured.graph.replay()
+        self._frames_since_key += 1
+        self._context.frames += 1
+        return captured.outputs
 
     def _validate(self, frames: tuple) -> None:
         """Check frames against the traced inputs and the model, before any state changes."""
@@ -153,6 +207,7 @@ class DeltaModel(nn.Module):
     def reset(self, streams: Optional[Iterable[int]] = None) -> None:
         """Make the next frame a key frame, for all streams or only the given batch indices."""
         if streams is None:
+            self._context.frames = 0
             for layer in self.layers():
                 layer.reset_state()
             self._pending_key = None if self._signature is None else [True] * self._signature[0][0][0]
@@ -172,6 +227,8 @@ class DeltaModel(nn.Module):
         self._pending_key = key
 
     def _release_state(self) -> None:
+        self._graph = None
+        self._context.frames = 0
         for layer in self.layers():
             layer.release_state()
 
@@ -251,3 +308,13 @@ class _FrameLock:
 
     def __setstate__(self, state: dict) -> None:
         self.__init__()
+
+
+class _CapturedFrame:
+    """A recorded delta frame: the graph and its static input and output tensors."""
+
+    def __init__(self, graph, inputs: tuple, outputs) -> None:
+        self.graph, self.inputs, self.outputs = graph, inputs, outputs
+
+    def __deepcopy__(self, memo) -> None:
+        return None  # a copy re-captures (the graph points at the original's buffers)

@@ -20,22 +20,26 @@ class FrameContext:
 
     ``key``: ``None``, or ``[N]`` bool on the model's device marking streams that start a key frame.
     ``ops``: the backend module that runs this frame. ``record_stats``: collect densities.
+    ``frames``: frames run since the statistics were last reset.
     """
 
     key: Optional[torch.Tensor] = None
     ops: ModuleType = reference
     record_stats: bool = True
+    frames: int = 0
     extra: dict = field(default_factory=dict)
 
     def __deepcopy__(self, memo) -> "FrameContext":
         # backend modules are shared, never copied; ``key`` only lives during a frame
-        return FrameContext(None, self.ops, self.record_stats, copy.deepcopy(self.extra, memo))
+        return FrameContext(None, self.ops, self.record_stats, self.frames, copy.deepcopy(self.extra, memo))
 
     def __getstate__(self) -> dict:
-        return {"ops": self.ops.__name__, "record_stats": self.record_stats, "extra": self.extra}
+        return {"ops": self.ops.__name__, "record_stats": self.record_stats, "frames": self.frames,
+                "extra": self.extra}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(None, importlib.import_module(state["ops"]), state["record_stats"], state["extra"])
+        self.__init__(None, importlib.import_module(state["ops"]), state["record_stats"], state["frames"],
+                      state["extra"])
 
 
 class DCModule(nn.Module):
@@ -56,12 +60,8 @@ class DCModule(nn.Module):
         self.threshold = 0.0
         self.context = FrameContext()
         self._state_names: list[str] = []
-        self._frames = 0
-        self._density_last: Optional[torch.Tensor] = None
-        self._density_sum: Optional[torch.Tensor] = None
+        self._stats: Optional[torch.Tensor] = None
         self._flops_dense = 0.0
-        self._flops_done_last: Optional[torch.Tensor] = None
-        self._flops_done_sum: Optional[torch.Tensor] = None
 
     # ------------------------------------------------------------------ state
     def state(self, name: str, shape, device: torch.device) -> torch.Tensor:
@@ -93,7 +93,7 @@ class DCModule(nn.Module):
         """Drop all state (the next frame reallocates it; used when the input shape changes)."""
         for name in self._state_names:
             self._buffers[name] = None
-        self.reset_stats()
+        self._stats = None
 
     def state_bytes(self) -> int:
         """Bytes held by this layer's per-frame state."""
@@ -102,47 +102,44 @@ class DCModule(nn.Module):
 
     # ------------------------------------------------------------------ statistics
     def reset_stats(self) -> None:
-        self._frames = 0
-        self._density_last = self._density_sum = None
-        self._flops_done_last = self._flops_done_sum = None
+        if self._stats is not None:
+            self._stats.zero_()  # in place: a captured CUDA graph keeps writing here
 
     def flops_per_output_pixel(self, out: Delta) -> float:
         """Multiply-adds x2 that the dense layer spends per output pixel (all channels)."""
         return 0.0
 
     def observe(self, out: Delta) -> Delta:
-        """Record the density of an output delta (no host synchronisation) and return it."""
+        """Record the density of an output delta and return it. Runs on the device without host
+        synchronisation, in place, so it also accumulates under CUDA-graph replay."""
         if not self.context.record_stats or not isinstance(out, Delta):
             return out
         density = out.mask.float().mean()
-        pixels = out.mask.numel()
-        fpp = self.flops_per_output_pixel(out)
-        self._flops_dense = fpp * pixels
-        done = density * self._flops_dense
-        if self._density_sum is None or self._density_sum.device != density.device:
-            self._density_sum = torch.zeros((), device=density.device)
-            self._flops_done_sum = torch.zeros((), device=density.device)
-            self._frames = 0
-        self._density_last = density
-        self._flops_done_last = done
-        self._density_sum = self._density_sum + density
-        self._flops_done_sum = self._flops_done_sum + done
-        self._frames += 1
+        self._flops_dense = self.flops_per_output_pixel(out) * out.mask.numel()
+        values = torch.stack([density, density * self._flops_dense])
+        if self._stats is None or self._stats.device != density.device:
+            # [density, flops_done] of the last frame, then their sums since reset
+            self._stats = torch.zeros(4, device=density.device)
+        self._stats[:2].copy_(values)
+        self._stats[2:].add_(values)
         return out
 
     def stats(self) -> dict:
         """Statistics of the last frame and the mean since reset (reads device values)."""
-        frames = max(self._frames, 1)
+        frames = self.context.frames
+        last_density = last_done = mean_density = mean_done = float("nan")
+        if self._stats is not None and frames:
+            last_density, last_done, sum_density, sum_done = self._stats.tolist()
+            mean_density, mean_done = sum_density / frames, sum_done / frames
         d = {
             "name": self.layer_name,
             "kind": self.kind,
-            "density": float(self._density_last) if self._density_last is not None else float("nan"),
-            "mean_density": float(self._density_sum) / frames if self._density_sum is not None else float("nan"),
-            "frames": self._frames,
+            "density": last_density,
+            "mean_density": mean_density,
+            "frames": frames,
             "flops_dense": float(self._flops_dense),
-            "flops_done": float(self._flops_done_last) if self._flops_done_last is not None else float("nan"),
-            "mean_flops_done": float(self._flops_done_sum) / frames if self._flops_done_sum is not None
-            else float("nan"),
+            "flops_done": last_done,
+            "mean_flops_done": mean_done,
             "state_bytes": self.state_bytes(),
         }
         if self.truncates:
