@@ -30,6 +30,13 @@ class _ScopedTracer(fx.Tracer):
     """A tracer that records, for every node, the path of the module whose forward created it
     (``node.meta["dc_scope"]``), so functional ops get names like ``layer1.0.add``."""
 
+    def __init__(self, leaf_modules: tuple = ()) -> None:
+        super().__init__()
+        self.leaf_modules = tuple(leaf_modules)
+
+    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+        return isinstance(m, self.leaf_modules) or super().is_leaf_module(m, qualname)
+
     def create_node(self, *args, **kwargs):
         node = super().create_node(*args, **kwargs)
         node.meta["dc_scope"] = self.scope.module_path
@@ -278,7 +285,8 @@ def _example_for(model: nn.Module) -> torch.Tensor:
 def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
             thresholds: Union[None, dict, str] = None, strict: bool = False,
             example_input: Optional[torch.Tensor] = None, change_detector=None,
-            refresh_every: Optional[int] = None, check_finite: bool = True, cuda_graph: bool = False):
+            refresh_every: Optional[int] = None, check_finite: bool = True, cuda_graph: bool = False,
+            leaf_modules: tuple = ()):
     """Convert a dense CNN into a :class:`~deltaconv.DeltaModel` that processes only changed pixels.
 
     Args:
@@ -297,6 +305,8 @@ def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
             per frame; turn off for CUDA-graph capture).
         cuda_graph: record the first delta frame as a CUDA graph and replay it for later frames
             (see :meth:`DeltaModel.capture`).
+        leaf_modules: module types not to trace into (kept whole; without a rule they become
+            fallbacks), e.g. blocks that are not fx-traceable.
     """
     from .model import DeltaModel
 
@@ -306,7 +316,9 @@ def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
     if not isinstance(threshold, (int, float)) or threshold < 0:
         raise ValueError(f"convert: threshold must be a number >= 0, got {threshold!r}")
     dense = copy.deepcopy(model).eval()
-    tracer = _ScopedTracer()
+    if not isinstance(leaf_modules, (tuple, list)) or not all(isinstance(t, type) for t in leaf_modules):
+        raise TypeError(f"convert: leaf_modules must be a tuple of module classes, got {leaf_modules!r}")
+    tracer = _ScopedTracer(tuple(leaf_modules))
     graph = tracer.trace(dense)
     traced = fx.GraphModule(dense, graph)
     example = _example_for(dense) if example_input is None else example_input
@@ -324,7 +336,7 @@ def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
                     cuda_graph=cuda_graph)
     dm.set_threshold_all(float(threshold))
     if change_detector is not None:
-        for layer in dm.layers():
+        for layer in dm.delta_layers():
             if isinstance(layer, DCSparsify):
                 layer.change_detector = change_detector
     if thresholds is not None:

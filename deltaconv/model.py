@@ -197,18 +197,20 @@ class DeltaModel(nn.Module):
         """State made under ``torch.inference_mode`` cannot be updated outside it: copy it then."""
         inference = torch.is_inference_mode_enabled()
         if self._inference_state and not inference:
-            for layer in self.layers():
+            for layer in self.delta_layers():
                 for name in layer._state_names:
                     buf = layer._buffers.get(name)
                     if buf is not None and buf.is_inference():
                         layer._buffers[name] = buf.clone()
+                if layer._stats is not None and layer._stats.is_inference():
+                    layer._stats = layer._stats.clone()
         self._inference_state = inference
 
     def reset(self, streams: Optional[Iterable[int]] = None) -> None:
         """Make the next frame a key frame, for all streams or only the given batch indices."""
         if streams is None:
             self._context.frames = 0
-            for layer in self.layers():
+            for layer in self.delta_layers():
                 layer.reset_state()
             self._pending_key = None if self._signature is None else [True] * self._signature[0][0][0]
             return
@@ -219,7 +221,7 @@ class DeltaModel(nn.Module):
         bad = [s for s in streams if not 0 <= s < n]
         if bad:
             raise IndexError(f"reset: streams must be batch indices in [0, {n}), got {bad}")
-        for layer in self.layers():
+        for layer in self.delta_layers():
             layer.reset_state(streams)
         key = self._pending_key or [False] * n
         for s in streams:
@@ -229,7 +231,7 @@ class DeltaModel(nn.Module):
     def _release_state(self) -> None:
         self._graph = None
         self._context.frames = 0
-        for layer in self.layers():
+        for layer in self.delta_layers():
             layer.release_state()
 
     # ------------------------------------------------------------------ introspection
@@ -238,7 +240,7 @@ class DeltaModel(nn.Module):
         """What the converter made of every node (see :class:`ConversionReport`)."""
         return self._report
 
-    def layers(self) -> list[DCModule]:
+    def delta_layers(self) -> list[DCModule]:
         """The DC layers in execution order, the input sparsifier first."""
         return [self.get_submodule(n) for n in self._layer_names]
 
@@ -247,20 +249,20 @@ class DeltaModel(nn.Module):
         output pixels updated in the last frame), ``mean_density`` since reset, ``frames``,
         ``flops_dense`` / ``flops_done`` / ``mean_flops_done`` (per frame), ``state_bytes`` and,
         for truncating layers, ``threshold``."""
-        return [layer.stats() for layer in self.layers()]
+        return [layer.stats() for layer in self.delta_layers()]
 
     def state_bytes(self) -> int:
         """Bytes of per-frame state held by all layers."""
-        return sum(layer.state_bytes() for layer in self.layers())
+        return sum(layer.state_bytes() for layer in self.delta_layers())
 
     # ------------------------------------------------------------------ thresholds
     def thresholds(self) -> dict[str, float]:
         """``{layer name: threshold}`` of the sparsifier and every non-linear layer."""
-        return {layer.layer_name: layer.threshold for layer in self.layers() if layer.truncates}
+        return {layer.layer_name: layer.threshold for layer in self.delta_layers() if layer.truncates}
 
     def set_threshold_all(self, value: float) -> None:
         """Set every truncating layer's threshold to ``value``."""
-        for layer in self.layers():
+        for layer in self.delta_layers():
             if layer.truncates:
                 layer.threshold = float(value)
 
@@ -271,7 +273,7 @@ class DeltaModel(nn.Module):
             with open(thresholds) as f:
                 thresholds = json.load(f)
             thresholds = thresholds.get("thresholds", thresholds)
-        known = {layer.layer_name: layer for layer in self.layers() if layer.truncates}
+        known = {layer.layer_name: layer for layer in self.delta_layers() if layer.truncates}
         unknown = sorted(set(thresholds) - set(known))
         if unknown and strict:
             raise KeyError(f"load_thresholds: no truncating layer named {unknown[:5]}"

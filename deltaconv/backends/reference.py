@@ -8,7 +8,7 @@ Conventions for every function here
 -----------------------------------
 * ``delta``: ``[N, C, H, W]`` change since the previous frame (any memory format); ``mask``:
   ``[N, 1, H, W]`` bool, ``True`` where the pixel carries a change.
-* State tensors (``sent``, ``acc``) are float32, same shape as the value they track, and are
+* State tensors (``sent``, ``acc``) are float32 (float64 for float64 models), same shape as the value they track, and are
   updated in place.
 * ``key``: ``None``, or a ``[N]`` bool tensor marking the streams whose state was just reset:
   for those the layer sends every pixel (key frames are exact and dense) and affine layers add
@@ -60,13 +60,13 @@ def truncate(y: Tensor, region: Tensor, sent: Tensor, threshold: float, key: Opt
     The common tail of every non-linear layer: ``y`` is the layer's new output computed from its
     accumulated inputs, ``sent`` what downstream has received so far (updated in place).
     """
-    change = torch.where(region, y.to(torch.float32) - sent, torch.zeros((), device=y.device))
+    change = torch.where(region, y.to(sent.dtype) - sent, torch.zeros((), dtype=sent.dtype, device=y.device))
     out_mask = region & (reduce_mask(change.abs() > threshold))
     k = _key_view(key, out_mask.dim())
     if k is not None:
         out_mask = out_mask | (k & region)
-    out = torch.where(out_mask, change, torch.zeros((), device=y.device)).to(out_dtype)
-    sent += out.to(torch.float32)
+    out = torch.where(out_mask, change, torch.zeros((), dtype=sent.dtype, device=y.device)).to(out_dtype)
+    sent += out.to(sent.dtype)
     return out, out_mask
 
 
@@ -79,20 +79,20 @@ def sparsify(x: Tensor, sent: Tensor, threshold: float, key: Optional[Tensor],
     the quantity compared with the threshold (the noise-robust measures of ``deltaconv.sparsify``
     compute it); the values sent are always the exact ``x - sent``.
     """
-    change = x.to(torch.float32) - sent
+    change = x.to(sent.dtype) - sent
     measure = change.abs().amax(dim=1, keepdim=True) if change_measure is None else change_measure
     mask = measure > threshold
     k = _key_view(key, mask.dim())
     if k is not None:
         mask = mask | k
-    out = torch.where(mask, change, torch.zeros((), device=x.device)).to(x.dtype)
-    sent += out.to(torch.float32)
+    out = torch.where(mask, change, torch.zeros((), dtype=sent.dtype, device=x.device)).to(x.dtype)
+    sent += out.to(sent.dtype)
     return out, mask
 
 
 def densify(delta: Tensor, mask: Tensor, acc: Tensor, out_dtype: torch.dtype) -> Tensor:
     """Output densifier: accumulate ``delta`` into ``acc`` and return a dense copy."""
-    acc += _zero_inactive(delta, mask).to(torch.float32)
+    acc += _zero_inactive(delta, mask).to(acc.dtype)
     return acc.to(out_dtype, copy=True)
 
 
@@ -100,7 +100,7 @@ def densify(delta: Tensor, mask: Tensor, acc: Tensor, out_dtype: torch.dtype) ->
 def activation(delta: Tensor, mask: Tensor, acc: Tensor, sent: Tensor, fn: Callable[[Tensor], Tensor],
                threshold: float, key: Optional[Tensor]) -> tuple[Tensor, Tensor]:
     """Pointwise non-linearity ``fn``: ``fn(acc + d) - sent`` on active pixels, then truncation."""
-    acc += _zero_inactive(delta, mask).to(torch.float32)
+    acc += _zero_inactive(delta, mask).to(acc.dtype)
     return truncate(fn(acc), mask, sent, threshold, key, delta.dtype)
 
 
@@ -130,8 +130,8 @@ def add(delta_a: Tensor, mask_a: Tensor, delta_b: Tensor, mask_b: Tensor,
 def mul(delta_a: Tensor, mask_a: Tensor, acc_a: Tensor, delta_b: Tensor, mask_b: Tensor, acc_b: Tensor,
         sent: Tensor, threshold: float, key: Optional[Tensor]) -> tuple[Tensor, Tensor]:
     """Product of two changing tensors (broadcasting, e.g. squeeze-excite): non-linear."""
-    acc_a += _zero_inactive(delta_a, mask_a).to(torch.float32)
-    acc_b += _zero_inactive(delta_b, mask_b).to(torch.float32)
+    acc_a += _zero_inactive(delta_a, mask_a).to(acc_a.dtype)
+    acc_b += _zero_inactive(delta_b, mask_b).to(acc_b.dtype)
     region = mask_a | mask_b
     y = acc_a * acc_b
     region = region.expand(list(y.shape[:1]) + [1] + list(y.shape[2:]))
@@ -230,7 +230,7 @@ def pool_nonlinear(delta: Tensor, mask: Tensor, acc: Tensor, sent: Tensor, op: C
                    threshold: float, key: Optional[Tensor]) -> tuple[Tensor, Tensor]:
     """A non-linear spatial op (max pooling): ``op`` on the accumulated input over the footprint of
     the active pixels, then truncation."""
-    acc += _zero_inactive(delta, mask).to(torch.float32)
+    acc += _zero_inactive(delta, mask).to(acc.dtype)
     region = _footprint(mask, op)
     return truncate(op(acc), region, sent, threshold, key, delta.dtype)
 

@@ -64,11 +64,13 @@ class DCModule(nn.Module):
         self._flops_dense = 0.0
 
     # ------------------------------------------------------------------ state
-    def state(self, name: str, shape, device: torch.device) -> torch.Tensor:
-        """The float32 state buffer ``name``, allocated as zeros if absent or of another shape."""
+    def state(self, name: str, shape, device: torch.device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The state buffer ``name`` (float32, or float64 for a float64 ``dtype``), allocated as
+        zeros if absent or of another shape, device or dtype."""
+        dtype = torch.promote_types(dtype, torch.float32)
         buf = self._buffers.get(name)
-        if buf is None or tuple(buf.shape) != tuple(shape) or buf.device != device:
-            buf = torch.zeros(tuple(shape), dtype=torch.float32, device=device)
+        if buf is None or tuple(buf.shape) != tuple(shape) or buf.device != device or buf.dtype != dtype:
+            buf = torch.zeros(tuple(shape), dtype=dtype, device=device)
             if len(shape) == 4:
                 buf = buf.contiguous(memory_format=torch.channels_last)
             if name not in self._buffers:

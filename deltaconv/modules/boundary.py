@@ -25,10 +25,10 @@ class DCSparsify(DCModule):
         self.change_detector = change_detector
 
     def forward(self, x: torch.Tensor) -> Delta:
-        sent = self.state("sent", x.shape, x.device)
+        sent = self.state("sent", x.shape, x.device, x.dtype)
         measure = None
         if self.change_detector is not None and self.key is None:
-            measure = self.change_detector(x.to(torch.float32) - sent)
+            measure = self.change_detector(x.to(sent.dtype) - sent)
         value, mask = self.ops.sparsify(x, sent, self.threshold, self.key, measure)
         return self.observe(Delta(value, mask))
 
@@ -45,5 +45,5 @@ class DCDensify(DCModule):
     kind = "densify"
 
     def forward(self, delta: Delta) -> torch.Tensor:
-        acc = self.state("acc", delta.shape, delta.device)
+        acc = self.state("acc", delta.shape, delta.device, delta.dtype)
         return self.ops.densify(delta.value, delta.mask, acc, delta.dtype)

@@ -28,14 +28,14 @@ def _adopt(target: nn.Module, dense: nn.Module, names) -> None:
 
 
 def _bn_scale_shift(bn: nn.modules.batchnorm._BatchNorm) -> tuple[torch.Tensor, torch.Tensor]:
-    """BatchNorm in eval as ``y = scale * x + shift`` (float32)."""
-    var = bn.running_var.float()
-    scale = torch.rsqrt(var + bn.eps)
+    """BatchNorm in eval as ``y = scale * x + shift`` (float32, or float64 for a float64 BN)."""
+    dtype = torch.promote_types(bn.running_var.dtype, torch.float32)
+    scale = torch.rsqrt(bn.running_var.to(dtype) + bn.eps)
     if bn.weight is not None:
-        scale = scale * bn.weight.float()
-    shift = -bn.running_mean.float() * scale
+        scale = scale * bn.weight.to(dtype)
+    shift = -bn.running_mean.to(dtype) * scale
     if bn.bias is not None:
-        shift = shift + bn.bias.float()
+        shift = shift + bn.bias.to(dtype)
     return scale, shift
 
 
@@ -62,8 +62,8 @@ class _FoldedWeights:
                     scale, shift = _bn_scale_shift(bn)
                     shape = [1] * weight.dim()
                     shape[out_dim] = -1
-                    w = (weight.float() * scale.view(shape)).to(weight.dtype)
-                    b = shift if bias is None else bias.float() * scale + shift
+                    w = (weight.to(scale.dtype) * scale.view(shape)).to(weight.dtype)
+                    b = shift if bias is None else bias.to(scale.dtype) * scale + shift
                     b = b.to(weight.dtype)
             self._key, self._value = key, (w, b)
         return self._value

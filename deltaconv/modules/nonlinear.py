@@ -35,8 +35,8 @@ class DCActivation(DCModule):
         return None if fn is None else cls(fn)
 
     def forward(self, x: Delta) -> Delta:
-        acc = self.state("acc", x.shape, x.device)
-        sent = self.state("sent", x.shape, x.device)
+        acc = self.state("acc", x.shape, x.device, x.dtype)
+        sent = self.state("sent", x.shape, x.device, x.dtype)
         v, m = self.ops.activation(x.value, x.mask, acc, sent, self.fn, self.threshold, self.key)
         return self.observe(Delta(v, m))
 
@@ -55,10 +55,10 @@ class DCMul(DCModule):
     truncates = True
 
     def forward(self, a: Delta, b: Delta) -> Delta:
-        acc_a = self.state("acc_a", a.shape, a.device)
-        acc_b = self.state("acc_b", b.shape, b.device)
+        acc_a = self.state("acc_a", a.shape, a.device, a.dtype)
+        acc_b = self.state("acc_b", b.shape, b.device, b.dtype)
         out_shape = torch.broadcast_shapes(a.shape, b.shape)
-        sent = self.state("sent", out_shape, a.device)
+        sent = self.state("sent", out_shape, a.device, a.dtype)
         v, m = self.ops.mul(a.value, a.mask, acc_a, b.value, b.mask, acc_b, sent, self.threshold, self.key)
         return self.observe(Delta(v, m))
 
@@ -86,12 +86,12 @@ class DCMaxPool2d(DCModule):
         return cls(pool.kernel_size, pool.stride, pool.padding, pool.dilation, pool.ceil_mode)
 
     def forward(self, x: Delta) -> Delta:
-        acc = self.state("acc", x.shape, x.device)
+        acc = self.state("acc", x.shape, x.device, x.dtype)
         n, c = x.shape[:2]
         out_hw = torch.nn.functional.max_pool2d(torch.empty((1, 1) + tuple(x.shape[2:]), device="meta"),
                                                 self.kernel_size, self.stride, self.padding, self.dilation,
                                                 self.ceil_mode).shape[2:]
-        sent = self.state("sent", (n, c) + tuple(out_hw), x.device)
+        sent = self.state("sent", (n, c) + tuple(out_hw), x.device, x.dtype)
         v, m = self.ops.max_pool2d(x.value, x.mask, acc, sent, self.kernel_size, self.stride, self.padding,
                                    self.dilation, self.ceil_mode, self.threshold, self.key)
         return self.observe(Delta(v, m))
@@ -120,9 +120,9 @@ class DCFallback(DCModule):
         counter = iter(range(1 << 30))
 
         def accumulate(d: Delta) -> torch.Tensor:
-            acc = self.state(f"acc{next(counter)}", d.shape, d.device)
-            acc += torch.where(d.mask, d.value, 0).to(torch.float32)
-            return acc.to(d.dtype)
+            acc = self.state(f"acc{next(counter)}", d.shape, d.device, d.dtype)
+            acc += torch.where(d.mask, d.value, 0).to(acc.dtype)
+            return acc.to(d.dtype, copy=True)
 
         dtypes = [d.dtype for d in _leaves(args, kwargs)]
         dense_args = _map_deltas(args, accumulate)
@@ -132,7 +132,7 @@ class DCFallback(DCModule):
         out_dtype = dtypes[0] if dtypes else None
 
         def resparsify(t: torch.Tensor) -> Delta:
-            sent = self.state(f"sent{next(outputs)}", t.shape, t.device)
+            sent = self.state(f"sent{next(outputs)}", t.shape, t.device, t.dtype)
             region = torch.ones(mask_shape(t.shape), dtype=torch.bool, device=t.device)
             key = self.key
             if key is not None and (t.dim() < 1 or t.shape[0] != key.shape[0]):

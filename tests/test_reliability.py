@@ -1,0 +1,378 @@
+"""Reliability of a converted model: bad input, stream changes, long videos, many streams, copies,
+threads, failures mid-frame, and random networks (hypothesis)."""
+from __future__ import annotations
+
+import copy
+import gc
+import io
+import threading
+import time
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import deltaconv
+from helpers import device_backends, video_frames
+
+torch.backends.mkldnn.deterministic = True
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-12)).item()
+
+
+class SmallNet(nn.Module):
+    """Conv/BN/ReLU/max-pool/upsample/skip-add: a cheap model for many-frame tests."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.b1 = nn.BatchNorm2d(8)
+        self.c2 = nn.Conv2d(8, 8, 3, padding=1, groups=2)
+        self.c3 = nn.Conv2d(8, 4, 1)
+        with torch.no_grad():
+            self.b1.running_mean.uniform_(-0.2, 0.2)
+            self.b1.running_var.uniform_(0.5, 1.5)
+
+    def forward(self, x):
+        y = F.relu(self.b1(self.c1(x)))
+        z = F.max_pool2d(F.relu(self.c2(y)), 2)
+        z = F.interpolate(z, scale_factor=2, mode="bilinear", align_corners=False)
+        return self.c3(torch.sigmoid(z + y))
+
+
+@pytest.fixture()
+def small():
+    torch.manual_seed(0)
+    return SmallNet().eval()
+
+
+def frames_of(n, size=(32, 48), name="vtest.avi"):
+    return video_frames(n, size, name)
+
+
+# ----------------------------------------------------------------------------- validation
+def test_rejects_uint8_with_conversion_hint(small):
+    dm = deltaconv.convert(small, example_input=torch.randn(1, 3, 32, 48))
+    with pytest.raises(TypeError, match=r"floating-point.*uint8.*float\(\)\.div\(255\)"):
+        dm(torch.zeros(1, 3, 32, 48, dtype=torch.uint8))
+
+
+@pytest.mark.parametrize("shape, pattern", [((3, 32, 48), "must be 4-D"), ((1, 4, 32, 48), "must have 3 channels")])
+def test_rejects_wrong_rank_and_channels(small, shape, pattern):
+    dm = deltaconv.convert(small, example_input=torch.randn(1, 3, 32, 48))
+    with pytest.raises(ValueError, match=pattern):
+        dm(torch.randn(shape))
+
+
+def test_rejects_non_tensor_and_wrong_dtype(small):
+    dm = deltaconv.convert(small, example_input=torch.randn(1, 3, 32, 48))
+    with pytest.raises(TypeError, match="must be a torch.Tensor, got list"):
+        dm([1, 2, 3])
+    with pytest.raises(TypeError, match=r"dtype torch.float64 but the model's parameters are torch.float32"):
+        dm(torch.randn(1, 3, 32, 48, dtype=torch.float64))
+
+
+def test_nan_frame_rejected_before_state_changes(small):
+    frames = frames_of(4)
+    dm = deltaconv.convert(small, threshold=0.0)
+    dm(frames[0])
+    dm(frames[1])
+    bad = frames[2].clone()
+    bad[0, 1, 5, 7] = float("nan")
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        dm(bad)
+    bad[0, 1, 5, 7] = float("inf")
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        dm(bad)
+    for f in frames[2:]:
+        assert rel_err(dm(f), small(f)) < 1e-5
+
+
+# ----------------------------------------------------------------------------- stream changes
+def test_resolution_batch_and_dtype_change_start_key_frames(small):
+    dm = deltaconv.convert(small)
+    a, b = frames_of(2, (32, 48))
+    assert rel_err(dm(a), small(a)) < 1e-5
+    c, d = frames_of(2, (40, 56))  # new resolution
+    assert rel_err(dm(c), small(c)) < 1e-5 and dm.stats()[0]["density"] == 1.0
+    assert rel_err(dm(d), small(d)) < 1e-5
+    batch = torch.cat([c, d])  # new batch size
+    assert rel_err(dm(batch), small(batch)) < 1e-5
+    dm.double()  # new dtype (model and frames)
+    dense64 = copy.deepcopy(small).double()
+    assert rel_err(dm(batch.double()), dense64(batch.double())) < 1e-10
+    assert rel_err(dm(torch.cat([d, c]).double()), dense64(torch.cat([d, c]).double())) < 1e-10
+
+
+def test_streams_are_independent_and_reset_one(small):
+    a = frames_of(6, (32, 48), "vtest.avi")
+    b = frames_of(6, (32, 48), "one-by-one-person-detection.mp4")
+    batch_model = deltaconv.convert(small, threshold=0.05)
+    solo = [deltaconv.convert(small, threshold=0.05) for _ in range(2)]
+    for t in range(6):
+        if t == 3:
+            batch_model.reset(streams=[1])
+            solo[1].reset()
+        y = batch_model(torch.cat([a[t], b[t]]))
+        for i, f in enumerate((a[t], b[t])):
+            torch.testing.assert_close(y[i:i + 1], solo[i](f), rtol=1e-5, atol=1e-5)
+    with pytest.raises(IndexError, match=r"streams must be batch indices in \[0, 2\), got \[2\]"):
+        batch_model.reset(streams=[2])
+
+
+def test_reset_one_stream_is_a_key_frame_for_it_only(small):
+    a = frames_of(3, (32, 48))
+    dm = deltaconv.convert(small)
+    dm(torch.cat([a[0], a[0]]))
+    dm(torch.cat([a[1], a[1]]))
+    dm.reset(streams=[0])
+    y = dm(torch.cat([a[2], a[2]]))
+    dense = small(a[2])
+    assert rel_err(y[:1], dense) < 1e-5 and rel_err(y[1:], dense) < 1e-5
+    sparsifier = dm.delta_layers()[0]
+    assert sparsifier.stats()["density"] > 0.5  # stream 0 sent everything
+
+
+# ----------------------------------------------------------------------------- long videos
+def test_error_bounded_over_1000_frames(small):
+    """With thresholds > 0 the error vs dense does not drift: after 1,000 frames it is as small as
+    that of a model restarted 200 frames before the end (same thresholds, same frames)."""
+    frames = video_frames(1000, (24, 40), "one-by-one-person-detection.mp4")
+    long_run = deltaconv.convert(small, threshold=0.03)
+    restarted = deltaconv.convert(small, threshold=0.03)
+    long_err, fresh_err, densities = [], [], []
+    for t, f in enumerate(frames):
+        dense = small(f)
+        long_err.append(rel_err(long_run(f), dense))
+        densities.append(long_run.stats()[0]["density"])
+        if t >= 800:
+            fresh_err.append(rel_err(restarted(f), dense))
+    long_last = sum(long_err[-100:]) / 100
+    fresh_last = sum(fresh_err[-100:]) / 100
+    assert long_last < 1.5 * fresh_last + 1e-3, (long_last, fresh_last)
+    assert max(long_err) < 0.05, max(long_err)  # never far from the dense result
+    assert sum(densities[1:]) / (len(densities) - 1) < 0.5  # sparsity really appears
+
+
+def test_refresh_every_forces_key_frames(small):
+    frames = frames_of(7)
+    dm = deltaconv.convert(small, threshold=0.1, refresh_every=3)
+    full = []
+    for f in frames:
+        dm(f)
+        full.append(dm.stats()[0]["density"] == 1.0)
+    assert full == [True, False, False, True, False, False, True]
+    with pytest.raises(ValueError, match="refresh_every must be a positive int or None, got 0"):
+        deltaconv.convert(small, refresh_every=0)
+
+
+def _live_tensor_bytes() -> int:
+    gc.collect()
+    return sum(o.numel() * o.element_size() for o in gc.get_objects()
+               if isinstance(o, torch.Tensor) and not o.is_meta)
+
+
+def test_no_memory_growth_over_frames(small):
+    frames = frames_of(60)
+    dm = deltaconv.convert(small, threshold=0.02)
+    for f in frames[:10]:
+        dm(f)
+    before, state_before = _live_tensor_bytes(), dm.state_bytes()
+    for f in frames[10:]:
+        dm(f)
+    after = _live_tensor_bytes()
+    assert dm.state_bytes() == state_before
+    assert after - before <= 64 * 1024, (before, after)
+
+
+# ----------------------------------------------------------------------------- copies, devices, modes
+def test_deepcopy_state_dict_and_to_mid_stream(small):
+    frames = frames_of(6)
+    dm = deltaconv.convert(small, threshold=0.05)
+    for f in frames[:3]:
+        dm(f)
+    twin = copy.deepcopy(dm)
+    for f in frames[3:]:
+        torch.testing.assert_close(twin(f), dm(f), rtol=0, atol=0)
+    buf = io.BytesIO()
+    torch.save(dm.state_dict(), buf)
+    fresh = deltaconv.convert(SmallNet().eval())
+    buf.seek(0)
+    fresh.load_state_dict(torch.load(buf))
+    assert rel_err(fresh(frames[0]), small(frames[0])) < 1e-5
+    fresh.to(torch.float64)
+    assert rel_err(fresh(frames[1].double()), copy.deepcopy(small).double()(frames[1].double())) < 1e-10
+
+
+def test_inference_mode_switch_mid_stream(small):
+    frames = frames_of(5)
+    dm = deltaconv.convert(small)
+    with torch.inference_mode():
+        dm(frames[0])
+        dm(frames[1])
+    assert rel_err(dm(frames[2]), small(frames[2])) < 1e-5
+    with torch.inference_mode():
+        assert rel_err(dm(frames[3]), small(frames[3])) < 1e-5
+    assert rel_err(dm(frames[4]), small(frames[4])) < 1e-5
+
+
+# ----------------------------------------------------------------------------- threads, failures
+class Slow(nn.Module):
+    """A leaf without a delta rule (so a fallback) that can sleep or fail on demand."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sleep = 0.0
+        self.fail = False
+
+    def forward(self, x):
+        if self.fail:
+            raise RuntimeError("CUDA out of memory (simulated)")
+        time.sleep(self.sleep)
+        return x * 2
+
+
+class WithSlow(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.slow = Slow()
+
+    def forward(self, x):
+        return self.slow(F.relu(self.conv(x)))
+
+
+def test_concurrent_use_fails_loudly():
+    model = WithSlow().eval()
+    dm = deltaconv.convert(model, leaf_modules=(Slow,))
+    assert [n.target for n in dm.report.fallbacks] == ["Slow:slow"]
+    frames = frames_of(2)
+    dm(frames[0])
+    dm.get_submodule("slow_fallback").fn.sleep = 0.5
+    errors = []
+
+    def run():
+        try:
+            dm(frames[1])
+        except RuntimeError as exc:
+            errors.append(str(exc))
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+        time.sleep(0.1)
+    for t in threads:
+        t.join()
+    assert len(errors) == 1 and "another thread" in errors[0] and "deepcopy" in errors[0]
+
+
+def test_failure_mid_frame_leaves_model_usable():
+    model = WithSlow().eval()
+    dm = deltaconv.convert(model, leaf_modules=(Slow,))
+    frames = frames_of(4)
+    dm(frames[0])
+    slow = dm.get_submodule("slow_fallback").fn
+    slow.fail = True
+    with pytest.raises(RuntimeError, match="out of memory"):
+        dm(frames[1])
+    slow.fail = False
+    assert rel_err(dm(frames[2]), model(frames[2])) < 1e-5  # automatic key frame
+    dm.reset()
+    assert rel_err(dm(frames[3]), model(frames[3])) < 1e-5
+
+
+# ----------------------------------------------------------------------------- random networks
+_OPS = ["conv3", "conv1", "dwconv", "conv_s2", "bn", "relu", "hardswish", "sigmoid", "maxpool", "avgpool",
+        "up_nearest", "up_bilinear", "residual", "concat", "se", "leaky"]
+
+
+class RandomNet(nn.Module):
+    """A chain of supported ops chosen by hypothesis, channels kept small."""
+
+    def __init__(self, ops: list[str], width: int) -> None:
+        super().__init__()
+        self.ops = ops
+        self.layers = nn.ModuleList()
+        c = 3
+        for op in ops:
+            if op in ("conv3", "residual"):
+                self.layers.append(nn.Conv2d(c, width, 3, padding=1))
+                c = width if op == "conv3" else c
+                if op == "residual":
+                    self.layers[-1] = nn.Conv2d(c, c, 3, padding=1)
+            elif op == "conv1":
+                self.layers.append(nn.Conv2d(c, width, 1, bias=False))
+                c = width
+            elif op == "dwconv":
+                self.layers.append(nn.Conv2d(c, c, 3, padding=2, dilation=2, groups=c))
+            elif op == "conv_s2":
+                self.layers.append(nn.Conv2d(c, width, 3, stride=2, padding=1))
+                c = width
+            elif op == "bn":
+                bn = nn.BatchNorm2d(c)
+                with torch.no_grad():
+                    bn.running_mean.uniform_(-0.3, 0.3)
+                    bn.running_var.uniform_(0.5, 2.0)
+                    bn.weight.uniform_(0.5, 1.5)
+                self.layers.append(bn)
+            elif op == "concat":
+                self.layers.append(nn.Conv2d(c, 2, 1))
+                c = c + 2
+            elif op == "se":
+                self.layers.append(nn.Conv2d(c, c, 1))
+            else:
+                self.layers.append(nn.Identity())
+
+    def forward(self, x):
+        for op, layer in zip(self.ops, self.layers):
+            if op in ("conv3", "conv1", "dwconv", "conv_s2", "bn"):
+                x = layer(x)
+            elif op == "relu":
+                x = F.relu(x)
+            elif op == "leaky":
+                x = F.leaky_relu(x, 0.1)
+            elif op == "hardswish":
+                x = F.hardswish(x)
+            elif op == "sigmoid":
+                x = torch.sigmoid(x)
+            elif op == "maxpool":
+                x = F.max_pool2d(x, 3, 2, 1, ceil_mode=True)
+            elif op == "avgpool":
+                x = F.avg_pool2d(x, 2, ceil_mode=True, count_include_pad=False)
+            elif op == "up_nearest":
+                x = F.interpolate(x, scale_factor=2, mode="nearest")
+            elif op == "up_bilinear":
+                x = F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=True)
+            elif op == "residual":
+                x = x + layer(F.relu(x))
+            elif op == "concat":
+                x = torch.cat([x, layer(x)], dim=1)
+            elif op == "se":
+                x = x * torch.sigmoid(layer(F.adaptive_avg_pool2d(x, 1)))
+        return x
+
+
+@pytest.mark.parametrize("device, backend", device_backends())
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=st.lists(st.sampled_from(_OPS), min_size=1, max_size=7), width=st.integers(1, 6),
+       size=st.tuples(st.integers(5, 17), st.integers(5, 17)), batch=st.integers(1, 2),
+       fractions=st.lists(st.sampled_from([0.0, 0.02, 0.2, 1.0]), min_size=1, max_size=4),
+       seed=st.integers(0, 2**16))
+def test_random_networks_equal_dense_at_threshold_0(device, backend, ops, width, size, batch, fractions, seed):
+    torch.manual_seed(seed)
+    model = RandomNet(ops, width).eval().to(device)
+    x = torch.randn(batch, 3, *size)
+    dm = deltaconv.convert(model, example_input=x.to(device), backend=backend)
+    assert not dm.report.fallbacks, str(dm.report)
+    g = torch.Generator().manual_seed(seed)
+    for frac in [None] + fractions:
+        if frac is not None:
+            change = (torch.rand(batch, 1, *size, generator=g) < frac).float()
+            x = x + change * torch.randn(batch, 3, *size, generator=g)
+        y, ref = dm(x.to(device)), model(x.to(device))
+        torch.testing.assert_close(y, ref, rtol=1e-4, atol=1e-4 * (ref.abs().max().item() + 1e-6))
