@@ -1,0 +1,65 @@
+"""Timing helpers shared by the benchmark sweeps: CUDA events, warm-up, medians, clustered masks."""
+from __future__ import annotations
+
+import csv
+import datetime
+import os
+import platform
+import statistics
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def time_cuda(fn: Callable[[], object], warmup: int = 10, iters: int = 50) -> float:
+    """Median milliseconds of ``fn()`` on the current stream, timed with CUDA events."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def clustered_mask(n: int, h: int, w: int, fraction: float, blob: int = 24, seed: int = 0,
+                   device: str = "cuda") -> torch.Tensor:
+    """A ``[n, 1, h, w]`` bool mask with about ``fraction`` of the pixels active, in square blobs of
+    ``blob`` pixels like the moving regions of a static-camera video."""
+    if fraction <= 0:
+        return torch.zeros(n, 1, h, w, dtype=torch.bool, device=device)
+    if fraction >= 1:
+        return torch.ones(n, 1, h, w, dtype=torch.bool, device=device)
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    gh, gw = -(-h // blob), -(-w // blob)
+    cells = torch.rand(n, 1, gh, gw, generator=g) < fraction
+    mask = cells.repeat_interleave(blob, 2).repeat_interleave(blob, 3)[:, :, :h, :w]
+    return mask.to(device)
+
+
+def device_name() -> str:
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu"
+
+
+def write_csv(path: Path, rows: list[dict]) -> None:
+    """Write ``rows`` (dicts with the same keys) to ``path``, creating the folder."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def run_info() -> dict:
+    """Device, date and software versions, written next to every result."""
+    return {"device": device_name(), "date": datetime.date.today().isoformat(), "torch": torch.__version__,
+            "cuda": torch.version.cuda or "", "cudnn": str(torch.backends.cudnn.version() or ""),
+            "host": os.uname().nodename}

@@ -1,0 +1,129 @@
+"""Kernel sweep: deltaconv's sparse convolution against cuDNN at the same dtype.
+
+For each op (``conv3x3``, ``conv1x1``, ``dwconv3x3``), dtype, channel count (at a resolution fitting
+it) and changed fraction (clustered blobs, as in real video) it times, with CUDA events after
+warm-up, the median of many runs of
+
+* cuDNN: ``F.conv2d`` on a channels_last input (``cudnn.benchmark`` on), eager and CUDA-graph replay;
+* deltaconv: ``torch.ops.deltaconv.conv2d`` on the delta and mask (mask dilation included), eager
+  and CUDA-graph replay.
+
+Writes ``benchmarks/results/kernels.csv`` and ``kernels_speedup.png``. Run on a CUDA machine::
+
+    PYTHONPATH=. python benchmarks/kernel_sweep.py [--dtypes float16 float32] [--quick]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import RESULTS, clustered_mask, run_info, time_cuda, write_csv  # noqa: E402
+
+#: (channels, (H, W)) pairs: resolution chosen to fit the channel count
+SHAPES = [(64, (1080, 1920)), (128, (540, 960)), (256, (270, 480))]
+FRACTIONS = [0.0, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0]
+OPS = {"conv3x3": dict(k=3, groups=1), "conv1x1": dict(k=1, groups=1), "dwconv3x3": dict(k=3, groups=-1)}
+
+
+def graphed(fn):
+    """``fn`` recorded in a CUDA graph; returns a replay callable."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return g.replay
+
+
+def sweep(dtypes, shapes, fractions, iters: int) -> list[dict]:
+    from deltaconv.backends import cuda as dc
+
+    if not dc.is_available():
+        raise SystemExit(f"kernel_sweep: the CUDA backend is unavailable: {dc.unavailable_reason()}")
+    torch.backends.cudnn.benchmark = True
+    info = run_info()
+    rows = []
+    for op, spec in OPS.items():
+        for dtype in dtypes:
+            for c, (h, w) in shapes:
+                groups = c if spec["groups"] == -1 else 1
+                k = spec["k"]
+                x = torch.randn(1, c, h, w, device="cuda", dtype=dtype).contiguous(memory_format=torch.channels_last)
+                wt = torch.randn(c, c // groups, k, k, device="cuda", dtype=dtype) * (1.0 / (c // groups * k * k)) ** 0.5
+                pad = k // 2
+                cudnn = lambda: F.conv2d(x, wt, None, 1, pad, 1, groups)  # noqa: E731
+                cudnn_ms = time_cuda(cudnn, iters=iters)
+                cudnn_graph_ms = time_cuda(graphed(cudnn), iters=iters)
+                for frac in fractions:
+                    mask = clustered_mask(1, h, w, frac)
+                    delta = (x * mask).contiguous(memory_format=torch.channels_last)
+
+                    def delta_conv():
+                        return torch.ops.deltaconv.conv2d(delta, mask, wt, None, [1, 1], [pad, pad], [1, 1], groups,
+                                                          None)
+                    dc_ms = time_cuda(delta_conv, iters=iters)
+                    dc_graph_ms = time_cuda(graphed(delta_conv), iters=iters)
+                    rows.append({"op": op, "dtype": str(dtype).replace("torch.", ""), "channels": c,
+                                 "resolution": f"{h}x{w}", "changed": frac, "cudnn_ms": round(cudnn_ms, 4),
+                                 "deltaconv_ms": round(dc_ms, 4), "speedup": round(cudnn_ms / dc_ms, 3),
+                                 "cudnn_graph_ms": round(cudnn_graph_ms, 4),
+                                 "deltaconv_graph_ms": round(dc_graph_ms, 4),
+                                 "speedup_graph": round(cudnn_graph_ms / dc_graph_ms, 3),
+                                 "device": info["device"], "date": info["date"]})
+                    print(" ".join(f"{k}={v}" for k, v in rows[-1].items() if k not in ("device", "date")),
+                          flush=True)
+                del x, wt
+                torch.cuda.empty_cache()
+    return rows
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(OPS), figsize=(5 * len(OPS), 4), sharey=True)
+    for ax, op in zip(axes, OPS):
+        for key in sorted({(r["dtype"], r["channels"], r["resolution"]) for r in rows if r["op"] == op}):
+            pts = [r for r in rows if r["op"] == op and (r["dtype"], r["channels"], r["resolution"]) == key
+                   and r["changed"] > 0]
+            ax.plot([r["changed"] for r in pts], [r["speedup"] for r in pts], marker="o",
+                    label=f"{key[0]} C={key[1]} {key[2]}")
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_title(f"{op}: cuDNN time / deltaconv time")
+        ax.set_xlabel("changed fraction of pixels")
+        ax.legend(fontsize=7)
+    axes[0].set_ylabel("speedup (eager, same dtype)")
+    fig.suptitle(f"{rows[0]['device']}, {rows[0]['date']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--dtypes", nargs="+", default=["float16"], choices=["float16", "bfloat16", "float32"])
+    p.add_argument("--quick", action="store_true", help="one shape, three fractions, few iterations")
+    p.add_argument("--out", type=Path, default=RESULTS)
+    args = p.parse_args(argv)
+    dtypes = [getattr(torch, d) for d in args.dtypes]
+    shapes = SHAPES[:1] if args.quick else SHAPES
+    fractions = [0.01, 0.05, 1.0] if args.quick else FRACTIONS
+    rows = sweep(dtypes, shapes, fractions, iters=10 if args.quick else 50)
+    write_csv(args.out / "kernels.csv", rows)
+    plot(rows, args.out / "kernels_speedup.png")
+    print(f"wrote {args.out / 'kernels.csv'} and kernels_speedup.png")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,194 @@
+"""Video sweep: converted models against the same dense model on real video, per frame.
+
+For each model, resolution, dtype and threshold it runs the frames of a sample video (``vtest.avi``,
+native 576x768 and upscaled to 1080x1920) through
+
+* the dense model (channels_last, ``cudnn.benchmark``), eager and replayed as a CUDA graph;
+* the converted model (``backend="cuda"``), eager and with ``cuda_graph=True``;
+
+timing every frame with CUDA events after warm-up and taking medians. It also records the output
+relative error vs the dense model at the same dtype, the mean fraction of updated pixels per layer
+and the FLOPs-weighted density, and the converted model's state memory against the dense model's
+activation memory. Writes ``benchmarks/results/video.csv`` and ``video_density.png`` (per-layer
+density of one configuration). Run on a CUDA machine with the sample videos reachable (see
+``deltaconv.video.video_dirs``)::
+
+    PYTHONPATH=. python benchmarks/video_sweep.py [--models resnet50 ...] [--frames 60] [--quick]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import torchvision
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import RESULTS, run_info, write_csv  # noqa: E402
+
+import deltaconv  # noqa: E402
+from deltaconv.video import find_sample_video, read_frames  # noqa: E402
+
+MODELS = ["resnet50", "fcn_resnet50", "mobilenet_v2", "deeplabv3_mobilenet_v3_large"]
+RESOLUTIONS = [(576, 768), (1080, 1920)]
+THRESHOLDS = [0.0, 0.05, 0.1]
+
+
+def build(name: str) -> torch.nn.Module:
+    """The model with real weights where a package ships them (mobilenet_v2), else random weights."""
+    if name == "mobilenet_v2":
+        from deltaconv.weights import mobilenet_v2_imagenet
+        return mobilenet_v2_imagenet()
+    fn = getattr(torchvision.models, name, None) or getattr(torchvision.models.segmentation, name)
+    kwargs = {"weights": None}
+    if name.startswith(("fcn", "deeplab", "lraspp")):
+        kwargs.update(weights_backbone=None, aux_loss=False)
+    torch.manual_seed(0)
+    return fn(**kwargs).eval()
+
+
+def main_out(y):
+    return y["out"] if isinstance(y, dict) else y
+
+
+def rel_err(a, b) -> float:
+    a, b = main_out(a).float(), main_out(b).float()
+    return ((a - b).norm() / b.norm().clamp_min(1e-12)).item()
+
+
+def time_frames(fn, frames, warmup: int) -> tuple[float, list]:
+    """Median ms per frame over ``frames`` (after ``warmup`` frames) and the outputs."""
+    times, outs = [], []
+    for i, f in enumerate(frames):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        y = fn(f)
+        end.record()
+        end.synchronize()
+        if i >= warmup:
+            times.append(start.elapsed_time(end))
+        outs.append({k: v.clone() for k, v in y.items()} if isinstance(y, dict) else y.clone())
+    return statistics.median(times), outs
+
+
+def dense_graphed(model, example):
+    static_in = example.clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side), torch.no_grad():
+        for _ in range(3):
+            model(static_in)
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g), torch.no_grad():
+        static_out = model(static_in)
+
+    def run(f):
+        static_in.copy_(f)
+        g.replay()
+        return static_out
+    return run
+
+
+def activation_bytes(model, example) -> int:
+    """Peak memory of one dense forward above the weights and input (activation memory)."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    with torch.no_grad():
+        model(example)
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - base
+
+
+def sweep(models, resolutions, dtypes, thresholds, n_frames: int, warmup: int, video: Path):
+    torch.backends.cudnn.benchmark = True
+    info = run_info()
+    rows, density_profile = [], None
+    for name in models:
+        for (h, w) in resolutions:
+            frames_cpu = list(read_frames(video, max_frames=n_frames, size=(h, w)))
+            for dtype in dtypes:
+                model = build(name).cuda().to(dtype).to(memory_format=torch.channels_last)
+                frames = [f.cuda().to(dtype) for f in frames_cpu]
+                with torch.no_grad():
+                    dense_eager_ms, dense_outs = time_frames(model, frames, warmup)
+                dense_graph_ms, _ = time_frames(dense_graphed(model, frames[0]), frames, warmup)
+                act_bytes = activation_bytes(model, frames[0])
+                for t in thresholds:
+                    for use_graph in (False, True):
+                        dm = deltaconv.convert(model, threshold=t, backend="cuda", example_input=frames[0],
+                                               cuda_graph=use_graph, check_finite=False)
+                        ms, outs = time_frames(dm, frames, warmup)
+                        errs = [rel_err(o, d) for o, d in zip(outs[1:], dense_outs[1:])]
+                        stats = dm.stats()
+                        mean_density = statistics.mean(s["mean_density"] for s in stats[1:])
+                        flops_dense = sum(s["flops_dense"] for s in stats)
+                        flops_done = sum(s["mean_flops_done"] for s in stats)
+                        for baseline, dense_ms in (("eager", dense_eager_ms), ("cudagraph", dense_graph_ms)):
+                            rows.append({
+                                "model": name, "resolution": f"{h}x{w}", "dtype": str(dtype).replace("torch.", ""),
+                                "baseline": baseline, "deltaconv_mode": "cudagraph" if use_graph else "eager",
+                                "threshold": t, "dense_ms": round(dense_ms, 3), "deltaconv_ms": round(ms, 3),
+                                "speedup": round(dense_ms / ms, 3), "rel_err": f"{statistics.mean(errs):.3e}",
+                                "max_rel_err": f"{max(errs):.3e}", "mean_density": round(mean_density, 4),
+                                "flops_density": round(flops_done / max(flops_dense, 1.0), 4),
+                                "input_density": round(stats[0]["mean_density"], 4),
+                                "state_mb": round(dm.state_bytes() / 2**20, 1),
+                                "dense_activation_mb": round(act_bytes / 2**20, 1),
+                                "video": video.name, "frames": len(frames), "device": info["device"],
+                                "date": info["date"]})
+                            print(" ".join(f"{k}={v}" for k, v in rows[-1].items() if k not in ("device", "date")),
+                                  flush=True)
+                        if density_profile is None and name == "mobilenet_v2" and t > 0:
+                            density_profile = (f"{name} {h}x{w} {dtype} t={t}",
+                                               [(s["name"], s["mean_density"]) for s in stats])
+                        del dm
+                        torch.cuda.empty_cache()
+                del model, frames
+                torch.cuda.empty_cache()
+    return rows, density_profile
+
+
+def plot_density(profile, path: Path, info: dict) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    title, layers = profile
+    fig, ax = plt.subplots(figsize=(max(8, len(layers) * 0.08), 4))
+    ax.bar(range(len(layers)), [d for _, d in layers], width=1.0)
+    ax.set_xlabel("layer (execution order)")
+    ax.set_ylabel("mean fraction of pixels updated")
+    ax.set_title(f"per-layer density: {title} ({info['device']}, {info['date']})")
+    ax.set_xlim(-1, len(layers))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", nargs="+", default=MODELS)
+    p.add_argument("--dtypes", nargs="+", default=["float16"], choices=["float16", "bfloat16", "float32"])
+    p.add_argument("--thresholds", nargs="+", type=float, default=THRESHOLDS)
+    p.add_argument("--frames", type=int, default=60)
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--quick", action="store_true", help="native resolution only, 20 frames")
+    p.add_argument("--video", type=Path, default=None)
+    p.add_argument("--out", type=Path, default=RESULTS)
+    args = p.parse_args(argv)
+    video = args.video or find_sample_video("vtest.avi")
+    resolutions = RESOLUTIONS[:1] if args.quick else RESOLUTIONS
+    n = 20 if args.quick else args.frames
+    rows, profile = sweep(args.models, resolutions, [getattr(torch, d) for d in args.dtypes], args.thresholds, n,
+                          min(args.warmup, n // 2), video)
+    write_csv(args.out / "video.csv", rows)
+    if profile is not None:
+        plot_density(profile, args.out / "video_density.png", run_info())
+    print(f"wrote {args.out / 'video.csv'}")
+
+
+if __name__ == "__main__":
+    main()

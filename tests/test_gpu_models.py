@@ -1,0 +1,108 @@
+"""Whole converted models on the GPU: the CUDA backend at threshold 0 equals dense (fp32), stays
+within the dense model's own rounding in fp16/bf16, and CUDA-graph replay gives eager outputs."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torchvision
+
+import deltaconv
+from helpers import cuda_backend_reason, randomize_bn, video_frames
+
+REASON = cuda_backend_reason()
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(bool(REASON), reason=REASON or "ok")]
+
+MODELS = ["resnet18", "resnet50", "mobilenet_v2", "mobilenet_v3_large", "efficientnet_b0", "regnet_y_400mf",
+          "shufflenet_v2_x1_0", "densenet121", "squeezenet1_1", "vgg11_bn", "deeplabv3_mobilenet_v3_large",
+          "lraspp_mobilenet_v3_large"]
+
+
+def build(name: str) -> torch.nn.Module:
+    fn = getattr(torchvision.models, name, None) or getattr(torchvision.models.segmentation, name)
+    kwargs = {"weights": None}
+    if name.startswith(("deeplab", "lraspp", "fcn")):
+        kwargs["weights_backbone"] = None
+    torch.manual_seed(0)
+    return randomize_bn(fn(**kwargs).eval())
+
+
+def main_output(y):
+    return y["out"] if isinstance(y, dict) else y
+
+
+def rel(a, b) -> float:
+    a, b = main_output(a).double(), main_output(b).double()
+    return ((a - b).norm() / b.norm()).item()
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_cuda_backend_equals_dense_fp32(name):
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    model = build(name).cuda()
+    frames = [f.cuda() for f in video_frames(4, (96, 128))]
+    dm = deltaconv.convert(model, backend="cuda", example_input=frames[0])
+    with torch.no_grad():
+        for f in frames:
+            assert rel(dm(f), model(f)) <= 1e-4
+    assert dm.stats()[0]["density"] < 1.0
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("name", ["resnet50", "mobilenet_v3_large", "deeplabv3_mobilenet_v3_large"])
+def test_half_precision_within_dense_rounding(name, dtype):
+    torch.backends.cudnn.allow_tf32 = False
+    model = build(name).cuda()
+    frames = [f.cuda() for f in video_frames(4, (96, 128))]
+    low = build(name).cuda().to(dtype)
+    dm = deltaconv.convert(low, backend="cuda", example_input=frames[0].to(dtype))
+    with torch.no_grad():
+        for f in frames:
+            ref = model(f)
+            dense_err = rel(low(f.to(dtype)), ref)
+            delta_err = rel(dm(f.to(dtype)), ref)
+            assert delta_err <= 3 * dense_err + 1e-3, (dense_err, delta_err)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_cuda_graph_replay_equals_eager_over_video(dtype):
+    model = build("mobilenet_v3_large").cuda().to(dtype)
+    frames = [f.cuda().to(dtype) for f in video_frames(12, (96, 128))]
+    eager = deltaconv.convert(model, threshold=0.02, backend="cuda", example_input=frames[0])
+    graphed = deltaconv.convert(model, threshold=0.02, backend="cuda", example_input=frames[0],
+                                cuda_graph=True, check_finite=False)
+    with torch.no_grad():
+        for t, f in enumerate(frames):
+            ye, yg = eager(f), graphed(f)
+            torch.testing.assert_close(yg, ye, rtol=0, atol=0, msg=f"frame {t}")
+    assert graphed._graph is not None
+    e_stats, g_stats = eager.stats(), graphed.stats()
+    assert [s["mean_density"] for s in g_stats] == pytest.approx([s["mean_density"] for s in e_stats])
+    graphed.reset()  # a key frame runs eagerly, then replay resumes
+    eager.reset()
+    with torch.no_grad():
+        for f in frames[:3]:
+            torch.testing.assert_close(graphed(f), eager(f), rtol=0, atol=0)
+
+
+def test_capture_one_line():
+    model = build("resnet18").cuda()
+    frames = [f.cuda() for f in video_frames(5, (64, 96))]
+    dm = deltaconv.convert(model, backend="cuda", check_finite=False)
+    with torch.no_grad():
+        dm(frames[0])
+        dm.capture(frames[1])
+        for f in frames[2:]:
+            assert rel(dm(f), model(f)) <= 1e-4
+
+
+def test_torch_compile_of_converted_model_runs():
+    model = build("resnet18").cuda()
+    frames = [f.cuda() for f in video_frames(3, (64, 96))]
+    dm = deltaconv.convert(model, backend="cuda", check_finite=False)
+    compiled = torch.compile(dm._runner, fullgraph=False)
+    with torch.no_grad():
+        dm(frames[0])
+        dm._context.ops = deltaconv.backends.select("cuda", frames[1].device)
+        y = compiled(frames[1])
+        assert rel(y, model(frames[1])) <= 1e-4
