@@ -41,8 +41,10 @@ def install_torchvision_checkpoint(filename: str = "mobilenet_v2-b0353104.pth") 
         raise ValueError(f"install_torchvision_checkpoint: filename must be one of {sorted(TORCHVISION_FILES)}, "
                          f"got {filename!r}")
     package, import_name = TORCHVISION_FILES[filename]
-    source = packaged_file(package, import_name, filename)
     target = Path(torch.hub.get_dir()) / "checkpoints" / filename
+    if target.is_file() and importlib.util.find_spec(import_name) is None:
+        return target  # already in the cache (torchvision checks the hash prefix when it loads)
+    source = packaged_file(package, import_name, filename)
     if not target.is_file() or target.stat().st_size != source.stat().st_size:
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(source, target)

@@ -77,7 +77,7 @@ def test_cuda_graph_replay_equals_eager_over_video(dtype):
             torch.testing.assert_close(yg, ye, rtol=0, atol=0, msg=f"frame {t}")
     assert graphed._graph is not None
     e_stats, g_stats = eager.stats(), graphed.stats()
-    assert [s["mean_density"] for s in g_stats] == pytest.approx([s["mean_density"] for s in e_stats])
+    assert [s["mean_density"] for s in g_stats] == pytest.approx([s["mean_density"] for s in e_stats], nan_ok=True)
     graphed.reset()  # a key frame runs eagerly, then replay resumes
     eager.reset()
     with torch.no_grad():

@@ -1,0 +1,227 @@
+// Pooling and linear kernels of the delta runtime (ATen-free). Semantics: deltaconv/backends/reference.py.
+//
+//   maxpool_acc_kernel     acc += delta on active input pixels (first of two launches: the pooling
+//                          pass reads neighbours' acc, so the update must be complete before it)
+//   maxpool_out_kernel     one warp per output pixel: region = window holds an active pixel;
+//                          y = max(acc) over the window; send y - sent when max_c |y - sent| > thr
+//                          (or key); sent = y less what rounding to the delta dtype lost
+//   avgpool_kernel         one thread per output element; mask = window holds an active pixel
+//   adaptive_avgpool_kernel one block per output pixel x 32 channels (global pooling included)
+//   linear_kernel          one warp per output element of an active (or key) row
+#pragma once
+
+#include <math.h>
+
+#include "conv_common.cuh"
+
+namespace deltaconv {
+namespace conv {
+
+struct PoolGeom {
+  int N, C, H, W, Ho, Wo;
+  int KH, KW, sh, sw, ph, pw, dh, dw;
+};
+
+// Strides (in elements) of a 4-D float32 state tensor, any memory format.
+struct Strides4 {
+  long long n, c, h, w;
+};
+
+template <typename T>
+__global__ void maxpool_acc_kernel(const T* __restrict__ x, const bool* __restrict__ mask, float* __restrict__ acc,
+                                   Strides4 as, int C, int H, int W, long long total) {
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
+       i += (long long)gridDim.x * blockDim.x) {
+    const int c = (int)(i % C);
+    const long long pix = i / C;
+    if (!mask[pix]) continue;
+    const int w = (int)(pix % W);
+    const long long t = pix / W;
+    const int h = (int)(t % H);
+    const long long n = t / H;
+    acc[n * as.n + c * as.c + h * as.h + w * as.w] += to_f(x[i]);
+  }
+}
+
+__device__ __forceinline__ float maxpool_window(const float* __restrict__ acc, const Strides4& as, const PoolGeom& g,
+                                                long long n, int c, int hs, int ws) {
+  float y = -INFINITY;
+  const float* ap = acc + n * as.n + c * as.c;
+  for (int ky = 0; ky < g.KH; ++ky) {
+    const int ih = hs + ky * g.dh;
+    if (ih < 0 || ih >= g.H) continue;
+    for (int kx = 0; kx < g.KW; ++kx) {
+      const int iw = ws + kx * g.dw;
+      if (iw < 0 || iw >= g.W) continue;
+      const float v = ap[ih * as.h + iw * as.w];
+      if (v > y || isnan(v)) y = v;
+    }
+  }
+  return y;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(256)
+    maxpool_out_kernel(const bool* __restrict__ mask, const float* __restrict__ acc, Strides4 as,
+                       float* __restrict__ sent, Strides4 ss, const bool* __restrict__ key, T* __restrict__ y,
+                       bool* __restrict__ mask_out, PoolGeom g, float threshold, long long total_pix) {
+  const int lane = threadIdx.x & 31;
+  const long long warps = (long long)gridDim.x * (blockDim.x / 32);
+  for (long long pix = blockIdx.x * (long long)(blockDim.x / 32) + threadIdx.x / 32; pix < total_pix;
+       pix += warps) {
+    const int ow = (int)(pix % g.Wo);
+    const long long t = pix / g.Wo;
+    const int oh = (int)(t % g.Ho);
+    const long long n = t / g.Ho;
+    const int hs = oh * g.sh - g.ph, ws = ow * g.sw - g.pw;
+    const bool* mn = mask + n * g.H * g.W;
+    bool r = false;
+    for (int k = lane; k < g.KH * g.KW; k += 32) {
+      const int ih = hs + (k / g.KW) * g.dh, iw = ws + (k % g.KW) * g.dw;
+      if (ih >= 0 && ih < g.H && iw >= 0 && iw < g.W && mn[ih * g.W + iw]) r = true;
+    }
+    if (!__any_sync(0xffffffffu, r)) {
+      if (lane == 0) mask_out[pix] = false;
+      continue;
+    }
+    const long long sbase = n * ss.n + oh * ss.h + ow * ss.w;
+    bool flag = false;
+    for (int c = lane; c < g.C; c += 32) {
+      const float ch = maxpool_window(acc, as, g, n, c, hs, ws) - sent[sbase + c * ss.c];
+      if (fabsf(ch) > threshold) flag = true;
+    }
+    const bool send = __any_sync(0xffffffffu, flag) || key_of(key, (int)n);
+    if (lane == 0) mask_out[pix] = send;
+    if (!send) continue;
+    T* yp = y + pix * g.C;
+    for (int c = lane; c < g.C; c += 32) {
+      float* sp = sent + sbase + c * ss.c;
+      const float target = maxpool_window(acc, as, g, n, c, hs, ws);
+      const float change = target - *sp;
+      const T o = from_f<T>(change);
+      yp[c] = o;
+      // the target itself, less what the cast to T lost (that stays pending); sent + out would
+      // leave a float rounding residual that threshold 0 re-sends on every later frame
+      *sp = __fsub_rn(target, __fsub_rn(change, to_f(o)));
+    }
+  }
+}
+
+// has_divisor: divisor_override given (non-zero; a negative one gives an empty footprint, as in
+// the reference where the pooled mask is then <= 0).
+template <typename T>
+__global__ void avgpool_kernel(const T* __restrict__ x, const bool* __restrict__ mask, T* __restrict__ y,
+                               bool* __restrict__ mask_out, PoolGeom g, bool count_include_pad, int divisor_override,
+                               bool has_divisor, long long total) {
+  const int cs = max(g.C, 1);  // channel slots: one even when C == 0, for the mask
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
+       i += (long long)gridDim.x * blockDim.x) {
+    const int c = (int)(i % cs);
+    const long long pix = i / cs;
+    const int ow = (int)(pix % g.Wo);
+    const long long t = pix / g.Wo;
+    const int oh = (int)(t % g.Ho);
+    const long long n = t / g.Ho;
+    int hs = oh * g.sh - g.ph, ws = ow * g.sw - g.pw;
+    int he = min(hs + g.KH, g.H + g.ph), we = min(ws + g.KW, g.W + g.pw);
+    const int pool_size = (he - hs) * (we - ws);
+    hs = max(hs, 0);
+    ws = max(ws, 0);
+    he = min(he, g.H);
+    we = min(we, g.W);
+    bool any = false;
+    float sum = 0.f;
+    const long long base = n * g.H * g.W;
+    for (int ih = hs; ih < he; ++ih)
+      for (int iw = ws; iw < we; ++iw) {
+        const long long p = base + (long long)ih * g.W + iw;
+        if (mask[p]) {
+          any = true;
+          if (c < g.C) sum += to_f(x[p * g.C + c]);
+        }
+      }
+    const int div = has_divisor ? divisor_override : count_include_pad ? pool_size : (he - hs) * (we - ws);
+    const bool act = any && div > 0;
+    if (c == 0) mask_out[pix] = act;
+    if (act && c < g.C) y[pix * g.C + c] = from_f<T>(sum / (float)div);
+  }
+}
+
+__device__ __forceinline__ int adaptive_start(int o, int out, int in) {
+  return (int)(((long long)o * in) / out);
+}
+__device__ __forceinline__ int adaptive_end(int o, int out, int in) {
+  return (int)(((long long)(o + 1) * in + out - 1) / out);
+}
+
+// grid: (N * Ho * Wo, ceil(C / 32)); block: 256 = 32 channels x 8 pixel lanes.
+template <typename T>
+__global__ void __launch_bounds__(256)
+    adaptive_avgpool_kernel(const T* __restrict__ x, const bool* __restrict__ mask, T* __restrict__ y,
+                            bool* __restrict__ mask_out, PoolGeom g) {
+  __shared__ float part[8][33];
+  const long long pix = blockIdx.x;
+  const int ow = (int)(pix % g.Wo);
+  const long long t = pix / g.Wo;
+  const int oh = (int)(t % g.Ho);
+  const long long n = t / g.Ho;
+  const int hs = adaptive_start(oh, g.Ho, g.H), he = adaptive_end(oh, g.Ho, g.H);
+  const int ws = adaptive_start(ow, g.Wo, g.W), we = adaptive_end(ow, g.Wo, g.W);
+  const int wl = we - ws;
+  const int cnt = (he - hs) * wl;
+  const int cl = threadIdx.x % 32, r = threadIdx.x / 32;
+  const int c = blockIdx.y * 32 + cl;
+  const long long base = n * g.H * g.W;
+  float sum = 0.f;
+  bool any = false;
+  for (int q = r; q < cnt; q += 8) {
+    const long long p = base + (hs + q / wl) * (long long)g.W + ws + q % wl;
+    if (mask[p]) {
+      any = true;
+      if (c < g.C) sum += to_f(x[p * g.C + c]);
+    }
+  }
+  part[r][cl] = sum;
+  const bool act = __syncthreads_or(any);
+  if (r == 0) {
+    if (blockIdx.y == 0 && cl == 0) mask_out[pix] = act;
+    if (act && c < g.C) {
+      float s = 0.f;
+#pragma unroll
+      for (int k = 0; k < 8; ++k) s += part[k][cl];
+      y[pix * g.C + c] = from_f<T>(s / (float)cnt);
+    }
+  }
+}
+
+// One warp per (row n, output feature m); x [N, K], w [M, K], y [N, M]; mask / key per row.
+template <typename T>
+__global__ void __launch_bounds__(256)
+    linear_kernel(const T* __restrict__ x, const bool* __restrict__ mask, const T* __restrict__ w,
+                  const T* __restrict__ bias, const bool* __restrict__ key, T* __restrict__ y,
+                  bool* __restrict__ mask_out, int N, int K, int M) {
+  const long long wid = blockIdx.x * (long long)(blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x & 31;
+  if (wid >= (long long)N * M) return;
+  const int n = (int)(wid / M);
+  const int m = (int)(wid % M);
+  const bool act = mask[n];
+  const bool kn = key_of(key, n);
+  if (m == 0 && lane == 0) mask_out[n] = act || kn;
+  if (!act && !kn) return;
+  float sum = 0.f;
+  if (act) {
+    const T* xr = x + (size_t)n * K;
+    const T* wr = w + (size_t)m * K;
+    for (int k = lane; k < K; k += 32) sum = fmaf(to_f(xr[k]), to_f(wr[k]), sum);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  }
+  if (lane == 0) {
+    if (kn && bias != nullptr) sum += to_f(bias[m]);
+    y[(size_t)n * M + m] = from_f<T>(sum);
+  }
+}
+
+}  // namespace conv
+}  // namespace deltaconv

@@ -1,0 +1,34 @@
+"""The CUDA extension: built wherever nvcc and a CUDA torch are present (so CI compiles it and
+broken CUDA fails CI), loadable without a GPU, and never breaking ``import deltaconv``."""
+import os
+import shutil
+
+import pytest
+import torch
+
+import deltaconv
+from deltaconv import _extension, backends
+
+BUILDABLE = bool(shutil.which("nvcc")) and bool(torch.version.cuda) and not os.environ.get("DELTACONV_NO_CUDA")
+
+
+@pytest.mark.skipif(not BUILDABLE, reason="no nvcc or no CUDA torch: the extension is not built here")
+def test_extension_is_built_and_registers_every_op():
+    assert _extension.load(), _extension.unavailable_reason()
+    for op in ("sparsify", "densify", "activation", "affine_channel", "add", "mul", "concatenate", "interpolate",
+               "conv2d", "conv_transpose2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "linear"):
+        assert hasattr(torch.ops.deltaconv, op), op
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(f"deltaconv::{op}", "CUDA"), op
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")
+def test_cuda_backend_says_why_it_is_unavailable_on_cpu():
+    module, reason = backends.cuda_backend()
+    assert module is None and reason
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU())
+    dm = deltaconv.convert(model, backend="cuda", example_input=torch.randn(1, 3, 16, 16))
+    with pytest.raises(RuntimeError, match="backend='cuda' needs the model and frames on a CUDA device; they are on cpu"):
+        dm(torch.randn(1, 3, 16, 16))
+    auto = deltaconv.convert(model, backend="auto", example_input=torch.randn(1, 3, 16, 16))
+    x = torch.randn(1, 3, 16, 16)
+    torch.testing.assert_close(auto(x), model(x), rtol=1e-5, atol=1e-6)  # auto falls back to the reference
