@@ -104,8 +104,39 @@ class _Converter:
                 if has_tensor and any(i in self.delta_nodes for i in node.all_input_nodes):
                     self.delta_nodes.add(node)
 
+    # -------------------------------------------------------------- in-place ops
+    def _resolve_inplace(self) -> None:
+        """Readers of a tensor that an in-place op mutated (``ReLU(inplace=True)``, ``relu_``,
+        ``+=``) see the mutated value in the dense model: make them read the op's result. (Views
+        of the mutated tensor taken before the op are not tracked.)"""
+        order = {n: i for i, n in enumerate(self.graph.nodes)}
+        for node in list(self.graph.nodes):
+            if not self._is_inplace(node):
+                continue
+            target = node.args[0] if node.args else None
+            if not isinstance(target, fx.Node) or "tensor_meta" not in target.meta:
+                continue
+            for user in list(target.users):
+                if user is not node and order[user] > order[node]:
+                    user.replace_input_with(target, node)
+
+    def _is_inplace(self, node: fx.Node) -> bool:
+        if node.op == "call_module":
+            return bool(getattr(self.root.get_submodule(node.target), "inplace", False))
+        if node.op == "call_method":
+            return node.target.endswith("_") and not node.target.startswith("_")
+        if node.op == "call_function":
+            if node.kwargs.get("inplace") is True:
+                return True
+            if node.target in (operator.iadd, operator.isub, operator.imul, operator.itruediv):
+                return True
+            name = getattr(node.target, "__name__", "")
+            return name.endswith("_") and not name.startswith("_")
+        return False
+
     # -------------------------------------------------------------- the pass
     def run(self) -> ConversionReport:
+        self._resolve_inplace()
         self._classify()
         placeholders = [n for n in self.graph.nodes if n.op == "placeholder" and n in self.delta_nodes]
         for node in list(self.graph.nodes):
@@ -165,8 +196,9 @@ class _Converter:
         if path in self.first_site and not self.first_site[path].truncates:
             module = self.first_site[path]  # a stateless layer serves every call site
             self._swap(node, path, node.args, node.kwargs)
+            source = self.dense_sources.get(path, dense)  # name the dense module, not its DC replacement
             self._note(node, "converted", path, module, note="shared call site",
-                       target=f"{type(dense).__name__}:{path}")
+                       target=f"{type(source).__name__}:{path}")
             return
         if isinstance(dense, DCModule):  # the first site already replaced it; build a twin from the rule
             dense = self.dense_sources[path]
@@ -324,7 +356,8 @@ def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
     example = _example_for(dense) if example_input is None else example_input
     examples = example if isinstance(example, (tuple, list)) else (example,)
     with torch.no_grad():
-        ShapeProp(traced).propagate(*examples)
+        # clones: in-place ops of the model (ReLU(inplace=True) first) must not edit the caller's tensors
+        ShapeProp(traced).propagate(*(e.clone() if torch.is_tensor(e) else e for e in examples))
     graph = fx.Graph()  # an unowned copy (with the shape metadata) to rewrite
     graph.output(graph.graph_copy(traced.graph, {}))
     converter = _Converter(dense, graph)

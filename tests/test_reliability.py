@@ -376,3 +376,33 @@ def test_random_networks_equal_dense_at_threshold_0(device, backend, ops, width,
             x = x + change * torch.randn(batch, 3, *size, generator=g)
         y, ref = dm(x.to(device)), model(x.to(device))
         torch.testing.assert_close(y, ref, rtol=1e-4, atol=1e-4 * (ref.abs().max().item() + 1e-6))
+
+
+# ----------------------------------------------------------------------------- in-place aliasing
+class InplaceAlias(nn.Module):
+    """A tensor read after an in-place op mutated it (dense semantics: the reader sees the result)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 4, 3, padding=1)
+        self.relu = nn.ReLU(inplace=True)
+        self.c2 = nn.Conv2d(4, 4, 3, padding=1)
+
+    def forward(self, x):
+        h = self.c1(x)
+        skip = h
+        h = self.relu(h)
+        y = self.c2(h)
+        y += skip  # reads the ReLU'd tensor, then mutates y in place
+        z = y
+        y = torch.relu_(y)
+        return torch.cat([y, z, skip], dim=1)
+
+
+def test_inplace_ops_seen_by_later_readers():
+    torch.manual_seed(0)
+    model = InplaceAlias().eval()
+    frames = frames_of(3)
+    dm = deltaconv.convert(model)
+    for f in frames:
+        assert rel_err(dm(f), model(f.clone())) < 1e-5

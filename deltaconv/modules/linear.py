@@ -342,11 +342,18 @@ def _expanded_mask(d: Delta) -> torch.Tensor:
     return out.copy_(d.mask.expand_as(d.value))
 
 
+def _rebuild(like, items: list):
+    """A list or tuple of ``items`` of the same type as ``like`` (named tuples included)."""
+    if isinstance(like, tuple) and hasattr(like, "_fields"):
+        return type(like)(*items)
+    return type(like)(items)
+
+
 def _map_deltas(obj, fn):
     if isinstance(obj, Delta):
         return fn(obj)
     if isinstance(obj, (list, tuple)):
-        return type(obj)(_map_deltas(o, fn) for o in obj)
+        return _rebuild(obj, [_map_deltas(o, fn) for o in obj])
     if isinstance(obj, dict):
         return {k: _map_deltas(v, fn) for k, v in obj.items()}
     return obj
@@ -381,7 +388,7 @@ def _zip_outputs(values, masks):
     if torch.is_tensor(values):
         return Delta(values, reduce_mask(masks != 0))
     if isinstance(values, (list, tuple)):
-        return type(values)(_zip_outputs(v, m) for v, m in zip(values, masks))
+        return _rebuild(values, [_zip_outputs(v, m) for v, m in zip(values, masks)])
     return values
 
 

@@ -14,7 +14,7 @@ from torch.nn.modules.utils import _pair
 from .. import activations
 from ..delta import Delta, mask_shape
 from .base import DCModule
-from .linear import _map_deltas
+from .linear import _map_deltas, _rebuild
 
 
 class DCActivation(DCModule):
@@ -158,7 +158,7 @@ def _map_tensors(obj, fn):
     if torch.is_tensor(obj):
         return fn(obj)
     if isinstance(obj, (list, tuple)):
-        return type(obj)(_map_tensors(o, fn) for o in obj)
+        return _rebuild(obj, [_map_tensors(o, fn) for o in obj])
     if isinstance(obj, dict):
         return {k: _map_tensors(v, fn) for k, v in obj.items()}
     return obj
