@@ -155,7 +155,11 @@ def _activation(site: Site) -> Optional[Built]:
     if not site.is_delta_tensor(x) or not site.literal(rest, site.kwargs):
         return None
     name = site.name.rstrip("_")
-    fn = activations.from_call(name, site.fn, tuple(rest), site.kwargs)
+    dense_fn = site.fn
+    if name != site.name and site.node.op == "call_method":
+        # x.clamp_(...) must not run in place on the layer's accumulated-input state
+        dense_fn = getattr(torch.Tensor, name, site.fn)
+    fn = activations.from_call(name, dense_fn, tuple(rest), site.kwargs)
     return None if fn is None else Built(DCActivation(fn), (x,), {})
 
 

@@ -53,6 +53,14 @@ def _footprint(mask: Tensor, pool: Callable[[Tensor], Tensor]) -> Tensor:
 
 
 # ----------------------------------------------------------------------------- truncation
+def _sent_after(target: Tensor, change: Tensor, out: Tensor, mask: Tensor, sent: Tensor) -> Tensor:
+    """``sent`` after sending ``out = change = target - sent`` on ``mask``: ``target`` itself, less
+    what the cast of ``out`` to a narrower dtype lost (that stays pending). ``sent + out`` instead
+    would leave a float rounding residual that threshold 0 re-sends on every later frame although
+    nothing changed."""
+    return torch.where(mask, target - (change - out.to(sent.dtype)), sent)
+
+
 def truncate(y: Tensor, region: Tensor, sent: Tensor, threshold: float, key: Optional[Tensor],
              out_dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     """Send ``y - sent`` on pixels of ``region`` whose change exceeds ``threshold``.
@@ -66,7 +74,7 @@ def truncate(y: Tensor, region: Tensor, sent: Tensor, threshold: float, key: Opt
     if k is not None:
         out_mask = out_mask | (k & region)
     out = torch.where(out_mask, change, torch.zeros((), dtype=sent.dtype, device=y.device)).to(out_dtype)
-    sent += out.to(sent.dtype)
+    sent.copy_(_sent_after(y.to(sent.dtype), change, out, out_mask, sent))
     return out, out_mask
 
 
@@ -86,7 +94,7 @@ def sparsify(x: Tensor, sent: Tensor, threshold: float, key: Optional[Tensor],
     if k is not None:
         mask = mask | k
     out = torch.where(mask, change, torch.zeros((), dtype=sent.dtype, device=x.device)).to(x.dtype)
-    sent += out.to(sent.dtype)
+    sent.copy_(_sent_after(x.to(sent.dtype), change, out, mask, sent))
     return out, mask
 
 

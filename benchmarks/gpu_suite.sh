@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# The GPU check of deltaconv, for any developer on any CUDA machine (and for the lent device):
+#   1. build the extension in place if deltaconv/_C*.so is absent,
+#   2. run every GPU test (python -m pytest -m gpu -q tests),
+#   3. run compute-sanitizer memcheck and racecheck over the kernel tests (small matrix, -x),
+#   4. run benchmarks/run_benchmarks.sh if it exists.
+# Logs go to ${OUT:-benchmarks/out}/<step>.log. Exit status: 0 when every step passed.
+#
+# Knobs: PYTHON (default python3), PYTEST_ARGS (extra arguments of the main test run),
+# PYTEST_TIMEOUT (seconds, default 1800), SKIP_SANITIZER=1, SANITIZER_TIMEOUT (seconds per tool,
+# default 900), SKIP_BENCHMARKS=1.
+set -u -o pipefail
+cd "$(dirname "$0")/.."
+
+export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+OUT_DIR="${OUT:-benchmarks/out}"
+mkdir -p "$OUT_DIR"
+PY="${PYTHON:-python3}"
+failed=()
+
+# step NAME CMD...: run CMD, tee its output to $OUT_DIR/NAME.log, record a failure
+step() {
+  local name=$1
+  shift
+  echo "=== [$name] $*"
+  local t0=$SECONDS
+  "$@" 2>&1 | tee "$OUT_DIR/$name.log"
+  local rc=${PIPESTATUS[0]}
+  echo "=== [$name] exit $rc after $((SECONDS - t0)) s"
+  [ "$rc" -eq 0 ] || failed+=("$name")
+  return "$rc"
+}
+
+{
+  echo "date: $(date -u +%FT%TZ)"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo "nvidia-smi: n/a"
+  "$PY" -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, "gpu", torch.cuda.is_available())'
+} 2>&1 | tee "$OUT_DIR/env.log"
+
+if ! ls deltaconv/_C*.so >/dev/null 2>&1; then
+  step build "$PY" setup.py build_ext --inplace || { echo "build failed; see $OUT_DIR/build.log"; exit 1; }
+fi
+"$PY" -c 'from deltaconv import _extension as e; import sys; r = e.unavailable_reason(); print(r or "extension loaded, GPU visible"); sys.exit(1 if r else 0)' \
+  || { echo "the CUDA backend is unavailable here"; exit 1; }
+
+# shellcheck disable=SC2086
+step pytest_gpu timeout "${PYTEST_TIMEOUT:-1800}" "$PY" -m pytest -m gpu -q -rfE -p no:cacheprovider ${PYTEST_ARGS:-} tests
+
+if [ -z "${SKIP_SANITIZER:-}" ]; then
+  SAN="${COMPUTE_SANITIZER:-compute-sanitizer}"
+  command -v "$SAN" >/dev/null 2>&1 || SAN=/usr/local/cuda/bin/compute-sanitizer
+  files=()
+  for f in tests/test_cuda_ops.py tests/test_cuda_conv.py; do [ -f "$f" ] && files+=("$f"); done
+  if [ -x "$SAN" ] || command -v "$SAN" >/dev/null 2>&1; then
+    for tool in memcheck racecheck; do
+      # no caching allocator: every tensor is its own allocation, so out-of-bounds accesses show
+      step "sanitizer_$tool" env DELTACONV_TEST_QUICK=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
+        timeout "${SANITIZER_TIMEOUT:-900}" "$SAN" --tool "$tool" --error-exitcode 86 --print-limit 50 \
+        "$PY" -m pytest -m gpu -x -q -p no:cacheprovider "${files[@]}"
+    done
+  else
+    echo "compute-sanitizer not found: sanitizer steps skipped" | tee "$OUT_DIR/sanitizer_skipped.log"
+  fi
+fi
+
+if [ -z "${SKIP_BENCHMARKS:-}" ] && [ -f benchmarks/run_benchmarks.sh ]; then
+  step benchmarks bash benchmarks/run_benchmarks.sh
+fi
+
+if [ ${#failed[@]} -eq 0 ]; then
+  echo "gpu_suite: all steps passed (logs in $OUT_DIR)"
+  exit 0
+fi
+echo "gpu_suite: FAILED steps: ${failed[*]} (logs in $OUT_DIR)"
+exit 1

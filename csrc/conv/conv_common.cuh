@@ -1,0 +1,244 @@
+// Shared pieces of the convolution / pooling kernels (ATen-free): element conversions, the
+// geometry of a convolution, and the two "where is work" kernels that every conv path starts with.
+//
+// Sparse execution model of the conv family
+// -----------------------------------------
+// 1. A mask kernel computes the exact output mask (dilation of the input mask through the
+//    receptive field, or scatter through the footprint for transposed convs; all true for key
+//    streams) and appends every output tile (TILE_H x TILE_W pixels) -- or, for 1x1 convs, every
+//    output pixel -- that holds an active output pixel to a compact work list
+//    (`list[0]` = count, `list[1..]` = ids; order unspecified).
+// 2. A compute kernel, launched with a host-side upper bound of blocks, walks the list with a
+//    grid-stride loop (the count is read on the device: no host sync, CUDA-graph capturable) and
+//    computes each listed item densely, reading input features only at active input pixels
+//    (inactive ones count as zero, their values are never read).
+// Output values outside listed items are left unwritten (they are unspecified by contract).
+// A tensor-core compute kernel slots in as another consumer of the same work list.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+namespace deltaconv {
+namespace conv {
+
+constexpr int TILE_H = 8;
+constexpr int TILE_W = 8;
+constexpr int TILE_PIX = TILE_H * TILE_W;
+
+__device__ __forceinline__ float to_f(float v) { return v; }
+__device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T> __device__ __forceinline__ T from_f(float v);
+template <> __device__ __forceinline__ float from_f<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half from_f<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+// Geometry of a (transposed) convolution. Feature maps are NHWC in memory, masks N x H x W.
+// For a transposed conv, cin_g/cout_g are still "input channels per group" / "output channels
+// per group" (weight [Cin, Cout/groups, KH, KW]).
+struct ConvGeom {
+  int N, Cin, H, W;
+  int Cout, Ho, Wo;
+  int KH, KW, sh, sw, ph, pw, dh, dw;
+  int groups, cin_g, cout_g;
+  int tiles_h, tiles_w;
+};
+
+__device__ __forceinline__ bool key_of(const bool* key, int n) { return key != nullptr && key[n]; }
+
+// Is output pixel (n, oh, ow) reached by an active input pixel?
+template <bool TRANSPOSED>
+__device__ __forceinline__ bool out_pixel_active(const bool* __restrict__ mask, const ConvGeom& g, int n, int oh,
+                                                 int ow) {
+  const bool* mn = mask + (size_t)n * g.H * g.W;
+  for (int ky = 0; ky < g.KH; ++ky) {
+    int ih;
+    if (TRANSPOSED) {
+      const int t = oh + g.ph - ky * g.dh;
+      if (t < 0 || t % g.sh != 0) continue;
+      ih = t / g.sh;
+    } else {
+      ih = oh * g.sh - g.ph + ky * g.dh;
+    }
+    if (ih < 0 || ih >= g.H) continue;
+    for (int kx = 0; kx < g.KW; ++kx) {
+      int iw;
+      if (TRANSPOSED) {
+        const int t = ow + g.pw - kx * g.dw;
+        if (t < 0 || t % g.sw != 0) continue;
+        iw = t / g.sw;
+      } else {
+        iw = ow * g.sw - g.pw + kx * g.dw;
+      }
+      if (iw < 0 || iw >= g.W) continue;
+      if (mn[ih * g.W + iw]) return true;
+    }
+  }
+  return false;
+}
+
+// Same as out_pixel_active<false>, without early exit (the loads issue together instead of one
+// after another). KS > 0: a KS x KS kernel known at compile time.
+template <int KS>
+__device__ __forceinline__ bool out_pixel_any(const bool* __restrict__ mask, const ConvGeom& g, int n, int oh,
+                                              int ow) {
+  const bool* mn = mask + (size_t)n * g.H * g.W;
+  const int KH = KS > 0 ? KS : g.KH;
+  const int KW = KS > 0 ? KS : g.KW;
+  bool any = false;
+#pragma unroll
+  for (int ky = 0; ky < KH; ++ky) {
+    const int ih = oh * g.sh - g.ph + ky * g.dh;
+    const bool rok = ih >= 0 && ih < g.H;
+#pragma unroll
+    for (int kx = 0; kx < KW; ++kx) {
+      const int iw = ow * g.sw - g.pw + kx * g.dw;
+      if (rok && iw >= 0 && iw < g.W) any |= mn[ih * g.W + iw];
+    }
+  }
+  return any;
+}
+
+// Tile list: one block of 256 threads per strip of MASK_STRIP tiles (TILE_H rows x
+// MASK_STRIP * TILE_W columns of output pixels; each thread 2 adjacent pixels of one row). Writes the
+// output mask and appends the ids (n * tiles_h + th) * tiles_w + tw of the strip's active tiles to
+// `list`, in x order, with one atomic per block; list[1 + cap + slot] gets the tile's row mask
+// (bit r: output row r of the tile has an active pixel). Grid: strips_w * tiles_h * N blocks.
+// KS: 3 = non-transposed 3x3 (unrolled), 0 = any geometry.
+constexpr int MASK_STRIP = 8;
+constexpr int MASK_THREADS = TILE_H * MASK_STRIP * TILE_W / 2;  // 256
+static_assert(MASK_THREADS == 256 && TILE_W == 8, "conv_tile_mask_kernel assumes 8 rows x 32 pixel pairs");
+
+template <bool TRANSPOSED, int KS>
+__global__ void __launch_bounds__(MASK_THREADS) conv_tile_mask_kernel(const bool* __restrict__ mask,
+                                                                      const bool* __restrict__ key,
+                                                                      bool* __restrict__ mask_out,
+                                                                      int* __restrict__ list, ConvGeom g, int cap) {
+  __shared__ unsigned flags[TILE_H];
+  const int strips_w = (g.tiles_w + MASK_STRIP - 1) / MASK_STRIP;
+  int b = blockIdx.x;
+  const int sx = b % strips_w;
+  b /= strips_w;
+  const int th = b % g.tiles_h;
+  const int n = b / g.tiles_h;
+  const int r = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  const int oh = th * TILE_H + r;
+  const int ow = sx * MASK_STRIP * TILE_W + lane * 2;
+  const bool kn = key_of(key, n);
+  bool act = false;
+  if (oh < g.Ho) {
+    bool* mo = mask_out + ((size_t)n * g.Ho + oh) * g.Wo;
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      if (ow + e < g.Wo) {
+        bool a = kn;
+        if (!a) {
+          if constexpr (TRANSPOSED) a = out_pixel_active<true>(mask, g, n, oh, ow + e);
+          else a = out_pixel_any<KS>(mask, g, n, oh, ow + e);
+        }
+        mo[ow + e] = a;
+        act |= a;
+      }
+    }
+  }
+  const unsigned bal = __ballot_sync(0xffffffffu, act);
+  if (lane == 0) {
+    unsigned tf = 0;
+#pragma unroll
+    for (int k = 0; k < MASK_STRIP; ++k)
+      if ((bal >> (4 * k)) & 0xFu) tf |= 1u << k;
+    flags[r] = tf;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned all = 0;
+#pragma unroll
+    for (int k = 0; k < TILE_H; ++k) all |= flags[k];
+    if (all) {
+      int pos = atomicAdd(list, __popc(all));
+      const int base = (n * g.tiles_h + th) * g.tiles_w + sx * MASK_STRIP;
+#pragma unroll
+      for (int k = 0; k < MASK_STRIP; ++k) {
+        if ((all >> k) & 1u) {
+          int rows = 0;
+#pragma unroll
+          for (int r2 = 0; r2 < TILE_H; ++r2) rows |= (int)((flags[r2] >> k) & 1u) << r2;
+          list[1 + cap + pos] = rows;
+          list[1 + pos++] = base + k;
+        }
+      }
+    }
+  }
+}
+
+// 1x1 convolutions: each thread 4 consecutive output pixels, 1024 per block; appends the active
+// ones (linear index (n * Ho + oh) * Wo + ow) to `list` in pixel order with one atomic per block;
+// list[1 + total + slot] gets the input pixel ((n * H + ih) * W + iw) when it is active, else -1.
+constexpr int MASK1_THREADS = 256;
+constexpr int MASK1_PPT = 4;
+__global__ void __launch_bounds__(MASK1_THREADS) conv1x1_mask_kernel(const bool* __restrict__ mask,
+                                                                    const bool* __restrict__ key,
+                                                                    bool* __restrict__ mask_out,
+                                                                    int* __restrict__ list, ConvGeom g, int total) {
+  __shared__ int wsum[MASK1_THREADS / 32];
+  __shared__ int bbase;
+  const int base = (blockIdx.x * MASK1_THREADS + threadIdx.x) * MASK1_PPT;
+  unsigned bits = 0;
+  int src[MASK1_PPT];
+#pragma unroll
+  for (int k = 0; k < MASK1_PPT; ++k) {
+    const int pix = base + k;
+    src[k] = -1;
+    if (pix < total) {
+      const int ow = pix % g.Wo;
+      const int t = pix / g.Wo;
+      const int oh = t % g.Ho;
+      const int n = t / g.Ho;
+      const int ih = oh * g.sh - g.ph, iw = ow * g.sw - g.pw;
+      if (ih >= 0 && ih < g.H && iw >= 0 && iw < g.W) {
+        const int ip = (n * g.H + ih) * g.W + iw;
+        if (mask[ip]) src[k] = ip;
+      }
+      const bool act = src[k] >= 0 || key_of(key, n);
+      mask_out[pix] = act;
+      bits |= (unsigned)act << k;
+    }
+  }
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int cnt = __popc(bits);
+  int incl = cnt;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int v = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += v;
+  }
+  if (lane == 31) wsum[warp] = incl;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int t = 0;
+#pragma unroll
+    for (int w = 0; w < MASK1_THREADS / 32; ++w) {
+      const int v = wsum[w];
+      wsum[w] = t;
+      t += v;
+    }
+    bbase = t ? atomicAdd(list, t) : 0;
+  }
+  __syncthreads();
+  int pos = bbase + wsum[warp] + incl - cnt;
+#pragma unroll
+  for (int k = 0; k < MASK1_PPT; ++k) {
+    if ((bits >> k) & 1u) {
+      list[1 + (size_t)total + pos] = src[k];
+      list[1 + pos++] = base + k;
+    }
+  }
+}
+
+}  // namespace conv
+}  // namespace deltaconv

@@ -1,0 +1,404 @@
+// Compute kernels of sparse delta convolution (CUDA cores, fp32 accumulation). Each consumes the
+// work list written by conv_tile_mask_kernel / conv1x1_mask_kernel (see conv_common.cuh).
+//
+//   conv_tile_kernel<T, KH, KW>  dense conv of one 8x8 output tile x 32 output channels of one
+//                                group; input footprint (with halo) and weights staged in shared
+//                                memory per chunk of input channels. KH = KW = 0: runtime size.
+//   conv1x1_kernel<T>            1x1 conv: a GEMM over groups of 64 listed active pixels.
+//   dwconv_kernel<T, KS>         depthwise (groups == Cin == Cout): 8x8 tile x 32 channels.
+//   conv_direct_kernel<T, TR>    smem-free fallback for any geometry and the transposed conv.
+#pragma once
+
+#include "conv_common.cuh"
+
+namespace deltaconv {
+namespace conv {
+
+constexpr int CONV_THREADS = 256;
+constexpr int CONV_COB = 32;  // output channels per block (tile and 1x1 kernels)
+
+// Stride between the channel planes of the staged input: odd, so that the stores of consecutive
+// channels hit different banks.
+__host__ __device__ inline int conv_tile_plane(int fhw) { return fhw | 1; }
+
+// Shared-memory floats of conv_tile_kernel for `cib` input channels per chunk.
+__host__ __device__ inline int conv_tile_in_floats(const ConvGeom& g, int cib) {
+  const int fh = (TILE_H - 1) * g.sh + (g.KH - 1) * g.dh + 1;
+  const int fw = (TILE_W - 1) * g.sw + (g.KW - 1) * g.dw + 1;
+  return ((cib * conv_tile_plane(fh * fw)) + 3) & ~3;  // keep the weight block 16-byte aligned
+}
+__host__ __device__ inline int conv_tile_smem_floats(const ConvGeom& g, int cib) {
+  return conv_tile_in_floats(g, cib) + cib * g.KH * g.KW * CONV_COB;
+}
+
+// Thread layout shared by the tile and 1x1 kernels: thread t computes output channels
+// co0 + (t % 8) * 4 + [0, 4) for pixels (t / 8) and (t / 8) + 32 of the 64-pixel item.
+template <typename T, int KH_, int KW_>
+__global__ void __launch_bounds__(CONV_THREADS)
+    conv_tile_kernel(const T* __restrict__ x, const bool* __restrict__ mask, const T* __restrict__ w,
+                     const T* __restrict__ bias, const bool* __restrict__ key, T* __restrict__ y,
+                     const int* __restrict__ list, ConvGeom g, int cib) {
+  extern __shared__ float4 smem4[];
+  float* smem = reinterpret_cast<float*>(smem4);
+  const int KH = KH_ > 0 ? KH_ : g.KH;
+  const int KW = KW_ > 0 ? KW_ : g.KW;
+  const int KK = KH * KW;
+  const int FH = (TILE_H - 1) * g.sh + (KH - 1) * g.dh + 1;
+  const int FW = (TILE_W - 1) * g.sw + (KW - 1) * g.dw + 1;
+  const int FHW = FH * FW;
+  const int PLANE = conv_tile_plane(FHW);
+  float* in_s = smem;                                // [cib][PLANE]
+  float* w_s = smem + conv_tile_in_floats(g, cib);  // [cib][KK][CONV_COB]
+
+  const int cob_per_group = (g.cout_g + CONV_COB - 1) / CONV_COB;
+  const int grp = blockIdx.y / cob_per_group;
+  const int co0 = (blockIdx.y % cob_per_group) * CONV_COB;  // within the group
+  const int tid = threadIdx.x;
+  const int cg = tid % 8;
+  const int pg = tid / 8;
+  const int count = list[0];
+
+  int pbase[2];
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int p = pg + 32 * j;
+    pbase[j] = (p / TILE_W) * g.sh * FW + (p % TILE_W) * g.sw;
+  }
+
+  for (int item = blockIdx.x; item < count; item += gridDim.x) {
+    const int tile = list[1 + item];
+    const int tw = tile % g.tiles_w;
+    const int t2 = tile / g.tiles_w;
+    const int th = t2 % g.tiles_h;
+    const int n = t2 / g.tiles_h;
+    const int oh0 = th * TILE_H, ow0 = tw * TILE_W;
+    const int ih0 = oh0 * g.sh - g.ph, iw0 = ow0 * g.sw - g.pw;
+    const bool* mn = mask + (size_t)n * g.H * g.W;
+
+    float acc[2][4];
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[j][i] = 0.f;
+
+    for (int c0 = 0; c0 < g.cin_g; c0 += cib) {
+      const int cc = min(cib, g.cin_g - c0);
+      __syncthreads();  // previous chunk / item done with the smem
+      const int cbase = grp * g.cin_g + c0;
+      for (int idx = tid; idx < FHW * cc; idx += CONV_THREADS) {
+        const int c = idx % cc;
+        const int q = idx / cc;
+        const int ih = ih0 + q / FW, iw = iw0 + q % FW;
+        float v = 0.f;
+        if (ih >= 0 && ih < g.H && iw >= 0 && iw < g.W) {
+          const int pix = ih * g.W + iw;
+          if (mn[pix]) v = to_f(x[(((size_t)n * g.H * g.W) + pix) * g.Cin + cbase + c]);
+        }
+        in_s[c * PLANE + q] = v;
+      }
+      for (int idx = tid; idx < cc * KK * CONV_COB; idx += CONV_THREADS) {
+        const int co = idx % CONV_COB;
+        const int q = idx / CONV_COB;
+        const int k = q % KK;
+        const int c = q / KK;
+        float v = 0.f;
+        if (co0 + co < g.cout_g) v = to_f(w[((size_t)(grp * g.cout_g + co0 + co) * g.cin_g + c0 + c) * KK + k]);
+        w_s[idx] = v;
+      }
+      __syncthreads();
+      for (int c = 0; c < cc; ++c) {
+        const float* ic = in_s + c * PLANE;
+        const float* wc = w_s + c * KK * CONV_COB + cg * 4;
+#pragma unroll
+        for (int ky = 0; ky < KH; ++ky) {
+#pragma unroll
+          for (int kx = 0; kx < KW; ++kx) {
+            const float4 wv = *reinterpret_cast<const float4*>(wc + (ky * KW + kx) * CONV_COB);
+            const int off = ky * g.dh * FW + kx * g.dw;
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+              const float a = ic[pbase[j] + off];
+              acc[j][0] = fmaf(a, wv.x, acc[j][0]);
+              acc[j][1] = fmaf(a, wv.y, acc[j][1]);
+              acc[j][2] = fmaf(a, wv.z, acc[j][2]);
+              acc[j][3] = fmaf(a, wv.w, acc[j][3]);
+            }
+          }
+        }
+      }
+    }
+
+    const bool kn = key_of(key, n);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int p = pg + 32 * j;
+      const int oh = oh0 + p / TILE_W, ow = ow0 + p % TILE_W;
+      if (oh >= g.Ho || ow >= g.Wo) continue;
+      T* yp = y + (((size_t)n * g.Ho + oh) * g.Wo + ow) * g.Cout + grp * g.cout_g;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int co = co0 + cg * 4 + i;
+        if (co >= g.cout_g) continue;
+        float v = acc[j][i];
+        if (kn && bias != nullptr) v += to_f(bias[grp * g.cout_g + co]);
+        yp[co] = from_f<T>(v);
+      }
+    }
+  }
+}
+
+constexpr int C1_CIB = 32;  // input channels per chunk of the 1x1 kernel
+constexpr int C1_PLANE = TILE_PIX + 1;  // odd: conflict-free stores of consecutive channels
+
+template <typename T>
+__global__ void __launch_bounds__(CONV_THREADS)
+    conv1x1_kernel(const T* __restrict__ x, const bool* __restrict__ mask, const T* __restrict__ w,
+                   const T* __restrict__ bias, const bool* __restrict__ key, T* __restrict__ y,
+                   const int* __restrict__ list, ConvGeom g) {
+  __shared__ __align__(16) float in_s[C1_CIB * C1_PLANE];  // [c][pixel]
+  __shared__ __align__(16) float w_s[C1_CIB * CONV_COB];   // [c][co]
+  __shared__ long long in_off[TILE_PIX];                   // element offset of the input pixel, -1: zero
+  __shared__ long long out_off[TILE_PIX];                  // element offset of the output pixel, -1: none
+  __shared__ bool out_key[TILE_PIX];
+
+  const int cob_per_group = (g.cout_g + CONV_COB - 1) / CONV_COB;
+  const int grp = blockIdx.y / cob_per_group;
+  const int co0 = (blockIdx.y % cob_per_group) * CONV_COB;
+  const int tid = threadIdx.x;
+  const int cg = tid % 8;
+  const int pg = tid / 8;
+  const int count = list[0];
+  const int items = (count + TILE_PIX - 1) / TILE_PIX;
+
+  for (int item = blockIdx.x; item < items; item += gridDim.x) {
+    __syncthreads();  // previous item done with in_off / out_off
+    if (tid < TILE_PIX) {
+      const int l = item * TILE_PIX + tid;
+      long long io = -1, oo = -1;
+      bool kn = false;
+      if (l < count) {
+        const int pix = list[1 + l];
+        const int ow = pix % g.Wo;
+        const int t = pix / g.Wo;
+        const int oh = t % g.Ho;
+        const int n = t / g.Ho;
+        const int ih = oh * g.sh - g.ph, iw = ow * g.sw - g.pw;
+        oo = (long long)pix * g.Cout + grp * g.cout_g;
+        kn = key_of(key, n);
+        if (ih >= 0 && ih < g.H && iw >= 0 && iw < g.W) {
+          const long long ip = ((long long)n * g.H + ih) * g.W + iw;
+          if (mask[ip]) io = ip * g.Cin + grp * g.cin_g;
+        }
+      }
+      in_off[tid] = io;
+      out_off[tid] = oo;
+      out_key[tid] = kn;
+    }
+    __syncthreads();
+
+    float acc[2][4];
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[j][i] = 0.f;
+
+    for (int c0 = 0; c0 < g.cin_g; c0 += C1_CIB) {
+      const int cc = min(C1_CIB, g.cin_g - c0);
+      __syncthreads();
+      for (int idx = tid; idx < TILE_PIX * cc; idx += CONV_THREADS) {
+        const int c = idx % cc;
+        const int p = idx / cc;
+        const long long io = in_off[p];
+        in_s[c * C1_PLANE + p] = io >= 0 ? to_f(x[io + c0 + c]) : 0.f;
+      }
+      for (int idx = tid; idx < cc * CONV_COB; idx += CONV_THREADS) {
+        const int co = idx % CONV_COB;
+        const int c = idx / CONV_COB;
+        w_s[idx] = co0 + co < g.cout_g ? to_f(w[(size_t)(grp * g.cout_g + co0 + co) * g.cin_g + c0 + c]) : 0.f;
+      }
+      __syncthreads();
+#pragma unroll 4
+      for (int c = 0; c < cc; ++c) {
+        const float4 wv = *reinterpret_cast<const float4*>(w_s + c * CONV_COB + cg * 4);
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const float a = in_s[c * C1_PLANE + pg + 32 * j];
+          acc[j][0] = fmaf(a, wv.x, acc[j][0]);
+          acc[j][1] = fmaf(a, wv.y, acc[j][1]);
+          acc[j][2] = fmaf(a, wv.z, acc[j][2]);
+          acc[j][3] = fmaf(a, wv.w, acc[j][3]);
+        }
+      }
+    }
+
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int p = pg + 32 * j;
+      const long long oo = out_off[p];
+      if (oo < 0) continue;
+      const bool kn = out_key[p];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int co = co0 + cg * 4 + i;
+        if (co >= g.cout_g) continue;
+        float v = acc[j][i];
+        if (kn && bias != nullptr) v += to_f(bias[grp * g.cout_g + co]);
+        y[oo + co] = from_f<T>(v);
+      }
+    }
+  }
+}
+
+// Depthwise: 256 threads = 32 channels x 8 output rows; each thread computes the 8 pixels of its
+// row of the 8x8 tile for its channel. KS = 0: runtime KH x KW.
+constexpr int DW_CB = 32;
+__host__ __device__ inline int dwconv_smem_floats(const ConvGeom& g) {
+  const int fh = (TILE_H - 1) * g.sh + (g.KH - 1) * g.dh + 1;
+  const int fw = (TILE_W - 1) * g.sw + (g.KW - 1) * g.dw + 1;
+  return fh * fw * DW_CB + g.KH * g.KW * DW_CB;
+}
+
+template <typename T, int KS>
+__global__ void __launch_bounds__(CONV_THREADS)
+    dwconv_kernel(const T* __restrict__ x, const bool* __restrict__ mask, const T* __restrict__ w,
+                  const T* __restrict__ bias, const bool* __restrict__ key, T* __restrict__ y,
+                  const int* __restrict__ list, ConvGeom g) {
+  extern __shared__ float4 smem4[];
+  float* smem = reinterpret_cast<float*>(smem4);
+  const int KH = KS > 0 ? KS : g.KH;
+  const int KW = KS > 0 ? KS : g.KW;
+  const int KK = KH * KW;
+  const int FH = (TILE_H - 1) * g.sh + (KH - 1) * g.dh + 1;
+  const int FW = (TILE_W - 1) * g.sw + (KW - 1) * g.dw + 1;
+  const int FHW = FH * FW;
+  float* in_s = smem;              // [FH * FW][DW_CB]
+  float* w_s = smem + FHW * DW_CB;  // [KK][DW_CB]
+  const int C = g.Cout;
+  const int c0 = blockIdx.y * DW_CB;
+  const int tid = threadIdx.x;
+  const int cl = tid % DW_CB;
+  const int row = tid / DW_CB;
+  const int c = c0 + cl;
+  const int count = list[0];
+
+  for (int idx = tid; idx < KK * DW_CB; idx += CONV_THREADS) {
+    const int cc = idx % DW_CB;
+    const int k = idx / DW_CB;
+    w_s[idx] = c0 + cc < C ? to_f(w[(size_t)(c0 + cc) * KK + k]) : 0.f;
+  }
+  const float b = (bias != nullptr && c < C) ? to_f(bias[c]) : 0.f;
+
+  for (int item = blockIdx.x; item < count; item += gridDim.x) {
+    const int tile = list[1 + item];
+    const int tw = tile % g.tiles_w;
+    const int t2 = tile / g.tiles_w;
+    const int th = t2 % g.tiles_h;
+    const int n = t2 / g.tiles_h;
+    const int oh0 = th * TILE_H, ow0 = tw * TILE_W;
+    const int ih0 = oh0 * g.sh - g.ph, iw0 = ow0 * g.sw - g.pw;
+    const bool* mn = mask + (size_t)n * g.H * g.W;
+    __syncthreads();  // w_s written / previous item done
+    for (int idx = tid; idx < FHW * DW_CB; idx += CONV_THREADS) {
+      const int cc = idx % DW_CB;
+      const int q = idx / DW_CB;
+      const int ih = ih0 + q / FW, iw = iw0 + q % FW;
+      float v = 0.f;
+      if (c0 + cc < C && ih >= 0 && ih < g.H && iw >= 0 && iw < g.W) {
+        const int pix = ih * g.W + iw;
+        if (mn[pix]) v = to_f(x[((size_t)n * g.H * g.W + pix) * C + c0 + cc]);
+      }
+      in_s[idx] = v;
+    }
+    __syncthreads();
+    float acc[TILE_W];
+#pragma unroll
+    for (int i = 0; i < TILE_W; ++i) acc[i] = 0.f;
+#pragma unroll
+    for (int ky = 0; ky < KH; ++ky) {
+      const float* ir = in_s + ((row * g.sh + ky * g.dh) * FW) * DW_CB + cl;
+#pragma unroll
+      for (int kx = 0; kx < KW; ++kx) {
+        const float wv = w_s[(ky * KW + kx) * DW_CB + cl];
+        const float* ik = ir + kx * g.dw * DW_CB;
+#pragma unroll
+        for (int i = 0; i < TILE_W; ++i) acc[i] = fmaf(ik[i * g.sw * DW_CB], wv, acc[i]);
+      }
+    }
+    const int oh = oh0 + row;
+    if (c < C && oh < g.Ho) {
+      const bool kn = key_of(key, n);
+      T* yr = y + ((size_t)n * g.Ho + oh) * g.Wo * C + c;
+#pragma unroll
+      for (int i = 0; i < TILE_W; ++i) {
+        const int ow = ow0 + i;
+        if (ow < g.Wo) yr[(size_t)ow * C] = from_f<T>(kn ? acc[i] + b : acc[i]);
+      }
+    }
+  }
+}
+
+// Fallback for any geometry (no shared memory), and the transposed convolution (gather form).
+// Conv weight [Cout, cin_g, KH, KW]; transposed weight [Cin, cout_g, KH, KW].
+template <typename T, bool TRANSPOSED>
+__global__ void __launch_bounds__(CONV_THREADS)
+    conv_direct_kernel(const T* __restrict__ x, const bool* __restrict__ mask, const T* __restrict__ w,
+                       const T* __restrict__ bias, const bool* __restrict__ key, T* __restrict__ y,
+                       const int* __restrict__ list, ConvGeom g) {
+  const int count = list[0];
+  const int per_tile = TILE_PIX * g.Cout;
+  for (int item = blockIdx.x; item < count; item += gridDim.x) {
+    const int tile = list[1 + item];
+    const int tw = tile % g.tiles_w;
+    const int t2 = tile / g.tiles_w;
+    const int th = t2 % g.tiles_h;
+    const int n = t2 / g.tiles_h;
+    const bool kn = key_of(key, n);
+    const bool* mn = mask + (size_t)n * g.H * g.W;
+    for (int idx = threadIdx.x; idx < per_tile; idx += blockDim.x) {
+      const int co = idx % g.Cout;
+      const int p = idx / g.Cout;
+      const int oh = th * TILE_H + p / TILE_W, ow = tw * TILE_W + p % TILE_W;
+      if (oh >= g.Ho || ow >= g.Wo) continue;
+      const int grp = co / g.cout_g;
+      const int col = co % g.cout_g;
+      float acc = 0.f;
+      for (int ky = 0; ky < g.KH; ++ky) {
+        int ih;
+        if (TRANSPOSED) {
+          const int t = oh + g.ph - ky * g.dh;
+          if (t < 0 || t % g.sh != 0) continue;
+          ih = t / g.sh;
+        } else {
+          ih = oh * g.sh - g.ph + ky * g.dh;
+        }
+        if (ih < 0 || ih >= g.H) continue;
+        for (int kx = 0; kx < g.KW; ++kx) {
+          int iw;
+          if (TRANSPOSED) {
+            const int t = ow + g.pw - kx * g.dw;
+            if (t < 0 || t % g.sw != 0) continue;
+            iw = t / g.sw;
+          } else {
+            iw = ow * g.sw - g.pw + kx * g.dw;
+          }
+          if (iw < 0 || iw >= g.W) continue;
+          const int pix = ih * g.W + iw;
+          if (!mn[pix]) continue;
+          const T* xp = x + ((size_t)n * g.H * g.W + pix) * g.Cin + grp * g.cin_g;
+          const int k = ky * g.KW + kx;
+          const int KK = g.KH * g.KW;
+          for (int ci = 0; ci < g.cin_g; ++ci) {
+            const size_t wi = TRANSPOSED ? ((size_t)(grp * g.cin_g + ci) * g.cout_g + col) * KK + k
+                                         : ((size_t)co * g.cin_g + ci) * KK + k;
+            acc = fmaf(to_f(xp[ci]), to_f(w[wi]), acc);
+          }
+        }
+      }
+      if (kn && bias != nullptr) acc += to_f(bias[co]);
+      y[(((size_t)n * g.Ho + oh) * g.Wo + ow) * g.Cout + co] = from_f<T>(acc);
+    }
+  }
+}
+
+}  // namespace conv
+}  // namespace deltaconv

@@ -1,0 +1,590 @@
+// Tensor-core (mma.sync m16n8k16, fp32 accumulation) sparse convolution for fp16 / bf16 deltas.
+// Consumers of the work lists of conv_common.cuh:
+//
+//   conv3x3_tc_kernel<T, S, TPB, NW, NT, FINE>
+//       3x3 conv, stride S (1 or 2), dilation 1, any padding, groups 1, Cin % 8 == 0,
+//       Cout % 8 == 0. Implicit GEMM over the list of active 8x8 output tiles: a block takes TPB
+//       consecutive list entries (a "group"); warp w computes the 64 pixels of tile w / NW for
+//       output channels [n0 + (w % NW) * NT * 8, +NT * 8). K runs over chunks of 64 input
+//       channels x 9 taps. Per chunk the input halo of every tile ((7S+3)^2 pixels x 64 channels,
+//       inactive / outside pixels zero-filled by cp.async) sits in shared memory (double
+//       buffered); the A fragments of each tap are gathered from it by ldmatrix with per-lane row
+//       addresses. Per (chunk, tap) stage a [BN x 64] weight slice is streamed through a
+//       3-slot cp.async ring (prefetch distance 2). The loop over (group, chunk, tap) is
+//       flattened (persistent blocks, grid-stride over groups), so the next group's loads
+//       overlap this group's math. Weights: [Cout][3][3][Cin] (relayout on the host side).
+//       FINE selects which of two launches runs: a coarse one (TPB 4 / 2) for many tiles and a
+//       fine one (TPB 1) when the device-side tile count is small (count <= fine_max), so that
+//       a few tiles still spread over all multiprocessors. Both are launched; one exits at once.
+//   conv1x1_tc_kernel<T, NW, NT>
+//       1x1 conv (any stride / padding), groups 1: a GEMM over 128 listed active output pixels x
+//       BN output channels per item, K in chunks of 64 channels, 3-slot cp.async ring over the
+//       flattened (item, chunk) loop of a persistent block; rows gathered by pixel index.
+//
+// Shared-memory rows are 64 channels = 128 bytes = 8 chunks of 16 bytes; chunk j of row r is
+// stored at chunk j ^ swz(r), which makes every ldmatrix phase (8 rows) conflict-free.
+#pragma once
+
+#include "conv_common.cuh"
+
+namespace deltaconv {
+namespace conv {
+namespace tc {
+
+constexpr int CK = 64;          // input channels per K chunk (one 128-byte smem row per pixel)
+
+struct TcArgs {
+  const void* x;        // [N, H, W, Cin]
+  const bool* mask;     // [N, H, W]
+  const void* w;        // 3x3: [Cout][3][3][Cin]; 1x1: [Cout][Cin]
+  const void* bias;     // [Cout] or nullptr
+  const bool* key;      // [N] or nullptr
+  void* y;              // [N, Ho, Wo, Cout]
+  const int* list;      // [count, ids...]
+  ConvGeom g;
+  int fine_max;         // 3x3: the fine launch runs iff count <= fine_max, the coarse iff count > fine_max
+  int cap;              // capacity of the list (its side data starts at list + 1 + cap)
+  int prefetch;         // cp.async prefetch distance in stages (1..5); prefetch + 1 smem slots
+};
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte global -> shared copy; zero-fills the destination when !valid (src is not read then).
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
+  const int n = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+__device__ __forceinline__ void ldsm_x4_if(uint32_t (&r)[4], uint32_t addr, int pred) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n"
+      " @p ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n}\n"
+      : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+      : "r"(addr), "r"(pred));
+}
+
+template <typename T>
+struct Mma;
+template <>
+struct Mma<__half> {
+  static __device__ __forceinline__ void run_if(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1,
+                                                int pred) {
+    asm volatile(
+        "{\n .reg .pred p;\n setp.ne.b32 p, %10, 0;\n"
+        " @p mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(pred));
+  }
+  static __device__ __forceinline__ void run(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+template <>
+struct Mma<__nv_bfloat16> {
+  static __device__ __forceinline__ void run_if(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1,
+                                                int pred) {
+    asm volatile(
+        "{\n .reg .pred p;\n setp.ne.b32 p, %10, 0;\n"
+        " @p mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(pred));
+  }
+  static __device__ __forceinline__ void run(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+template <typename T>
+struct Vec2;
+template <>
+struct Vec2<__half> {
+  using type = __half2;
+  static __device__ __forceinline__ __half2 make(float a, float b) { return __floats2half2_rn(a, b); }
+};
+template <>
+struct Vec2<__nv_bfloat16> {
+  using type = __nv_bfloat162;
+  static __device__ __forceinline__ __nv_bfloat162 make(float a, float b) { return __floats2bfloat162_rn(a, b); }
+};
+
+// Stores two adjacent output channels of one pixel (+ bias on key streams).
+template <typename T>
+__device__ __forceinline__ void store2(T* yp, const T* bias, bool add_bias, int co, float v0, float v1) {
+  if (add_bias) {
+    v0 += to_f(bias[co]);
+    v1 += to_f(bias[co + 1]);
+  }
+  *reinterpret_cast<typename Vec2<T>::type*>(yp + co) = Vec2<T>::make(v0, v1);
+}
+
+template <int S>
+struct Halo {
+  static constexpr int W = 7 * S + 3;  // 8x8 output tile, 3x3 kernel, dilation 1
+  static constexpr int PIX = W * W;
+  // swizzle key of halo row e (any offset of e keeps 8 consecutive pixels of one output row -
+  // stride S apart in e - on 8 distinct keys)
+  static __device__ __forceinline__ int swz(int e) { return (S == 1 ? e : (e >> 1)) & 7; }
+};
+
+template <int S, int TPB, int NW, int NT>
+struct Conv3Cfg {
+  static constexpr int WARPS = TPB * NW;
+  static constexpr int THREADS = 32 * WARPS;
+  static constexpr int BN = NW * NT * 8;
+  static constexpr int TAB = TPB * Halo<S>::PIX + TPB;  // ints per table: halo sources + row masks
+  static constexpr int HALO_BYTES = TPB * Halo<S>::PIX * 128;  // one buffer
+  static constexpr int W_BYTES = BN * 128;
+  static constexpr int TAB_BYTES = 2 * TAB * 4;
+  static int smem(int prefetch) { return 2 * HALO_BYTES + (prefetch + 1) * W_BYTES + TAB_BYTES; }
+};
+
+__device__ __forceinline__ void cp_async_wait_dyn(int pending) {
+  switch (pending) {
+    case 0: cp_async_wait<0>(); break;
+    case 1: cp_async_wait<1>(); break;
+    case 2: cp_async_wait<2>(); break;
+    case 3: cp_async_wait<3>(); break;
+    case 4: cp_async_wait<4>(); break;
+    default: cp_async_wait<5>(); break;
+  }
+}
+
+// One k16 step of a warp: A rows of the 4 m16 tiles (skipped where bit i of `rp` is clear), then
+// per n16 pair its B fragments and the MMAs.
+template <typename T, int NT>
+__device__ __forceinline__ void kstep(float (&acc)[4][NT][4], const uint32_t (&a_addr)[4], uint32_t b_addr0,
+                                      int rp) {
+  uint32_t a[4][4];
+  if constexpr (NT <= 4) {  // registers to spare: skip the m16 tiles of inactive row pairs
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      if (rp & (1 << i)) ldsm_x4(a[i], a_addr[i]);
+#pragma unroll
+    for (int jj = 0; jj < NT / 2; ++jj) {
+      uint32_t b[4];
+      ldsm_x4(b, b_addr0 + jj * 16 * 128);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        if (rp & (1 << i)) {
+          Mma<T>::run(acc[i][2 * jj], a[i], b[0], b[1]);
+          Mma<T>::run(acc[i][2 * jj + 1], a[i], b[2], b[3]);
+        }
+      }
+    }
+  } else {  // NT = 8: 128 accumulators, no room for predication
+#pragma unroll
+    for (int i = 0; i < 4; ++i) ldsm_x4(a[i], a_addr[i]);
+#pragma unroll
+    for (int jj = 0; jj < NT / 2; ++jj) {
+      uint32_t b[4];
+      ldsm_x4(b, b_addr0 + jj * 16 * 128);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        Mma<T>::run(acc[i][2 * jj], a[i], b[0], b[1]);
+        Mma<T>::run(acc[i][2 * jj + 1], a[i], b[2], b[3]);
+      }
+    }
+  }
+}
+
+template <typename T, int S, int TPB, int NW, int NT, bool FINE>
+__global__ void __launch_bounds__(32 * TPB * NW, 1) conv3x3_tc_kernel(const TcArgs a) {
+  using Cfg = Conv3Cfg<S, TPB, NW, NT>;
+  using HL = Halo<S>;
+  constexpr int THREADS = Cfg::THREADS;
+  constexpr int PIXT = TPB * HL::PIX;  // halo pixels of a group
+  extern __shared__ __align__(128) unsigned char smem[];
+
+  const int count = a.list[0];
+  if (FINE ? count > a.fine_max : count <= a.fine_max) return;
+  const ConvGeom& g = a.g;
+  const int ngroups = (count + TPB - 1) / TPB;
+  if ((int)blockIdx.x >= ngroups) return;
+  const int my_groups = (ngroups - 1 - (int)blockIdx.x) / (int)gridDim.x + 1;
+  const int nchunks = (g.Cin + CK - 1) / CK;
+  const int spg = nchunks * 9;  // stages per group (>= 9 > prefetch + 1)
+  const int total = my_groups * spg;
+  const int n0 = blockIdx.y * Cfg::BN;
+  const int P = a.prefetch;
+  const int wslots = P + 1;
+
+  const T* __restrict__ x = static_cast<const T*>(a.x);
+  const T* __restrict__ w = static_cast<const T*>(a.w);
+  const int* __restrict__ list = a.list;
+  const uint32_t halo_s = smem_u32(smem);
+  const uint32_t w_s = halo_s + 2 * Cfg::HALO_BYTES;
+  int* tab_s = reinterpret_cast<int*>(smem + 2 * Cfg::HALO_BYTES + wslots * Cfg::W_BYTES);
+
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int slot = warp / NW;
+  const int nw = warp % NW;
+
+  // ---- per group: the input pixel of every halo row (-1: zero) and the row mask of every tile,
+  // into table gi & 1 (all global loads of a thread issue together).
+  auto prep = [&](int gi) {
+    const int grp = (int)blockIdx.x + gi * (int)gridDim.x;
+    int* tab = tab_s + (gi & 1) * Cfg::TAB;
+#pragma unroll
+    for (int k = 0; k < (PIXT + THREADS - 1) / THREADS; ++k) {
+      const int e = tid + k * THREADS;
+      if (e < PIXT) {
+        const int sl = e / HL::PIX;
+        const int q = e - sl * HL::PIX;
+        const int t = grp * TPB + sl;
+        int p = -1;
+        if (t < count) {
+          const int tile = list[1 + t];
+          const int tw = tile % g.tiles_w;
+          const int t2 = tile / g.tiles_w;
+          const int th = t2 % g.tiles_h;
+          const int n = t2 / g.tiles_h;
+          const int hy = q / HL::W;
+          const int ih = th * TILE_H * S - g.ph + hy;
+          const int iw = tw * TILE_W * S - g.pw + (q - hy * HL::W);
+          if (ih >= 0 && ih < g.H && iw >= 0 && iw < g.W) {
+            const int pix = (n * g.H + ih) * g.W + iw;
+            if (a.mask[pix]) p = pix;
+          }
+        }
+        tab[e] = p;
+      }
+    }
+    if (tid < TPB) {
+      const int t = grp * TPB + tid;
+      tab[PIXT + tid] = t < count ? list[1 + a.cap + t] : 0;
+    }
+  };
+
+  // ---- producer: all loads of stage s (halo of the group's tiles at tap 0, weight slice always)
+  auto issue = [&](int s) {
+    const int gi = s / spg;
+    const int rem = s - gi * spg;
+    const int chunk = rem / 9;
+    const int tap = rem - chunk * 9;
+    const int c0 = chunk * CK;
+    if (tap == 0) {
+      const uint32_t hb = halo_s + ((gi * nchunks + chunk) & 1) * Cfg::HALO_BYTES;
+      const int* tab = tab_s + (gi & 1) * Cfg::TAB;
+#pragma unroll 1
+      for (int idx = tid; idx < PIXT * 8; idx += THREADS) {
+        const int j = idx & 7;
+        const int e = idx >> 3;
+        const int p = tab[e];
+        const int ci = c0 + j * 8;
+        const bool v = p >= 0 && ci < g.Cin;
+        cp_async16(hb + e * 128 + ((j ^ HL::swz(e)) << 4), v ? x + (size_t)p * g.Cin + ci : x, v);
+      }
+    }
+    const uint32_t wb = w_s + (s % wslots) * Cfg::W_BYTES;
+#pragma unroll 1
+    for (int k = 0; k < (Cfg::BN * 8 + THREADS - 1) / THREADS; ++k) {
+      const int idx = tid + k * THREADS;
+      if (Cfg::BN * 8 % THREADS == 0 || idx < Cfg::BN * 8) {
+        const int nn = idx >> 3;
+        const int j = idx & 7;
+        const int co = n0 + nn;
+        const int ci = c0 + j * 8;
+        const bool v = co < g.Cout && ci < g.Cin;
+        cp_async16(wb + nn * 128 + ((j ^ (nn & 7)) << 4), v ? w + ((size_t)co * 9 + tap) * g.Cin + ci : w, v);
+      }
+    }
+  };
+
+  // ---- per-lane fragment addressing
+  // halo row (within the group's halo) of this lane's A row at tap (0,0) for m16 tile 0; tile i
+  // adds 2 * i * S * HL::W
+  const int abase = slot * HL::PIX + ((lane >> 3) & 1) * S * HL::W + (lane & 7) * S;
+  const int ka = lane >> 4;                                        // A: k half (chunk offset)
+  const int kb = (lane >> 3) & 1;                                  // B: k half
+  const int brow = nw * NT * 8 + (lane & 7) + ((lane >> 4) << 3);  // B: weight row (n) for jj = 0
+  const int bswz = lane & 7;                                       // == brow & 7
+
+  float acc[4][NT][4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+
+  prep(0);
+  __syncthreads();
+#pragma unroll 1
+  for (int s = 0; s < P; ++s) {
+    if (s < total) issue(s);
+    cp_async_commit();
+  }
+
+#pragma unroll 1
+  for (int s = 0; s < total; ++s) {
+    cp_async_wait_dyn(P - 1);
+    __syncthreads();
+    // table of the group whose first stage is issued next iteration (published by its barrier)
+    if ((s + P + 1) % spg == 0 && (s + P + 1) / spg < my_groups) prep((s + P + 1) / spg);
+    if (s + P < total) issue(s + P);
+    cp_async_commit();
+
+    const int gi = s / spg;
+    const int rem = s - gi * spg;
+    const int chunk = rem / 9;
+    const int tap = rem - chunk * 9;
+    const int ky = tap / 3;
+    const int kx = tap - ky * 3;
+    const int c0 = chunk * CK;
+    const int ksteps = min(4, (g.Cin - c0 + 15) >> 4);
+    const uint32_t hb = halo_s + ((gi * nchunks + chunk) & 1) * Cfg::HALO_BYTES;
+    const uint32_t wb = w_s + (s % wslots) * Cfg::W_BYTES;
+    const int toff = ky * HL::W + kx;
+    const int rm = tab_s[(gi & 1) * Cfg::TAB + PIXT + slot];  // output row mask of this warp's tile
+    const int rp = ((rm & 0x03) ? 1 : 0) | ((rm & 0x0c) ? 2 : 0) | ((rm & 0x30) ? 4 : 0) | ((rm & 0xc0) ? 8 : 0);
+
+    if (rp != 0) {
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) {
+        if (ks < ksteps) {
+          uint32_t aaddr[4];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int e = abase + toff + 2 * i * S * HL::W;
+            aaddr[i] = hb + e * 128 + ((((ks << 1) | ka) ^ HL::swz(e)) << 4);
+          }
+          kstep<T, NT>(acc, aaddr, wb + brow * 128 + ((((ks << 1) | kb) ^ bswz) << 4), rp);
+        }
+      }
+    }
+
+    if (rem == spg - 1) {  // group done: epilogue
+      const int grp = (int)blockIdx.x + gi * (int)gridDim.x;
+      const int t = grp * TPB + slot;
+      if (t < count) {
+        const int tile = list[1 + t];
+        const int tw = tile % g.tiles_w;
+        const int t2 = tile / g.tiles_w;
+        const int th = t2 % g.tiles_h;
+        const int n = t2 / g.tiles_h;
+        const bool add_bias = a.bias != nullptr && key_of(a.key, n);
+        const T* bias = static_cast<const T*>(a.bias);
+        T* yn = static_cast<T*>(a.y) + (size_t)n * g.Ho * g.Wo * g.Cout;
+        const int cbase = n0 + nw * NT * 8 + (lane & 3) * 2;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int oh = th * TILE_H + 2 * i + h;
+            const int ow = tw * TILE_W + (lane >> 2);
+            if (((rm >> (2 * i + h)) & 1) && oh < g.Ho && ow < g.Wo) {
+              T* yp = yn + ((size_t)oh * g.Wo + ow) * g.Cout;
+#pragma unroll
+              for (int j = 0; j < NT; ++j) {
+                const int co = cbase + j * 8;
+                if (co < g.Cout) store2<T>(yp, bias, add_bias, co, acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+              }
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+    }
+  }
+  cp_async_wait<0>();
+}
+
+// ------------------------------------------------------------------------------------- 1x1
+template <int NW, int NT>
+struct Conv1Cfg {
+  static constexpr int BM = 128;
+  static constexpr int WARPS = 2 * NW;
+  static constexpr int THREADS = 32 * WARPS;
+  static constexpr int BN = NW * NT * 8;
+  static constexpr int A_BYTES = BM * 128;
+  static constexpr int B_BYTES = BN * 128;
+  static constexpr int STAGE = A_BYTES + B_BYTES;
+  static constexpr int RPT = BM * 8 / THREADS;  // A rows loaded per thread per stage
+  static int smem(int prefetch) { return (prefetch + 1) * STAGE; }
+};
+
+template <typename T, int NW, int NT>
+__global__ void __launch_bounds__(64 * NW) conv1x1_tc_kernel(const TcArgs a) {
+  using Cfg = Conv1Cfg<NW, NT>;
+  constexpr int BM = Cfg::BM;
+  constexpr int THREADS = Cfg::THREADS;
+  constexpr int RSTEP = THREADS / 8;
+  extern __shared__ __align__(128) unsigned char smem[];
+
+  const int count = a.list[0];
+  const int items = (count + BM - 1) / BM;
+  if ((int)blockIdx.x >= items) return;
+  const ConvGeom& g = a.g;
+  const int my_items = (items - 1 - (int)blockIdx.x) / (int)gridDim.x + 1;
+  const int nch = (g.Cin + CK - 1) / CK;
+  const int total = my_items * nch;
+  const int n0 = blockIdx.y * Cfg::BN;
+  const int HWo = g.Ho * g.Wo;
+  const int P = a.prefetch;
+  const int wslots = P + 1;
+
+  const T* __restrict__ x = static_cast<const T*>(a.x);
+  const T* __restrict__ w = static_cast<const T*>(a.w);
+  const int* __restrict__ list = a.list;
+  const int* __restrict__ srcs = a.list + 1 + (size_t)a.cap;  // input pixel per slot, -1: zero
+  const uint32_t s_base = smem_u32(smem);
+
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int wm = warp / NW;
+  const int nw = warp % NW;
+  const int jl = tid & 7;   // the 16-byte chunk this thread loads
+  const int r0 = tid >> 3;  // first A row this thread loads
+
+  int src[Cfg::RPT];  // input pixel of each loaded row, -1: zero
+  int src_item = -1;
+
+  auto issue = [&](int s) {
+    const int it = s / nch;
+    const int ch = s - it * nch;
+    const int item = (int)blockIdx.x + it * (int)gridDim.x;
+    if (it != src_item) {
+      src_item = it;
+#pragma unroll
+      for (int k = 0; k < Cfg::RPT; ++k) {
+        const int l = item * BM + r0 + k * RSTEP;
+        src[k] = l < count ? srcs[l] : -1;
+      }
+    }
+    const uint32_t sa = s_base + (s % wslots) * Cfg::STAGE;
+    const uint32_t sb = sa + Cfg::A_BYTES;
+    const int c0 = ch * CK;
+    const int ci = c0 + jl * 8;
+#pragma unroll
+    for (int k = 0; k < Cfg::RPT; ++k) {
+      const int r = r0 + k * RSTEP;
+      const bool v = src[k] >= 0 && ci < g.Cin;
+      cp_async16(sa + r * 128 + ((jl ^ (r & 7)) << 4), v ? x + (size_t)src[k] * g.Cin + ci : x, v);
+    }
+#pragma unroll
+    for (int k = 0; k < (Cfg::BN * 8 + THREADS - 1) / THREADS; ++k) {
+      const int idx = tid + k * THREADS;
+      if (Cfg::BN * 8 % THREADS == 0 || idx < Cfg::BN * 8) {
+        const int nn = idx >> 3;
+        const int j = idx & 7;
+        const int co = n0 + nn;
+        const int cw = c0 + j * 8;
+        const bool v = co < g.Cout && cw < g.Cin;
+        cp_async16(sb + nn * 128 + ((j ^ (nn & 7)) << 4), v ? w + (size_t)co * g.Cin + cw : w, v);
+      }
+    }
+  };
+
+  const int arow = wm * 64 + (lane & 15);
+  const int ka = lane >> 4;
+  const int kb = (lane >> 3) & 1;
+  const int brow = nw * NT * 8 + (lane & 7) + ((lane >> 4) << 3);
+  const int aswz = lane & 7;  // == (arow + 16 i) & 7
+  const int bswz = lane & 7;
+
+  float acc[4][NT][4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+
+#pragma unroll 1
+  for (int s = 0; s < P; ++s) {
+    if (s < total) issue(s);
+    cp_async_commit();
+  }
+
+#pragma unroll 1
+  for (int s = 0; s < total; ++s) {
+    cp_async_wait_dyn(P - 1);
+    __syncthreads();
+    if (s + P < total) issue(s + P);
+    cp_async_commit();
+
+    const int it = s / nch;
+    const int ch = s - it * nch;
+    const int ksteps = min(4, (g.Cin - ch * CK + 15) >> 4);
+    const uint32_t sa = s_base + (s % wslots) * Cfg::STAGE;
+    const uint32_t sb = sa + Cfg::A_BYTES;
+    const int item = (int)blockIdx.x + it * (int)gridDim.x;
+    const int rows_left = count - item * BM - wm * 64;  // valid rows of this warp's 64
+    const int rp = (rows_left > 0 ? 1 : 0) | (rows_left > 16 ? 2 : 0) | (rows_left > 32 ? 4 : 0) |
+                   (rows_left > 48 ? 8 : 0);
+
+    if (rp != 0) {
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) {
+        if (ks < ksteps) {
+          uint32_t aaddr[4];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) aaddr[i] = sa + (arow + i * 16) * 128 + ((((ks << 1) | ka) ^ aswz) << 4);
+          kstep<T, NT>(acc, aaddr, sb + brow * 128 + ((((ks << 1) | kb) ^ bswz) << 4), rp);
+        }
+      }
+    }
+
+    if (ch == nch - 1) {
+      const T* bias = static_cast<const T*>(a.bias);
+      const int cbase = n0 + nw * NT * 8 + (lane & 3) * 2;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int l = item * BM + wm * 64 + i * 16 + (lane >> 2) + 8 * h;
+          if (l < count) {
+            const int pix = list[1 + l];
+            const bool add_bias = bias != nullptr && key_of(a.key, pix / HWo);
+            T* yp = static_cast<T*>(a.y) + (size_t)pix * g.Cout;
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+              const int co = cbase + j * 8;
+              if (co < g.Cout) store2<T>(yp, bias, add_bias, co, acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+    }
+  }
+  cp_async_wait<0>();
+}
+
+}  // namespace tc
+}  // namespace conv
+}  // namespace deltaconv

@@ -1,0 +1,712 @@
+// CUDA launchers of the convolution, pooling and linear ops of the delta runtime
+// (schemas in csrc/ops.cpp, semantics in deltaconv/backends/reference.py).
+//
+// Layout: delta in/out channels_last (a delta in another format is converted), masks [N,1,H,W]
+// bool (memory N x H x W); max_pool2d's acc / sent may have any strides (updated in place).
+// Outputs: delta_out channels_last, mask_out contiguous; delta_out values at inactive output
+// pixels are left unwritten. No host-device synchronisation anywhere (CUDA-graph capturable).
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include <torch/library.h>
+
+#include "common.cuh"
+#include "conv/conv_kernels.cuh"
+#include "conv/conv_tc.cuh"
+#include "conv/pool_kernels.cuh"
+
+namespace deltaconv {
+namespace {
+
+using at::IntArrayRef;
+using at::Tensor;
+using conv::ConvGeom;
+using conv::PoolGeom;
+using conv::Strides4;
+
+constexpr int64_t kIntMax = std::numeric_limits<int>::max();
+
+// delta [N,C,H,W] activation dtype on CUDA, mask [N,1,H,W] bool on the same device.
+#define DC_CHECK_DELTA_MASK(OP, delta, mask)                                                          \
+  do {                                                                                                \
+    DC_CHECK_CUDA(OP, "delta", delta);                                                               \
+    DC_CHECK_ACTIVATION_DTYPE(OP, "delta", delta);                                                   \
+    DC_CHECK_DIM(OP, "delta", delta, 4);                                                             \
+    DC_CHECK_CUDA(OP, "mask", mask);                                                                 \
+    DC_CHECK_SAME_DEVICE(OP, "mask", mask, delta);                                                   \
+    DC_CHECK_DTYPE(OP, "mask", mask, at::kBool);                                                     \
+    DC_CHECK_DIM(OP, "mask", mask, 4);                                                               \
+    TORCH_CHECK(mask.size(0) == delta.size(0) && mask.size(1) == 1 && mask.size(2) == delta.size(2) && \
+                    mask.size(3) == delta.size(3),                                                    \
+                "deltaconv::" OP ": argument 'mask' must have shape [N, 1, H, W] = [", delta.size(0), ", 1, ", \
+                delta.size(2), ", ", delta.size(3), "], got ", mask.sizes());                         \
+    TORCH_CHECK(delta.size(0) * delta.size(2) * delta.size(3) <= kIntMax,                             \
+                "deltaconv::" OP ": argument 'delta' is too large, got shape ", delta.sizes());       \
+  } while (0)
+
+#define DC_CHECK_KEY(OP, key, delta)                                                                  \
+  do {                                                                                                \
+    if (key.has_value()) {                                                                            \
+      DC_CHECK_CUDA(OP, "key", (*key));                                                              \
+      DC_CHECK_SAME_DEVICE(OP, "key", (*key), delta);                                                \
+      DC_CHECK_DTYPE(OP, "key", (*key), at::kBool);                                                  \
+      TORCH_CHECK(key->dim() == 1 && key->size(0) == delta.size(0),                                   \
+                  "deltaconv::" OP ": argument 'key' must have shape [N] = [", delta.size(0), "], got ", \
+                  key->sizes());                                                                      \
+    }                                                                                                 \
+  } while (0)
+
+#define DC_CHECK_FLOAT_PARAM(OP, name, t, delta)                                                      \
+  do {                                                                                                \
+    DC_CHECK_CUDA(OP, name, t);                                                                      \
+    DC_CHECK_SAME_DEVICE(OP, name, t, delta);                                                        \
+    TORCH_CHECK(at::isFloatingType((t).scalar_type()),                                                \
+                "deltaconv::" OP ": argument '" name "' must be a floating tensor, got ", (t).scalar_type()); \
+  } while (0)
+
+// An int[2] argument: 2 values (1 value is broadcast), each checked against `min`.
+std::pair<int, int> pair_arg(IntArrayRef a, const char* op, const char* name, int64_t min) {
+  TORCH_CHECK(a.size() == 2 || a.size() == 1, "deltaconv::", op, ": argument '", name,
+              "' must have 2 elements, got ", a);
+  const int64_t v0 = a[0], v1 = a.size() == 2 ? a[1] : a[0];
+  TORCH_CHECK(v0 >= min && v1 >= min && v0 <= kIntMax && v1 <= kIntMax, "deltaconv::", op, ": argument '", name,
+              "' must be >= ", min, ", got ", a);
+  return {static_cast<int>(v0), static_cast<int>(v1)};
+}
+
+const bool* key_ptr(const c10::optional<Tensor>& key) {
+  return key.has_value() ? key->data_ptr<bool>() : nullptr;
+}
+
+// `key` made contiguous (a strided [N] view is accepted).
+c10::optional<Tensor> contiguous_key(const c10::optional<Tensor>& key) {
+  if (!key.has_value() || key->is_contiguous()) return key;
+  return key->contiguous();
+}
+
+Tensor empty_delta(const Tensor& like, int64_t N, int64_t C, int64_t H, int64_t W) {
+  return at::empty({N, C, H, W}, like.options().memory_format(at::MemoryFormat::ChannelsLast));
+}
+
+Tensor empty_mask(const Tensor& like, int64_t N, int64_t H, int64_t W) {
+  return at::empty({N, 1, H, W}, like.options().dtype(at::kBool));
+}
+
+int num_sms() { return at::cuda::getCurrentDeviceProperties()->multiProcessorCount; }
+
+// Upper bound on the blocks of a grid-stride launch over a device-side work list.
+int list_grid(int64_t items) { return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(items, 16 * num_sms()))); }
+
+int elem_grid(int64_t total, int threads) {
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((total + threads - 1) / threads, 32 * num_sms())));
+}
+
+// Dynamic shared memory above the default 48 KiB needs an opt-in per kernel; false: too large.
+template <typename Kernel>
+bool allow_smem(Kernel kernel, size_t bytes) {
+  if (bytes <= 48 * 1024) return true;
+  const size_t optin = at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin;
+  if (bytes > optin) return false;
+  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(optin)));
+  return true;
+}
+
+// A work list: [count (zeroed), ids[items], per-id side data[items]] (see conv_common.cuh).
+Tensor work_list(const Tensor& like, int64_t items, cudaStream_t stream) {
+  Tensor list = at::empty({1 + 2 * items}, like.options().dtype(at::kInt));
+  C10_CUDA_CHECK(cudaMemsetAsync(list.data_ptr<int>(), 0, sizeof(int), stream));
+  return list;
+}
+
+// Tile mask + direct (fallback / transposed) compute.
+template <bool TRANSPOSED>
+void launch_tile_mask(const Tensor& m, const c10::optional<Tensor>& key, const Tensor& mask_out, const Tensor& list,
+                      const ConvGeom& g, int64_t tiles, cudaStream_t stream) {
+  const int64_t blocks = (int64_t)ceil_div(g.tiles_w, conv::MASK_STRIP) * g.tiles_h * g.N;
+  TORCH_CHECK(blocks <= kIntMax, "deltaconv::conv: output too large");
+  auto kernel = (!TRANSPOSED && g.KH == 3 && g.KW == 3) ? conv::conv_tile_mask_kernel<TRANSPOSED, 3>
+                                                         : conv::conv_tile_mask_kernel<TRANSPOSED, 0>;
+  kernel<<<static_cast<unsigned>(blocks), conv::MASK_THREADS, 0, stream>>>(
+      m.data_ptr<bool>(), key_ptr(key), mask_out.data_ptr<bool>(), list.data_ptr<int>(), g, (int)tiles);
+  DC_LAUNCH_CHECK();
+}
+
+template <bool TRANSPOSED>
+void launch_direct(const Tensor& x, const Tensor& m, const Tensor& w, const c10::optional<Tensor>& b,
+                   const c10::optional<Tensor>& key, const Tensor& y, const Tensor& list, const ConvGeom& g,
+                   int64_t tiles, cudaStream_t stream) {
+  DC_DISPATCH_ACTIVATION_TYPES(x.scalar_type(), "deltaconv::conv (direct)", [&] {
+    conv::conv_direct_kernel<scalar_t, TRANSPOSED><<<list_grid(tiles), conv::CONV_THREADS, 0, stream>>>(
+        reinterpret_cast<const scalar_t*>(x.const_data_ptr()), m.data_ptr<bool>(),
+        reinterpret_cast<const scalar_t*>(w.const_data_ptr()),
+        b.has_value() ? reinterpret_cast<const scalar_t*>(b->const_data_ptr()) : nullptr, key_ptr(key),
+        reinterpret_cast<scalar_t*>(y.data_ptr()), list.data_ptr<int>(), g);
+    DC_LAUNCH_CHECK();
+  });
+}
+
+// ------------------------------------------------------------------------ tensor-core launchers
+// DELTACONV_TC=0 disables the tensor-core path (read on every call, for A/B measurements).
+// DELTACONV_TC_FINE_MAX=<tiles> overrides the device-side switch between the coarse and the fine
+// 3x3 launch (-1: always coarse, a huge value: always fine).
+bool tc_enabled() {
+  const char* v = std::getenv("DELTACONV_TC");
+  return v == nullptr || std::strcmp(v, "0") != 0;
+}
+
+// Opt-in to the device's maximum dynamic shared memory once per kernel, and the resident blocks
+// per multiprocessor (>= 1) at `smem` bytes, cached per (kernel, device, smem).
+template <typename Kernel>
+int prepare_kernel(Kernel kernel, int threads, int smem) {
+  static std::mutex mu;
+  static std::map<std::tuple<const void*, int, int>, int> cache;
+  int dev = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&dev));
+  const auto k = std::make_tuple(reinterpret_cast<const void*>(kernel), dev, smem);
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(k);
+  if (it != cache.end()) return it->second;
+  const int optin = (int)at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin;
+  TORCH_CHECK(smem <= optin, "deltaconv: tensor-core kernel needs ", smem, " bytes of shared memory, the device has ",
+              optin);
+  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
+  int occ = 0;
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, threads, smem));
+  occ = std::max(occ, 1);
+  cache[k] = occ;
+  return occ;
+}
+
+int env_int(const char* name, int def) {
+  const char* v = std::getenv(name);
+  return v == nullptr || *v == 0 ? def : std::atoi(v);
+}
+
+conv::tc::TcArgs tc_args(const Tensor& x, const Tensor& m_or_empty, const Tensor& w, const c10::optional<Tensor>& b,
+                         const c10::optional<Tensor>& key, const Tensor& y, const Tensor& list, const ConvGeom& g) {
+  conv::tc::TcArgs a{};
+  a.x = x.const_data_ptr();
+  a.mask = m_or_empty.data_ptr<bool>();
+  a.w = w.const_data_ptr();
+  a.bias = b.has_value() ? b->const_data_ptr() : nullptr;
+  a.key = key_ptr(key);
+  a.y = y.data_ptr();
+  a.list = list.data_ptr<int>();
+  a.g = g;
+  a.fine_max = 0;
+  a.cap = 0;
+  a.prefetch = 2;
+  return a;
+}
+
+// One 3x3 configuration: (coarse, fine) pair of instantiations for one dtype / stride / width.
+template <typename T, int S, int TPB, int NWc, int NTc, int NWf, int NTf>
+void run_tc_3x3(conv::tc::TcArgs a, int64_t tiles, cudaStream_t stream) {
+  using CC = conv::tc::Conv3Cfg<S, TPB, NWc, NTc>;
+  using CF = conv::tc::Conv3Cfg<S, 1, NWf, NTf>;
+  static_assert(CC::BN == CF::BN, "coarse and fine launches must split Cout alike");
+  auto kc = conv::tc::conv3x3_tc_kernel<T, S, TPB, NWc, NTc, false>;
+  auto kf = conv::tc::conv3x3_tc_kernel<T, S, 1, NWf, NTf, true>;
+  a.prefetch = std::min(5, std::max(1, env_int("DELTACONV_TC_PREFETCH", 3)));
+  a.cap = (int)tiles;
+  const int smem_c = CC::smem(a.prefetch), smem_f = CF::smem(a.prefetch);
+  const int occ_c = prepare_kernel(kc, CC::THREADS, smem_c);
+  const int occ_f = prepare_kernel(kf, CF::THREADS, smem_f);
+  (void)occ_f;
+  const int sms = num_sms();
+  const int nb = ceil_div(a.g.Cout, CC::BN);
+  // Coarse while it fills the machine at least twice over, else the fine launch (count is only
+  // known on the device; both are launched and one returns at once).
+  int64_t fine_max = (int64_t)2 * occ_c * sms * TPB / nb;
+  if (const char* v = std::getenv("DELTACONV_TC_FINE_MAX")) fine_max = std::atoll(v);
+  a.fine_max = (int)std::max<int64_t>(std::min<int64_t>(fine_max, kIntMax), -1);
+  const int64_t groups_c = (tiles + TPB - 1) / TPB;
+  const int64_t gx_c = std::max<int64_t>(1, std::min<int64_t>(groups_c, std::max<int64_t>(1, (int64_t)occ_c * sms / nb)));
+  const int64_t gx_f = std::max<int64_t>(1, std::min<int64_t>(tiles, std::max<int64_t>(a.fine_max, 1)));
+  if (a.fine_max < tiles) {  // the coarse launch can have work
+    kc<<<dim3((unsigned)gx_c, (unsigned)nb), CC::THREADS, smem_c, stream>>>(a);
+    DC_LAUNCH_CHECK();
+  }
+  if (a.fine_max >= 0) {  // the fine launch can have work
+    kf<<<dim3((unsigned)gx_f, (unsigned)nb), CF::THREADS, smem_f, stream>>>(a);
+    DC_LAUNCH_CHECK();
+  }
+}
+
+// weight [Cout, Cin, 3, 3] (any float dtype) -> [Cout, 3, 3, Cin] in the activation dtype, in one copy.
+Tensor relayout_weight(const Tensor& weight, at::ScalarType dtype) {
+  Tensor w2 = at::empty({weight.size(0), weight.size(2), weight.size(3), weight.size(1)},
+                        weight.options().dtype(dtype));
+  w2.copy_(weight.permute({0, 2, 3, 1}));
+  return w2;
+}
+
+void launch_tc_3x3(const Tensor& x, const Tensor& m, const Tensor& weight, const c10::optional<Tensor>& bias,
+                   const c10::optional<Tensor>& key, const Tensor& y, const Tensor& list, const ConvGeom& g,
+                   int64_t tiles, cudaStream_t stream) {
+  const Tensor w2 = relayout_weight(weight, x.scalar_type());
+  c10::optional<Tensor> b;
+  if (bias.has_value()) b = bias->to(x.scalar_type()).contiguous();
+  conv::tc::TcArgs a = tc_args(x, m, w2, b, key, y, list, g);
+  const bool wide = g.Cout > 64;
+  if (x.scalar_type() == at::kHalf) {
+    using T = __half;
+    if (g.sh == 1 && env_int("DELTACONV_TC_TPB", 4) == 2) {  // experiment: 2 tiles per coarse block
+      if (wide) run_tc_3x3<T, 1, 2, 2, 8, 4, 4>(a, tiles, stream); else run_tc_3x3<T, 1, 2, 2, 4, 2, 4>(a, tiles, stream);
+    } else if (g.sh == 1) {
+      if (wide) run_tc_3x3<T, 1, 4, 2, 8, 4, 4>(a, tiles, stream); else run_tc_3x3<T, 1, 4, 2, 4, 2, 4>(a, tiles, stream);
+    } else {
+      if (wide) run_tc_3x3<T, 2, 2, 2, 8, 4, 4>(a, tiles, stream); else run_tc_3x3<T, 2, 2, 2, 4, 2, 4>(a, tiles, stream);
+    }
+  } else {
+    using T = __nv_bfloat16;
+    if (g.sh == 1) {
+      if (wide) run_tc_3x3<T, 1, 4, 2, 8, 4, 4>(a, tiles, stream); else run_tc_3x3<T, 1, 4, 2, 4, 2, 4>(a, tiles, stream);
+    } else {
+      if (wide) run_tc_3x3<T, 2, 2, 2, 8, 4, 4>(a, tiles, stream); else run_tc_3x3<T, 2, 2, 2, 4, 2, 4>(a, tiles, stream);
+    }
+  }
+}
+
+template <typename T, int NW, int NT>
+void run_tc_1x1(conv::tc::TcArgs a, int64_t total, cudaStream_t stream) {
+  using Cfg = conv::tc::Conv1Cfg<NW, NT>;
+  auto k = conv::tc::conv1x1_tc_kernel<T, NW, NT>;
+  a.prefetch = std::min(5, std::max(1, env_int("DELTACONV_TC_PREFETCH1", 3)));
+  a.cap = (int)total;
+  const int smem = Cfg::smem(a.prefetch);
+  const int occ = prepare_kernel(k, Cfg::THREADS, smem);
+  const int nb = ceil_div(a.g.Cout, Cfg::BN);
+  const int64_t items = (total + Cfg::BM - 1) / Cfg::BM;
+  const int64_t gx = std::max<int64_t>(1, std::min<int64_t>(items, std::max<int64_t>(1, (int64_t)occ * num_sms() / nb)));
+  k<<<dim3((unsigned)gx, (unsigned)nb), Cfg::THREADS, smem, stream>>>(a);
+  DC_LAUNCH_CHECK();
+}
+
+void launch_tc_1x1(const Tensor& x, const Tensor& m, const Tensor& weight, const c10::optional<Tensor>& bias,
+                   const c10::optional<Tensor>& key, const Tensor& y, const Tensor& list, const ConvGeom& g,
+                   int64_t total, cudaStream_t stream) {
+  const Tensor w = weight.to(x.scalar_type()).contiguous();  // [Cout, Cin, 1, 1] == [Cout][Cin]
+  c10::optional<Tensor> b;
+  if (bias.has_value()) b = bias->to(x.scalar_type()).contiguous();
+  const conv::tc::TcArgs a = tc_args(x, m, w, b, key, y, list, g);
+  const bool wide = g.Cout > 64;
+  if (x.scalar_type() == at::kHalf) {
+    if (wide) run_tc_1x1<__half, 2, 8>(a, total, stream); else run_tc_1x1<__half, 2, 4>(a, total, stream);
+  } else {
+    if (wide) run_tc_1x1<__nv_bfloat16, 2, 8>(a, total, stream); else run_tc_1x1<__nv_bfloat16, 2, 4>(a, total, stream);
+  }
+}
+
+// ------------------------------------------------------------------------------------- conv2d
+std::tuple<Tensor, Tensor> conv2d_cuda(const Tensor& delta, const Tensor& mask, const Tensor& weight,
+                                       const c10::optional<Tensor>& bias, IntArrayRef stride, IntArrayRef padding,
+                                       IntArrayRef dilation, int64_t groups, const c10::optional<Tensor>& key_in) {
+  const c10::optional<Tensor> key = contiguous_key(key_in);
+  DC_CHECK_DELTA_MASK("conv2d", delta, mask);
+  DC_CHECK_KEY("conv2d", key, delta);
+  DC_CHECK_FLOAT_PARAM("conv2d", "weight", weight, delta);
+  DC_CHECK_DIM("conv2d", "weight", weight, 4);
+  const int64_t N = delta.size(0), Cin = delta.size(1), H = delta.size(2), W = delta.size(3);
+  TORCH_CHECK(groups >= 1 && groups <= kIntMax, "deltaconv::conv2d: argument 'groups' must be >= 1, got ", groups);
+  const int64_t Cout = weight.size(0), KH = weight.size(2), KW = weight.size(3);
+  TORCH_CHECK(Cin % groups == 0 && Cout % groups == 0 && weight.size(1) * groups == Cin,
+              "deltaconv::conv2d: argument 'weight' of shape ", weight.sizes(), " does not fit ", Cin,
+              " input channels in ", groups, " groups");
+  TORCH_CHECK(Cout >= 1 && KH >= 1 && KW >= 1 && KH <= 4096 && KW <= 4096,
+              "deltaconv::conv2d: argument 'weight' has an empty or oversized shape ", weight.sizes());
+  if (bias.has_value()) {
+    DC_CHECK_FLOAT_PARAM("conv2d", "bias", (*bias), delta);
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == Cout, "deltaconv::conv2d: argument 'bias' must have shape [",
+                Cout, "], got ", bias->sizes());
+  }
+  const auto [sh, sw] = pair_arg(stride, "conv2d", "stride", 1);
+  const auto [ph, pw] = pair_arg(padding, "conv2d", "padding", 0);
+  const auto [dh, dw] = pair_arg(dilation, "conv2d", "dilation", 1);
+  const int64_t Ho = (H + 2 * ph - dh * (KH - 1) - 1) / sh + 1;
+  const int64_t Wo = (W + 2 * pw - dw * (KW - 1) - 1) / sw + 1;
+  TORCH_CHECK(H + 2 * ph - dh * (KH - 1) - 1 >= 0 && W + 2 * pw - dw * (KW - 1) - 1 >= 0,
+              "deltaconv::conv2d: the (padded) input of size ", H, "x", W, " is smaller than the dilated kernel ",
+              dh * (KH - 1) + 1, "x", dw * (KW - 1) + 1);
+  TORCH_CHECK(N * Ho * Wo <= kIntMax && Cout <= kIntMax, "deltaconv::conv2d: output too large");
+
+  c10::cuda::CUDAGuard guard(delta.device());
+  Tensor y = empty_delta(delta, N, Cout, Ho, Wo);
+  Tensor mask_out = empty_mask(mask, N, Ho, Wo);
+  if (y.numel() == 0) return {y, mask_out};  // Cout >= 1: no output pixels
+  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const Tensor x = delta.contiguous(at::MemoryFormat::ChannelsLast);
+  const Tensor m = mask.contiguous();
+
+  ConvGeom g{};
+  g.N = (int)N; g.Cin = (int)Cin; g.H = (int)H; g.W = (int)W;
+  g.Cout = (int)Cout; g.Ho = (int)Ho; g.Wo = (int)Wo;
+  g.KH = (int)KH; g.KW = (int)KW; g.sh = sh; g.sw = sw; g.ph = ph; g.pw = pw; g.dh = dh; g.dw = dw;
+  g.groups = (int)groups; g.cin_g = (int)(Cin / groups); g.cout_g = (int)(Cout / groups);
+  g.tiles_h = (int)ceil_div((int)Ho, conv::TILE_H);
+  g.tiles_w = (int)ceil_div((int)Wo, conv::TILE_W);
+  const int64_t tiles = N * g.tiles_h * g.tiles_w;
+  const int64_t cob = groups * ((g.cout_g + conv::CONV_COB - 1) / conv::CONV_COB);
+  TORCH_CHECK(cob <= 65535, "deltaconv::conv2d: too many output channel blocks (", cob, ")");
+  const bool depthwise = groups > 1 && groups == Cin && Cout == Cin;
+  const bool* kp = key_ptr(key);
+
+  // Tensor-core path: fp16 / bf16, groups 1, channels multiple of 8, 16-byte aligned rows;
+  // 1x1 (any stride / padding) and 3x3 (dilation 1, equal strides 1 or 2).
+  const bool tc_ok = tc_enabled() && (x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16) &&
+                     groups == 1 && Cin % 8 == 0 && Cout % 8 == 0 &&
+                     reinterpret_cast<uintptr_t>(x.const_data_ptr()) % 16 == 0;
+  const bool use_tc = tc_ok && ((KH == 1 && KW == 1) ||
+                                (KH == 3 && KW == 3 && dh == 1 && dw == 1 && sh == sw && (sh == 1 || sh == 2)));
+  if (use_tc && KH == 3) {
+    Tensor list = work_list(delta, tiles, stream);
+    launch_tile_mask<false>(m, key, mask_out, list, g, tiles, stream);
+    launch_tc_3x3(x, m, weight, bias, key, y, list, g, tiles, stream);
+    return {y, mask_out};
+  }
+
+  if (KH == 1 && KW == 1 && !depthwise) {
+    const int64_t total = N * Ho * Wo;
+    Tensor list = work_list(delta, total, stream);
+    constexpr int64_t per_block = conv::MASK1_THREADS * conv::MASK1_PPT;
+    conv::conv1x1_mask_kernel<<<(unsigned)((total + per_block - 1) / per_block), conv::MASK1_THREADS, 0, stream>>>(
+        m.data_ptr<bool>(), kp, mask_out.data_ptr<bool>(), list.data_ptr<int>(), g, (int)total);
+    DC_LAUNCH_CHECK();
+    if (use_tc) {
+      launch_tc_1x1(x, m, weight, bias, key, y, list, g, total, stream);
+      return {y, mask_out};
+    }
+    const Tensor w = weight.to(delta.scalar_type()).contiguous();
+    c10::optional<Tensor> b;
+    if (bias.has_value()) b = bias->to(delta.scalar_type()).contiguous();
+    const dim3 grid(list_grid((total + conv::TILE_PIX - 1) / conv::TILE_PIX), (unsigned)cob);
+    DC_DISPATCH_ACTIVATION_TYPES(x.scalar_type(), "deltaconv::conv2d", [&] {
+      conv::conv1x1_kernel<scalar_t><<<grid, conv::CONV_THREADS, 0, stream>>>(
+          reinterpret_cast<const scalar_t*>(x.const_data_ptr()), m.data_ptr<bool>(),
+          reinterpret_cast<const scalar_t*>(w.const_data_ptr()),
+          b.has_value() ? reinterpret_cast<const scalar_t*>(b->const_data_ptr()) : nullptr, kp,
+          reinterpret_cast<scalar_t*>(y.data_ptr()), list.data_ptr<int>(), g);
+      DC_LAUNCH_CHECK();
+    });
+    return {y, mask_out};
+  }
+
+  const Tensor w = weight.to(delta.scalar_type()).contiguous();
+  c10::optional<Tensor> b;
+  if (bias.has_value()) b = bias->to(delta.scalar_type()).contiguous();
+  Tensor list = work_list(delta, tiles, stream);
+  launch_tile_mask<false>(m, key, mask_out, list, g, tiles, stream);
+
+  if (depthwise) {
+    const size_t smem = (size_t)conv::dwconv_smem_floats(g) * sizeof(float);
+    const dim3 grid(list_grid(tiles), (unsigned)ceil_div((int)Cout, conv::DW_CB));
+    bool done = false;
+    DC_DISPATCH_ACTIVATION_TYPES(x.scalar_type(), "deltaconv::conv2d", [&] {
+      auto kernel = KH == 3 && KW == 3   ? conv::dwconv_kernel<scalar_t, 3>
+                    : KH == 5 && KW == 5 ? conv::dwconv_kernel<scalar_t, 5>
+                                         : conv::dwconv_kernel<scalar_t, 0>;
+      if (!allow_smem(kernel, smem)) return;
+      kernel<<<grid, conv::CONV_THREADS, smem, stream>>>(
+          reinterpret_cast<const scalar_t*>(x.const_data_ptr()), m.data_ptr<bool>(),
+          reinterpret_cast<const scalar_t*>(w.const_data_ptr()),
+          b.has_value() ? reinterpret_cast<const scalar_t*>(b->const_data_ptr()) : nullptr, kp,
+          reinterpret_cast<scalar_t*>(y.data_ptr()), list.data_ptr<int>(), g);
+      DC_LAUNCH_CHECK();
+      done = true;
+    });
+    if (!done) launch_direct<false>(x, m, w, b, key, y, list, g, tiles, stream);
+    return {y, mask_out};
+  }
+
+  // Tile kernel: the largest chunk of input channels (<= 16) whose staging fits in 48 KiB, else
+  // the opt-in maximum, else the direct fallback.
+  const size_t optin = at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin;
+  int cib = std::min<int>(16, g.cin_g);
+  while (cib > 1 && (size_t)conv::conv_tile_smem_floats(g, cib) * sizeof(float) > 48 * 1024) --cib;
+  size_t smem = (size_t)conv::conv_tile_smem_floats(g, cib) * sizeof(float);
+  bool done = false;
+  if (smem <= optin) {
+    const dim3 grid(list_grid(tiles), (unsigned)cob);
+    DC_DISPATCH_ACTIVATION_TYPES(x.scalar_type(), "deltaconv::conv2d", [&] {
+      auto kernel = KH == 3 && KW == 3 ? conv::conv_tile_kernel<scalar_t, 3, 3> : conv::conv_tile_kernel<scalar_t, 0, 0>;
+      if (!allow_smem(kernel, smem)) return;
+      kernel<<<grid, conv::CONV_THREADS, smem, stream>>>(
+          reinterpret_cast<const scalar_t*>(x.const_data_ptr()), m.data_ptr<bool>(),
+          reinterpret_cast<const scalar_t*>(w.const_data_ptr()),
+          b.has_value() ? reinterpret_cast<const scalar_t*>(b->const_data_ptr()) : nullptr, kp,
+          reinterpret_cast<scalar_t*>(y.data_ptr()), list.data_ptr<int>(), g, cib);
+      DC_LAUNCH_CHECK();
+      done = true;
+    });
+  }
+  if (!done) launch_direct<false>(x, m, w, b, key, y, list, g, tiles, stream);
+  return {y, mask_out};
+}
+
+// ---------------------------------------------------------------------------- conv_transpose2d
+std::tuple<Tensor, Tensor> conv_transpose2d_cuda(const Tensor& delta, const Tensor& mask, const Tensor& weight,
+                                                 const c10::optional<Tensor>& bias, IntArrayRef stride,
+                                                 IntArrayRef padding, IntArrayRef output_padding, int64_t groups,
+                                                 IntArrayRef dilation, const c10::optional<Tensor>& key_in) {
+  const c10::optional<Tensor> key = contiguous_key(key_in);
+  DC_CHECK_DELTA_MASK("conv_transpose2d", delta, mask);
+  DC_CHECK_KEY("conv_transpose2d", key, delta);
+  DC_CHECK_FLOAT_PARAM("conv_transpose2d", "weight", weight, delta);
+  DC_CHECK_DIM("conv_transpose2d", "weight", weight, 4);
+  const int64_t N = delta.size(0), Cin = delta.size(1), H = delta.size(2), W = delta.size(3);
+  TORCH_CHECK(groups >= 1 && groups <= kIntMax, "deltaconv::conv_transpose2d: argument 'groups' must be >= 1, got ",
+              groups);
+  TORCH_CHECK(weight.size(0) == Cin && Cin % groups == 0, "deltaconv::conv_transpose2d: argument 'weight' of shape ",
+              weight.sizes(), " does not fit ", Cin, " input channels in ", groups,
+              " groups (expected [C_in, C_out/groups, kh, kw])");
+  const int64_t Cout = weight.size(1) * groups, KH = weight.size(2), KW = weight.size(3);
+  TORCH_CHECK(Cout >= 1 && KH >= 1 && KW >= 1 && KH <= 4096 && KW <= 4096,
+              "deltaconv::conv_transpose2d: argument 'weight' has an empty or oversized shape ", weight.sizes());
+  if (bias.has_value()) {
+    DC_CHECK_FLOAT_PARAM("conv_transpose2d", "bias", (*bias), delta);
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == Cout,
+                "deltaconv::conv_transpose2d: argument 'bias' must have shape [", Cout, "], got ", bias->sizes());
+  }
+  const auto [sh, sw] = pair_arg(stride, "conv_transpose2d", "stride", 1);
+  const auto [ph, pw] = pair_arg(padding, "conv_transpose2d", "padding", 0);
+  const auto [oph, opw] = pair_arg(output_padding, "conv_transpose2d", "output_padding", 0);
+  const auto [dh, dw] = pair_arg(dilation, "conv_transpose2d", "dilation", 1);
+  TORCH_CHECK((oph < sh || oph < dh) && (opw < sw || opw < dw), "deltaconv::conv_transpose2d: argument "
+              "'output_padding' must be smaller than either stride or dilation, got output_padding ", output_padding,
+              ", stride ", stride, ", dilation ", dilation);
+  const int64_t Ho = (H - 1) * sh - 2 * ph + dh * (KH - 1) + oph + 1;
+  const int64_t Wo = (W - 1) * sw - 2 * pw + dw * (KW - 1) + opw + 1;
+  TORCH_CHECK(Ho >= 1 && Wo >= 1, "deltaconv::conv_transpose2d: output size ", Ho, "x", Wo, " is too small");
+  TORCH_CHECK(N * Ho * Wo <= kIntMax, "deltaconv::conv_transpose2d: output too large");
+
+  c10::cuda::CUDAGuard guard(delta.device());
+  Tensor y = empty_delta(delta, N, Cout, Ho, Wo);
+  Tensor mask_out = empty_mask(mask, N, Ho, Wo);
+  if (y.numel() == 0) return {y, mask_out};  // Cout >= 1: no output pixels
+  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const Tensor x = delta.contiguous(at::MemoryFormat::ChannelsLast);
+  const Tensor m = mask.contiguous();
+  const Tensor w = weight.to(delta.scalar_type()).contiguous();
+  c10::optional<Tensor> b;
+  if (bias.has_value()) b = bias->to(delta.scalar_type()).contiguous();
+
+  ConvGeom g{};
+  g.N = (int)N; g.Cin = (int)Cin; g.H = (int)H; g.W = (int)W;
+  g.Cout = (int)Cout; g.Ho = (int)Ho; g.Wo = (int)Wo;
+  g.KH = (int)KH; g.KW = (int)KW; g.sh = sh; g.sw = sw; g.ph = ph; g.pw = pw; g.dh = dh; g.dw = dw;
+  g.groups = (int)groups; g.cin_g = (int)(Cin / groups); g.cout_g = (int)(Cout / groups);
+  g.tiles_h = (int)ceil_div((int)Ho, conv::TILE_H);
+  g.tiles_w = (int)ceil_div((int)Wo, conv::TILE_W);
+  const int64_t tiles = N * g.tiles_h * g.tiles_w;
+  Tensor list = work_list(delta, tiles, stream);
+  launch_tile_mask<true>(m, key, mask_out, list, g, tiles, stream);
+  launch_direct<true>(x, m, w, b, key, y, list, g, tiles, stream);
+  return {y, mask_out};
+}
+
+// ---------------------------------------------------------------------------------- pooling
+// PyTorch's pooling_output_shape (floor / ceil mode).
+int64_t pool_out_size(int64_t in, int64_t k, int64_t pad, int64_t stride, int64_t dil, bool ceil_mode) {
+  const int64_t num = in + 2 * pad - dil * (k - 1) - 1 + (ceil_mode ? stride - 1 : 0);
+  int64_t out = (num >= 0 ? num / stride : -((-num + stride - 1) / stride)) + 1;
+  if (ceil_mode && (out - 1) * stride >= in + pad) --out;
+  return out;
+}
+
+Strides4 strides_of(const Tensor& t) { return Strides4{t.stride(0), t.stride(1), t.stride(2), t.stride(3)}; }
+
+std::tuple<Tensor, Tensor> max_pool2d_cuda(const Tensor& delta, const Tensor& mask, const Tensor& acc,
+                                           const Tensor& sent, IntArrayRef kernel_size, IntArrayRef stride,
+                                           IntArrayRef padding, IntArrayRef dilation, bool ceil_mode,
+                                           double threshold, const c10::optional<Tensor>& key_in) {
+  const c10::optional<Tensor> key = contiguous_key(key_in);
+  DC_CHECK_DELTA_MASK("max_pool2d", delta, mask);
+  DC_CHECK_KEY("max_pool2d", key, delta);
+  const int64_t N = delta.size(0), C = delta.size(1), H = delta.size(2), W = delta.size(3);
+  const auto [kh, kw] = pair_arg(kernel_size, "max_pool2d", "kernel_size", 1);
+  const auto [sh, sw] = stride.empty() ? std::pair<int, int>{kh, kw} : pair_arg(stride, "max_pool2d", "stride", 1);
+  const auto [ph, pw] = pair_arg(padding, "max_pool2d", "padding", 0);
+  const auto [dh, dw] = pair_arg(dilation, "max_pool2d", "dilation", 1);
+  TORCH_CHECK(ph <= kh / 2 && pw <= kw / 2, "deltaconv::max_pool2d: argument 'padding' must be at most half of "
+              "kernel_size, got padding ", padding, " and kernel_size ", kernel_size);
+  const int64_t Ho = pool_out_size(H, kh, ph, sh, dh, ceil_mode);
+  const int64_t Wo = pool_out_size(W, kw, pw, sw, dw, ceil_mode);
+  TORCH_CHECK(Ho >= 1 && Wo >= 1, "deltaconv::max_pool2d: output size ", Ho, "x", Wo, " is too small for input ", H,
+              "x", W);
+  DC_CHECK_CUDA("max_pool2d", "acc", acc);
+  DC_CHECK_SAME_DEVICE("max_pool2d", "acc", acc, delta);
+  DC_CHECK_DTYPE("max_pool2d", "acc", acc, at::kFloat);
+  TORCH_CHECK(acc.sizes() == delta.sizes(), "deltaconv::max_pool2d: argument 'acc' must have the delta's shape ",
+              delta.sizes(), ", got ", acc.sizes());
+  DC_CHECK_CUDA("max_pool2d", "sent", sent);
+  DC_CHECK_SAME_DEVICE("max_pool2d", "sent", sent, delta);
+  DC_CHECK_DTYPE("max_pool2d", "sent", sent, at::kFloat);
+  TORCH_CHECK(sent.dim() == 4 && sent.size(0) == N && sent.size(1) == C && sent.size(2) == Ho && sent.size(3) == Wo,
+              "deltaconv::max_pool2d: argument 'sent' must have shape [", N, ", ", C, ", ", Ho, ", ", Wo, "], got ",
+              sent.sizes());
+
+  c10::cuda::CUDAGuard guard(delta.device());
+  Tensor y = empty_delta(delta, N, C, Ho, Wo);
+  Tensor mask_out = empty_mask(mask, N, Ho, Wo);
+  const int64_t total_pix = N * Ho * Wo;
+  if (total_pix == 0) return {y, mask_out};
+  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const Tensor x = delta.contiguous(at::MemoryFormat::ChannelsLast);
+  const Tensor m = mask.contiguous();
+  PoolGeom g{(int)N, (int)C, (int)H, (int)W, (int)Ho, (int)Wo, kh, kw, sh, sw, ph, pw, dh, dw};
+  const Strides4 as = strides_of(acc), ss = strides_of(sent);
+  DC_DISPATCH_ACTIVATION_TYPES(x.scalar_type(), "deltaconv::max_pool2d", [&] {
+    const int64_t total = x.numel();
+    if (total > 0) {
+      conv::maxpool_acc_kernel<scalar_t><<<elem_grid(total, 256), 256, 0, stream>>>(
+          reinterpret_cast<const scalar_t*>(x.const_data_ptr()), m.data_ptr<bool>(), acc.data_ptr<float>(), as,
+          (int)C, (int)H, (int)W, total);
+      DC_LAUNCH_CHECK();
+    }
+    conv::maxpool_out_kernel<scalar_t><<<elem_grid(total_pix * 32, 256), 256, 0, stream>>>(
+        m.data_ptr<bool>(), acc.data_ptr<float>(), as, sent.data_ptr<float>(), ss, key_ptr(key),
+        reinterpret_cast<scalar_t*>(y.data_ptr()), mask_out.data_ptr<bool>(), g, static_cast<float>(threshold),
+        total_pix);
+    DC_LAUNCH_CHECK();
+  });
+  return {y, mask_out};
+}
+
+std::tuple<Tensor, Tensor> avg_pool2d_cuda(const Tensor& delta, const Tensor& mask, IntArrayRef kernel_size,
+                                           IntArrayRef stride, IntArrayRef padding, bool ceil_mode,
+                                           bool count_include_pad, c10::optional<int64_t> divisor_override) {
+  DC_CHECK_DELTA_MASK("avg_pool2d", delta, mask);
+  const int64_t N = delta.size(0), C = delta.size(1), H = delta.size(2), W = delta.size(3);
+  const auto [kh, kw] = pair_arg(kernel_size, "avg_pool2d", "kernel_size", 1);
+  const auto [sh, sw] = stride.empty() ? std::pair<int, int>{kh, kw} : pair_arg(stride, "avg_pool2d", "stride", 1);
+  const auto [ph, pw] = pair_arg(padding, "avg_pool2d", "padding", 0);
+  TORCH_CHECK(ph <= kh / 2 && pw <= kw / 2, "deltaconv::avg_pool2d: argument 'padding' must be at most half of "
+              "kernel_size, got padding ", padding, " and kernel_size ", kernel_size);
+  if (divisor_override.has_value()) {
+    TORCH_CHECK(*divisor_override != 0 && std::abs(*divisor_override) <= kIntMax,
+                "deltaconv::avg_pool2d: argument 'divisor_override' must be non-zero, got ", *divisor_override);
+  }
+  const int64_t Ho = pool_out_size(H, kh, ph, sh, 1, ceil_mode);
+  const int64_t Wo = pool_out_size(W, kw, pw, sw, 1, ceil_mode);
+  TORCH_CHECK(Ho >= 1 && Wo >= 1, "deltaconv::avg_pool2d: output size ", Ho, "x", Wo, " is too small for input ", H,
+              "x", W);
+
+  c10::cuda::CUDAGuard guard(delta.device());
+  Tensor y = empty_delta(delta, N, C, Ho, Wo);
+  Tensor mask_out = empty_mask(mask, N, Ho, Wo);
+  // one thread per output element; with C == 0 still one per output pixel (the mask)
+  const int64_t total = N * Ho * Wo * std::max<int64_t>(C, 1);
+  if (total == 0) return {y, mask_out};
+  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const Tensor x = delta.contiguous(at::MemoryFormat::ChannelsLast);
+  const Tensor m = mask.contiguous();
+  PoolGeom g{(int)N, (int)C, (int)H, (int)W, (int)Ho, (int)Wo, kh, kw, sh, sw, ph, pw, 1, 1};
+  DC_DISPATCH_ACTIVATION_TYPES(x.scalar_type(), "deltaconv::avg_pool2d", [&] {
+    conv::avgpool_kernel<scalar_t><<<elem_grid(total, 256), 256, 0, stream>>>(
+        reinterpret_cast<const scalar_t*>(x.const_data_ptr()), m.data_ptr<bool>(),
+        reinterpret_cast<scalar_t*>(y.data_ptr()), mask_out.data_ptr<bool>(), g, count_include_pad,
+        divisor_override.has_value() ? (int)*divisor_override : 0, divisor_override.has_value(), total);
+    DC_LAUNCH_CHECK();
+  });
+  return {y, mask_out};
+}
+
+std::tuple<Tensor, Tensor> adaptive_avg_pool2d_cuda(const Tensor& delta, const Tensor& mask, IntArrayRef output_size) {
+  DC_CHECK_DELTA_MASK("adaptive_avg_pool2d", delta, mask);
+  const int64_t N = delta.size(0), C = delta.size(1), H = delta.size(2), W = delta.size(3);
+  const auto [Ho, Wo] = pair_arg(output_size, "adaptive_avg_pool2d", "output_size", 0);
+  TORCH_CHECK(H >= 1 && W >= 1, "deltaconv::adaptive_avg_pool2d: argument 'delta' must have non-empty spatial "
+              "dims, got shape ", delta.sizes());
+  TORCH_CHECK(C <= 65535LL * 32, "deltaconv::adaptive_avg_pool2d: too many channels (", C, ")");
+
+  c10::cuda::CUDAGuard guard(delta.device());
+  Tensor y = empty_delta(delta, N, C, Ho, Wo);
+  Tensor mask_out = empty_mask(mask, N, Ho, Wo);
+  const int64_t pix = N * Ho * Wo;
+  if (pix == 0) return {y, mask_out};
+  TORCH_CHECK(pix <= kIntMax, "deltaconv::adaptive_avg_pool2d: output too large");
+  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const Tensor x = delta.contiguous(at::MemoryFormat::ChannelsLast);
+  const Tensor m = mask.contiguous();
+  PoolGeom g{(int)N, (int)C, (int)H, (int)W, Ho, Wo, 1, 1, 1, 1, 0, 0, 1, 1};
+  const dim3 grid((unsigned)pix, (unsigned)std::max<int64_t>(1, (C + 31) / 32));
+  DC_DISPATCH_ACTIVATION_TYPES(x.scalar_type(), "deltaconv::adaptive_avg_pool2d", [&] {
+    conv::adaptive_avgpool_kernel<scalar_t><<<grid, 256, 0, stream>>>(
+        reinterpret_cast<const scalar_t*>(x.const_data_ptr()), m.data_ptr<bool>(),
+        reinterpret_cast<scalar_t*>(y.data_ptr()), mask_out.data_ptr<bool>(), g);
+    DC_LAUNCH_CHECK();
+  });
+  return {y, mask_out};
+}
+
+// ------------------------------------------------------------------------------------ linear
+std::tuple<Tensor, Tensor> linear_cuda(const Tensor& delta, const Tensor& mask, const Tensor& weight,
+                                       const c10::optional<Tensor>& bias, const c10::optional<Tensor>& key_in) {
+  const c10::optional<Tensor> key = contiguous_key(key_in);
+  DC_CHECK_CUDA("linear", "delta", delta);
+  DC_CHECK_ACTIVATION_DTYPE("linear", "delta", delta);
+  DC_CHECK_DIM("linear", "delta", delta, 2);
+  DC_CHECK_CUDA("linear", "mask", mask);
+  DC_CHECK_SAME_DEVICE("linear", "mask", mask, delta);
+  DC_CHECK_DTYPE("linear", "mask", mask, at::kBool);
+  const int64_t N = delta.size(0), K = delta.size(1);
+  // [N, 1] (also accepted: any [N, 1, ...] with one element per row, e.g. [N, 1, 1, 1])
+  TORCH_CHECK(mask.dim() >= 2 && mask.size(0) == N && mask.numel() == N,
+              "deltaconv::linear: argument 'mask' must have shape [N, 1] = [", N, ", 1], got ", mask.sizes());
+  DC_CHECK_KEY("linear", key, delta);
+  DC_CHECK_FLOAT_PARAM("linear", "weight", weight, delta);
+  DC_CHECK_DIM("linear", "weight", weight, 2);
+  TORCH_CHECK(weight.size(1) == K, "deltaconv::linear: argument 'weight' must have shape [out_features, ", K,
+              "], got ", weight.sizes());
+  const int64_t M = weight.size(0);
+  if (bias.has_value()) {
+    DC_CHECK_FLOAT_PARAM("linear", "bias", (*bias), delta);
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == M, "deltaconv::linear: argument 'bias' must have shape [", M,
+                "], got ", bias->sizes());
+  }
+  TORCH_CHECK(N <= kIntMax && K <= kIntMax && M <= kIntMax && N * M <= kIntMax * 8LL,
+              "deltaconv::linear: sizes too large");
+
+  c10::cuda::CUDAGuard guard(delta.device());
+  Tensor y = at::empty({N, M}, delta.options());
+  Tensor mask_out = at::empty({N, 1}, mask.options());
+  if (N == 0) return {y, mask_out};
+  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  if (M == 0) {  // no outputs: only the mask
+    Tensor mo = mask.reshape({N, 1}).clone();
+    if (key.has_value()) mo.logical_or_(key->view({N, 1}));
+    return {y, mo};
+  }
+  const Tensor x = delta.contiguous();
+  const Tensor m = mask.contiguous();
+  const Tensor w = weight.to(delta.scalar_type()).contiguous();
+  c10::optional<Tensor> b;
+  if (bias.has_value()) b = bias->to(delta.scalar_type()).contiguous();
+  const int64_t blocks = (N * M + 7) / 8;
+  DC_DISPATCH_ACTIVATION_TYPES(x.scalar_type(), "deltaconv::linear", [&] {
+    conv::linear_kernel<scalar_t><<<(unsigned)blocks, 256, 0, stream>>>(
+        reinterpret_cast<const scalar_t*>(x.const_data_ptr()), m.data_ptr<bool>(),
+        reinterpret_cast<const scalar_t*>(w.const_data_ptr()),
+        b.has_value() ? reinterpret_cast<const scalar_t*>(b->const_data_ptr()) : nullptr, key_ptr(key),
+        reinterpret_cast<scalar_t*>(y.data_ptr()), mask_out.data_ptr<bool>(), (int)N, (int)K, (int)M);
+    DC_LAUNCH_CHECK();
+  });
+  return {y, mask_out};
+}
+
+}  // namespace
+}  // namespace deltaconv
+
+TORCH_LIBRARY_IMPL(deltaconv, CUDA, m) {
+  m.impl("conv2d", &deltaconv::conv2d_cuda);
+  m.impl("conv_transpose2d", &deltaconv::conv_transpose2d_cuda);
+  m.impl("max_pool2d", &deltaconv::max_pool2d_cuda);
+  m.impl("avg_pool2d", &deltaconv::avg_pool2d_cuda);
+  m.impl("adaptive_avg_pool2d", &deltaconv::adaptive_avg_pool2d_cuda);
+  m.impl("linear", &deltaconv::linear_cuda);
+}

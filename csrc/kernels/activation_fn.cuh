@@ -1,0 +1,60 @@
+// The native pointwise non-linearities (deltaconv/activations.py NATIVE_KINDS), in float32, with
+// the formulas of PyTorch's CUDA kernels so that results agree to the last bit or so.
+#pragma once
+
+#include <math.h>
+
+namespace deltaconv {
+namespace pw {
+
+// Same order as kActivationKinds in pointwise_ops.cu.
+enum ActKind : int {
+  kIdentity = 0,
+  kRelu,
+  kRelu6,
+  kLeakyRelu,    // param: negative slope
+  kHardswish,
+  kHardsigmoid,
+  kSilu,
+  kSigmoid,
+  kGelu,         // param: 0 exact (erf), 1 tanh approximation
+  kTanh,
+  kElu,          // param: alpha
+  kNumActKinds
+};
+
+__device__ __forceinline__ float apply_activation(int kind, float param, float x) {
+  switch (kind) {
+    case kRelu:
+      return x < 0.f ? 0.f : x;  // NaN propagates, like torch.relu
+    case kRelu6:
+      return x < 0.f ? 0.f : (x > 6.f ? 6.f : x);
+    case kLeakyRelu:
+      return x > 0.f ? x : x * param;
+    case kHardswish:
+      return x * fminf(fmaxf(x + 3.f, 0.f), 6.f) * (1.f / 6.f);
+    case kHardsigmoid:
+      return fminf(fmaxf(x + 3.f, 0.f), 6.f) * (1.f / 6.f);
+    case kSilu:
+      return x / (1.f + expf(-x));
+    case kSigmoid:
+      return 1.f / (1.f + expf(-x));
+    case kGelu:
+      if (param != 0.f) {
+        const float kBeta = static_cast<float>(M_SQRT2 * M_2_SQRTPI * 0.5);
+        const float kKappa = 0.044715f;
+        const float inner = kBeta * (x + kKappa * (x * x * x));
+        return 0.5f * x * (1.f + tanhf(inner));
+      }
+      return x * 0.5f * (1.f + erff(x * static_cast<float>(M_SQRT1_2)));
+    case kTanh:
+      return tanhf(x);
+    case kElu:
+      return x <= 0.f ? expm1f(x) * param : x;
+    default:  // kIdentity
+      return x;
+  }
+}
+
+}  // namespace pw
+}  // namespace deltaconv

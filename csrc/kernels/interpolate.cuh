@@ -1,0 +1,115 @@
+// Resampling of a delta (ATen-free): nearest, nearest-exact and bilinear, with the index and
+// weight arithmetic of PyTorch's CUDA upsampling kernels (aten/src/ATen/native/cuda/UpSample.cuh),
+// so that both the values and the output mask (the footprint: output pixels with a positive
+// weight on an active input pixel) match F.interpolate exactly.
+//
+//   delta    [N, C, H_in, W_in]   channels_last
+//   mask     [N, 1, H_in, W_in]   bool
+//   out      [N, C, H_out, W_out] channels_last, written at active output pixels only
+//   mask_out [N, 1, H_out, W_out] bool, every pixel written
+// One pixel group (pixel_group.cuh) per output pixel.
+#pragma once
+
+#include "pixel_group.cuh"
+
+namespace deltaconv {
+namespace pw {
+
+enum InterpMode : int { kNearest = 0, kNearestExact = 1, kBilinear = 2 };
+
+template <typename T>
+struct InterpolateParams {
+  const T* delta;
+  const bool* mask;
+  T* out;
+  bool* mask_out;
+  // source-per-destination ratios, computed on the host exactly as PyTorch does:
+  // nearest*: compute_scales_value; bilinear: area_pixel_compute_scale
+  float scale_h, scale_w;
+  int64_t pixels;          // N * H_out * W_out
+  int in_h, in_w, out_h, out_w;
+  int channels, log2_lanes, mode;
+  bool align_corners;
+};
+
+__device__ __forceinline__ int nearest_source(float scale, int dst, int in_size, bool exact) {
+  const float src = exact ? floorf((dst + 0.5f) * scale) : floorf(dst * scale);
+  return min(static_cast<int>(src), in_size - 1);
+}
+
+__device__ __forceinline__ float linear_source(float scale, int dst, bool align_corners) {
+  if (align_corners) return scale * dst;
+  const float src = scale * (dst + 0.5f) - 0.5f;
+  return src < 0.f ? 0.f : src;
+}
+
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kThreads) interpolate_kernel(const InterpolateParams<T> p) {
+  const PixelGroup g = pixel_group(p.log2_lanes);
+  if (g.pixel >= p.pixels) return;
+  const int ow = static_cast<int>(g.pixel % p.out_w);
+  const int64_t t = g.pixel / p.out_w;
+  const int oh = static_cast<int>(t % p.out_h);
+  const int64_t n = t / p.out_h;
+  const int C = p.channels;
+  const int step = g.lanes * VEC;
+  const int64_t in_base = n * p.in_h * p.in_w;
+  T* out_row = p.out + g.pixel * C;
+
+  if (p.mode != kBilinear) {
+    const bool exact = p.mode == kNearestExact;
+    const int ih = nearest_source(p.scale_h, oh, p.in_h, exact);
+    const int iw = nearest_source(p.scale_w, ow, p.in_w, exact);
+    const int64_t src = in_base + static_cast<int64_t>(ih) * p.in_w + iw;
+    const bool m = p.mask[src];
+    if (g.lane == 0) p.mask_out[g.pixel] = m;
+    if (!m) return;
+    const T* in_row = p.delta + src * C;
+    for (int c = g.lane * VEC; c < C; c += step) {
+      const Pack<T, VEC> v = *reinterpret_cast<const Pack<T, VEC>*>(in_row + c);
+      *reinterpret_cast<Pack<T, VEC>*>(out_row + c) = v;
+    }
+    return;
+  }
+
+  const float h1r = linear_source(p.scale_h, oh, p.align_corners);
+  const int h1 = static_cast<int>(h1r);
+  const int h1p = (h1 < p.in_h - 1) ? 1 : 0;
+  const float h1lambda = h1r - h1;
+  const float h0lambda = 1.f - h1lambda;
+  const float w1r = linear_source(p.scale_w, ow, p.align_corners);
+  const int w1 = static_cast<int>(w1r);
+  const int w1p = (w1 < p.in_w - 1) ? 1 : 0;
+  const float w1lambda = w1r - w1;
+  const float w0lambda = 1.f - w1lambda;
+
+  const int64_t s00 = in_base + static_cast<int64_t>(h1) * p.in_w + w1;
+  const int64_t s01 = s00 + w1p;
+  const int64_t s10 = s00 + static_cast<int64_t>(h1p) * p.in_w;
+  const int64_t s11 = s10 + w1p;
+  // a neighbour counts when it is active and its weight is positive (h0lambda, w0lambda > 0 always)
+  const bool m00 = p.mask[s00];
+  const bool m01 = w1lambda > 0.f && p.mask[s01];
+  const bool m10 = h1lambda > 0.f && p.mask[s10];
+  const bool m11 = h1lambda > 0.f && w1lambda > 0.f && p.mask[s11];
+  const bool active = m00 || m01 || m10 || m11;
+  if (g.lane == 0) p.mask_out[g.pixel] = active;
+  if (!active) return;
+  // reading only active neighbours (zero-weight ones are not read either: they contribute 0)
+  for (int c = g.lane * VEC; c < C; c += step) {
+    float v00[VEC], v01[VEC], v10[VEC], v11[VEC];
+    if (m00) load_f<VEC>(p.delta + s00 * C + c, v00); else fill(v00, 0.f);
+    if (m01) load_f<VEC>(p.delta + s01 * C + c, v01); else fill(v01, 0.f);
+    if (m10) load_f<VEC>(p.delta + s10 * C + c, v10); else fill(v10, 0.f);
+    if (m11) load_f<VEC>(p.delta + s11 * C + c, v11); else fill(v11, 0.f);
+    float r[VEC];
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) {
+      r[i] = h0lambda * (w0lambda * v00[i] + w1lambda * v01[i]) + h1lambda * (w0lambda * v10[i] + w1lambda * v11[i]);
+    }
+    store_f<VEC>(out_row + c, r);
+  }
+}
+
+}  // namespace pw
+}  // namespace deltaconv

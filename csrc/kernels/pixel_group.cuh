@@ -1,0 +1,109 @@
+// Device helpers of the pointwise kernels (ATen-free): element conversions, packed loads/stores of
+// VEC consecutive channels, and the "pixel group" thread mapping with its lane reductions.
+//
+// Thread mapping shared by every pointwise kernel
+// -----------------------------------------------
+// Feature maps are channels_last: pixel p = (n * H + h) * W + w owns the C consecutive elements
+// [p * C, (p + 1) * C). One group of `lanes` threads (a power of two <= 32, chosen by the launcher
+// from C so that small channel counts do not leave most of a warp idle; 32 = one warp per pixel)
+// handles one pixel; lane l handles channels l*VEC, l*VEC + lanes*VEC, ... in packs of VEC.
+// VEC = 16 bytes / sizeof(activation element) when C % VEC == 0 and every pointer is 16-byte
+// aligned, else 1. Groups never straddle a warp (blocks are multiples of 32 threads), so a group
+// exits as a whole (inactive pixel, past the end) and its reductions use only its own lanes.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+namespace deltaconv {
+namespace pw {
+
+constexpr int kThreads = 256;  // threads per block of every pointwise kernel
+
+// ---------------------------------------------------------------- element conversions
+template <typename T> struct Elem;
+template <> struct Elem<float> {
+  static __device__ __forceinline__ float to(float v) { return v; }
+  static __device__ __forceinline__ float from(float v) { return v; }
+};
+template <> struct Elem<__half> {
+  static __device__ __forceinline__ float to(__half v) { return __half2float(v); }
+  static __device__ __forceinline__ __half from(float v) { return __float2half_rn(v); }
+};
+template <> struct Elem<__nv_bfloat16> {
+  static __device__ __forceinline__ float to(__nv_bfloat16 v) { return __bfloat162float(v); }
+  static __device__ __forceinline__ __nv_bfloat16 from(float v) { return __float2bfloat16_rn(v); }
+};
+
+template <typename T> __device__ __forceinline__ float to_f(T v) { return Elem<T>::to(v); }
+template <typename T> __device__ __forceinline__ T from_f(float v) { return Elem<T>::from(v); }
+// `v` rounded to T's precision (what a PyTorch op computing in T stores), as a float
+template <typename T> __device__ __forceinline__ float round_to(float v) { return to_f<T>(from_f<T>(v)); }
+
+// ---------------------------------------------------------------- packed loads and stores
+// N consecutive elements of T; aligned to min(N * sizeof(T), 16) bytes so that a pack is moved
+// with 16-byte (or smaller) vector instructions.
+template <typename T, int N>
+struct alignas((N * sizeof(T)) < 16 ? (N * sizeof(T)) : 16) Pack {
+  T v[N];
+};
+
+// out[i] = float(p[i]), i < N. `p` must be aligned like Pack<T, N>.
+template <int N, typename T>
+__device__ __forceinline__ void load_f(const T* p, float (&out)[N]) {
+  const Pack<T, N> pk = *reinterpret_cast<const Pack<T, N>*>(p);
+#pragma unroll
+  for (int i = 0; i < N; ++i) out[i] = to_f<T>(pk.v[i]);
+}
+
+// p[i] = T(in[i]) (round to nearest even), i < N. `p` must be aligned like Pack<T, N>.
+template <int N, typename T>
+__device__ __forceinline__ void store_f(T* p, const float (&in)[N]) {
+  Pack<T, N> pk;
+#pragma unroll
+  for (int i = 0; i < N; ++i) pk.v[i] = from_f<T>(in[i]);
+  *reinterpret_cast<Pack<T, N>*>(p) = pk;
+}
+
+template <int N>
+__device__ __forceinline__ void fill(float (&v)[N], float x) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) v[i] = x;
+}
+
+// ---------------------------------------------------------------- pixel groups
+struct PixelGroup {
+  int64_t pixel;  // the pixel this group handles (may be past the end: the caller checks)
+  int lane;       // 0 .. lanes-1
+  int lanes;      // threads per pixel, a power of two <= 32
+  unsigned mask;  // the group's lanes within the warp (for *_sync intrinsics)
+};
+
+__device__ __forceinline__ PixelGroup pixel_group(int log2_lanes) {
+  PixelGroup g;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  g.lanes = 1 << log2_lanes;
+  g.pixel = t >> log2_lanes;
+  g.lane = threadIdx.x & (g.lanes - 1);
+  const int first = (threadIdx.x & 31) & ~(g.lanes - 1);
+  g.mask = g.lanes == 32 ? 0xffffffffu : (((1u << g.lanes) - 1u) << first);
+  return g;
+}
+
+// Whether `pred` holds on any lane of the group.
+__device__ __forceinline__ bool group_any(const PixelGroup& g, bool pred) { return __any_sync(g.mask, pred) != 0; }
+
+// max that propagates NaN (like torch.amax)
+__device__ __forceinline__ float nan_max(float a, float b) { return (a != a || a > b) ? a : b; }
+
+// NaN-propagating max of `v` over the lanes of the group (every lane gets the result).
+__device__ __forceinline__ float group_nan_max(const PixelGroup& g, float v) {
+  for (int o = g.lanes >> 1; o > 0; o >>= 1) v = nan_max(v, __shfl_xor_sync(g.mask, v, o));
+  return v;
+}
+
+__device__ __forceinline__ bool flag(const bool* p, int64_t i) { return p != nullptr && p[i]; }
+
+}  // namespace pw
+}  // namespace deltaconv

@@ -1,0 +1,398 @@
+// Pointwise delta kernels (ATen-free): sparsify, densify, activation, affine_channel, add, mul,
+// concatenate. Semantics: deltaconv/backends/reference.py (the oracle). Thread mapping and packs:
+// pixel_group.cuh. Launchers: csrc/pointwise_ops.cu.
+//
+// Shapes and layouts at every kernel boundary
+//   value tensors  [N, C, H, W] channels_last: element (p, c) at p * C + c, p = (n * H + h) * W + w
+//   masks          [N, 1, H, W] bool, contiguous: flag of pixel p at p
+//   state          float32, same shape and layout as the value it tracks (acc, sent)
+//   key            [N] bool or nullptr
+// Arithmetic that the reference rounds step by step uses __fmul_rn/__fadd_rn/__fsub_rn, which nvcc
+// never contracts into an FMA, so float32 results match the reference bit for bit.
+// Every kernel writes mask_out at every pixel; value outputs only at pixels whose mask_out is true
+// (elsewhere they are unspecified and left unwritten). Values at inactive input pixels are never
+// read. No kernel synchronises with the host; all are CUDA-graph capturable.
+#pragma once
+
+#include "activation_fn.cuh"
+#include "pixel_group.cuh"
+
+namespace deltaconv {
+namespace pw {
+
+// `sent` after sending out = T(change), change = target - sent: the target itself, less what the
+// cast to T lost (that stays pending): target - (change - out). (sent + out would leave a float
+// rounding residual that threshold 0 would re-send on every later frame.)
+__device__ __forceinline__ float sent_after(float target, float change, float out) {
+  return __fsub_rn(target, __fsub_rn(change, out));
+}
+
+// ================================================================ sparsify
+// change = x - sent (float32); pixel sent when max_c |change| > threshold (or measure > threshold
+// when a measure is given), or its stream is a key stream; then out = T(change) and
+// sent = sent_after(x, change, out).
+template <typename T>
+struct SparsifyParams {
+  const T* x;              // [N, C, H, W] frame
+  float* sent;             // [N, C, H, W] updated in place
+  const float* measure;    // [N, 1, H, W] or nullptr
+  const bool* key;         // [N] or nullptr
+  T* out;                  // [N, C, H, W]
+  bool* mask_out;          // [N, 1, H, W]
+  float threshold;
+  int64_t pixels, hw;      // N*H*W, H*W
+  int channels, log2_lanes;
+};
+
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kThreads) sparsify_kernel(const SparsifyParams<T> p) {
+  const PixelGroup g = pixel_group(p.log2_lanes);
+  if (g.pixel >= p.pixels) return;
+  const int C = p.channels;
+  const int64_t row = g.pixel * C;
+  const int step = g.lanes * VEC;
+  bool send;
+  if (p.measure != nullptr) {
+    send = p.measure[g.pixel] > p.threshold;
+  } else {
+    float m = 0.f;
+    for (int c = g.lane * VEC; c < C; c += step) {
+      float xv[VEC], sv[VEC];
+      load_f<VEC>(p.x + row + c, xv);
+      load_f<VEC>(p.sent + row + c, sv);
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) m = nan_max(m, fabsf(xv[i] - sv[i]));
+    }
+    send = group_nan_max(g, m) > p.threshold;
+  }
+  send = send || flag(p.key, g.pixel / p.hw);
+  if (g.lane == 0) p.mask_out[g.pixel] = send;
+  if (!send) return;
+  for (int c = g.lane * VEC; c < C; c += step) {
+    float xv[VEC], sv[VEC];
+    load_f<VEC>(p.x + row + c, xv);
+    load_f<VEC>(p.sent + row + c, sv);
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) {
+      const float change = __fsub_rn(xv[i], sv[i]);
+      const float sent_now = round_to<T>(change);
+      sv[i] = sent_after(xv[i], change, sent_now);
+      xv[i] = sent_now;
+    }
+    store_f<VEC>(p.out + row + c, xv);
+    store_f<VEC>(p.sent + row + c, sv);
+  }
+}
+
+// ================================================================ densify
+// acc += delta on active pixels; out = Tout(acc) at every pixel (a dense output).
+template <typename Tin, typename Tout>
+struct DensifyParams {
+  const Tin* delta;        // [N, C, H, W]
+  const bool* mask;        // [N, 1, H, W]
+  float* acc;              // [N, C, H, W] updated in place
+  Tout* out;               // [N, C, H, W], every element written
+  int64_t pixels;
+  int channels, log2_lanes;
+};
+
+template <typename Tin, typename Tout, int VEC>
+__global__ void __launch_bounds__(kThreads) densify_kernel(const DensifyParams<Tin, Tout> p) {
+  const PixelGroup g = pixel_group(p.log2_lanes);
+  if (g.pixel >= p.pixels) return;
+  const int C = p.channels;
+  const int64_t row = g.pixel * C;
+  const bool active = p.mask[g.pixel];
+  for (int c = g.lane * VEC; c < C; c += g.lanes * VEC) {
+    float a[VEC];
+    load_f<VEC>(p.acc + row + c, a);
+    if (active) {
+      float d[VEC];
+      load_f<VEC>(p.delta + row + c, d);
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) a[i] += d[i];
+      store_f<VEC>(p.acc + row + c, a);
+    }
+    store_f<VEC>(p.out + row + c, a);
+  }
+}
+
+// ================================================================ activation
+// On active pixels: acc += delta; change = f(acc) - sent; sent when any |change| > threshold or
+// the stream is a key stream; then out = T(change), sent = sent_after(f(acc), change, out).
+template <typename T>
+struct ActivationParams {
+  const T* delta;          // [N, C, H, W]
+  const bool* mask;        // [N, 1, H, W]
+  float* acc;              // [N, C, H, W] updated in place
+  float* sent;             // [N, C, H, W] updated in place
+  const bool* key;         // [N] or nullptr
+  T* out;                  // [N, C, H, W]
+  bool* mask_out;          // [N, 1, H, W]
+  int kind;                // ActKind
+  float param, threshold;
+  int64_t pixels, hw;
+  int channels, log2_lanes;
+};
+
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kThreads) activation_kernel(const ActivationParams<T> p) {
+  const PixelGroup g = pixel_group(p.log2_lanes);
+  if (g.pixel >= p.pixels) return;
+  if (!p.mask[g.pixel]) {
+    if (g.lane == 0) p.mask_out[g.pixel] = false;
+    return;
+  }
+  const int C = p.channels;
+  const int64_t row = g.pixel * C;
+  const int step = g.lanes * VEC;
+  bool over = false;
+  for (int c = g.lane * VEC; c < C; c += step) {
+    float d[VEC], a[VEC], s[VEC];
+    load_f<VEC>(p.delta + row + c, d);
+    load_f<VEC>(p.acc + row + c, a);
+    load_f<VEC>(p.sent + row + c, s);
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) {
+      a[i] += d[i];
+      over |= fabsf(__fsub_rn(apply_activation(p.kind, p.param, a[i]), s[i])) > p.threshold;
+    }
+    store_f<VEC>(p.acc + row + c, a);
+  }
+  const bool send = group_any(g, over) || flag(p.key, g.pixel / p.hw);
+  if (g.lane == 0) p.mask_out[g.pixel] = send;
+  if (!send) return;
+  // second pass over this lane's own channels (acc as just written by this thread)
+  for (int c = g.lane * VEC; c < C; c += step) {
+    float a[VEC], s[VEC];
+    load_f<VEC>(p.acc + row + c, a);
+    load_f<VEC>(p.sent + row + c, s);
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) {
+      const float y = apply_activation(p.kind, p.param, a[i]);
+      const float change = __fsub_rn(y, s[i]);
+      const float sent_now = round_to<T>(change);
+      s[i] = sent_after(y, change, sent_now);
+      a[i] = sent_now;
+    }
+    store_f<VEC>(p.out + row + c, a);
+    store_f<VEC>(p.sent + row + c, s);
+  }
+}
+
+// ================================================================ affine_channel
+// out = T(T(delta * T(scale[c])) + T(shift[c])): the product and the sum each rounded to T, as
+// PyTorch computes `delta * scale.to(T) + shift.to(T)`; the shift only for key streams. Active:
+// mask or key.
+template <typename T>
+struct AffineParams {
+  const T* delta;          // [N, C, H, W]
+  const bool* mask;        // [N, 1, H, W]
+  const float* scale;      // [C] or nullptr
+  const float* shift;      // [C] or nullptr
+  const bool* key;         // [N] or nullptr
+  T* out;                  // [N, C, H, W]
+  bool* mask_out;          // [N, 1, H, W]
+  int64_t pixels, hw;
+  int channels, log2_lanes;
+};
+
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kThreads) affine_channel_kernel(const AffineParams<T> p) {
+  const PixelGroup g = pixel_group(p.log2_lanes);
+  if (g.pixel >= p.pixels) return;
+  const bool m = p.mask[g.pixel];
+  const bool k = flag(p.key, g.pixel / p.hw);
+  if (g.lane == 0) p.mask_out[g.pixel] = m || k;
+  if (!(m || k)) return;
+  const int C = p.channels;
+  const int64_t row = g.pixel * C;
+  for (int c = g.lane * VEC; c < C; c += g.lanes * VEC) {
+    float v[VEC];
+    if (m) {
+      load_f<VEC>(p.delta + row + c, v);
+    } else {
+      fill(v, 0.f);
+    }
+    if (p.scale != nullptr) {
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) v[i] = round_to<T>(__fmul_rn(v[i], round_to<T>(p.scale[c + i])));
+    }
+    if (k && p.shift != nullptr) {
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) v[i] = __fadd_rn(v[i], round_to<T>(p.shift[c + i]));
+    }
+    store_f<VEC>(p.out + row + c, v);
+  }
+}
+
+// ================================================================ add
+// out = a + T(alpha * b) (inactive operands count as zero); mask = mask_a | mask_b.
+template <typename T>
+struct AddParams {
+  const T* a;              // [N, C, H, W]
+  const bool* mask_a;      // [N, 1, H, W]
+  const T* b;              // [N, C, H, W]
+  const bool* mask_b;      // [N, 1, H, W]
+  T* out;                  // [N, C, H, W]
+  bool* mask_out;          // [N, 1, H, W]
+  float alpha;
+  int64_t pixels;
+  int channels, log2_lanes;
+};
+
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kThreads) add_kernel(const AddParams<T> p) {
+  const PixelGroup g = pixel_group(p.log2_lanes);
+  if (g.pixel >= p.pixels) return;
+  const bool ma = p.mask_a[g.pixel];
+  const bool mb = p.mask_b[g.pixel];
+  if (g.lane == 0) p.mask_out[g.pixel] = ma || mb;
+  if (!(ma || mb)) return;
+  const int C = p.channels;
+  const int64_t row = g.pixel * C;
+  for (int c = g.lane * VEC; c < C; c += g.lanes * VEC) {
+    float va[VEC], vb[VEC];
+    if (ma) load_f<VEC>(p.a + row + c, va); else fill(va, 0.f);
+    if (mb) load_f<VEC>(p.b + row + c, vb); else fill(vb, 0.f);
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) va[i] = __fadd_rn(va[i], round_to<T>(__fmul_rn(p.alpha, vb[i])));
+    store_f<VEC>(p.out + row + c, va);
+  }
+}
+
+// ================================================================ mul
+// acc_a += delta_a, acc_b += delta_b (on their active pixels); y = acc_a * acc_b over the region
+// mask_a | mask_b, then truncation against `sent` as in activation. An operand may be spatially
+// broadcast ([N, C, 1, 1] against an [N, C, H, W] output, squeeze-excite): its acc is updated
+// beforehand by accumulate_rows_kernel and its flag/row is that of pixel n.
+template <typename T>
+struct MulParams {
+  const T* a;              // [N, C, H, W] or [N, C, 1, 1] (a_bcast)
+  const bool* mask_a;      // [N, 1, H, W] or [N, 1, 1, 1]
+  float* acc_a;            // like a, updated in place
+  const T* b;              // like a, with b_bcast
+  const bool* mask_b;
+  float* acc_b;
+  float* sent;             // [N, C, H, W] output shape, updated in place
+  const bool* key;         // [N] or nullptr
+  T* out;                  // [N, C, H, W]
+  bool* mask_out;          // [N, 1, H, W]
+  float threshold;
+  int64_t pixels, hw;      // of the output
+  int channels, log2_lanes;
+  bool a_bcast, b_bcast;
+};
+
+// acc[r, c] += delta[r, c] for rows r (streams) whose mask[r] is set; one thread per element.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) accumulate_rows_kernel(const T* __restrict__ delta,
+                                                                   const bool* __restrict__ mask,
+                                                                   float* __restrict__ acc, int64_t rows,
+                                                                   int channels) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= rows * channels) return;
+  if (mask[i / channels]) acc[i] += to_f<T>(delta[i]);
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ void mul_operand(const T* d, float* acc, bool bcast, bool active, int64_t row,
+                                            int64_t brow, int c, float (&v)[VEC]) {
+  if (bcast) {
+    load_f<VEC>(acc + brow + c, v);
+    return;
+  }
+  load_f<VEC>(acc + row + c, v);
+  if (active) {
+    float dv[VEC];
+    load_f<VEC>(d + row + c, dv);
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) v[i] += dv[i];
+    store_f<VEC>(acc + row + c, v);
+  }
+}
+
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kThreads) mul_kernel(const MulParams<T> p) {
+  const PixelGroup g = pixel_group(p.log2_lanes);
+  if (g.pixel >= p.pixels) return;
+  const int64_t n = g.pixel / p.hw;
+  const bool ma = p.mask_a[p.a_bcast ? n : g.pixel];
+  const bool mb = p.mask_b[p.b_bcast ? n : g.pixel];
+  if (!(ma || mb)) {
+    if (g.lane == 0) p.mask_out[g.pixel] = false;
+    return;
+  }
+  const int C = p.channels;
+  const int64_t row = g.pixel * C;
+  const int64_t brow = n * C;
+  const int step = g.lanes * VEC;
+  bool over = false;
+  for (int c = g.lane * VEC; c < C; c += step) {
+    float va[VEC], vb[VEC], s[VEC];
+    mul_operand<T, VEC>(p.a, p.acc_a, p.a_bcast, ma, row, brow, c, va);
+    mul_operand<T, VEC>(p.b, p.acc_b, p.b_bcast, mb, row, brow, c, vb);
+    load_f<VEC>(p.sent + row + c, s);
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) over |= fabsf(__fsub_rn(__fmul_rn(va[i], vb[i]), s[i])) > p.threshold;
+  }
+  const bool send = group_any(g, over) || flag(p.key, n);
+  if (g.lane == 0) p.mask_out[g.pixel] = send;
+  if (!send) return;
+  for (int c = g.lane * VEC; c < C; c += step) {
+    float va[VEC], vb[VEC], s[VEC];
+    load_f<VEC>(p.acc_a + (p.a_bcast ? brow : row) + c, va);
+    load_f<VEC>(p.acc_b + (p.b_bcast ? brow : row) + c, vb);
+    load_f<VEC>(p.sent + row + c, s);
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) {
+      const float y = __fmul_rn(va[i], vb[i]);
+      const float change = __fsub_rn(y, s[i]);
+      const float sent_now = round_to<T>(change);
+      s[i] = sent_after(y, change, sent_now);
+      va[i] = sent_now;
+    }
+    store_f<VEC>(p.out + row + c, va);
+    store_f<VEC>(p.sent + row + c, s);
+  }
+}
+
+// ================================================================ concatenate (channels)
+// out[p, off_i + c] = input_i[p, c] where mask_i[p], 0 where not; mask_out = OR of the masks.
+constexpr int kMaxConcat = 32;
+
+template <typename T>
+struct ConcatParams {
+  const T* in[kMaxConcat];       // [N, C_i, H, W]
+  const bool* mask[kMaxConcat];  // [N, 1, H, W]
+  int channels[kMaxConcat];      // C_i
+  int offset[kMaxConcat];        // sum of C_j, j < i
+  T* out;                        // [N, sum C_i, H, W]
+  bool* mask_out;                // [N, 1, H, W]
+  int64_t pixels;
+  int count, total_channels, log2_lanes;
+};
+
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kThreads) concatenate_kernel(const ConcatParams<T> p) {
+  const PixelGroup g = pixel_group(p.log2_lanes);
+  if (g.pixel >= p.pixels) return;
+  bool any = false;
+  for (int i = 0; i < p.count; ++i) any = any || p.mask[i][g.pixel];
+  if (g.lane == 0) p.mask_out[g.pixel] = any;
+  if (!any) return;
+  T* out_row = p.out + g.pixel * p.total_channels;
+  for (int i = 0; i < p.count; ++i) {
+    const int C = p.channels[i];
+    const bool m = p.mask[i][g.pixel];
+    const T* in_row = p.in[i] + g.pixel * C;
+    for (int c = g.lane * VEC; c < C; c += g.lanes * VEC) {
+      float v[VEC];
+      if (m) load_f<VEC>(in_row + c, v); else fill(v, 0.f);
+      store_f<VEC>(out_row + p.offset[i] + c, v);
+    }
+  }
+}
+
+}  // namespace pw
+}  // namespace deltaconv

@@ -1,0 +1,497 @@
+// CUDA launchers of the pointwise deltaconv ops (schemas: csrc/ops.cpp; semantics:
+// deltaconv/backends/reference.py; kernels: csrc/kernels/*.cuh).
+//
+// Every launcher checks its arguments (errors name the argument and the value), allocates fresh
+// outputs (delta_out channels_last, mask_out contiguous bool), and launches on the current stream
+// under a device guard. Nothing here synchronises with the host, so every op can be captured in a
+// CUDA graph; `key` may be None.
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common.cuh"
+#include "kernels/interpolate.cuh"
+#include "kernels/pointwise.cuh"
+
+namespace deltaconv {
+namespace {
+
+using at::Tensor;
+
+// ---------------------------------------------------------------- argument checks
+void check_cuda(const char* op, const char* name, const Tensor& t, const Tensor& ref) {
+  TORCH_CHECK(t.is_cuda(), "deltaconv::", op, ": argument '", name, "' must be a CUDA tensor, got device ",
+              t.device());
+  TORCH_CHECK(t.device() == ref.device(), "deltaconv::", op, ": argument '", name, "' is on ", t.device(),
+              " but the delta is on ", ref.device());
+}
+
+void check_dtype(const char* op, const char* name, const Tensor& t, at::ScalarType expected) {
+  TORCH_CHECK(t.scalar_type() == expected, "deltaconv::", op, ": argument '", name, "' must have dtype ", expected,
+              ", got ", t.scalar_type());
+}
+
+void check_sizes(const char* op, const char* name, const Tensor& t, at::IntArrayRef expected) {
+  TORCH_CHECK(t.sizes() == expected, "deltaconv::", op, ": argument '", name, "' must have shape ", expected,
+              ", got ", t.sizes());
+}
+
+// A 4-D activation-dtype value tensor, channels_last contiguous. The first one checked is the
+// reference for the device.
+void check_value(const char* op, const char* name, const Tensor& t, const Tensor& ref) {
+  check_cuda(op, name, t, ref);
+  TORCH_CHECK(is_activation_dtype(t.scalar_type()), "deltaconv::", op, ": argument '", name,
+              "' must be float32, float16 or bfloat16, got ", t.scalar_type());
+  TORCH_CHECK(t.dim() == 4, "deltaconv::", op, ": argument '", name, "' must be 4-D [N, C, H, W], got shape ",
+              t.sizes());
+  TORCH_CHECK(t.is_contiguous(at::MemoryFormat::ChannelsLast), "deltaconv::", op, ": argument '", name,
+              "' must be channels_last contiguous (call .contiguous(memory_format=torch.channels_last)), got strides ",
+              t.strides());
+}
+
+// The [N, 1, H, W] bool mask of a 4-D value of shape `value_sizes`.
+void check_mask(const char* op, const char* name, const Tensor& m, const Tensor& ref, at::IntArrayRef value_sizes) {
+  check_cuda(op, name, m, ref);
+  check_dtype(op, name, m, at::kBool);
+  check_sizes(op, name, m, {value_sizes[0], 1, value_sizes[2], value_sizes[3]});
+  TORCH_CHECK(m.is_contiguous(), "deltaconv::", op, ": argument '", name, "' must be contiguous, got strides ",
+              m.strides());
+}
+
+// float32 state with the shape `sizes`, channels_last contiguous.
+void check_state(const char* op, const char* name, const Tensor& s, const Tensor& ref, at::IntArrayRef sizes) {
+  check_cuda(op, name, s, ref);
+  check_dtype(op, name, s, at::kFloat);
+  check_sizes(op, name, s, sizes);
+  TORCH_CHECK(s.is_contiguous(at::MemoryFormat::ChannelsLast), "deltaconv::", op, ": argument '", name,
+              "' (float32 state, updated in place) must be channels_last contiguous, got strides ", s.strides());
+}
+
+const bool* check_key(const char* op, const std::optional<Tensor>& key, const Tensor& ref, int64_t batch) {
+  if (!key.has_value()) return nullptr;
+  const Tensor& k = *key;
+  check_cuda(op, "key", k, ref);
+  check_dtype(op, "key", k, at::kBool);
+  check_sizes(op, "key", k, {batch});
+  TORCH_CHECK(k.is_contiguous(), "deltaconv::", op, ": argument 'key' must be contiguous, got strides ", k.strides());
+  return k.const_data_ptr<bool>();
+}
+
+// float32 [C] per-channel vector (scale / shift) or nullptr.
+const float* check_channel_vector(const char* op, const char* name, const std::optional<Tensor>& v, const Tensor& ref,
+                                  int64_t channels) {
+  if (!v.has_value()) return nullptr;
+  check_cuda(op, name, *v, ref);
+  check_dtype(op, name, *v, at::kFloat);
+  check_sizes(op, name, *v, {channels});
+  TORCH_CHECK(v->is_contiguous(), "deltaconv::", op, ": argument '", name, "' must be contiguous, got strides ",
+              v->strides());
+  return v->const_data_ptr<float>();
+}
+
+int check_channels(const char* op, const Tensor& t) {
+  TORCH_CHECK(t.size(1) <= (int64_t{1} << 30), "deltaconv::", op, ": too many channels (", t.size(1), ")");
+  return static_cast<int>(t.size(1));
+}
+
+// ---------------------------------------------------------------- launch geometry
+template <typename T>
+constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+
+bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15) == 0; }
+
+bool all_aligned(std::initializer_list<const void*> ptrs) {
+  for (const void* p : ptrs)
+    if (p != nullptr && !aligned16(p)) return false;
+  return true;
+}
+
+// log2 of the threads per pixel: the smallest power of two covering C / vec packs, at most 32.
+int log2_lanes_for(int64_t channels, int vec) {
+  const int64_t packs = (channels + vec - 1) / vec;
+  int l = 0;
+  while (l < 5 && (int64_t{1} << l) < packs) ++l;
+  return l;
+}
+
+dim3 grid_for(int64_t pixels, int log2_lanes) {
+  const int64_t threads = pixels << log2_lanes;
+  return dim3(static_cast<unsigned>((threads + pw::kThreads - 1) / pw::kThreads));
+}
+
+cudaStream_t stream() { return at::cuda::getCurrentCUDAStream(); }
+
+Tensor empty_value(const Tensor& like, at::IntArrayRef sizes, at::ScalarType dtype) {
+  return at::empty(sizes, like.options().dtype(dtype).memory_format(at::MemoryFormat::ChannelsLast));
+}
+
+Tensor empty_mask(const Tensor& like, int64_t n, int64_t h, int64_t w) {
+  return at::empty({n, 1, h, w}, like.options().dtype(at::kBool).memory_format(at::MemoryFormat::Contiguous));
+}
+
+// Launch KERNEL<scalar_t, VEC> with VEC = kVec<scalar_t> when `vec_ok`, else 1; the pixel group
+// size follows from C and VEC. `params` must have a log2_lanes member.
+#define DC_LAUNCH_VEC(KERNEL, params, vec_ok, pixels, channels)                                  \
+  do {                                                                                           \
+    if (pixels > 0) {                                                                            \
+      if (vec_ok) {                                                                              \
+        params.log2_lanes = log2_lanes_for(channels, kVec<scalar_t>);                           \
+        KERNEL<scalar_t, kVec<scalar_t>><<<grid_for(pixels, params.log2_lanes), pw::kThreads, 0, \
+                                            stream()>>>(params);                                 \
+      } else {                                                                                   \
+        params.log2_lanes = log2_lanes_for(channels, 1);                                        \
+        KERNEL<scalar_t, 1><<<grid_for(pixels, params.log2_lanes), pw::kThreads, 0, stream()>>>(params); \
+      }                                                                                          \
+      DC_LAUNCH_CHECK();                                                                         \
+    }                                                                                            \
+  } while (0)
+
+template <typename T>
+T* ptr(const Tensor& t) {
+  return static_cast<T*>(t.data_ptr());
+}
+template <typename T>
+const T* cptr(const Tensor& t) {
+  return static_cast<const T*>(t.const_data_ptr());
+}
+
+// ---------------------------------------------------------------- sparsify
+std::tuple<Tensor, Tensor> sparsify(const Tensor& x, Tensor& sent, double threshold, const std::optional<Tensor>& key,
+                                    const std::optional<Tensor>& measure) {
+  const char* op = "sparsify";
+  check_value(op, "x", x, x);
+  check_state(op, "sent", sent, x, x.sizes());
+  const int64_t N = x.size(0), H = x.size(2), W = x.size(3);
+  const int C = check_channels(op, x);
+  const bool* key_ptr = check_key(op, key, x, N);
+  const float* measure_ptr = nullptr;
+  if (measure.has_value()) {
+    check_cuda(op, "measure", *measure, x);
+    check_dtype(op, "measure", *measure, at::kFloat);
+    check_sizes(op, "measure", *measure, {N, 1, H, W});
+    TORCH_CHECK(measure->is_contiguous(), "deltaconv::sparsify: argument 'measure' must be contiguous, got strides ",
+                measure->strides());
+    measure_ptr = measure->const_data_ptr<float>();
+  }
+  c10::cuda::CUDAGuard guard(x.device());
+  Tensor out = empty_value(x, x.sizes(), x.scalar_type());
+  Tensor mask_out = empty_mask(x, N, H, W);
+  const int64_t pixels = N * H * W;
+  DC_DISPATCH_ACTIVATION_TYPES(x.scalar_type(), "deltaconv::sparsify", [&] {
+    pw::SparsifyParams<scalar_t> p{cptr<scalar_t>(x), ptr<float>(sent), measure_ptr, key_ptr,
+                                   ptr<scalar_t>(out), ptr<bool>(mask_out), static_cast<float>(threshold),
+                                   pixels, H * W, C, 0};
+    const bool vec_ok = C % kVec<scalar_t> == 0 && all_aligned({p.x, p.sent, p.out});
+    DC_LAUNCH_VEC(pw::sparsify_kernel, p, vec_ok, pixels, C);
+  });
+  return {out, mask_out};
+}
+
+// ---------------------------------------------------------------- densify
+template <typename Tin, typename Tout>
+void launch_densify(pw::DensifyParams<Tin, Tout> p, bool vec_ok) {
+  constexpr int V = kVec<Tin>;
+  if (vec_ok) {
+    p.log2_lanes = log2_lanes_for(p.channels, V);
+    pw::densify_kernel<Tin, Tout, V><<<grid_for(p.pixels, p.log2_lanes), pw::kThreads, 0, stream()>>>(p);
+  } else {
+    p.log2_lanes = log2_lanes_for(p.channels, 1);
+    pw::densify_kernel<Tin, Tout, 1><<<grid_for(p.pixels, p.log2_lanes), pw::kThreads, 0, stream()>>>(p);
+  }
+  DC_LAUNCH_CHECK();
+}
+
+Tensor densify(const Tensor& delta, const Tensor& mask, Tensor& acc, at::ScalarType out_dtype) {
+  const char* op = "densify";
+  check_value(op, "delta", delta, delta);
+  check_mask(op, "mask", mask, delta, delta.sizes());
+  check_state(op, "acc", acc, delta, delta.sizes());
+  TORCH_CHECK(is_activation_dtype(out_dtype), "deltaconv::densify: argument 'out_dtype' must be float32, float16 or "
+              "bfloat16, got ", out_dtype);
+  const int64_t N = delta.size(0), H = delta.size(2), W = delta.size(3);
+  const int C = check_channels(op, delta);
+  c10::cuda::CUDAGuard guard(delta.device());
+  Tensor out = empty_value(delta, delta.sizes(), out_dtype);
+  const int64_t pixels = N * H * W;
+  if (pixels == 0) return out;
+  DC_DISPATCH_ACTIVATION_TYPES(delta.scalar_type(), "deltaconv::densify", [&] {
+    using Tin = scalar_t;
+    DC_DISPATCH_ACTIVATION_TYPES(out_dtype, "deltaconv::densify", [&] {
+      pw::DensifyParams<Tin, scalar_t> p{cptr<Tin>(delta), cptr<bool>(mask), ptr<float>(acc), ptr<scalar_t>(out),
+                                         pixels, C, 0};
+      const bool vec_ok = C % kVec<Tin> == 0 && all_aligned({p.delta, p.acc, p.out});
+      launch_densify<Tin, scalar_t>(p, vec_ok);
+    });
+  });
+  return out;
+}
+
+// ---------------------------------------------------------------- activation
+int activation_kind(const std::string& kind) {
+  static const char* const kNames[pw::kNumActKinds] = {"identity",    "relu", "relu6",   "leaky_relu",
+                                                       "hardswish",   "hardsigmoid", "silu", "sigmoid",
+                                                       "gelu",        "tanh", "elu"};
+  for (int i = 0; i < pw::kNumActKinds; ++i)
+    if (kind == kNames[i]) return i;
+  std::string known;
+  for (int i = 0; i < pw::kNumActKinds; ++i) known += std::string(i ? ", " : "") + kNames[i];
+  TORCH_CHECK(false, "deltaconv::activation: argument 'kind' must be one of ", known, ", got '", kind,
+              "' (other functions run through the reference backend)");
+  return 0;
+}
+
+std::tuple<Tensor, Tensor> activation(const Tensor& delta, const Tensor& mask, Tensor& acc, Tensor& sent,
+                                      c10::string_view kind, double param, double threshold,
+                                      const std::optional<Tensor>& key) {
+  const char* op = "activation";
+  const int kind_id = activation_kind(std::string(kind));
+  check_value(op, "delta", delta, delta);
+  check_mask(op, "mask", mask, delta, delta.sizes());
+  check_state(op, "acc", acc, delta, delta.sizes());
+  check_state(op, "sent", sent, delta, delta.sizes());
+  const int64_t N = delta.size(0), H = delta.size(2), W = delta.size(3);
+  const int C = check_channels(op, delta);
+  const bool* key_ptr = check_key(op, key, delta, N);
+  c10::cuda::CUDAGuard guard(delta.device());
+  Tensor out = empty_value(delta, delta.sizes(), delta.scalar_type());
+  Tensor mask_out = empty_mask(delta, N, H, W);
+  const int64_t pixels = N * H * W;
+  DC_DISPATCH_ACTIVATION_TYPES(delta.scalar_type(), "deltaconv::activation", [&] {
+    pw::ActivationParams<scalar_t> p{cptr<scalar_t>(delta), cptr<bool>(mask), ptr<float>(acc), ptr<float>(sent),
+                                     key_ptr, ptr<scalar_t>(out), ptr<bool>(mask_out), kind_id,
+                                     static_cast<float>(param), static_cast<float>(threshold), pixels, H * W, C, 0};
+    const bool vec_ok = C % kVec<scalar_t> == 0 && all_aligned({p.delta, p.acc, p.sent, p.out});
+    DC_LAUNCH_VEC(pw::activation_kernel, p, vec_ok, pixels, C);
+  });
+  return {out, mask_out};
+}
+
+// ---------------------------------------------------------------- affine_channel
+std::tuple<Tensor, Tensor> affine_channel(const Tensor& delta, const Tensor& mask, const std::optional<Tensor>& scale,
+                                          const std::optional<Tensor>& shift, const std::optional<Tensor>& key) {
+  const char* op = "affine_channel";
+  check_value(op, "delta", delta, delta);
+  check_mask(op, "mask", mask, delta, delta.sizes());
+  const int64_t N = delta.size(0), H = delta.size(2), W = delta.size(3);
+  const int C = check_channels(op, delta);
+  const float* scale_ptr = check_channel_vector(op, "scale", scale, delta, C);
+  const float* shift_ptr = check_channel_vector(op, "shift", shift, delta, C);
+  const bool* key_ptr = check_key(op, key, delta, N);
+  c10::cuda::CUDAGuard guard(delta.device());
+  Tensor out = empty_value(delta, delta.sizes(), delta.scalar_type());
+  Tensor mask_out = empty_mask(delta, N, H, W);
+  const int64_t pixels = N * H * W;
+  DC_DISPATCH_ACTIVATION_TYPES(delta.scalar_type(), "deltaconv::affine_channel", [&] {
+    pw::AffineParams<scalar_t> p{cptr<scalar_t>(delta), cptr<bool>(mask), scale_ptr, shift_ptr, key_ptr,
+                                 ptr<scalar_t>(out), ptr<bool>(mask_out), pixels, H * W, C, 0};
+    const bool vec_ok = C % kVec<scalar_t> == 0 && all_aligned({p.delta, p.out});
+    DC_LAUNCH_VEC(pw::affine_channel_kernel, p, vec_ok, pixels, C);
+  });
+  return {out, mask_out};
+}
+
+// ---------------------------------------------------------------- add
+std::tuple<Tensor, Tensor> add(const Tensor& delta_a, const Tensor& mask_a, const Tensor& delta_b,
+                               const Tensor& mask_b, double alpha) {
+  const char* op = "add";
+  check_value(op, "delta_a", delta_a, delta_a);
+  check_mask(op, "mask_a", mask_a, delta_a, delta_a.sizes());
+  check_value(op, "delta_b", delta_b, delta_a);
+  check_sizes(op, "delta_b", delta_b, delta_a.sizes());
+  check_dtype(op, "delta_b", delta_b, delta_a.scalar_type());
+  check_mask(op, "mask_b", mask_b, delta_a, delta_a.sizes());
+  const int64_t N = delta_a.size(0), H = delta_a.size(2), W = delta_a.size(3);
+  const int C = check_channels(op, delta_a);
+  c10::cuda::CUDAGuard guard(delta_a.device());
+  Tensor out = empty_value(delta_a, delta_a.sizes(), delta_a.scalar_type());
+  Tensor mask_out = empty_mask(delta_a, N, H, W);
+  const int64_t pixels = N * H * W;
+  DC_DISPATCH_ACTIVATION_TYPES(delta_a.scalar_type(), "deltaconv::add", [&] {
+    pw::AddParams<scalar_t> p{cptr<scalar_t>(delta_a), cptr<bool>(mask_a), cptr<scalar_t>(delta_b), cptr<bool>(mask_b),
+                              ptr<scalar_t>(out), ptr<bool>(mask_out), static_cast<float>(alpha), pixels, C, 0};
+    const bool vec_ok = C % kVec<scalar_t> == 0 && all_aligned({p.a, p.b, p.out});
+    DC_LAUNCH_VEC(pw::add_kernel, p, vec_ok, pixels, C);
+  });
+  return {out, mask_out};
+}
+
+// ---------------------------------------------------------------- mul
+std::tuple<Tensor, Tensor> mul(const Tensor& delta_a, const Tensor& mask_a, Tensor& acc_a, const Tensor& delta_b,
+                               const Tensor& mask_b, Tensor& acc_b, Tensor& sent, double threshold,
+                               const std::optional<Tensor>& key) {
+  const char* op = "mul";
+  check_value(op, "delta_a", delta_a, delta_a);
+  check_value(op, "delta_b", delta_b, delta_a);
+  check_dtype(op, "delta_b", delta_b, delta_a.scalar_type());
+  // output shape: equal shapes, or one operand [N, C, 1, 1] broadcast over the other's pixels
+  const auto sa = delta_a.sizes(), sb = delta_b.sizes();
+  const bool a_small = sa[2] == 1 && sa[3] == 1, b_small = sb[2] == 1 && sb[3] == 1;
+  const bool same = sa == sb;
+  const bool a_bcast = !same && a_small, b_bcast = !same && b_small && !a_small;
+  TORCH_CHECK(sa[0] == sb[0] && sa[1] == sb[1] && (same || a_small || b_small), "deltaconv::mul: arguments 'delta_a' ",
+              sa, " and 'delta_b' ", sb, " must have equal shapes, or one must be [N, C, 1, 1] (squeeze-excite)");
+  const auto so = a_bcast ? sb : sa;
+  check_mask(op, "mask_a", mask_a, delta_a, sa);
+  check_mask(op, "mask_b", mask_b, delta_a, sb);
+  check_state(op, "acc_a", acc_a, delta_a, sa);
+  check_state(op, "acc_b", acc_b, delta_a, sb);
+  check_state(op, "sent", sent, delta_a, so);
+  const int64_t N = so[0], H = so[2], W = so[3];
+  const int C = check_channels(op, delta_a);
+  const bool* key_ptr = check_key(op, key, delta_a, N);
+  c10::cuda::CUDAGuard guard(delta_a.device());
+  Tensor out = empty_value(delta_a, so, delta_a.scalar_type());
+  Tensor mask_out = empty_mask(delta_a, N, H, W);
+  const int64_t pixels = N * H * W;
+  DC_DISPATCH_ACTIVATION_TYPES(delta_a.scalar_type(), "deltaconv::mul", [&] {
+    // the broadcast operand's acc first: every output pixel reads it
+    const Tensor* small_d = a_bcast ? &delta_a : (b_bcast ? &delta_b : nullptr);
+    if (small_d != nullptr && N * C > 0) {
+      const Tensor& small_m = a_bcast ? mask_a : mask_b;
+      Tensor& small_acc = a_bcast ? acc_a : acc_b;
+      const int64_t total = N * C;
+      pw::accumulate_rows_kernel<scalar_t><<<static_cast<unsigned>((total + pw::kThreads - 1) / pw::kThreads),
+                                             pw::kThreads, 0, stream()>>>(
+          cptr<scalar_t>(*small_d), cptr<bool>(small_m), ptr<float>(small_acc), N, C);
+      DC_LAUNCH_CHECK();
+    }
+    pw::MulParams<scalar_t> p{cptr<scalar_t>(delta_a), cptr<bool>(mask_a), ptr<float>(acc_a),
+                              cptr<scalar_t>(delta_b), cptr<bool>(mask_b), ptr<float>(acc_b),
+                              ptr<float>(sent), key_ptr, ptr<scalar_t>(out), ptr<bool>(mask_out),
+                              static_cast<float>(threshold), pixels, H * W, C, 0, a_bcast, b_bcast};
+    const bool vec_ok = C % kVec<scalar_t> == 0 && all_aligned({p.a, p.acc_a, p.b, p.acc_b, p.sent, p.out});
+    DC_LAUNCH_VEC(pw::mul_kernel, p, vec_ok, pixels, C);
+  });
+  return {out, mask_out};
+}
+
+// ---------------------------------------------------------------- concatenate
+std::tuple<Tensor, Tensor> concatenate(at::TensorList deltas, at::TensorList masks) {
+  const char* op = "concatenate";
+  const int64_t count = static_cast<int64_t>(deltas.size());
+  TORCH_CHECK(count >= 1, "deltaconv::concatenate: argument 'deltas' must hold at least one tensor, got 0");
+  TORCH_CHECK(count <= pw::kMaxConcat, "deltaconv::concatenate: argument 'deltas' holds ", count,
+              " tensors; at most ", pw::kMaxConcat, " are supported (concatenate in steps)");
+  TORCH_CHECK(static_cast<int64_t>(masks.size()) == count, "deltaconv::concatenate: argument 'masks' must hold one "
+              "mask per delta (", count, "), got ", masks.size());
+  const Tensor& ref = deltas[0];
+  check_value(op, "deltas[0]", ref, ref);
+  const int64_t N = ref.size(0), H = ref.size(2), W = ref.size(3);
+  int64_t total = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    const std::string dname = "deltas[" + std::to_string(i) + "]";
+    const std::string mname = "masks[" + std::to_string(i) + "]";
+    check_value(op, dname.c_str(), deltas[i], ref);
+    check_dtype(op, dname.c_str(), deltas[i], ref.scalar_type());
+    TORCH_CHECK(deltas[i].size(0) == N && deltas[i].size(2) == H && deltas[i].size(3) == W, "deltaconv::concatenate: "
+                "argument '", dname, "' must have shape [", N, ", C, ", H, ", ", W, "] like deltas[0], got ",
+                deltas[i].sizes());
+    check_mask(op, mname.c_str(), masks[i], ref, deltas[i].sizes());
+    total += deltas[i].size(1);
+  }
+  TORCH_CHECK(total <= (int64_t{1} << 30), "deltaconv::concatenate: too many channels (", total, ")");
+  c10::cuda::CUDAGuard guard(ref.device());
+  Tensor out = empty_value(ref, {N, total, H, W}, ref.scalar_type());
+  Tensor mask_out = empty_mask(ref, N, H, W);
+  const int64_t pixels = N * H * W;
+  DC_DISPATCH_ACTIVATION_TYPES(ref.scalar_type(), "deltaconv::concatenate", [&] {
+    pw::ConcatParams<scalar_t> p{};
+    p.count = static_cast<int>(count);
+    p.total_channels = static_cast<int>(total);
+    p.pixels = pixels;
+    p.out = ptr<scalar_t>(out);
+    p.mask_out = ptr<bool>(mask_out);
+    bool vec_ok = aligned16(p.out);
+    int64_t offset = 0, max_c = 1;
+    for (int64_t i = 0; i < count; ++i) {
+      p.in[i] = cptr<scalar_t>(deltas[i]);
+      p.mask[i] = cptr<bool>(masks[i]);
+      p.channels[i] = static_cast<int>(deltas[i].size(1));
+      p.offset[i] = static_cast<int>(offset);
+      offset += deltas[i].size(1);
+      max_c = std::max<int64_t>(max_c, deltas[i].size(1));
+      vec_ok = vec_ok && p.channels[i] % kVec<scalar_t> == 0 && aligned16(p.in[i]);
+    }
+    DC_LAUNCH_VEC(pw::concatenate_kernel, p, vec_ok, pixels, max_c);
+  });
+  return {out, mask_out};
+}
+
+// ---------------------------------------------------------------- interpolate
+// PyTorch's compute_scales_value / area_pixel_compute_scale (float accumulate type).
+float nearest_scale(std::optional<double> scale, int64_t in, int64_t out) {
+  return (scale.has_value() && *scale > 0.) ? static_cast<float>(1.0 / *scale)
+                                            : static_cast<float>(in) / static_cast<float>(out);
+}
+
+// (align_corners=False uses the input/output ratio even for an output of size 1, as PyTorch >= 2.1)
+float linear_scale(std::optional<double> scale, int64_t in, int64_t out, bool align_corners) {
+  if (align_corners) return out > 1 ? static_cast<float>(in - 1) / static_cast<float>(out - 1) : 0.f;
+  return nearest_scale(scale, in, out);
+}
+
+std::tuple<Tensor, Tensor> interpolate(const Tensor& delta, const Tensor& mask, at::IntArrayRef out_size,
+                                       std::optional<double> scale_h, std::optional<double> scale_w,
+                                       c10::string_view mode, bool align_corners) {
+  const char* op = "interpolate";
+  check_value(op, "delta", delta, delta);
+  check_mask(op, "mask", mask, delta, delta.sizes());
+  int mode_id;
+  if (mode == "nearest") {
+    mode_id = pw::kNearest;
+  } else if (mode == "nearest-exact") {
+    mode_id = pw::kNearestExact;
+  } else if (mode == "bilinear") {
+    mode_id = pw::kBilinear;
+  } else {
+    TORCH_CHECK(false, "deltaconv::interpolate: argument 'mode' must be 'nearest', 'nearest-exact' or 'bilinear', got '",
+                std::string(mode), "' (other modes run through the reference backend)");
+  }
+  TORCH_CHECK(out_size.size() == 2 && out_size[0] > 0 && out_size[1] > 0, "deltaconv::interpolate: argument "
+              "'out_size' must be two positive sizes, got ", out_size);
+  const int64_t N = delta.size(0), H = delta.size(2), W = delta.size(3);
+  TORCH_CHECK(H > 0 && W > 0, "deltaconv::interpolate: argument 'delta' must have non-empty spatial dims, got shape ",
+              delta.sizes());
+  const int64_t OH = out_size[0], OW = out_size[1];
+  TORCH_CHECK(H < (int64_t{1} << 31) && W < (int64_t{1} << 31) && OH < (int64_t{1} << 31) && OW < (int64_t{1} << 31),
+              "deltaconv::interpolate: spatial sizes must fit in int32");
+  const int C = check_channels(op, delta);
+  c10::cuda::CUDAGuard guard(delta.device());
+  Tensor out = empty_value(delta, {N, delta.size(1), OH, OW}, delta.scalar_type());
+  Tensor mask_out = empty_mask(delta, N, OH, OW);
+  const int64_t pixels = N * OH * OW;
+  const bool linear = mode_id == pw::kBilinear;
+  const float sh = linear ? linear_scale(scale_h, H, OH, align_corners) : nearest_scale(scale_h, H, OH);
+  const float sw = linear ? linear_scale(scale_w, W, OW, align_corners) : nearest_scale(scale_w, W, OW);
+  DC_DISPATCH_ACTIVATION_TYPES(delta.scalar_type(), "deltaconv::interpolate", [&] {
+    pw::InterpolateParams<scalar_t> p{cptr<scalar_t>(delta), cptr<bool>(mask), ptr<scalar_t>(out),
+                                      ptr<bool>(mask_out), sh, sw, pixels,
+                                      static_cast<int>(H), static_cast<int>(W), static_cast<int>(OH),
+                                      static_cast<int>(OW), C, 0, mode_id, align_corners};
+    const bool vec_ok = C % kVec<scalar_t> == 0 && all_aligned({p.delta, p.out});
+    DC_LAUNCH_VEC(pw::interpolate_kernel, p, vec_ok, pixels, C);
+  });
+  return {out, mask_out};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(deltaconv, CUDA, m) {
+  m.impl("sparsify", &sparsify);
+  m.impl("densify", &densify);
+  m.impl("activation", &activation);
+  m.impl("affine_channel", &affine_channel);
+  m.impl("add", &add);
+  m.impl("mul", &mul);
+  m.impl("concatenate", &concatenate);
+  m.impl("interpolate", &interpolate);
+}
+
+}  // namespace deltaconv

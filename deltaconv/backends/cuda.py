@@ -1,0 +1,475 @@
+"""CUDA backend: the functions of :mod:`.reference`, same signatures and semantics, run by the
+``torch.ops.deltaconv`` kernels of the compiled extension ``deltaconv._C``.
+
+Each function calls its kernel for the cases the kernels cover (CUDA tensors, 4-D feature maps,
+made channels_last-contiguous when they are not; the pointwise ops also take 2-D ``[N, C]``
+values, viewed as ``[N, C, 1, 1]``) and delegates to the reference function, which runs on GPU
+tensors too, for the genuinely generic cases: callables (``truncate``, ``linear_spatial``,
+``pool_nonlinear``, ``Activation("generic")``), broadcasting other than squeeze-excite, padding
+modes other than zeros, string padding, resampling modes other than nearest / nearest-exact /
+bilinear, other ranks. An op whose kernel is not registered in the loaded extension also falls
+back to the reference. Nothing here synchronises with the device, so a frame can be captured in a
+CUDA graph; every op has a fake (meta) implementation, so ``torch.compile`` can trace it.
+
+Values at inactive output pixels are unspecified (the kernels leave them unwritten), where the
+reference writes zeros: compare outputs only where the output mask is set.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from .. import _extension
+from ..activations import NATIVE_KINDS
+from . import reference as _ref
+
+Tensor = torch.Tensor
+
+_LOADED = _extension.load()
+_OPS = ("sparsify", "densify", "activation", "affine_channel", "add", "mul", "concatenate", "interpolate", "conv2d",
+        "conv_transpose2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "linear")
+
+
+def _registered_cuda_kernels() -> frozenset:
+    if not _LOADED:
+        return frozenset()
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    return frozenset(op for op in _OPS if has(f"deltaconv::{op}", "CUDA"))
+
+
+#: ops with a CUDA kernel in the loaded extension (the others run through the reference)
+NATIVE_OPS = _registered_cuda_kernels()
+
+_ACT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_CL = torch.channels_last
+_MAX_CONCAT = 32  # kMaxConcat in csrc/kernels/pointwise.cuh
+
+
+def is_available() -> bool:
+    """Whether the CUDA kernels can run here (extension loaded and a CUDA device visible)."""
+    return _LOADED and torch.cuda.is_available()
+
+
+def unavailable_reason() -> str:
+    """Why :func:`is_available` is false, with how to fix it; ``""`` when it is true."""
+    return _extension.unavailable_reason()
+
+
+# ----------------------------------------------------------------------------- helpers
+def _native(op: str, *tensors: Tensor) -> bool:
+    return op in NATIVE_OPS and all(t.is_cuda for t in tensors)
+
+
+def _value4(t: Tensor) -> Tensor:
+    """A 2-D ``[N, C]`` or 4-D value as a 4-D channels_last-contiguous tensor."""
+    if t.dim() == 2:
+        t = t.reshape(t.shape[0], t.shape[1], 1, 1)
+    return t if t.is_contiguous(memory_format=_CL) else t.contiguous(memory_format=_CL)
+
+
+def _mask4(m: Tensor) -> Tensor:
+    """A 2-D ``[N, 1]`` or 4-D ``[N, 1, H, W]`` per-pixel tensor as a contiguous 4-D one."""
+    if m.dim() == 2:
+        m = m.reshape(m.shape[0], m.shape[1], 1, 1)
+    return m if m.is_contiguous() else m.contiguous()
+
+
+def _state4(s: Tensor) -> tuple[Tensor, bool]:
+    """A state tensor as 4-D channels_last-contiguous, sharing its storage when it can; the flag
+    says that it is a copy, to be written back with :func:`_write_back` after the op."""
+    if s.dim() == 2:
+        if s.is_contiguous():
+            return s.view(s.shape[0], s.shape[1], 1, 1), False
+        return s.contiguous().view(s.shape[0], s.shape[1], 1, 1), True
+    if s.is_contiguous(memory_format=_CL):
+        return s, False
+    return s.contiguous(memory_format=_CL), True
+
+
+def _write_back(s: Tensor, s4: Tensor, copied: bool) -> None:
+    if copied:
+        s.copy_(s4.reshape(s.shape))
+
+
+def _like(out: Tensor, mask: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+    """Outputs of a 4-D kernel back in the rank of ``value`` (2-D values come back 2-D)."""
+    if value.dim() == 2:
+        return out.reshape(out.shape[0], out.shape[1]), mask.reshape(mask.shape[0], 1)
+    return out, mask
+
+
+def _key(key: Optional[Tensor]) -> Optional[Tensor]:
+    return key if key is None or key.is_contiguous() else key.contiguous()
+
+
+def _pair(v) -> list[int]:
+    if isinstance(v, int):
+        return [v, v]
+    v = [int(x) for x in v]
+    return v * 2 if len(v) == 1 else v
+
+
+def _pointwise_ok(op: str, value: Tensor, *others: Tensor) -> bool:
+    return _native(op, value, *others) and value.dim() in (2, 4) and value.dtype in _ACT_DTYPES
+
+
+def _state_ok(state: Tensor, shape) -> bool:
+    return state.dtype == torch.float32 and state.shape == shape
+
+
+def _fake(op: str):
+    """Register the decorated function as the fake (meta) kernel of ``deltaconv::op``."""
+    def register(fn):
+        if _LOADED:
+            try:
+                torch.library.register_fake(f"deltaconv::{op}")(fn)
+            except RuntimeError:  # already registered (module re-imported)
+                pass
+        return fn
+    return register
+
+
+def _empty_value(like: Tensor, shape, dtype: Optional[torch.dtype] = None) -> Tensor:
+    return torch.empty(tuple(shape), dtype=dtype or like.dtype, device=like.device, memory_format=_CL)
+
+
+def _empty_mask(like: Tensor, n, h, w) -> Tensor:
+    return torch.empty((n, 1, h, w), dtype=torch.bool, device=like.device)
+
+
+# ----------------------------------------------------------------------------- truncation
+def truncate(y: Tensor, region: Tensor, sent: Tensor, threshold: float, key: Optional[Tensor],
+             out_dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """Send ``y - sent`` on pixels of ``region`` over ``threshold`` (reference; generic tail)."""
+    return _ref.truncate(y, region, sent, threshold, key, out_dtype)
+
+
+# ----------------------------------------------------------------------------- boundaries
+def sparsify(x: Tensor, sent: Tensor, threshold: float, key: Optional[Tensor],
+             change_measure: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+    """Input sparsifier: send pixels of frame ``x`` that moved more than ``threshold`` from ``sent``."""
+    if not (_pointwise_ok("sparsify", x, sent) and _state_ok(sent, x.shape)
+            and (change_measure is None or change_measure.dtype == torch.float32)):
+        return _ref.sparsify(x, sent, threshold, key, change_measure)
+    s4, copied = _state4(sent)
+    measure = None if change_measure is None else _mask4(change_measure)
+    out, mask = torch.ops.deltaconv.sparsify(_value4(x), s4, float(threshold), _key(key), measure)
+    _write_back(sent, s4, copied)
+    return _like(out, mask, x)
+
+
+@_fake("sparsify")
+def _sparsify_fake(x, sent, threshold, key, measure):
+    n, _, h, w = x.shape
+    return _empty_value(x, x.shape), _empty_mask(x, n, h, w)
+
+
+def densify(delta: Tensor, mask: Tensor, acc: Tensor, out_dtype: torch.dtype) -> Tensor:
+    """Output densifier: accumulate ``delta`` into ``acc`` and return a dense copy."""
+    if not (_pointwise_ok("densify", delta, mask, acc) and _state_ok(acc, delta.shape) and out_dtype in _ACT_DTYPES):
+        return _ref.densify(delta, mask, acc, out_dtype)
+    a4, copied = _state4(acc)
+    out = torch.ops.deltaconv.densify(_value4(delta), _mask4(mask), a4, out_dtype)
+    _write_back(acc, a4, copied)
+    return out.reshape(delta.shape) if delta.dim() == 2 else out
+
+
+@_fake("densify")
+def _densify_fake(delta, mask, acc, out_dtype):
+    return _empty_value(delta, delta.shape, out_dtype)
+
+
+# ----------------------------------------------------------------------------- pointwise
+def activation(delta: Tensor, mask: Tensor, acc: Tensor, sent: Tensor, fn: Callable[[Tensor], Tensor],
+               threshold: float, key: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+    """Pointwise non-linearity ``fn``: ``fn(acc + d) - sent`` on active pixels, then truncation."""
+    kind = getattr(fn, "kind", None)
+    if not (kind in NATIVE_KINDS and _pointwise_ok("activation", delta, mask, acc, sent)
+            and _state_ok(acc, delta.shape) and _state_ok(sent, delta.shape)):
+        return _ref.activation(delta, mask, acc, sent, fn, threshold, key)
+    a4, a_copied = _state4(acc)
+    s4, s_copied = _state4(sent)
+    out, m = torch.ops.deltaconv.activation(_value4(delta), _mask4(mask), a4, s4, kind,
+                                            float(getattr(fn, "param", 0.0)), float(threshold), _key(key))
+    _write_back(acc, a4, a_copied)
+    _write_back(sent, s4, s_copied)
+    return _like(out, m, delta)
+
+
+@_fake("activation")
+def _activation_fake(delta, mask, acc, sent, kind, param, threshold, key):
+    n, _, h, w = delta.shape
+    return _empty_value(delta, delta.shape), _empty_mask(delta, n, h, w)
+
+
+def affine_channel(delta: Tensor, mask: Tensor, scale: Optional[Tensor], shift: Optional[Tensor],
+                   key: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+    """Per-channel ``y = scale * x + shift`` (BatchNorm in eval): scale the delta; add ``shift``
+    once, on key frames."""
+    c = delta.shape[1] if delta.dim() >= 2 else -1
+    if not (_pointwise_ok("affine_channel", delta, mask) and (scale is None or scale.numel() == c)
+            and (shift is None or shift.numel() == c)):
+        return _ref.affine_channel(delta, mask, scale, shift, key)
+
+    def vec(v: Optional[Tensor]) -> Optional[Tensor]:
+        return None if v is None else v.reshape(-1).to(device=delta.device, dtype=torch.float32).contiguous()
+
+    out, m = torch.ops.deltaconv.affine_channel(_value4(delta), _mask4(mask), vec(scale), vec(shift), _key(key))
+    return _like(out, m, delta)
+
+
+@_fake("affine_channel")
+def _affine_channel_fake(delta, mask, scale, shift, key):
+    n, _, h, w = delta.shape
+    return _empty_value(delta, delta.shape), _empty_mask(delta, n, h, w)
+
+
+def add(delta_a: Tensor, mask_a: Tensor, delta_b: Tensor, mask_b: Tensor,
+        alpha: float = 1.0) -> tuple[Tensor, Tensor]:
+    """``a + alpha * b`` of two changing tensors (broadcasting): linear, the union of masks."""
+    if not (_pointwise_ok("add", delta_a, mask_a, delta_b, mask_b) and delta_a.shape == delta_b.shape
+            and delta_a.dtype == delta_b.dtype and mask_a.shape == mask_b.shape):
+        return _ref.add(delta_a, mask_a, delta_b, mask_b, alpha)
+    out, m = torch.ops.deltaconv.add(_value4(delta_a), _mask4(mask_a), _value4(delta_b), _mask4(mask_b), float(alpha))
+    return _like(out, m, delta_a)
+
+
+@_fake("add")
+def _add_fake(delta_a, mask_a, delta_b, mask_b, alpha):
+    n, _, h, w = delta_a.shape
+    return _empty_value(delta_a, delta_a.shape), _empty_mask(delta_a, n, h, w)
+
+
+def _mul_shape(a: Tensor, b: Tensor) -> Optional[torch.Size]:
+    """The output shape when the kernel covers ``a * b`` (equal shapes or squeeze-excite)."""
+    if a.shape == b.shape:
+        return a.shape
+    if a.dim() != 4 or b.dim() != 4 or a.shape[:2] != b.shape[:2]:
+        return None
+    if a.shape[2:] == (1, 1):
+        return b.shape
+    if b.shape[2:] == (1, 1):
+        return a.shape
+    return None
+
+
+def mul(delta_a: Tensor, mask_a: Tensor, acc_a: Tensor, delta_b: Tensor, mask_b: Tensor, acc_b: Tensor,
+        sent: Tensor, threshold: float, key: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+    """Product of two changing tensors (broadcasting, e.g. squeeze-excite): non-linear."""
+    shape = _mul_shape(delta_a, delta_b) if delta_a.dim() == delta_b.dim() else None
+    if not (shape is not None and _pointwise_ok("mul", delta_a, mask_a, acc_a, delta_b, mask_b, acc_b, sent)
+            and delta_a.dtype == delta_b.dtype and _state_ok(acc_a, delta_a.shape) and _state_ok(acc_b, delta_b.shape)
+            and _state_ok(sent, shape)):
+        return _ref.mul(delta_a, mask_a, acc_a, delta_b, mask_b, acc_b, sent, threshold, key)
+    a4, a_copied = _state4(acc_a)
+    b4, b_copied = _state4(acc_b)
+    s4, s_copied = _state4(sent)
+    out, m = torch.ops.deltaconv.mul(_value4(delta_a), _mask4(mask_a), a4, _value4(delta_b), _mask4(mask_b), b4, s4,
+                                     float(threshold), _key(key))
+    _write_back(acc_a, a4, a_copied)
+    _write_back(acc_b, b4, b_copied)
+    _write_back(sent, s4, s_copied)
+    return _like(out, m, delta_a)
+
+
+@_fake("mul")
+def _mul_fake(delta_a, mask_a, acc_a, delta_b, mask_b, acc_b, sent, threshold, key):
+    shape = delta_b.shape if delta_a.shape[2:] == (1, 1) and delta_a.shape != delta_b.shape else delta_a.shape
+    n, _, h, w = shape
+    return _empty_value(delta_a, shape), _empty_mask(delta_a, n, h, w)
+
+
+def concatenate(deltas: Sequence[Tensor], masks: Sequence[Tensor], dim: int) -> tuple[Tensor, Tensor]:
+    """``torch.cat`` along ``dim``: along channels the masks are OR-ed, along other dims joined."""
+    deltas, masks = list(deltas), list(masks)
+    ndim = deltas[0].dim() if deltas else 0
+    if not (deltas and len(deltas) <= _MAX_CONCAT and ndim in (2, 4) and dim % ndim == 1
+            and all(_pointwise_ok("concatenate", d, m) and d.dim() == ndim and d.dtype == deltas[0].dtype
+                    for d, m in zip(deltas, masks))):
+        return _ref.concatenate(deltas, masks, dim)
+    out, m = torch.ops.deltaconv.concatenate([_value4(d) for d in deltas], [_mask4(m) for m in masks])
+    return _like(out, m, deltas[0])
+
+
+@_fake("concatenate")
+def _concatenate_fake(deltas, masks):
+    n, _, h, w = deltas[0].shape
+    c = sum(d.shape[1] for d in deltas)
+    return _empty_value(deltas[0], (n, c, h, w)), _empty_mask(deltas[0], n, h, w)
+
+
+# ----------------------------------------------------------------------------- convolution
+def conv2d(delta: Tensor, mask: Tensor, weight: Tensor, bias: Optional[Tensor], stride, padding, dilation,
+           groups: int, key: Optional[Tensor], padding_mode: str = "zeros") -> tuple[Tensor, Tensor]:
+    """Convolution: ``W * d``; the mask is dilated by the receptive field; the bias is added once,
+    on key frames."""
+    if not (_native("conv2d", delta, mask, weight) and delta.dim() == 4 and delta.dtype in _ACT_DTYPES
+            and padding_mode == "zeros" and not isinstance(padding, str)):
+        return _ref.conv2d(delta, mask, weight, bias, stride, padding, dilation, groups, key, padding_mode)
+    return torch.ops.deltaconv.conv2d(_value4(delta), _mask4(mask), weight, bias, _pair(stride), _pair(padding),
+                                      _pair(dilation), int(groups), _key(key))
+
+
+def _conv_out(size, k, s, p, d):
+    return (size + 2 * p - d * (k - 1) - 1) // s + 1
+
+
+@_fake("conv2d")
+def _conv2d_fake(delta, mask, weight, bias, stride, padding, dilation, groups, key):
+    n, _, h, w = delta.shape
+    (sh, sw), (ph, pw), (dh, dw) = _pair(stride), _pair(padding), _pair(dilation)
+    ho = _conv_out(h, weight.shape[2], sh, ph, dh)
+    wo = _conv_out(w, weight.shape[3], sw, pw, dw)
+    return _empty_value(delta, (n, weight.shape[0], ho, wo)), _empty_mask(delta, n, ho, wo)
+
+
+def conv_transpose2d(delta: Tensor, mask: Tensor, weight: Tensor, bias: Optional[Tensor], stride, padding,
+                     output_padding, groups: int, dilation, key: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+    """Transposed convolution: linear; the mask is scattered through the same footprint."""
+    if not (_native("conv_transpose2d", delta, mask, weight) and delta.dim() == 4 and delta.dtype in _ACT_DTYPES
+            and not isinstance(padding, str)):
+        return _ref.conv_transpose2d(delta, mask, weight, bias, stride, padding, output_padding, groups, dilation,
+                                     key)
+    return torch.ops.deltaconv.conv_transpose2d(_value4(delta), _mask4(mask), weight, bias, _pair(stride),
+                                                _pair(padding), _pair(output_padding), int(groups), _pair(dilation),
+                                                _key(key))
+
+
+@_fake("conv_transpose2d")
+def _conv_transpose2d_fake(delta, mask, weight, bias, stride, padding, output_padding, groups, dilation, key):
+    n, _, h, w = delta.shape
+    (sh, sw), (ph, pw), (oph, opw), (dh, dw) = _pair(stride), _pair(padding), _pair(output_padding), _pair(dilation)
+    ho = (h - 1) * sh - 2 * ph + dh * (weight.shape[2] - 1) + oph + 1
+    wo = (w - 1) * sw - 2 * pw + dw * (weight.shape[3] - 1) + opw + 1
+    return _empty_value(delta, (n, weight.shape[1] * groups, ho, wo)), _empty_mask(delta, n, ho, wo)
+
+
+def linear(delta: Tensor, mask: Tensor, weight: Tensor, bias: Optional[Tensor],
+           key: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+    """``F.linear`` over the last dim (the kernel covers 2-D ``[N, in]`` deltas)."""
+    if not (_native("linear", delta, mask, weight) and delta.dim() == 2 and delta.dtype in _ACT_DTYPES
+            and mask.dim() == 2):
+        return _ref.linear(delta, mask, weight, bias, key)
+    return torch.ops.deltaconv.linear(delta if delta.is_contiguous() else delta.contiguous(), _mask4(mask), weight,
+                                      bias, _key(key))
+
+
+@_fake("linear")
+def _linear_fake(delta, mask, weight, bias, key):
+    return delta.new_empty((delta.shape[0], weight.shape[0])), mask.new_empty((delta.shape[0], 1))
+
+
+# ----------------------------------------------------------------------------- pooling, resizing
+def linear_spatial(delta: Tensor, mask: Tensor, op: Callable[[Tensor], Tensor]) -> tuple[Tensor, Tensor]:
+    """A linear, bias-free spatial op with non-negative weights given as a callable (reference)."""
+    return _ref.linear_spatial(delta, mask, op)
+
+
+def pool_nonlinear(delta: Tensor, mask: Tensor, acc: Tensor, sent: Tensor, op: Callable[[Tensor], Tensor],
+                   threshold: float, key: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+    """A non-linear spatial op given as a callable (reference)."""
+    return _ref.pool_nonlinear(delta, mask, acc, sent, op, threshold, key)
+
+
+def _pool_out(size, k, p, s, d, ceil_mode):
+    num = size + 2 * p - d * (k - 1) - 1 + (s - 1 if ceil_mode else 0)
+    out = num // s + 1
+    if ceil_mode and (out - 1) * s >= size + p:
+        out -= 1
+    return out
+
+
+def _pool_stride(stride, kernel_size) -> list[int]:
+    return _pair(kernel_size) if stride is None or (not isinstance(stride, int) and len(stride) == 0) else _pair(stride)
+
+
+def avg_pool2d(delta: Tensor, mask: Tensor, kernel_size, stride, padding, ceil_mode: bool,
+               count_include_pad: bool, divisor_override: Optional[int]) -> tuple[Tensor, Tensor]:
+    """Average pooling (``F.avg_pool2d`` arguments): linear."""
+    if not (_native("avg_pool2d", delta, mask) and delta.dim() == 4 and delta.dtype in _ACT_DTYPES):
+        return _ref.avg_pool2d(delta, mask, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                               divisor_override)
+    return torch.ops.deltaconv.avg_pool2d(_value4(delta), _mask4(mask), _pair(kernel_size),
+                                          _pool_stride(stride, kernel_size), _pair(padding), bool(ceil_mode),
+                                          bool(count_include_pad),
+                                          None if divisor_override is None else int(divisor_override))
+
+
+@_fake("avg_pool2d")
+def _avg_pool2d_fake(delta, mask, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
+    n, c, h, w = delta.shape
+    (kh, kw), (sh, sw), (ph, pw) = _pair(kernel_size), _pool_stride(stride, kernel_size), _pair(padding)
+    ho, wo = _pool_out(h, kh, ph, sh, 1, ceil_mode), _pool_out(w, kw, pw, sw, 1, ceil_mode)
+    return _empty_value(delta, (n, c, ho, wo)), _empty_mask(delta, n, ho, wo)
+
+
+def adaptive_avg_pool2d(delta: Tensor, mask: Tensor, output_size) -> tuple[Tensor, Tensor]:
+    """Adaptive average pooling (global pooling included): linear."""
+    if not (_native("adaptive_avg_pool2d", delta, mask) and delta.dim() == 4 and delta.dtype in _ACT_DTYPES):
+        return _ref.adaptive_avg_pool2d(delta, mask, output_size)
+    size = [output_size, output_size] if isinstance(output_size, int) else list(output_size)
+    size = [delta.shape[2 + i] if s is None else int(s) for i, s in enumerate(size)]
+    return torch.ops.deltaconv.adaptive_avg_pool2d(_value4(delta), _mask4(mask), size)
+
+
+@_fake("adaptive_avg_pool2d")
+def _adaptive_avg_pool2d_fake(delta, mask, output_size):
+    n, c = delta.shape[:2]
+    ho, wo = _pair(output_size)
+    return _empty_value(delta, (n, c, ho, wo)), _empty_mask(delta, n, ho, wo)
+
+
+def _interpolate_args(shape, size, scale_factor):
+    """``F.interpolate``'s output size and the scales its kernels receive (None: from the sizes)."""
+    h, w = int(shape[-2]), int(shape[-1])
+    if size is not None:
+        oh, ow = (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
+        return [oh, ow], None, None
+    sf = scale_factor if isinstance(scale_factor, (list, tuple)) else (scale_factor, scale_factor)
+    sh, sw = float(sf[0]), float(sf[1])
+    return [math.floor(float(h) * sh), math.floor(float(w) * sw)], sh, sw
+
+
+def interpolate(delta: Tensor, mask: Tensor, size, scale_factor, mode: str,
+                align_corners: Optional[bool]) -> tuple[Tensor, Tensor]:
+    """``F.interpolate`` in a mode with non-negative weights: linear; the mask follows the same
+    resampling (kernels: nearest, nearest-exact, bilinear)."""
+    sizes_ok = (size is None) != (scale_factor is None) and (
+        size is None or isinstance(size, int) or len(size) == 2) and (
+        scale_factor is None or not isinstance(scale_factor, (list, tuple)) or len(scale_factor) == 2)
+    if not (sizes_ok and _native("interpolate", delta, mask) and delta.dim() == 4 and delta.dtype in _ACT_DTYPES
+            and mode in ("nearest", "nearest-exact", "bilinear")):
+        return _ref.interpolate(delta, mask, size, scale_factor, mode, align_corners)
+    out_size, sh, sw = _interpolate_args(delta.shape, size, scale_factor)
+    return torch.ops.deltaconv.interpolate(_value4(delta), _mask4(mask), out_size, sh, sw, mode,
+                                           bool(align_corners) if mode == "bilinear" else False)
+
+
+@_fake("interpolate")
+def _interpolate_fake(delta, mask, out_size, scale_h, scale_w, mode, align_corners):
+    n, c = delta.shape[:2]
+    oh, ow = out_size
+    return _empty_value(delta, (n, c, oh, ow)), _empty_mask(delta, n, oh, ow)
+
+
+def max_pool2d(delta: Tensor, mask: Tensor, acc: Tensor, sent: Tensor, kernel_size, stride, padding, dilation,
+               ceil_mode: bool, threshold: float, key: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+    """Max pooling (``F.max_pool2d`` arguments): non-linear, over the footprint of active pixels."""
+    if not (_native("max_pool2d", delta, mask, acc, sent) and delta.dim() == 4 and delta.dtype in _ACT_DTYPES
+            and acc.dtype == torch.float32 and sent.dtype == torch.float32):
+        return _ref.max_pool2d(delta, mask, acc, sent, kernel_size, stride, padding, dilation, ceil_mode, threshold,
+                               key)
+    return torch.ops.deltaconv.max_pool2d(_value4(delta), _mask4(mask), acc, sent, _pair(kernel_size),
+                                          _pool_stride(stride, kernel_size), _pair(padding), _pair(dilation),
+                                          bool(ceil_mode), float(threshold), _key(key))
+
+
+@_fake("max_pool2d")
+def _max_pool2d_fake(delta, mask, acc, sent, kernel_size, stride, padding, dilation, ceil_mode, threshold, key):
+    n, c, h, w = delta.shape
+    (kh, kw), (sh, sw) = _pair(kernel_size), _pool_stride(stride, kernel_size)
+    (ph, pw), (dh, dw) = _pair(padding), _pair(dilation)
+    ho, wo = _pool_out(h, kh, ph, sh, dh, ceil_mode), _pool_out(w, kw, pw, sw, dw, ceil_mode)
+    return _empty_value(delta, (n, c, ho, wo)), _empty_mask(delta, n, ho, wo)

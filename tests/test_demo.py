@@ -1,0 +1,101 @@
+"""The side-by-side demo (deltaconv.demo) on real video with real weights, and its drawing helpers."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+from deltaconv import demo
+
+
+def test_tiny_demo_mobilenet_v2_real_weights(tmp_path):
+    import cv2
+
+    out = tmp_path / "demo.mp4"
+    snap = tmp_path / "frame.png"
+    s = demo.run_demo(model="mobilenet_v2", threshold=0.0, device="cpu", max_frames=3, size=(64, 96), out=out,
+                      snapshot=snap, progress=False, verbose=False)
+    cap = cv2.VideoCapture(str(out))
+    assert cap.isOpened()
+    n, shape = 0, None
+    while True:
+        ok, frame = cap.read()
+        if not ok:
+            break
+        n, shape = n + 1, frame.shape
+    cap.release()
+    assert n == 3
+    img = cv2.imread(str(snap))
+    assert img is not None and img.shape == shape
+    # three panels of the source frame's aspect (vtest.avi: 768x576) over an information bar
+    assert img.shape[0] > demo.PANEL_HEIGHT and img.shape[1] == 3 * round(demo.PANEL_HEIGHT * 768 / 576)
+    assert s["frames"] == 3 and s["size"] == (64, 96) and s["task"] == "classification"
+    assert s["backend"] == "reference" and s["device"] == "cpu"
+    assert s["top1_agreement"] == 1.0
+    assert s["rel_error"] < 1e-4 and s["max_rel_error"] < 1e-4
+    assert 0 < s["density"] <= 1 and s["dense_ms"] > 0 and s["delta_ms"] > 0
+    assert math.isclose(s["speedup"], s["dense_ms"] / s["delta_ms"])
+    assert [r["key"] for r in s["per_frame"]] == [True, False, False]
+    text = demo.format_summary(s)
+    assert "top-1 agreement 100.0%" in text and "speedup" in text
+
+
+def test_missing_video_and_bad_arguments(tmp_path):
+    with pytest.raises(FileNotFoundError, match="--video: '.*nope.avi' does not exist"):
+        demo.run_demo(video=tmp_path / "nope.avi", out=None, progress=False, verbose=False)
+    with pytest.raises(ValueError, match="--threshold: must be a number >= 0, got -1"):
+        demo.run_demo(threshold=-1, out=None)
+    with pytest.raises(ValueError, match="--max-frames: must be >= 1, got 0"):
+        demo.run_demo(max_frames=0, out=None)
+
+
+def test_draw_result_tasks():
+    panel = np.full((48, 64, 3), 128, np.uint8)
+    logits = torch.zeros(1, 1000)
+    logits[0, 3] = 10
+    img = demo.draw_result(panel, logits, "classification", ["a", "b", "c", "tiger shark"], ref_label=3)
+    assert img.shape == panel.shape and not np.array_equal(img, panel)
+    seg = torch.zeros(1, 21, 12, 16)
+    seg[:, 15, :6] = 5  # "person" in the top half
+    img = demo.draw_result(panel, {"out": seg}, "segmentation")
+    assert not np.array_equal(img[:20], panel[:20]) and np.array_equal(img[30:], panel[30:])
+    score = torch.zeros(1, 24, 32, 2)
+    score[0, 2:8, 2:10, 0] = 0.9
+    img = demo.draw_result(panel, (score, torch.zeros(1, 32, 24, 32)), "text")
+    assert img.shape == panel.shape
+    assert img[10, 12, 2] > 180 and img[10, 12, 0] < 80  # red where the region score is high
+    assert np.abs(img[30:, 40:].astype(int) - 128).max() < 40  # only a light tint elsewhere
+    with pytest.raises(ValueError, match="task must be one of .* got 'boxes'"):
+        demo.draw_result(panel, logits, "boxes")
+    mask = torch.zeros(1, 1, 12, 16, dtype=torch.bool)
+    mask[..., :4, :4] = True
+    m = demo.draw_mask(panel, mask)
+    assert m[:10, :10].mean() > m[30:, 30:].mean()
+
+
+def test_threshold_sweep_and_plot(tmp_path):
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 4, 3, padding=1)).eval()
+    base = torch.randn(1, 3, 16, 16)
+    frames = [base + 0.2 * i * torch.randn(1, 3, 16, 16) * (torch.rand(1, 1, 16, 16) < 0.2) for i in range(4)]
+    rows = demo.threshold_sweep(model, frames, [0.0, 0.1, 1.0], backend="reference",
+                                calibrated={"input": 0.05, "1": 0.05})
+    assert [r["threshold"] for r in rows] == [0.0, 0.1, 1.0, None]
+    assert rows[0]["rel_error"] < 1e-5 and rows[0]["top1_agreement"] is None
+    assert rows[2]["density"] <= rows[0]["density"]
+    table = demo.format_sweep(rows)
+    assert "per-layer" in table
+    png = demo.plot_tradeoff(rows, tmp_path / "t.png", title="tiny", tolerance=0.1)
+    assert png.stat().st_size > 1000
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
+def test_tiny_demo_on_gpu(tmp_path):
+    s = demo.run_demo(model="mobilenet_v2", threshold=0.0, device="cuda", max_frames=3, size=(64, 96),
+                      out=tmp_path / "gpu.mp4", progress=False, verbose=False)
+    assert s["device"] == "cuda" and s["frames"] == 3
+    assert s["top1_agreement"] == 1.0 and s["rel_error"] < 1e-2  # TF32 / kernel rounding on the GPU
+    assert s["dense_ms"] > 0 and s["delta_ms"] > 0

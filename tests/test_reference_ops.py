@@ -1,0 +1,466 @@
+"""The delta rules of ``deltaconv.backends.reference``, function by function.
+
+Masks are checked against receptive fields computed independently (index arithmetic in Python
+loops), values against the dense op applied to accumulated inputs. Inputs carry NaN at inactive
+pixels: the contract is that no function ever reads them.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from deltaconv.backends import reference as ref
+
+NAN = float("nan")
+
+
+def _delta(shape, active_frac=0.3, seed=0, garbage=NAN):
+    """A random delta with a random mask and ``garbage`` at inactive pixels."""
+    g = torch.Generator().manual_seed(seed)
+    n, c, h, w = shape
+    value = torch.randn(shape, generator=g)
+    mask = torch.rand((n, 1, h, w), generator=g) < active_frac
+    return torch.where(mask, value, torch.full((), garbage)), mask
+
+
+def _clean(value, mask):
+    return torch.where(mask, value, torch.zeros(()))
+
+
+# ----------------------------------------------------------------------------- analytic footprints
+def _window_footprint(in_hw, out_hw, pixel, k, s, p, d):
+    """Output pixels of a sliding-window op (conv, pooling) whose window holds input ``pixel``:
+    output o covers inputs o*s - p + j*d for j in [0, k)."""
+    out = torch.zeros(out_hw, dtype=torch.bool)
+    for axis_o in range(out_hw[0]):
+        if not any(axis_o * s[0] - p[0] + j * d[0] == pixel[0] for j in range(k[0])):
+            continue
+        for axis_w in range(out_hw[1]):
+            if any(axis_w * s[1] - p[1] + j * d[1] == pixel[1] for j in range(k[1])):
+                out[axis_o, axis_w] = True
+    return out
+
+
+def _transpose_footprint(out_hw, pixel, k, s, p, d):
+    """Output pixels of a transposed conv that input ``pixel`` writes: i*s - p + j*d."""
+    out = torch.zeros(out_hw, dtype=torch.bool)
+    for jy in range(k[0]):
+        for jx in range(k[1]):
+            oy, ox = pixel[0] * s[0] - p[0] + jy * d[0], pixel[1] * s[1] - p[1] + jx * d[1]
+            if 0 <= oy < out_hw[0] and 0 <= ox < out_hw[1]:
+                out[oy, ox] = True
+    return out
+
+
+def _one_pixel(shape, pixel, c=None):
+    n, ch, h, w = shape
+    mask = torch.zeros((n, 1, h, w), dtype=torch.bool)
+    mask[0, 0, pixel[0], pixel[1]] = True
+    value = torch.full(shape, NAN)
+    value[0, :, pixel[0], pixel[1]] = torch.arange(1, ch + 1, dtype=torch.float32)
+    return value, mask
+
+
+@settings(max_examples=40, deadline=None)
+@given(k=st.integers(1, 5), s=st.integers(1, 3), d=st.integers(1, 2), p=st.integers(0, 3),
+       h=st.integers(6, 11), w=st.integers(6, 11), data=st.data())
+def test_conv2d_mask_is_the_receptive_field(k, s, d, p, h, w, data):
+    if (h + 2 * p - d * (k - 1) - 1) < 0 or (w + 2 * p - d * (k - 1) - 1) < 0:
+        return
+    py = data.draw(st.integers(0, h - 1))
+    px = data.draw(st.integers(0, w - 1))
+    weight = torch.rand(3, 2, k, k) + 0.1
+    value, mask = _one_pixel((1, 2, h, w), (py, px))
+    out, out_mask = ref.conv2d(value, mask, weight, None, s, p, d, 1, None)
+    truth = _window_footprint((h, w), out.shape[-2:], (py, px), (k, k), (s, s), (p, p), (d, d))
+    assert torch.equal(out_mask[0, 0], truth)
+    assert not torch.isnan(out).any()
+    # positive weights: exactly the footprint carries a non-zero value
+    assert torch.equal(out[0].abs().amax(0) > 0, truth)
+
+
+@pytest.mark.parametrize("mode", ["reflect", "replicate", "circular"])
+@pytest.mark.parametrize("pixel", [(0, 0), (1, 1), (4, 6), (7, 9)])
+def test_conv2d_padding_mode_mask_and_value(mode, pixel):
+    """Non-zero padding modes copy border pixels into the padding: a border change reaches the
+    outputs its copies touch. Compared with the dense conv of a one-pixel change."""
+    conv = torch.nn.Conv2d(2, 3, 3, padding=1, padding_mode=mode, bias=False)
+    value, mask = _one_pixel((1, 2, 8, 10), pixel)
+    out, out_mask = ref.conv2d(value, mask, conv.weight.detach(), None, conv.stride, conv.padding,
+                               conv.dilation, 1, None, mode)
+    with torch.no_grad():
+        dense = conv(_clean(value, mask))
+    truth = dense.abs().amax(1, keepdim=True) > 0
+    assert torch.equal(out_mask, truth)
+    assert torch.allclose(out, dense, atol=1e-6)
+
+
+@pytest.mark.parametrize("k,s,p,op,d", [(2, 2, 0, 0, 1), (3, 2, 1, 1, 1), (3, 1, 1, 0, 1), (4, 2, 1, 0, 1),
+                                        (3, 2, 0, 0, 2), (3, 3, 2, 2, 1)])
+@pytest.mark.parametrize("pixel", [(0, 0), (2, 3), (4, 5)])
+def test_conv_transpose2d_mask_is_the_scatter_footprint(k, s, p, op, d, pixel):
+    weight = torch.rand(2, 3, k, k) + 0.1
+    value, mask = _one_pixel((1, 2, 5, 6), pixel)
+    out, out_mask = ref.conv_transpose2d(value, mask, weight, None, s, p, op, 1, d, None)
+    truth = _transpose_footprint(out.shape[-2:], pixel, (k, k), (s, s), (p, p), (d, d))
+    assert torch.equal(out_mask[0, 0], truth)
+    assert torch.equal(out[0].abs().amax(0) > 0, truth)
+    dense = F.conv_transpose2d(_clean(value, mask), weight, None, s, p, op, 1, d)
+    assert torch.allclose(out, dense, atol=1e-6)
+
+
+@pytest.mark.parametrize("k,s,p,d,ceil", [(2, 2, 0, 1, False), (3, 2, 1, 1, False), (3, 2, 1, 1, True),
+                                          (2, 2, 0, 1, True), (3, 1, 1, 1, False), (3, 2, 0, 2, True),
+                                          (3, 3, 1, 1, True)])
+def test_pool_masks_are_window_footprints(k, s, p, d, ceil):
+    h, w = 9, 11
+    for pixel in [(0, 0), (8, 10), (4, 5), (8, 0)]:
+        value, mask = _one_pixel((1, 2, h, w), pixel)
+        acc = torch.randn(1, 2, h, w)
+        out_hw = F.max_pool2d(acc, k, s, p, d, ceil).shape[-2:]
+        truth = _window_footprint((h, w), out_hw, pixel, (k, k), (s, s), (p, p), (d, d))
+        sent = F.max_pool2d(acc, k, s, p, d, ceil).contiguous()
+        _, mmask = ref.max_pool2d(value, mask, acc.clone(), sent.clone(), k, s, p, d, ceil, -1.0, None)
+        # a negative threshold sends the whole footprint: the mask is exactly the region examined
+        assert torch.equal(mmask[0, 0], truth), pixel
+        if d == 1:
+            _, amask = ref.avg_pool2d(value, mask, k, s, p, ceil, False, None)
+            assert torch.equal(amask[0, 0], truth), pixel
+
+
+def test_max_pool2d_values_and_truncation():
+    """max of the accumulated input over the footprint; changes that do not alter the max are
+    not sent at threshold 0."""
+    g = torch.Generator().manual_seed(0)
+    x0 = torch.randn(2, 3, 8, 8, generator=g)
+    acc, sent = torch.zeros_like(x0), torch.zeros(2, 3, 4, 4)
+    key = torch.ones(2, dtype=torch.bool)
+    out, m = ref.max_pool2d(x0, torch.ones(2, 1, 8, 8, dtype=torch.bool), acc, sent, 2, 2, 0, 1, False, 0.0, key)
+    assert m.all() and torch.allclose(out, F.max_pool2d(x0, 2))
+    # lower a non-maximal element of window (0, 0) in stream 0: the output must not change
+    win = x0[0, :, :2, :2].reshape(3, 4)
+    i = int(win[0].argmin())
+    delta = torch.full_like(x0, NAN)
+    mask = torch.zeros(2, 1, 8, 8, dtype=torch.bool)
+    mask[0, 0, i // 2, i % 2] = True
+    delta[0, :, i // 2, i % 2] = 0.0
+    delta[0, 0, i // 2, i % 2] = -1.0
+    out, m = ref.max_pool2d(delta, mask, acc, sent, 2, 2, 0, 1, False, 0.0, None)
+    assert not m.any() and not out.any()
+    # raise it above the max: exactly output (0, 0) of stream 0 changes, by the right amount
+    x1 = x0.clone()
+    x1[0, 0, i // 2, i % 2] = win[0].max() + 2.0
+    delta[0, 0, i // 2, i % 2] = x1[0, 0, i // 2, i % 2] - acc[0, 0, i // 2, i % 2]
+    out, m = ref.max_pool2d(delta, mask, acc, sent, 2, 2, 0, 1, False, 0.0, None)
+    assert m.sum() == 1 and m[0, 0, 0, 0]
+    assert torch.allclose(sent, F.max_pool2d(x1, 2))
+
+
+@pytest.mark.parametrize("size,scale,mode,ac", [
+    ((16, 20), None, "nearest", None), (None, 2.0, "nearest", None), ((13, 17), None, "nearest", None),
+    (None, 2.0, "bilinear", False), (None, 2.0, "bilinear", True), ((13, 17), None, "bilinear", False),
+    ((13, 17), None, "bilinear", True), (None, 0.5, "bilinear", False), ((4, 5), None, "nearest-exact", None)])
+def test_interpolate_mask_is_the_set_of_outputs_with_weight_on_the_pixel(size, scale, mode, ac):
+    h, w = 8, 10
+    for pixel in [(0, 0), (3, 4), (7, 9)]:
+        value, mask = _one_pixel((1, 2, h, w), pixel)
+        out, out_mask = ref.interpolate(value, mask, size, scale, mode, ac)
+        # truth: a float64 one-hot through the dense op (weights are non-negative: no cancellation)
+        onehot = torch.zeros(1, 1, h, w, dtype=torch.float64)
+        onehot[0, 0, pixel[0], pixel[1]] = 1.0
+        truth = F.interpolate(onehot, size=size, scale_factor=scale, mode=mode, align_corners=ac) > 0
+        if mode == "nearest" and size is None:  # independent index arithmetic: src = floor(dst / scale)
+            idx = torch.zeros(out.shape[-2:], dtype=torch.bool)
+            for oy in range(idx.shape[0]):
+                for ox in range(idx.shape[1]):
+                    idx[oy, ox] = (math.floor(oy / scale), math.floor(ox / scale)) == pixel
+            assert torch.equal(idx, truth[0, 0])
+        assert torch.equal(out_mask, truth)
+        assert not torch.isnan(out).any()
+        dense = F.interpolate(_clean(value, mask), size=size, scale_factor=scale, mode=mode, align_corners=ac)
+        assert torch.allclose(out, dense, atol=1e-6)
+
+
+@pytest.mark.parametrize("output_size", [1, 3, (2, 4), (5, 7)])
+def test_adaptive_avg_pool_mask(output_size):
+    h, w = 10, 14
+    oh, ow = (output_size, output_size) if isinstance(output_size, int) else output_size
+    for pixel in [(0, 0), (4, 7), (9, 13)]:
+        value, mask = _one_pixel((1, 3, h, w), pixel)
+        out, out_mask = ref.adaptive_avg_pool2d(value, mask, output_size)
+        truth = torch.zeros(oh, ow, dtype=torch.bool)
+        for i in range(oh):  # PyTorch's adaptive windows: [floor(i*h/oh), ceil((i+1)*h/oh))
+            for j in range(ow):
+                ys = range(math.floor(i * h / oh), math.ceil((i + 1) * h / oh))
+                xs = range(math.floor(j * w / ow), math.ceil((j + 1) * w / ow))
+                truth[i, j] = pixel[0] in ys and pixel[1] in xs
+        assert torch.equal(out_mask[0, 0], truth)
+        assert torch.allclose(out, F.adaptive_avg_pool2d(_clean(value, mask), output_size), atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- boundaries
+def test_sparsify_threshold_keeps_pending_change_and_never_drifts():
+    x = torch.zeros(1, 2, 3, 3)
+    sent = torch.zeros_like(x)
+    key = torch.ones(1, dtype=torch.bool)
+    out, m = ref.sparsify(x, sent, 0.5, key)
+    assert m.all()  # key frame: dense, even where nothing changed
+    # +0.2 per frame on pixel (1, 1), channel 0: sent only on the third frame, with the full 0.6
+    sent_frames = []
+    for t in range(1, 6):
+        x = x.clone()
+        x[0, 0, 1, 1] += 0.2
+        out, m = ref.sparsify(x, sent, 0.5, None)
+        assert m.sum() <= 1
+        if m.any():
+            sent_frames.append(t)
+            assert m[0, 0, 1, 1]
+            # the whole accumulated change goes out at once, on every channel of the pixel
+            assert torch.allclose(out[0, :, 1, 1], torch.tensor([0.6, 0.0]))
+        else:
+            assert not out.any()
+        # the pending change (what downstream has not seen) never exceeds the threshold
+        assert (x - sent).abs().max() <= 0.5 + 1e-6
+    assert sent_frames == [3]
+    assert torch.allclose(sent[0, 0, 1, 1], torch.tensor(0.6))
+
+
+def test_sparsify_sends_exact_values_and_all_channels_of_a_pixel():
+    g = torch.Generator().manual_seed(0)
+    x0 = torch.randn(2, 3, 4, 5, generator=g)
+    sent = torch.zeros_like(x0)
+    ref.sparsify(x0, sent, 0.0, torch.ones(2, dtype=torch.bool))
+    x1 = x0.clone()
+    x1[1, 2, 3, 4] += 1.0  # one channel of one pixel of stream 1
+    out, m = ref.sparsify(x1, sent, 0.0, None)
+    assert m.sum() == 1 and m[1, 0, 3, 4]
+    assert torch.equal(out[1, :, 3, 4], (x1 - x0)[1, :, 3, 4])
+    assert torch.equal(sent, x1)
+    assert not out[0].any()
+
+
+def test_sparsify_key_for_one_stream_only():
+    x = torch.randn(2, 3, 4, 4)
+    sent = torch.zeros_like(x)
+    ref.sparsify(x, sent, 0.0, torch.ones(2, dtype=torch.bool))
+    sent[1] = 0  # stream 1 was reset
+    out, m = ref.sparsify(x, sent, 10.0, torch.tensor([False, True]))
+    assert m[1].all() and not m[0].any()
+    assert torch.equal(out[1], x[1]) and torch.equal(sent, x)
+
+
+def test_densify_accumulates_only_active_pixels():
+    acc = torch.zeros(1, 2, 3, 3)
+    v, m = _delta((1, 2, 3, 3), 0.5)
+    out = ref.densify(v, m, acc, torch.float32)
+    assert torch.equal(out, _clean(v, m))
+    out2 = ref.densify(v, m, acc, torch.float32)
+    assert torch.equal(out2, 2 * _clean(v, m))
+    assert out2.data_ptr() != acc.data_ptr()  # a copy, not the state itself
+
+
+# ----------------------------------------------------------------------------- pointwise
+def test_truncate_threshold_region_and_key():
+    y = torch.tensor([[[[0.1, 0.6, -0.7, 0.0]]]]).expand(1, 2, 1, 4).clone()
+    sent = torch.zeros_like(y)
+    region = torch.tensor([[[[True, True, False, True]]]])
+    out, m = ref.truncate(y, region, sent, 0.5, None, torch.float32)
+    assert m.tolist() == [[[[False, True, False, False]]]]
+    assert torch.equal(sent[..., 1], y[..., 1]) and not sent[..., [0, 2, 3]].any()
+    out, m = ref.truncate(y, region, sent, 0.5, torch.ones(1, dtype=torch.bool), torch.float32)
+    assert m.tolist() == [[[[True, True, False, True]]]]  # key: the whole region, never outside it
+    assert torch.allclose(sent[..., [0, 1, 3]], y[..., [0, 1, 3]]) and not sent[..., 2].any()
+
+
+ACTS = [F.relu, F.relu6, lambda t: F.leaky_relu(t, 0.2), F.hardswish, F.hardsigmoid, F.silu, torch.sigmoid,
+        F.gelu, lambda t: F.gelu(t, approximate="tanh"), torch.tanh]
+
+
+@pytest.mark.parametrize("fn", ACTS)
+def test_activation_over_frames_equals_dense_and_ignores_inactive_garbage(fn):
+    g = torch.Generator().manual_seed(1)
+    shape = (2, 3, 5, 6)
+    x = torch.randn(shape, generator=g) * 4
+    acc, sent = torch.zeros(shape), torch.zeros(shape)
+    out_acc = torch.zeros(shape)
+    key = torch.ones(2, dtype=torch.bool)
+    prev = torch.zeros(shape)
+    for t in range(5):
+        if t:
+            x = x.clone()
+            change = torch.rand(2, 1, 5, 6, generator=g) < 0.3
+            x = torch.where(change, torch.randn(shape, generator=g) * 4, x)
+        mask = (x != prev).any(1, keepdim=True) | (key is not None)
+        delta = torch.where(mask, x - prev, torch.full((), NAN))
+        out, m = ref.activation(delta, mask, acc, sent, fn, 0.0, key)
+        assert not torch.isnan(out).any()
+        out_acc += torch.where(m, out, 0.0)
+        assert torch.allclose(out_acc, fn(x), atol=1e-5)
+        assert not (m & ~mask).any()  # output changes only where the input changed
+        prev, key = x, None
+
+
+def test_activation_threshold_pending_goes_out_later():
+    acc, sent = torch.zeros(1, 1, 1, 1), torch.zeros(1, 1, 1, 1)
+    one = torch.ones(1, 1, 1, 1, dtype=torch.bool)
+    ref.activation(torch.zeros(1, 1, 1, 1), one, acc, sent, F.relu, 0.25, torch.ones(1, dtype=torch.bool))
+    sends = []
+    for _ in range(4):
+        out, m = ref.activation(torch.full((1, 1, 1, 1), 0.1), one, acc, sent, F.relu, 0.25, None)
+        sends.append(float(out) if m.any() else None)
+    assert sends[:2] == [None, None] and sends[2] == pytest.approx(0.3) and sends[3] is None
+    assert float(sent) == pytest.approx(0.3) and float(acc) == pytest.approx(0.4)
+
+
+def test_affine_channel_shift_only_on_key_streams():
+    v, m = _delta((2, 3, 4, 4), 0.4)
+    scale, shift = torch.tensor([1.0, 2.0, -1.0]), torch.tensor([0.5, -0.5, 3.0])
+    out, om = ref.affine_channel(v, m, scale, shift, None)
+    assert torch.equal(om, m)
+    assert torch.allclose(out, _clean(v, m) * scale.view(1, 3, 1, 1))
+    key = torch.tensor([True, False])
+    out, om = ref.affine_channel(v, m, scale, shift, key)
+    assert om[0].all() and torch.equal(om[1], m[1])
+    assert torch.allclose(out[0], _clean(v, m)[0] * scale.view(3, 1, 1) + shift.view(3, 1, 1))
+    assert torch.allclose(out[1], _clean(v, m)[1] * scale.view(3, 1, 1))
+
+
+def test_conv_bias_once_on_key_frames():
+    w, b = torch.randn(4, 3, 3, 3), torch.randn(4)
+    v, m = _delta((2, 3, 6, 6), 0.2)
+    out, om = ref.conv2d(v, m, w, b, 1, 1, 1, 1, torch.tensor([False, True]))
+    dense = F.conv2d(_clean(v, m), w, None, 1, 1)
+    assert om[1].all()
+    assert torch.allclose(out[1], dense[1] + b.view(4, 1, 1), atol=1e-5)
+    assert torch.allclose(out[0], dense[0], atol=1e-5)
+    out, _ = ref.conv2d(v, m, w, b, 1, 1, 1, 1, None)
+    assert torch.allclose(out, dense, atol=1e-5)
+
+
+def test_add_union_and_alpha():
+    va, ma = _delta((1, 2, 4, 4), 0.3, seed=1)
+    vb, mb = _delta((1, 2, 4, 4), 0.3, seed=2)
+    out, m = ref.add(va, ma, vb, mb, -2.0)
+    assert torch.equal(m, ma | mb)
+    assert torch.allclose(out, _clean(va, ma) - 2 * _clean(vb, mb))
+
+
+def test_mul_squeeze_excite_broadcast_region():
+    g = torch.Generator().manual_seed(0)
+    a0, b0 = torch.randn(2, 3, 4, 5, generator=g), torch.rand(2, 3, 1, 1, generator=g)
+    acc_a, acc_b, sent = torch.zeros_like(a0), torch.zeros_like(b0), torch.zeros(2, 3, 4, 5)
+    key = torch.ones(2, dtype=torch.bool)
+    ones_a, ones_b = torch.ones(2, 1, 4, 5, dtype=torch.bool), torch.ones(2, 1, 1, 1, dtype=torch.bool)
+    out, m = ref.mul(a0, ones_a, acc_a, b0, ones_b, acc_b, sent, 0.0, key)
+    assert torch.allclose(out, a0 * b0)
+    # one pixel of a changes (stream 0): exactly that output pixel
+    da = torch.full_like(a0, NAN)
+    ma = torch.zeros_like(ones_a)
+    ma[0, 0, 2, 3] = True
+    da[0, :, 2, 3] = 1.0
+    db, mb = torch.full_like(b0, NAN), torch.zeros_like(ones_b)
+    out, m = ref.mul(da, ma, acc_a, db, mb, acc_b, sent, 0.0, None)
+    assert torch.equal(m, ma)
+    assert torch.allclose(out[0, :, 2, 3], b0[0, :, 0, 0])
+    # the gate of stream 1 changes: every pixel of stream 1, none of stream 0
+    mb = torch.tensor([False, True]).view(2, 1, 1, 1)
+    db = torch.where(mb, torch.full_like(b0, 0.5), torch.full((), NAN))
+    out, m = ref.mul(torch.full_like(a0, NAN), torch.zeros_like(ones_a), acc_a, db, mb, acc_b, sent, 0.0, None)
+    assert m[1].all() and not m[0].any()
+    a1 = a0.clone()
+    a1[0, :, 2, 3] += 1.0
+    b1 = b0.clone()
+    b1[1] += 0.5
+    assert torch.allclose(sent, a1 * b1, atol=1e-6)
+
+
+@pytest.mark.parametrize("dim", [1, -3, 2, 3, -1, 0])
+def test_concatenate_masks(dim):
+    va, ma = _delta((2, 2, 4, 4), 0.3, seed=1)
+    vb, mb = _delta((2, 3, 4, 4), 0.3, seed=2) if dim % 4 == 1 else _delta((2, 2, 4, 4), 0.3, seed=2)
+    out, m = ref.concatenate([va, vb], [ma, mb], dim)
+    assert torch.equal(out, torch.cat([_clean(va, ma), _clean(vb, mb)], dim))
+    if dim % 4 == 1:
+        assert torch.equal(m, ma | mb)
+    else:
+        assert torch.equal(m, torch.cat([ma, mb], dim))
+
+
+def test_linear_rank2_and_rank4():
+    w, b = torch.randn(5, 6), torch.randn(5)
+    v = torch.randn(3, 6)
+    m = torch.tensor([[True], [False], [True]])
+    v[1] = NAN
+    out, om = ref.linear(v, m, w, b, torch.tensor([False, False, True]))
+    assert torch.equal(om, torch.tensor([[True], [False], [True]]))
+    assert torch.allclose(out[0], w @ v[0]) and torch.allclose(out[2], w @ v[2] + b)
+    assert not out[1].any()
+    # rank 4: the last dim is a pixel dim, so an active input pixel activates the whole row
+    v4, m4 = _delta((1, 2, 3, 6), 0.3)
+    out, om = ref.linear(v4, m4, w, None, None)
+    assert om.shape == (1, 1, 3, 5)
+    assert torch.equal(om[..., 0], m4.any(-1))
+    assert torch.allclose(out, F.linear(_clean(v4, m4), w), atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- garbage is never read
+@pytest.mark.parametrize("name", ["conv2d", "conv2d_reflect", "conv_transpose2d", "linear_spatial", "avg_pool2d",
+                                  "adaptive_avg_pool2d", "interpolate", "max_pool2d", "affine_channel", "densify",
+                                  "activation", "add", "mul", "concatenate"])
+def test_no_function_reads_inactive_values(name):
+    """Same call with NaN and with zeros at inactive pixels: identical, finite results."""
+    results = []
+    for garbage in (NAN, 0.0):
+        v, m = _delta((2, 4, 6, 7), 0.3, garbage=garbage)
+        v2, m2 = _delta((2, 4, 6, 7), 0.3, seed=5, garbage=garbage)
+        st_ = torch.zeros(2, 4, 6, 7)
+        if name == "conv2d":
+            r = ref.conv2d(v, m, torch.randn(3, 4, 3, 3, generator=torch.Generator().manual_seed(0)), None, 2, 1, 1,
+                           1, None)
+        elif name == "conv2d_reflect":
+            r = ref.conv2d(v, m, torch.ones(4, 1, 3, 3), None, 1, "same", 1, 4, None, "reflect")
+        elif name == "conv_transpose2d":
+            r = ref.conv_transpose2d(v, m, torch.ones(4, 2, 3, 3), None, 2, 1, 1, 1, 1, None)
+        elif name == "linear_spatial":
+            r = ref.linear_spatial(v, m, lambda t: F.avg_pool2d(t, 2))
+        elif name == "avg_pool2d":
+            r = ref.avg_pool2d(v, m, 3, 2, 1, True, False, None)
+        elif name == "adaptive_avg_pool2d":
+            r = ref.adaptive_avg_pool2d(v, m, 3)
+        elif name == "interpolate":
+            r = ref.interpolate(v, m, None, 2.0, "bilinear", False)
+        elif name == "max_pool2d":
+            r = ref.max_pool2d(v, m, torch.zeros(2, 4, 6, 7), torch.zeros(2, 4, 3, 4), 3, 2, 1, 1, False, 0.0, None)
+        elif name == "affine_channel":
+            r = ref.affine_channel(v, m, torch.linspace(0.5, 2.0, 4), torch.zeros(4), None)
+        elif name == "densify":
+            r = (ref.densify(v, m, st_, torch.float32),)
+        elif name == "activation":
+            r = ref.activation(v, m, st_, torch.zeros_like(st_), torch.sigmoid, 0.0, None)
+        elif name == "add":
+            r = ref.add(v, m, v2, m2, 1.0)
+        elif name == "mul":
+            r = ref.mul(v, m, torch.zeros_like(st_), v2, m2, torch.ones_like(st_), torch.zeros_like(st_), 0.0, None)
+        else:
+            r = ref.concatenate([v, v2], [m, m2], 1)
+        results.append(r)
+    for a, b in zip(*results):
+        assert torch.isfinite(a.float()).all(), name
+        assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("padding,k,d", [("same", 3, 1), ("same", 4, 1), ("same", 3, 2), ("valid", 3, 1), (2, 5, 1),
+                                         ((1, 2), 3, 1)])
+def test_reflect_padding_amounts_match_pytorch(padding, k, d):
+    conv = torch.nn.Conv2d(2, 2, k, padding=padding, dilation=d, padding_mode="reflect", bias=False)
+    x = torch.randn(1, 2, 9, 11)
+    out, m = ref.conv2d(x, torch.ones(1, 1, 9, 11, dtype=torch.bool), conv.weight.detach(), None, conv.stride,
+                        conv.padding, conv.dilation, 1, None, "reflect")
+    with torch.no_grad():
+        assert torch.allclose(out, conv(x), atol=1e-5)
+    assert m.all() and m.shape[-2:] == out.shape[-2:]
