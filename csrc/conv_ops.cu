@@ -205,24 +205,27 @@ conv::tc::TcArgs tc_args(const Tensor& x, const Tensor& m_or_empty, const Tensor
 }
 
 // One 3x3 configuration: (coarse, fine) pair of instantiations for one dtype / stride / width.
+// DELTACONV_TC_LEGACY=1 runs the v2 kernels (DELTACONV_TC_PREFETCH: their prefetch depth).
 template <typename T, int S, int TPB, int NWc, int NTc, int NWf, int NTf>
 void run_tc_3x3(conv::tc::TcArgs a, int64_t tiles, cudaStream_t stream) {
   using CC = conv::tc::Conv3Cfg<S, TPB, NWc, NTc>;
   using CF = conv::tc::Conv3Cfg<S, 1, NWf, NTf>;
   static_assert(CC::BN == CF::BN, "coarse and fine launches must split Cout alike");
-  auto kc = conv::tc::conv3x3_tc_kernel<T, S, TPB, NWc, NTc, false>;
-  auto kf = conv::tc::conv3x3_tc_kernel<T, S, 1, NWf, NTf, true>;
-  a.prefetch = std::min(5, std::max(1, env_int("DELTACONV_TC_PREFETCH", 3)));
+  const bool legacy = env_int("DELTACONV_TC_LEGACY", 0) != 0;
+  auto kc = legacy ? conv::tc::conv3x3_tc_kernel_v2<T, S, TPB, NWc, NTc, false>
+                   : conv::tc::conv3x3_tc_kernel<T, S, TPB, NWc, NTc, false>;
+  auto kf = legacy ? conv::tc::conv3x3_tc_kernel_v2<T, S, 1, NWf, NTf, true>
+                   : conv::tc::conv3x3_tc_kernel<T, S, 1, NWf, NTf, true>;
+  a.prefetch = legacy ? std::min(5, std::max(1, env_int("DELTACONV_TC_PREFETCH", 2))) : 2;
   a.cap = (int)tiles;
   const int smem_c = CC::smem(a.prefetch), smem_f = CF::smem(a.prefetch);
   const int occ_c = prepare_kernel(kc, CC::THREADS, smem_c);
-  const int occ_f = prepare_kernel(kf, CF::THREADS, smem_f);
-  (void)occ_f;
+  (void)prepare_kernel(kf, CF::THREADS, smem_f);
   const int sms = num_sms();
   const int nb = ceil_div(a.g.Cout, CC::BN);
-  // Coarse while it fills the machine at least twice over, else the fine launch (count is only
-  // known on the device; both are launched and one returns at once).
-  int64_t fine_max = (int64_t)2 * occ_c * sms * TPB / nb;
+  // The coarse launch unless it would fill less than half of the machine (the count is only
+  // known on the device: both are launched and one returns at once).
+  int64_t fine_max = (int64_t)occ_c * sms * TPB / (2 * nb);
   if (const char* v = std::getenv("DELTACONV_TC_FINE_MAX")) fine_max = std::atoll(v);
   a.fine_max = (int)std::max<int64_t>(std::min<int64_t>(fine_max, kIntMax), -1);
   const int64_t groups_c = (tiles + TPB - 1) / TPB;
@@ -256,9 +259,7 @@ void launch_tc_3x3(const Tensor& x, const Tensor& m, const Tensor& weight, const
   const bool wide = g.Cout > 64;
   if (x.scalar_type() == at::kHalf) {
     using T = __half;
-    if (g.sh == 1 && env_int("DELTACONV_TC_TPB", 4) == 2) {  // experiment: 2 tiles per coarse block
-      if (wide) run_tc_3x3<T, 1, 2, 2, 8, 4, 4>(a, tiles, stream); else run_tc_3x3<T, 1, 2, 2, 4, 2, 4>(a, tiles, stream);
-    } else if (g.sh == 1) {
+    if (g.sh == 1) {
       if (wide) run_tc_3x3<T, 1, 4, 2, 8, 4, 4>(a, tiles, stream); else run_tc_3x3<T, 1, 4, 2, 4, 2, 4>(a, tiles, stream);
     } else {
       if (wide) run_tc_3x3<T, 2, 2, 2, 8, 4, 4>(a, tiles, stream); else run_tc_3x3<T, 2, 2, 2, 4, 2, 4>(a, tiles, stream);
@@ -277,7 +278,7 @@ template <typename T, int NW, int NT>
 void run_tc_1x1(conv::tc::TcArgs a, int64_t total, cudaStream_t stream) {
   using Cfg = conv::tc::Conv1Cfg<NW, NT>;
   auto k = conv::tc::conv1x1_tc_kernel<T, NW, NT>;
-  a.prefetch = std::min(5, std::max(1, env_int("DELTACONV_TC_PREFETCH1", 3)));
+  a.prefetch = std::min(5, std::max(1, env_int("DELTACONV_TC_PREFETCH1", 2)));
   a.cap = (int)total;
   const int smem = Cfg::smem(a.prefetch);
   const int occ = prepare_kernel(k, Cfg::THREADS, smem);
@@ -359,7 +360,7 @@ std::tuple<Tensor, Tensor> conv2d_cuda(const Tensor& delta, const Tensor& mask, 
   // Tensor-core path: fp16 / bf16, groups 1, channels multiple of 8, 16-byte aligned rows;
   // 1x1 (any stride / padding) and 3x3 (dilation 1, equal strides 1 or 2).
   const bool tc_ok = tc_enabled() && (x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16) &&
-                     groups == 1 && Cin % 8 == 0 && Cout % 8 == 0 &&
+                     groups == 1 && Cin % 8 == 0 && Cout % 8 == 0 && Cout * KH * KW * Cin < kIntMax &&
                      reinterpret_cast<uintptr_t>(x.const_data_ptr()) % 16 == 0;
   const bool use_tc = tc_ok && ((KH == 1 && KW == 1) ||
                                 (KH == 3 && KW == 3 && dh == 1 && dw == 1 && sh == sw && (sh == 1 || sh == 2)));

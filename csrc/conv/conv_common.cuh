@@ -102,22 +102,23 @@ __device__ __forceinline__ bool out_pixel_any(const bool* __restrict__ mask, con
   return any;
 }
 
-// Tile list: one block of 256 threads per strip of MASK_STRIP tiles (TILE_H rows x
-// MASK_STRIP * TILE_W columns of output pixels; each thread 2 adjacent pixels of one row). Writes the
-// output mask and appends the ids (n * tiles_h + th) * tiles_w + tw of the strip's active tiles to
-// `list`, in x order, with one atomic per block; list[1 + cap + slot] gets the tile's row mask
-// (bit r: output row r of the tile has an active pixel). Grid: strips_w * tiles_h * N blocks.
-// KS: 3 = non-transposed 3x3 (unrolled), 0 = any geometry.
-constexpr int MASK_STRIP = 8;
-constexpr int MASK_THREADS = TILE_H * MASK_STRIP * TILE_W / 2;  // 256
-static_assert(MASK_THREADS == 256 && TILE_W == 8, "conv_tile_mask_kernel assumes 8 rows x 32 pixel pairs");
+// Tile list: one block of 256 threads per strip of MASK_STRIP = 32 tiles of one tile row; thread
+// (warp r, lane l) computes row r (8 output pixels) of tile l of the strip. Writes the output mask
+// and appends the ids (n * tiles_h + th) * tiles_w + tw of the strip's active tiles to `list` (in
+// x order, one atomic per block); list[1 + cap + slot] gets the tile's row mask (bit r: output
+// row r of the tile has an active pixel). Grid: strips_w * tiles_h * N blocks (1-D).
+// KS: 3 = non-transposed 3x3 (unrolled; stride 1 / dilation 1 along x reads each input byte
+// once), 0 = any geometry.
+constexpr int MASK_STRIP = 32;
+constexpr int MASK_THREADS = TILE_H * MASK_STRIP;  // 256
+static_assert(TILE_W == 8 && TILE_H == 8, "conv_tile_mask_kernel assumes 8x8 tiles");
 
 template <bool TRANSPOSED, int KS>
 __global__ void __launch_bounds__(MASK_THREADS) conv_tile_mask_kernel(const bool* __restrict__ mask,
                                                                       const bool* __restrict__ key,
                                                                       bool* __restrict__ mask_out,
                                                                       int* __restrict__ list, ConvGeom g, int cap) {
-  __shared__ unsigned flags[TILE_H];
+  __shared__ unsigned rowbits[TILE_H];  // per tile row r: bit l = tile l of the strip has an active pixel in row r
   const int strips_w = (g.tiles_w + MASK_STRIP - 1) / MASK_STRIP;
   int b = blockIdx.x;
   const int sx = b % strips_w;
@@ -127,49 +128,68 @@ __global__ void __launch_bounds__(MASK_THREADS) conv_tile_mask_kernel(const bool
   const int r = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
   const int oh = th * TILE_H + r;
-  const int ow = sx * MASK_STRIP * TILE_W + lane * 2;
-  const bool kn = key_of(key, n);
-  bool act = false;
-  if (oh < g.Ho) {
-    bool* mo = mask_out + ((size_t)n * g.Ho + oh) * g.Wo;
+  const int tw = sx * MASK_STRIP + lane;
+  const int ow0 = tw * TILE_W;
+  unsigned act = 0;  // bit e: pixel (oh, ow0 + e) active
+  if (oh < g.Ho && tw < g.tiles_w) {
+    const unsigned valid = ow0 + TILE_W <= g.Wo ? 0xFFu : (1u << (g.Wo - ow0)) - 1u;
+    if (key_of(key, n)) {
+      act = valid;
+    } else if (!TRANSPOSED && KS == 3 && g.sw == 1 && g.dw == 1) {
+      const bool* mn = mask + (size_t)n * g.H * g.W;
+      unsigned cols = 0;  // bit c: input column ow0 - pw + c (c < 10) active in any of the 3 rows
 #pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      if (ow + e < g.Wo) {
-        bool a = kn;
-        if (!a) {
-          if constexpr (TRANSPOSED) a = out_pixel_active<true>(mask, g, n, oh, ow + e);
-          else a = out_pixel_any<KS>(mask, g, n, oh, ow + e);
+      for (int ky = 0; ky < 3; ++ky) {
+        const int ih = oh * g.sh - g.ph + ky * g.dh;
+        if (ih >= 0 && ih < g.H) {
+          const bool* row = mn + (size_t)ih * g.W;
+#pragma unroll
+          for (int c = 0; c < TILE_W + 2; ++c) {
+            const int iw = ow0 - g.pw + c;
+            if (iw >= 0 && iw < g.W && row[iw]) cols |= 1u << c;
+          }
         }
-        mo[ow + e] = a;
-        act |= a;
+      }
+      act = (cols | (cols >> 1) | (cols >> 2)) & valid;
+    } else {
+#pragma unroll
+      for (int e = 0; e < TILE_W; ++e) {
+        if ((valid >> e) & 1u) {
+          bool a;
+          if constexpr (TRANSPOSED) a = out_pixel_active<true>(mask, g, n, oh, ow0 + e);
+          else a = out_pixel_any<KS>(mask, g, n, oh, ow0 + e);
+          act |= (unsigned)a << e;
+        }
       }
     }
-  }
-  const unsigned bal = __ballot_sync(0xffffffffu, act);
-  if (lane == 0) {
-    unsigned tf = 0;
+    bool* mo = mask_out + ((size_t)n * g.Ho + oh) * g.Wo + ow0;
+    if (valid == 0xFFu && (reinterpret_cast<uintptr_t>(mo) & 7) == 0) {
+      unsigned long long v = 0;
 #pragma unroll
-    for (int k = 0; k < MASK_STRIP; ++k)
-      if ((bal >> (4 * k)) & 0xFu) tf |= 1u << k;
-    flags[r] = tf;
+      for (int e = 0; e < TILE_W; ++e) v |= (unsigned long long)((act >> e) & 1u) << (8 * e);
+      *reinterpret_cast<unsigned long long*>(mo) = v;
+    } else {
+#pragma unroll
+      for (int e = 0; e < TILE_W; ++e)
+        if ((valid >> e) & 1u) mo[e] = (act >> e) & 1u;
+    }
   }
+  const unsigned bal = __ballot_sync(0xffffffffu, act != 0);
+  if (lane == 0) rowbits[r] = bal;
   __syncthreads();
-  if (threadIdx.x == 0) {
-    unsigned all = 0;
+  if (r == 0) {
+    int rows = 0;
 #pragma unroll
-    for (int k = 0; k < TILE_H; ++k) all |= flags[k];
-    if (all) {
-      int pos = atomicAdd(list, __popc(all));
-      const int base = (n * g.tiles_h + th) * g.tiles_w + sx * MASK_STRIP;
-#pragma unroll
-      for (int k = 0; k < MASK_STRIP; ++k) {
-        if ((all >> k) & 1u) {
-          int rows = 0;
-#pragma unroll
-          for (int r2 = 0; r2 < TILE_H; ++r2) rows |= (int)((flags[r2] >> k) & 1u) << r2;
-          list[1 + cap + pos] = rows;
-          list[1 + pos++] = base + k;
-        }
+    for (int k = 0; k < TILE_H; ++k) rows |= (int)((rowbits[k] >> lane) & 1u) << k;
+    const unsigned tiles = __ballot_sync(0xffffffffu, rows != 0);
+    if (tiles != 0) {
+      int base = 0;
+      if (lane == 0) base = atomicAdd(list, __popc(tiles));
+      base = __shfl_sync(0xffffffffu, base, 0);
+      if (rows != 0) {
+        const int pos = base + __popc(tiles & ((1u << lane) - 1u));
+        list[1 + pos] = (n * g.tiles_h + th) * g.tiles_w + tw;
+        list[1 + cap + pos] = rows;
       }
     }
   }

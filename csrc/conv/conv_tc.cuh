@@ -208,8 +208,10 @@ __device__ __forceinline__ void kstep(float (&acc)[4][NT][4], const uint32_t (&a
   }
 }
 
+// v2 (kept as a fallback, DELTACONV_TC_LEGACY=1): the same algorithm with runtime prefetch depth
+// and per-stage index arithmetic (slower: issue-bound on integer divisions).
 template <typename T, int S, int TPB, int NW, int NT, bool FINE>
-__global__ void __launch_bounds__(32 * TPB * NW, 1) conv3x3_tc_kernel(const TcArgs a) {
+__global__ void __launch_bounds__(32 * TPB * NW, 1) conv3x3_tc_kernel_v2(const TcArgs a) {
   using Cfg = Conv3Cfg<S, TPB, NW, NT>;
   using HL = Halo<S>;
   constexpr int THREADS = Cfg::THREADS;
@@ -413,6 +415,278 @@ __global__ void __launch_bounds__(32 * TPB * NW, 1) conv3x3_tc_kernel(const TcAr
 #pragma unroll
           for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
     }
+  }
+  cp_async_wait<0>();
+}
+
+// v3: as v2, with the per-stage scalar work cut to a few instructions: stage indices are
+// counters (no divisions), producer offsets are precomputed, prefetch depth is a constant 2 and
+// B fragments are double buffered across n16 pairs.
+template <typename T, int NT>
+__device__ __forceinline__ void kstep3(float (&acc)[4][NT][4], const uint32_t (&a_addr)[4], uint32_t b_addr0,
+                                       int rp) {
+  uint32_t a[4][4];
+  uint32_t b[2][4];
+  if constexpr (NT <= 4) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      if (rp & (1 << i)) ldsm_x4(a[i], a_addr[i]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) ldsm_x4(a[i], a_addr[i]);
+  }
+  ldsm_x4(b[0], b_addr0);
+#pragma unroll
+  for (int jj = 0; jj < NT / 2; ++jj) {
+    if (jj + 1 < NT / 2) ldsm_x4(b[(jj + 1) & 1], b_addr0 + (jj + 1) * 16 * 128);
+    const uint32_t(&bb)[4] = b[jj & 1];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if (NT > 4 || (rp & (1 << i))) {
+        Mma<T>::run(acc[i][2 * jj], a[i], bb[0], bb[1]);
+        Mma<T>::run(acc[i][2 * jj + 1], a[i], bb[2], bb[3]);
+      }
+    }
+  }
+}
+
+template <typename T, int S, int TPB, int NW, int NT, bool FINE>
+__global__ void __launch_bounds__(32 * TPB * NW, 1) conv3x3_tc_kernel(const TcArgs a) {
+  using Cfg = Conv3Cfg<S, TPB, NW, NT>;
+  using HL = Halo<S>;
+  constexpr int THREADS = Cfg::THREADS;
+  constexpr int PIXT = TPB * HL::PIX;
+  constexpr int P = 2;   // prefetch distance in stages
+  constexpr int WS = P + 1;
+  constexpr int WPT = Cfg::BN * 8 / THREADS;  // 16-byte weight pieces per thread per stage
+  constexpr int WROWSTEP = THREADS / 8;
+  static_assert(Cfg::BN * 8 % THREADS == 0 && THREADS % 64 == 0, "producer layout");
+  extern __shared__ __align__(128) unsigned char smem[];
+
+  const int count = a.list[0];
+  if (FINE ? count > a.fine_max : count <= a.fine_max) return;
+  const ConvGeom& g = a.g;
+  const int ngroups = (count + TPB - 1) / TPB;
+  if ((int)blockIdx.x >= ngroups) return;
+  const int my_groups = (ngroups - 1 - (int)blockIdx.x) / (int)gridDim.x + 1;
+  const int Cin = g.Cin;
+  const int nchunks = (Cin + CK - 1) / CK;
+  const int total = my_groups * nchunks * 9;
+  const int n0 = blockIdx.y * Cfg::BN;
+
+  const T* __restrict__ x = static_cast<const T*>(a.x);
+  const T* __restrict__ w = static_cast<const T*>(a.w);
+  const int* __restrict__ list = a.list;
+  const uint32_t halo_s = smem_u32(smem);
+  const uint32_t w_s = halo_s + 2 * Cfg::HALO_BYTES;
+  int* tab_s = reinterpret_cast<int*>(smem + 2 * Cfg::HALO_BYTES + WS * Cfg::W_BYTES);
+
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int slot = warp / NW;
+  const int nw = warp % NW;
+
+  // per group: input pixel of every halo row (-1: zero) and row mask of every tile -> table gi & 1
+  auto prep = [&](int gi) {
+    const int grp = (int)blockIdx.x + gi * (int)gridDim.x;
+    int* tab = tab_s + (gi & 1) * Cfg::TAB;
+#pragma unroll
+    for (int k = 0; k < (PIXT + THREADS - 1) / THREADS; ++k) {
+      const int e = tid + k * THREADS;
+      if (e < PIXT) {
+        const int sl = e / HL::PIX;
+        const int q = e - sl * HL::PIX;
+        const int t = grp * TPB + sl;
+        int p = -1;
+        if (t < count) {
+          const int tile = list[1 + t];
+          const int tw = tile % g.tiles_w;
+          const int t2 = tile / g.tiles_w;
+          const int th = t2 % g.tiles_h;
+          const int n = t2 / g.tiles_h;
+          const int hy = q / HL::W;
+          const int ih = th * TILE_H * S - g.ph + hy;
+          const int iw = tw * TILE_W * S - g.pw + (q - hy * HL::W);
+          if (ih >= 0 && ih < g.H && iw >= 0 && iw < g.W) {
+            const int pix = (n * g.H + ih) * g.W + iw;
+            if (a.mask[pix]) p = pix;
+          }
+        }
+        tab[e] = p;
+      }
+    }
+    if (tid < TPB) {
+      const int t = grp * TPB + tid;
+      tab[PIXT + tid] = t < count ? list[1 + a.cap + t] : 0;
+    }
+  };
+
+  // ---- producer constants: this thread always copies 16-byte piece wj of its rows
+  const int wj = tid & 7;
+  const int wrow0 = tid >> 3;
+  const uint32_t wdst0 = wrow0 * 128 + ((wj ^ (wrow0 & 7)) << 4);  // (row + k * WROWSTEP) & 7 == row & 7
+  const int woff0 = (n0 + wrow0) * 9 * Cin + wj * 8;
+  const int wkstep = WROWSTEP * 9 * Cin;
+  unsigned wco_ok = 0;
+#pragma unroll
+  for (int k = 0; k < WPT; ++k)
+    if (n0 + wrow0 + k * WROWSTEP < g.Cout) wco_ok |= 1u << k;
+
+  // producer state: the stage to issue next
+  int i_tap = 0, i_chunk = 0, i_gi = 0, i_ws = 0, i_hpar = 0, i_c0 = 0, i_woff = 0;
+  auto issue = [&]() {
+    const bool ci_ok = i_c0 + wj * 8 < Cin;
+    if (i_tap == 0) {
+      const uint32_t hb = halo_s + i_hpar * Cfg::HALO_BYTES;
+      const int* tab = tab_s + (i_gi & 1) * Cfg::TAB;
+      const T* xc = x + i_c0 + wj * 8;
+#pragma unroll 4
+      for (int e = tid >> 3; e < PIXT; e += WROWSTEP) {
+        const int p = tab[e];
+        const bool v = ci_ok && p >= 0;
+        cp_async16(hb + e * 128 + ((wj ^ HL::swz(e)) << 4), v ? xc + (size_t)p * Cin : x, v);
+      }
+    }
+    const uint32_t wb = w_s + i_ws * Cfg::W_BYTES + wdst0;
+    const T* wsrc = w + (woff0 + i_woff);
+#pragma unroll
+    for (int k = 0; k < WPT; ++k) {
+      const bool v = ci_ok && ((wco_ok >> k) & 1u);
+      cp_async16(wb + k * WROWSTEP * 128, v ? wsrc + k * wkstep : w, v);
+    }
+  };
+  auto advance_issue = [&]() {
+    ++i_tap;
+    i_woff += Cin;
+    if (i_tap == 9) {
+      i_tap = 0;
+      i_hpar ^= 1;
+      i_c0 += CK;
+      if (++i_chunk == nchunks) {
+        i_chunk = 0;
+        i_c0 = 0;
+        ++i_gi;
+      }
+      i_woff = i_c0;
+    }
+    i_ws = i_ws == WS - 1 ? 0 : i_ws + 1;
+  };
+
+  // ---- consumer constants
+  const int abase = slot * HL::PIX + ((lane >> 3) & 1) * S * HL::W + (lane & 7) * S;
+  const int ka = lane >> 4;
+  const uint32_t bbase = (nw * NT * 8 + (lane & 7) + ((lane >> 4) << 3)) * 128;
+  const int bx = ((lane >> 3) & 1) ^ (lane & 7);
+
+  float acc[4][NT][4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+
+  prep(0);
+  __syncthreads();
+#pragma unroll
+  for (int s = 0; s < P; ++s) {
+    if (s < total) issue();
+    cp_async_commit();
+    advance_issue();
+  }
+
+  // consumer state: the stage to compute
+  int c_ws = 0, c_hpar = 0;
+  int s = 0;  // flattened stage index
+
+#pragma unroll 1
+  for (int c_gi = 0; c_gi < my_groups; ++c_gi) {
+    int rm = 0, rp = 0;
+#pragma unroll 1
+    for (int c_chunk = 0; c_chunk < nchunks; ++c_chunk) {
+      const int c_ksteps = min(4, (Cin - c_chunk * CK + 15) >> 4);
+#pragma unroll 1
+      for (int c_tap = 0; c_tap < 9; ++c_tap, ++s) {
+        cp_async_wait<P - 1>();
+        __syncthreads();
+        if (s + P < total) {
+          // the table of the next group is needed by the stage after this one
+          if (i_tap == 8 && i_chunk == nchunks - 1 && i_gi + 1 < my_groups) prep(i_gi + 1);
+          issue();
+        }
+        cp_async_commit();
+        advance_issue();
+
+        if (c_tap == 0 && c_chunk == 0) {
+          rm = tab_s[(c_gi & 1) * Cfg::TAB + PIXT + slot];  // output row mask of this warp's tile
+          rp = ((rm & 0x03) ? 1 : 0) | ((rm & 0x0c) ? 2 : 0) | ((rm & 0x30) ? 4 : 0) | ((rm & 0xc0) ? 8 : 0);
+        }
+
+        if (rp != 0) {
+          const int ky = c_tap >= 6 ? 2 : (c_tap >= 3 ? 1 : 0);
+          const int c_toff = ky * (HL::W - 3) + c_tap;  // ky * W + kx
+          const uint32_t hb = halo_s + c_hpar * Cfg::HALO_BYTES;
+          const uint32_t wb = w_s + c_ws * Cfg::W_BYTES + bbase;
+          uint32_t arow[4];
+          int ax[4];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int e = abase + c_toff + 2 * i * S * HL::W;
+            arow[i] = hb + e * 128;
+            ax[i] = ka ^ HL::swz(e);
+          }
+#pragma unroll
+          for (int ks = 0; ks < 4; ++ks) {
+            if (ks < c_ksteps) {
+              uint32_t aaddr[4];
+#pragma unroll
+              for (int i = 0; i < 4; ++i) aaddr[i] = arow[i] + (((ks << 1) ^ ax[i]) << 4);
+              kstep3<T, NT>(acc, aaddr, wb + (((ks << 1) ^ bx) << 4), rp);
+            }
+          }
+        }
+        c_ws = c_ws == WS - 1 ? 0 : c_ws + 1;
+      }
+      c_hpar ^= 1;
+    }
+
+    // group done: epilogue
+    const int grp = (int)blockIdx.x + c_gi * (int)gridDim.x;
+    const int t = grp * TPB + slot;
+    if (t < count) {
+      const int tile = list[1 + t];
+      const int tw = tile % g.tiles_w;
+      const int t2 = tile / g.tiles_w;
+      const int th = t2 % g.tiles_h;
+      const int n = t2 / g.tiles_h;
+      const bool add_bias = a.bias != nullptr && key_of(a.key, n);
+      const T* bias = static_cast<const T*>(a.bias);
+      T* yn = static_cast<T*>(a.y) + (size_t)n * g.Ho * g.Wo * g.Cout;
+      const int cbase = n0 + nw * NT * 8 + (lane & 3) * 2;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int oh = th * TILE_H + 2 * i + h;
+          const int ow = tw * TILE_W + (lane >> 2);
+          if (((rm >> (2 * i + h)) & 1) && oh < g.Ho && ow < g.Wo) {
+            T* yp = yn + ((size_t)oh * g.Wo + ow) * g.Cout;
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+              const int co = cbase + j * 8;
+              if (co < g.Cout) store2<T>(yp, bias, add_bias, co, acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+            }
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
   }
   cp_async_wait<0>();
 }
