@@ -11,6 +11,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 def pytest_configure(config):
+    # The tests use small tensors, for which intra-op threads only cost: on a loaded machine with
+    # few cores, two OpenMP threads made a 64x112 conv 100x slower than one. Override with
+    # DELTACONV_TEST_THREADS.
+    torch.set_num_threads(int(os.environ.get("DELTACONV_TEST_THREADS", "1")))
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (and, for backend='cuda', the built extension)")
     config.addinivalue_line("markers", "slow: long-running (hundreds of frames or large models)")
 

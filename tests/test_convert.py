@@ -13,7 +13,7 @@ import torchvision
 import deltaconv
 from deltaconv import DCActivation, DCConv2d, DCFallback, DCMaxPool2d
 from deltaconv.report import STATUSES
-from helpers import HAS_CUDA, UNet, device_backends, make_unet, max_rel_err, randomize_bn, video_frames
+from helpers import HAS_CUDA, device_backends, make_unet, max_rel_err, randomize_bn, video_frames
 
 TOL = 1e-4
 SIZE = (64, 96)

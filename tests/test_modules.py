@@ -111,7 +111,8 @@ CONV_CASES = {
 def test_conv2d(case, bias, device, backend):
     kw = dict(CONV_CASES[case])
     cout = 8 if kw.get("groups") == 4 else 6
-    check_converted(nn.Sequential(nn.Conv2d(4, cout, bias=bias, **kw)), expect=[DCConv2d], device=device, backend=backend)
+    check_converted(nn.Sequential(nn.Conv2d(4, cout, bias=bias, **kw)), expect=[DCConv2d], device=device,
+                    backend=backend)
 
 
 @pytest.mark.parametrize("device,backend", device_backends())
@@ -130,13 +131,15 @@ def test_conv2d_with_folded_batchnorm(case, device, backend):
 
 
 @pytest.mark.parametrize("device,backend", device_backends())
-@pytest.mark.parametrize("kw", [dict(kernel_size=2, stride=2), dict(kernel_size=3, stride=2, padding=1, output_padding=1),
+@pytest.mark.parametrize("kw", [dict(kernel_size=2, stride=2),
+                                dict(kernel_size=3, stride=2, padding=1, output_padding=1),
                                 dict(kernel_size=3, stride=1, padding=1), dict(kernel_size=4, stride=2, padding=1),
                                 dict(kernel_size=3, stride=2, groups=2), dict(kernel_size=3, stride=2, dilation=2),
                                 dict(kernel_size=2, stride=2, bias=False)],
                          ids=["k2s2", "k3s2op1", "k3s1", "k4s2p1", "groups2", "dilation2", "nobias"])
 def test_conv_transpose2d(kw, device, backend):
-    check_converted(nn.Sequential(nn.ConvTranspose2d(4, 6, **kw)), expect=[DCConvTranspose2d], device=device, backend=backend)
+    check_converted(nn.Sequential(nn.ConvTranspose2d(4, 6, **kw)), expect=[DCConvTranspose2d], device=device,
+                    backend=backend)
 
 
 @pytest.mark.parametrize("device,backend", device_backends())
@@ -387,6 +390,13 @@ def test_data_movement(kind, device, backend):
     check_converted(_split_model(kind), expect=[DCLinearFunction], device=device, backend=backend)
 
 
+@pytest.mark.xfail(strict=True, raises=RuntimeError,
+                   reason="known limitation: ops that change the batch size (cat along dim 0, x[:1]) break the "
+                          "per-stream key of later layers with a bias (shape mismatch on the key frame)")
+def test_batch_changing_ops():
+    check_converted(Fn(lambda x, a, b: b(torch.cat([a(x), x], 0)), conv(), conv()), expect=[DCConcatenate])
+
+
 @pytest.mark.parametrize("device,backend", device_backends())
 def test_dropout_and_identity_removed_in_eval(device, backend):
     model = nn.Sequential(conv(), nn.Dropout(0.5), nn.ReLU(), nn.Identity(), nn.Dropout2d(0.3), conv())
@@ -431,7 +441,7 @@ def test_avg_pool(kw, device, backend):
 def test_adaptive_avg_pool(size, device, backend):
     check_converted(nn.Sequential(conv(), nn.ReLU(), nn.AdaptiveAvgPool2d(size)), expect=[DCAdaptiveAvgPool2d],
                     device=device, backend=backend)
-    if size is not None and not isinstance(size, tuple) or (isinstance(size, tuple) and None not in size):
+    if not (isinstance(size, tuple) and None in size):  # the functional form: sizes without None
         check_converted(Fn(lambda x, c: F.adaptive_avg_pool2d(c(x), size), conv()), expect=[DCAdaptiveAvgPool2d],
                         device=device, backend=backend)
 
@@ -476,7 +486,8 @@ def test_interpolate_to_size_of_another_tensor(device, backend):
         y = c(x)
         return F.interpolate(F.adaptive_avg_pool2d(y, 1), size=y.shape[-2:], mode="bilinear", align_corners=False) + y
     check_converted(Fn(fn, conv()), expect=[DCUpsample], device=device, backend=backend)
-    check_converted(nn.Sequential(conv(), nn.UpsamplingBilinear2d(scale_factor=2), nn.UpsamplingNearest2d(size=(30, 40))),
+    check_converted(nn.Sequential(conv(), nn.UpsamplingBilinear2d(scale_factor=2),
+                                  nn.UpsamplingNearest2d(size=(30, 40))),
                     expect=[DCUpsample], device=device, backend=backend)
 
 
@@ -510,7 +521,8 @@ RF_STACKS = {
     "conv-same-even": lambda: nn.Sequential(conv(k=4, padding="same"), conv(k=2, padding="same", dilation=3)),
     "depthwise": lambda: nn.Sequential(conv(groups=4), conv(k=1), conv(k=5, groups=4, stride=2, padding=2)),
     "maxpool": lambda: nn.Sequential(conv(), nn.ReLU(), nn.MaxPool2d(3, 2, 1), conv()),
-    "maxpool-ceil": lambda: nn.Sequential(nn.MaxPool2d(2, ceil_mode=True), conv(k=1), nn.MaxPool2d(3, 2, ceil_mode=True)),
+    "maxpool-ceil": lambda: nn.Sequential(nn.MaxPool2d(2, ceil_mode=True), conv(k=1),
+                                          nn.MaxPool2d(3, 2, ceil_mode=True)),
     "avgpool": lambda: nn.Sequential(conv(), nn.AvgPool2d(3, 2, 1, ceil_mode=True, count_include_pad=False), conv()),
     "upsample-bilinear": lambda: nn.Sequential(conv(stride=2), nn.Upsample(scale_factor=2, mode="bilinear"), conv()),
     "upsample-bilinear-ac": lambda: nn.Sequential(conv(stride=2), nn.Upsample(scale_factor=2, mode="bilinear",
@@ -666,14 +678,14 @@ def test_direct_constant_add_and_scale():
     run_direct(scale, lambda x: const * x, [SHAPE], call=lambda d: scale(const, d))
 
 
-@pytest.mark.parametrize("threshold", [0.0])
-def test_direct_nonlinear_layers(threshold):
+def test_direct_nonlinear_layers():
     for act in ACTIVATIONS.values():
         run_direct(DCActivation.from_dense(act), act, [SHAPE])
     run_direct(DCMul(), lambda a, b: a * b, [SHAPE, (2, 4, 1, 1)])
     run_direct(DCMul(), lambda a, b: a * b, [SHAPE, SHAPE])
     run_direct(DCMaxPool2d(3, 2, 1, 1, True), lambda x: F.max_pool2d(x, 3, 2, 1, 1, True), [SHAPE])
-    run_direct(DCMaxPool2d.from_dense(nn.MaxPool2d(2, ceil_mode=True)), nn.MaxPool2d(2, ceil_mode=True), [(2, 4, 9, 13)])
+    run_direct(DCMaxPool2d.from_dense(nn.MaxPool2d(2, ceil_mode=True)), nn.MaxPool2d(2, ceil_mode=True),
+               [(2, 4, 9, 13)])
     run_direct(DCFallback(lambda x: torch.cumsum(x, 2), "cumsum"), lambda x: torch.cumsum(x, 2), [SHAPE])
     inorm = nn.InstanceNorm2d(4)
     run_direct(DCFallback(inorm, "InstanceNorm2d"), inorm, [SHAPE])

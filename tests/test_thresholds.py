@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 
 import deltaconv
-from deltaconv import DCActivation, DCSparsify
+from deltaconv import DCActivation
 from helpers import make_unet, rel_err, video_frames
 
 STATIC_VIDEOS = ["one-by-one-person-detection.mp4", "vtest.avi"]
@@ -145,6 +145,39 @@ def test_activation_threshold_bounds_its_own_error():
             assert err <= t + 1e-5, f"frame {i}: {float(err)}"
             sent_any += dm.stats()[-2]["density"] > 0
     assert sent_any > 50  # pending changes really go out
+
+
+class PoolChain(nn.Module):
+    """identity conv -> max-pool -> adaptive max-pool (a fallback): each stage is 1-Lipschitz in
+    the max norm, so with threshold t everywhere the output is at most 3t off (t pending at the
+    sparsifier, the pool and the fallback each)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ident = Identity1x1()
+        self.pool = nn.MaxPool2d(2)
+        self.amax = nn.AdaptiveMaxPool2d((3, 5))
+
+    def forward(self, x):
+        return self.amax(self.pool(self.ident(x)))
+
+
+def test_pooling_and_fallback_error_bounded_by_their_thresholds():
+    t = 0.05
+    model = PoolChain().eval()
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(2, 3, 16, 24, generator=g)
+    dm = deltaconv.convert(model, threshold=t, example_input=x)
+    assert dm.report.fallbacks and set(dm.thresholds()) == {"input", "pool", "amax_fallback"}
+    sent = 0
+    with torch.no_grad():
+        for i in range(150):
+            # a random walk: small steps that only go out once they add up
+            x = x + 0.02 * torch.randn(x.shape, generator=g)
+            err = (dm(x) - model(x)).abs().max()
+            assert err <= 3 * t + 1e-5, f"frame {i}: {float(err)}"
+            sent += dm.stats()[-2]["density"] > 0
+    assert sent > 30
 
 
 def test_huge_threshold_freezes_the_output_after_the_key_frame():
