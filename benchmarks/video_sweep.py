@@ -123,7 +123,7 @@ def sweep(models, resolutions, dtypes, thresholds, n_frames: int, warmup: int, v
                                                cuda_graph=use_graph, check_finite=False)
                         ms, outs = time_frames(dm, frames, warmup)
                         errs = [rel_err(o, d) for o, d in zip(outs[1:], dense_outs[1:])]
-                        stats = dm.stats()
+                        stats = [s for s in dm.stats() if s["mean_density"] == s["mean_density"]]  # no NaN
                         mean_density = statistics.mean(s["mean_density"] for s in stats[1:])
                         flops_dense = sum(s["flops_dense"] for s in stats)
                         flops_done = sum(s["mean_flops_done"] for s in stats)
