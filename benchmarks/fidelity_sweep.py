@@ -27,7 +27,7 @@ tolerance 0.02, held-out frames 200-499: vtest.avi calibrated density 0.590 at l
 (uniform t=0.01: 0.809 at 0.016); one-by-one calibrated 0.292 at 0.025 (calibration frames 0.0191;
 uniform t=0.005: 0.441 at 0.016). Issue targets 0.25 and 0.12 are not met.
 
-A CPU run at low resolution::
+A CPU run at low resolution (about 3 minutes on 2 cores)::
 
     PYTHONPATH=. python benchmarks/fidelity_sweep.py --size 144 256 --calib-frames 12 --calib-span 60 \\
         --eval-frames 40 --uniform 0.005 0.01 0.02 --max-evals 40 --out /tmp/fidelity.csv

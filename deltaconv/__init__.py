@@ -10,7 +10,8 @@ from .model import DeltaModel
 from .modules import *  # noqa: F401,F403 - the DC* layer classes
 from .modules import __all__ as _modules_all
 from .report import ConversionReport, NodeReport
+from .calibrate import calibrate  # noqa: E402 - after the model classes it uses
 
 __version__ = "0.1.0"
-__all__ = ["convert", "DeltaModel", "Delta", "ConversionReport", "NodeReport", "ConversionError",
+__all__ = ["convert", "calibrate", "DeltaModel", "Delta", "ConversionReport", "NodeReport", "ConversionError",
            *_modules_all]

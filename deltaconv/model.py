@@ -1,6 +1,7 @@
 """``DeltaModel``: a converted network, its per-stream state, thresholds and statistics."""
 from __future__ import annotations
 
+import copy
 import json
 import os
 import threading
@@ -251,6 +252,12 @@ class DeltaModel(nn.Module):
         for truncating layers, ``threshold``."""
         return [layer.stats() for layer in self.delta_layers()]
 
+    def reset_stats(self) -> None:
+        """Restart the statistics of :meth:`stats` (not the state): means cover frames from now on."""
+        self._context.frames = 0
+        for layer in self.delta_layers():
+            layer.reset_stats()
+
     def state_bytes(self) -> int:
         """Bytes of per-frame state held by all layers."""
         return sum(layer.state_bytes() for layer in self.delta_layers())
@@ -267,12 +274,22 @@ class DeltaModel(nn.Module):
                 layer.threshold = float(value)
 
     def load_thresholds(self, thresholds: Union[dict, str, os.PathLike], strict: bool = True) -> None:
-        """Set thresholds from ``{layer name: value}`` or a JSON file written by
-        :meth:`save_thresholds`. With ``strict``, unknown names raise ``KeyError``."""
+        """Set thresholds from ``{layer name: value}``, a :class:`deltaconv.calibrate.Calibration`,
+        or a JSON file written by :meth:`save_thresholds` or ``Calibration.save``. A change detector
+        named there (``"change_detector"``) is installed in the input sparsifier. With ``strict``,
+        unknown names raise ``KeyError``."""
+        detector_spec = getattr(thresholds, "change_detector", None)
         if not isinstance(thresholds, dict):
             with open(thresholds) as f:
-                thresholds = json.load(f)
-            thresholds = thresholds.get("thresholds", thresholds)
+                data = json.load(f)
+            detector_spec = data.get("change_detector") if "thresholds" in data else None
+            thresholds = data.get("thresholds", data)
+        if detector_spec is not None:
+            from .modules import DCSparsify
+            from .sparsify import from_spec
+            for layer in self.delta_layers():
+                if isinstance(layer, DCSparsify):  # a copy each: some detectors keep per-stream state
+                    layer.change_detector = copy.deepcopy(from_spec(detector_spec))
         known = {layer.layer_name: layer for layer in self.delta_layers() if layer.truncates}
         unknown = sorted(set(thresholds) - set(known))
         if unknown and strict:

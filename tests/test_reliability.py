@@ -406,3 +406,27 @@ def test_inplace_ops_seen_by_later_readers():
     dm = deltaconv.convert(model)
     for f in frames:
         assert rel_err(dm(f), model(f.clone())) < 1e-5
+
+
+# ----------------------------------------------------------------------------- calibration files
+def test_thresholds_file_with_change_detector_and_reset_stats(small, tmp_path):
+    from deltaconv.calibrate import Calibration
+    from deltaconv.sparsify import TileEnergy
+
+    frames = frames_of(4)
+    probe = deltaconv.convert(small)
+    names = list(probe.thresholds())
+    cal = Calibration({names[0]: 0.05, names[1]: 0.01}, {"type": "tile"})
+    cal.save(tmp_path / "cal.json")
+    dm = deltaconv.convert(small, thresholds=tmp_path / "cal.json")
+    assert dm.thresholds()[names[0]] == 0.05 and dm.thresholds()[names[1]] == 0.01
+    assert isinstance(dm.delta_layers()[0].change_detector, TileEnergy)
+    twin = deltaconv.convert(small, thresholds=cal)
+    assert twin.delta_layers()[0].change_detector is not dm.delta_layers()[0].change_detector
+    for f in frames:
+        dm(f)
+    assert dm.stats()[0]["frames"] == 4
+    dm.reset_stats()
+    assert dm.stats()[0]["frames"] == 0
+    dm(frames[0])
+    assert dm.stats()[0]["frames"] == 1 and dm.stats()[0]["density"] < 1.0  # state kept: not a key frame

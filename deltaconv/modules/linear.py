@@ -170,7 +170,9 @@ class DCLinear(DCModule):
         return self.observe(Delta(v, m))
 
     def flops_per_output_pixel(self, out: Delta) -> float:
-        return 2.0 * self.in_features * self.out_features / max(out.value.shape[-1] // self.out_features, 1)
+        # every output element costs in_features multiply-adds; a mask element stands for
+        # value.numel() / mask.numel() of them (out_features for [N, out], C for [N, C, ..., out])
+        return 2.0 * self.in_features * out.value.numel() / max(out.mask.numel(), 1)
 
 
 class DCBatchNorm2d(DCModule):

@@ -1,0 +1,132 @@
+"""deltaconv.calibrate: determinism, tolerance on calibration and held-out frames, round trips."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn as nn
+
+import deltaconv
+from deltaconv.calibrate import Calibration, calibrate
+from deltaconv.fidelity import compare
+
+
+TOL = 0.01  # the synthetic video's output drifts by ~0.026 when nothing is sent after the key frame
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU6(),
+        nn.Conv2d(8, 8, 3, padding=1, groups=8), nn.ReLU6(),
+        nn.Conv2d(8, 16, 3, stride=2, padding=1), nn.ReLU(),
+        nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(),
+        nn.AdaptiveAvgPool2d((3, 4)), nn.Flatten(), nn.Linear(16 * 12, 10)).eval()
+
+
+def _video(n: int, h: int = 24, w: int = 32, seed: int = 0) -> list[torch.Tensor]:
+    """A textured static scene with a square walking across it, plus small sensor noise."""
+    g = torch.Generator().manual_seed(seed)
+    bg = torch.rand(1, 3, h, w, generator=g) * 0.2
+    out = []
+    for t in range(n):
+        f = bg.clone()
+        x = 1 + t % (w - 10)
+        f[:, :, 6:18, x:x + 9] = 2.0 + 0.3 * torch.rand(3, 1, 1, generator=g)
+        out.append(f + 0.01 * torch.randn(1, 3, h, w, generator=g))
+    return out
+
+
+@pytest.fixture(scope="module")
+def setup():
+    model = _model()
+    frames = _video(24)
+    kw = dict(max_evals=40, progress=False, change_detectors=[None, "default"])
+    cal = calibrate(model, frames[:10], TOL, **kw)
+    return model, frames, kw, cal
+
+
+def test_keys_values_and_tolerance_on_calibration_frames(setup):
+    model, frames, kw, cal = setup
+    dm = deltaconv.convert(model, backend="reference", example_input=frames[0])
+    assert set(cal) == set(dm.thresholds())
+    assert all(isinstance(v, float) and v >= 0 for v in cal.values())
+    assert cal.error <= TOL and cal.evals <= kw["max_evals"] + 2
+    # what calibrate measured is what convert(thresholds=...) gives on the same frames
+    dm = deltaconv.convert(model, thresholds=cal, change_detector=cal.detector(), backend="reference",
+                           example_input=frames[0])
+    rep = compare(model, dm, frames[:10])
+    assert rep.mean("rel_err") == pytest.approx(cal.error, rel=1e-6, abs=1e-9)
+    assert rep.density == pytest.approx(cal.density, rel=1e-6)
+    # and it saves FLOPs over the exact conversion
+    exact = compare(model, deltaconv.convert(model, backend="reference", example_input=frames[0]), frames[:10])
+    assert rep.density < exact.density
+
+
+def test_deterministic(setup):
+    model, frames, kw, cal = setup
+    again = calibrate(model, frames[:10], TOL, **kw)
+    assert dict(again) == dict(cal)
+    assert again.change_detector == cal.change_detector
+
+
+def test_tolerance_holds_on_held_out_frames(setup):
+    model, frames, kw, cal = setup
+    dm = deltaconv.convert(model, thresholds=dict(cal), change_detector=cal.detector(), backend="reference",
+                           example_input=frames[0])
+    rep = compare(model, dm, frames[9:])
+    frozen = compare(model, deltaconv.convert(model, threshold=1e9, backend="reference", example_input=frames[0]),
+                     frames[9:])
+    assert frozen.mean("rel_err") > 1.5 * TOL  # the test is not trivial
+    assert rep.mean("rel_err") <= 1.5 * TOL
+
+
+def test_save_load_and_convert_from_json(setup, tmp_path):
+    model, frames, kw, cal = setup
+    path = tmp_path / "th.json"
+    cal.save(path)
+    d = json.loads(path.read_text())
+    assert d["thresholds"] == dict(cal) and d["change_detector"] == cal.change_detector
+    back = Calibration.load(path)
+    assert dict(back) == dict(cal) and back.change_detector == cal.change_detector
+    dm = deltaconv.convert(model, thresholds=str(path), backend="reference", example_input=frames[0])
+    assert dm.thresholds() == pytest.approx(dict(cal))
+
+
+def test_other_metrics_and_errors():
+    model = _model()
+    frames = _video(5)
+    cal = calibrate(model, frames, 0.0, metric="top1", max_evals=6, progress=False, change_detectors=None)
+    assert cal.error == 0.0
+    with pytest.raises(ValueError, match="metric"):
+        calibrate(model, frames, 0.1, metric="nope", progress=False)
+    with pytest.raises(ValueError, match="at least 2 frames"):
+        calibrate(model, frames[:1], 0.1, progress=False)
+    with pytest.raises(ValueError, match="tolerance"):
+        calibrate(model, frames, -1.0, progress=False)
+
+
+def test_clips_run_as_streams_and_match_compare():
+    """Several clips (each starting with a key frame) are measured as the streams of one batch."""
+    from deltaconv.calibrate import Evaluator
+
+    model = _model()
+    frames = _video(16)
+    clips = [frames[0:4], frames[6:10], frames[12:16]]
+    ev = Evaluator(model, clips)
+    assert len(ev.clips) == 1 and ev.clips[0][0].shape[0] == 3
+    th = {n: 0.05 for n in ev.names}
+    err, dens = ev(th, None)
+    errs, dens_sum = [], 0.0
+    for c in clips:
+        dm = deltaconv.convert(model, thresholds=th, backend="reference", example_input=c[0])
+        rep = compare(model, dm, c)
+        errs += rep.per_frame["rel_err"]
+        dens_sum += rep.density
+    assert err == pytest.approx(sum(errs) / len(errs), rel=1e-4)
+    assert dens == pytest.approx(dens_sum / 3, rel=1e-4)
+    # unequal clips run one after the other
+    ev2 = Evaluator(model, [frames[0:4], frames[6:9]])
+    assert len(ev2.clips) == 2
+    assert ev2(th, None)[0] >= 0
