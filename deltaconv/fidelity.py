@@ -30,7 +30,7 @@ import torch
 
 Tensor = torch.Tensor
 
-__all__ = ["relative_error", "topk_contains", "top1_agrees", "mask_iou", "label_iou", "flops_density", "flops_totals", "reset_stats",
+__all__ = ["relative_error", "topk_contains", "top1_agrees", "mask_iou", "label_iou", "flops_density", "flops_totals",
            "primary_output", "METRICS", "TASK_METRICS", "FidelityReport", "compare", "video_frames"]
 
 
@@ -110,19 +110,6 @@ def flops_density(stats: Sequence[dict]) -> float:
     over the layers of ``DeltaModel.stats()`` (layers without FLOPs or without frames count 0)."""
     done, dense = flops_totals(stats)
     return done / dense if dense > 0 else float("nan")
-
-
-def reset_stats(delta: torch.nn.Module) -> None:
-    """Restart a converted model's statistics (not its state): the next ``stats()`` averages over
-    the frames run from now on."""
-    if callable(getattr(delta, "reset_stats", None)):
-        delta.reset_stats()
-        return
-    for layer in delta.delta_layers():
-        layer.reset_stats()
-    ctx = getattr(delta, "_context", None)
-    if ctx is not None and hasattr(ctx, "frames"):
-        ctx.frames = 0
 
 
 def _finite(v) -> bool:
@@ -220,7 +207,7 @@ def compare(dense: torch.nn.Module, delta: torch.nn.Module, frames: Iterable[Ten
             ref = output_fn(dense(x)) if dense_outputs is None else dense_outputs[i]
             y = output_fn(delta(x))
             if i == 0 and reset:
-                reset_stats(delta)  # the key frame is dense: leave it out of density and metrics
+                delta.reset_stats()  # the key frame is dense: leave it out of density and metrics
                 continue
             for m in names:
                 report.per_frame[m].append(float(METRICS[m][0](y, ref).mean()))

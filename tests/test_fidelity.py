@@ -167,7 +167,7 @@ def test_flops_done_follows_the_receptive_field():
     x2[0, 1, 8, 8] += 1.0
     with torch.no_grad():
         dm(x)
-        F_.reset_stats(dm)
+        dm.reset_stats()
         dm(x2)
     c1, c2, c3 = _by_kind(dm, "conv2d")
     # conv1: rows/cols 7..9 of 16x16 (3x3 outputs); conv2 (3x3, stride 2, pad 1): output i reads

@@ -49,7 +49,7 @@ def test_cuda_backend_equals_dense_fp32(name):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("name", ["resnet50", "mobilenet_v3_large", "deeplabv3_mobilenet_v3_large"])
+@pytest.mark.parametrize("name", MODELS)
 def test_half_precision_within_dense_rounding(name, dtype):
     torch.backends.cudnn.allow_tf32 = False
     model = build(name).cuda()
