@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import operator
+from collections import Counter
 from typing import Optional, Union
 
 import torch
@@ -136,6 +137,7 @@ class _Converter:
 
     # -------------------------------------------------------------- the pass
     def run(self) -> ConversionReport:
+        self.call_sites = Counter(n.target for n in self.graph.nodes if n.op == "call_module")
         self._resolve_inplace()
         self._classify()
         placeholders = [n for n in self.graph.nodes if n.op == "placeholder" and n in self.delta_nodes]
@@ -235,10 +237,12 @@ class _Converter:
                        target=f"BatchNorm2d:{bn_node.target}")
 
     def _foldable_bn(self, node: fx.Node, dense: nn.Module) -> Optional[fx.Node]:
-        if type(dense) is not nn.Conv2d or len(node.users) != 1:
+        """The BatchNorm node to fold into this conv: its only user, and both modules called at one
+        site only (a shared conv or BN keeps them apart, so every site stays right)."""
+        if type(dense) is not nn.Conv2d or len(node.users) != 1 or self.call_sites[node.target] != 1:
             return None
         user = next(iter(node.users))
-        if user.op != "call_module" or user.args != (node,) or user.kwargs:
+        if user.op != "call_module" or user.args != (node,) or user.kwargs or self.call_sites[user.target] != 1:
             return None
         bn = self.root.get_submodule(user.target)
         if type(bn) is not nn.BatchNorm2d or bn.running_mean is None or bn.num_features != dense.out_channels:

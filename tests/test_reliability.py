@@ -430,3 +430,37 @@ def test_thresholds_file_with_change_detector_and_reset_stats(small, tmp_path):
     assert dm.stats()[0]["frames"] == 0
     dm(frames[0])
     assert dm.stats()[0]["frames"] == 1 and dm.stats()[0]["density"] < 1.0  # state kept: not a key frame
+
+
+class SharedConvBN(nn.Module):
+    """One conv called twice with a different BN after each; one BN shared by two convs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.bn_a, self.bn_b, self.bn_shared = nn.BatchNorm2d(4), nn.BatchNorm2d(4), nn.BatchNorm2d(4)
+        self.c1, self.c2 = nn.Conv2d(4, 4, 1), nn.Conv2d(4, 4, 1)
+        for bn in (self.bn_a, self.bn_b, self.bn_shared):
+            with torch.no_grad():
+                bn.running_mean.uniform_(-0.5, 0.5)
+                bn.running_var.uniform_(0.5, 2.0)
+                bn.weight.uniform_(0.5, 1.5)
+                bn.bias.uniform_(-0.3, 0.3)
+
+    def forward(self, x):
+        a = self.bn_a(self.conv(x))
+        b = self.bn_b(self.conv(x * 0.5))
+        return self.bn_shared(self.c1(a)) + self.bn_shared(self.c2(b))
+
+
+def test_shared_conv_and_shared_bn_are_not_folded_wrongly():
+    torch.manual_seed(0)
+    model = SharedConvBN().eval()
+    frames = frames_of(3)
+    dm = deltaconv.convert(model)
+    assert not [n for n in dm.report.nodes if n.status == "folded"]
+    for f in frames:
+        assert rel_err(dm(f), model(f)) < 1e-5
+    dm.double()
+    dense64 = copy.deepcopy(model).double()
+    assert rel_err(dm(frames[0].double()), dense64(frames[0].double())) < 1e-10
