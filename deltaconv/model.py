@@ -252,6 +252,16 @@ class DeltaModel(nn.Module):
         for truncating layers, ``threshold``."""
         return [layer.stats() for layer in self.delta_layers()]
 
+    @property
+    def record_stats(self) -> bool:
+        """Whether layers count their active pixels each frame (for :meth:`stats`; two small device
+        ops per layer). Set to ``False`` for the fewest launches per frame."""
+        return self._context.record_stats
+
+    @record_stats.setter
+    def record_stats(self, value: bool) -> None:
+        self._context.record_stats = bool(value)
+
     def reset_stats(self) -> None:
         """Restart the statistics of :meth:`stats` (not the state): means cover frames from now on."""
         self._context.frames = 0

@@ -464,3 +464,21 @@ def test_shared_conv_and_shared_bn_are_not_folded_wrongly():
     dm.double()
     dense64 = copy.deepcopy(model).double()
     assert rel_err(dm(frames[0].double()), dense64(frames[0].double())) < 1e-10
+
+
+def test_stats_counts_and_record_stats_switch(small):
+    frames = frames_of(3)
+    dm = deltaconv.convert(small, threshold=0.02)
+    for f in frames:
+        dm(f)
+    sparsifier = dm.stats()[0]
+    last_sent = dm.delta_layers()[0]._stats[0].item()  # active input pixels of the last frame
+    assert sparsifier["density"] == pytest.approx(last_sent / (32 * 48))
+    conv = next(s for s in dm.stats() if s["kind"] == "conv2d")
+    assert conv["flops_done"] == pytest.approx(conv["density"] * conv["flops_dense"])
+    assert 0 < conv["mean_density"] <= 1 and conv["frames"] == 3
+    dm.record_stats = False
+    before = dm.stats()
+    dm(frames[0])
+    assert not dm.record_stats
+    assert [s["density"] for s in dm.stats()] == pytest.approx([s["density"] for s in before], nan_ok=True)

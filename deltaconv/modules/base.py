@@ -62,6 +62,7 @@ class DCModule(nn.Module):
         self._state_names: list[str] = []
         self._stats: Optional[torch.Tensor] = None
         self._flops_dense = 0.0
+        self._pixels = 0
 
     # ------------------------------------------------------------------ state
     def state(self, name: str, shape, device: torch.device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -112,27 +113,30 @@ class DCModule(nn.Module):
         return 0.0
 
     def observe(self, out: Delta) -> Delta:
-        """Record the density of an output delta and return it. Runs on the device without host
-        synchronisation, in place, so it also accumulates under CUDA-graph replay."""
+        """Record how many output pixels are active and return ``out``. Two small device ops (a
+        sum into a preallocated buffer, an in-place add), no host synchronisation, so it also
+        accumulates under CUDA-graph replay; ``record_stats = False`` skips it."""
         if not self.context.record_stats or not isinstance(out, Delta):
             return out
-        density = out.mask.float().mean()
-        self._flops_dense = self.flops_per_output_pixel(out) * out.mask.numel()
-        values = torch.stack([density, density * self._flops_dense])
-        if self._stats is None or self._stats.device != density.device:
-            # [density, flops_done] of the last frame, then their sums since reset
-            self._stats = torch.zeros(4, device=density.device)
-        self._stats[:2].copy_(values)
-        self._stats[2:].add_(values)
+        mask = out.mask
+        if self._stats is None or self._stats.device != mask.device:
+            self._stats = torch.zeros(2, device=mask.device)  # [active pixels last frame, sum since reset]
+        if mask.dim():
+            torch.sum(mask, dim=list(range(mask.dim())), dtype=torch.float32, out=self._stats[0])
+        else:
+            self._stats[0].copy_(mask)
+        self._stats[1].add_(self._stats[0])
+        self._pixels = mask.numel()
+        self._flops_dense = self.flops_per_output_pixel(out) * self._pixels
         return out
 
     def stats(self) -> dict:
         """Statistics of the last frame and the mean since reset (reads device values)."""
         frames = self.context.frames
-        last_density = last_done = mean_density = mean_done = float("nan")
-        if self._stats is not None and frames:
-            last_density, last_done, sum_density, sum_done = self._stats.tolist()
-            mean_density, mean_done = sum_density / frames, sum_done / frames
+        last_density = mean_density = float("nan")
+        if self._stats is not None and frames and self._pixels:
+            last, total = self._stats.tolist()
+            last_density, mean_density = last / self._pixels, total / frames / self._pixels
         d = {
             "name": self.layer_name,
             "kind": self.kind,
@@ -140,8 +144,8 @@ class DCModule(nn.Module):
             "mean_density": mean_density,
             "frames": frames,
             "flops_dense": float(self._flops_dense),
-            "flops_done": last_done,
-            "mean_flops_done": mean_done,
+            "flops_done": last_density * self._flops_dense,
+            "mean_flops_done": mean_density * self._flops_dense,
             "state_bytes": self.state_bytes(),
         }
         if self.truncates:
