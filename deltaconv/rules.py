@@ -18,8 +18,8 @@ import torch.nn.functional as F
 
 from . import activations
 from .modules import (DCActivation, DCAdaptiveAvgPool2d, DCAdd, DCAvgPool2d, DCBatchNorm2d, DCConcatenate,
-                      DCConv2d, DCConvTranspose2d, DCLinear, DCLinearFunction, DCMaxPool2d, DCModule, DCMul,
-                      DCScale, DCUpsample)
+                      DCConv2d, DCConvTranspose2d, DCFunctionalConv2d, DCFunctionalLinear, DCLinear,
+                      DCLinearFunction, DCMaxPool2d, DCModule, DCMul, DCScale, DCUpsample)
 
 
 @dataclass
@@ -304,3 +304,39 @@ def _linear_function(site: Site) -> Optional[Built]:
         if mode != "constant" or value not in (None, 0, 0.0):
             return None
     return Built(DCLinearFunction(site.fn, site.name), site.args, site.kwargs)
+
+
+def _conv2d_sig(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    return dict(locals())
+
+
+def _linear_sig(input, weight, bias=None):
+    return dict(locals())
+
+
+def _static_weights(site: Site, p: dict) -> bool:
+    """Weight and bias are not deltas (parameters, or computed from them)."""
+    return site.is_delta_tensor(p["input"]) and not site.is_delta(p["weight"]) and not site.is_delta(p["bias"])
+
+
+@_rule(F.conv2d, torch.conv2d)
+def _functional_conv2d(site: Site) -> Optional[Built]:
+    try:
+        p = _conv2d_sig(*site.args, **site.kwargs)
+    except TypeError:
+        return None
+    params = (p["stride"], p["padding"], p["dilation"], p["groups"])
+    if not _static_weights(site, p) or not site.literal(params):
+        return None
+    return Built(DCFunctionalConv2d(*params), (p["input"], p["weight"], p["bias"]), {})
+
+
+@_rule(F.linear, torch._C._nn.linear)
+def _functional_linear(site: Site) -> Optional[Built]:
+    try:
+        p = _linear_sig(*site.args, **site.kwargs)
+    except TypeError:
+        return None
+    if not _static_weights(site, p):
+        return None
+    return Built(DCFunctionalLinear(), (p["input"], p["weight"], p["bias"]), {})

@@ -482,3 +482,37 @@ def test_stats_counts_and_record_stats_switch(small):
     dm(frames[0])
     assert not dm.record_stats
     assert [s["density"] for s in dm.stats()] == pytest.approx([s["density"] for s in before], nan_ok=True)
+
+
+# ----------------------------------------------------------------------------- functional conv / linear
+class StandardizedConv(nn.Conv2d):
+    """A conv with weight standardisation: calls F.conv2d with a weight computed from its parameter."""
+
+    def forward(self, x):
+        w = self.weight
+        w = (w - w.mean(dim=(1, 2, 3), keepdim=True)) / (w.std(dim=(1, 2, 3), keepdim=True) + 1e-5)
+        return F.conv2d(x, w, self.bias, self.stride, self.padding, self.dilation, self.groups)
+
+
+class FunctionalNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ws = StandardizedConv(3, 6, 3, padding=1, groups=3)
+        self.head_w = nn.Parameter(torch.randn(5, 6) * 0.3)
+        self.head_b = nn.Parameter(torch.randn(5))
+
+    def forward(self, x):
+        y = F.relu(self.ws(x))
+        y = torch.flatten(F.adaptive_avg_pool2d(y, 1), 1)
+        return F.linear(y, self.head_w, self.head_b)
+
+
+@pytest.mark.parametrize("make", [FunctionalNet, lambda: nn.Conv2d(3, 4, 3, stride=2, padding=1)],
+                         ids=["custom-modules", "bare-conv"])
+def test_functional_conv_and_linear_have_delta_rules(make):
+    torch.manual_seed(0)
+    model = make().eval()
+    dm = deltaconv.convert(model, example_input=torch.randn(1, 3, 32, 48), strict=True)
+    assert {"DCFunctionalConv2d"} <= {n.dc_class for n in dm.report.nodes}
+    for f in frames_of(3):
+        assert rel_err(dm(f), model(f)) < 1e-5

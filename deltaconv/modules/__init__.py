@@ -3,9 +3,10 @@ in :mod:`.nonlinear`, the input sparsifier and output densifier in :mod:`.bounda
 from .base import DCModule, FrameContext
 from .boundary import DCDensify, DCSparsify
 from .linear import (DCAdaptiveAvgPool2d, DCAdd, DCAvgPool2d, DCBatchNorm2d, DCConcatenate, DCConv2d,
-                     DCConvTranspose2d, DCLinear, DCLinearFunction, DCScale, DCUpsample)
+                     DCConvTranspose2d, DCFunctionalConv2d, DCFunctionalLinear, DCLinear, DCLinearFunction, DCScale,
+                     DCUpsample)
 from .nonlinear import DCActivation, DCFallback, DCMaxPool2d, DCMul
 
 __all__ = ["DCModule", "FrameContext", "DCSparsify", "DCDensify", "DCConv2d", "DCConvTranspose2d", "DCLinear",
            "DCBatchNorm2d", "DCAvgPool2d", "DCAdaptiveAvgPool2d", "DCUpsample", "DCAdd", "DCScale",
-           "DCLinearFunction", "DCConcatenate", "DCActivation", "DCMul", "DCMaxPool2d", "DCFallback"]
+           "DCLinearFunction", "DCFunctionalConv2d", "DCFunctionalLinear", "DCConcatenate", "DCActivation", "DCMul", "DCMaxPool2d", "DCFallback"]

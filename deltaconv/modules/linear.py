@@ -125,6 +125,40 @@ class DCConv2d(DCModule):
         return s + (", bn folded" if self.folded_bn is not None else "") + ", " + super().extra_repr()
 
 
+class DCFunctionalConv2d(DCModule):
+    """``F.conv2d(x, weight, bias, ...)`` with weights that do not depend on the frames (a custom
+    conv module, weight standardisation, a bare ``nn.Conv2d`` traced as the whole model): the
+    delta rule of :class:`DCConv2d`, with weight and bias arriving per call."""
+
+    kind = "conv2d"
+
+    def __init__(self, stride=1, padding=0, dilation=1, groups: int = 1) -> None:
+        super().__init__()
+        self.stride, self.dilation = _pair(stride), _pair(dilation)
+        self.padding = padding if isinstance(padding, str) else _pair(padding)
+        self.groups = groups
+        self._flops_per_pixel = 0.0
+
+    def forward(self, x: Delta, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> Delta:
+        self._flops_per_pixel = 2.0 * math.prod(weight.shape)
+        v, m = self.ops.conv2d(x.value, x.mask, weight, bias, self.stride, self.padding, self.dilation, self.groups,
+                               self.key)
+        return self.observe(Delta(v, m))
+
+    def flops_per_output_pixel(self, out: Delta) -> float:
+        return self._flops_per_pixel
+
+
+class DCFunctionalLinear(DCModule):
+    """``F.linear(x, weight, bias)`` with weights that do not depend on the frames."""
+
+    kind = "linear"
+
+    def forward(self, x: Delta, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> Delta:
+        v, m = self.ops.linear(x.value, x.mask, weight, bias, self.key)
+        return self.observe(Delta(v, m))
+
+
 class DCConvTranspose2d(DCModule):
     """ConvTranspose2d: ``d_out = W^T * d_in``; the mask is scattered through the footprint."""
 
