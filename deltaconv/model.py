@@ -51,8 +51,7 @@ class DeltaModel(nn.Module):
         self._context = FrameContext()
         # the graph runner shares this module's layers; kept out of the module tree
         self.__dict__["_runner"] = fx.GraphModule(self, graph, class_name=f"{type(dense).__name__}Delta")
-        self._layer_names = [n.target for n in graph.nodes if n.op == "call_module"]
-        self._layer_names = list(dict.fromkeys(self._layer_names))
+        self._layer_names = list(dict.fromkeys(n.target for n in graph.nodes if n.op == "call_module"))
         for name in self._layer_names:
             layer = self.get_submodule(name)
             layer.layer_name = name

@@ -139,6 +139,12 @@ def _empty_mask(like: Tensor, n, h, w) -> Tensor:
     return torch.empty((n, 1, h, w), dtype=torch.bool, device=like.device)
 
 
+def _empty_like_delta(delta: Tensor) -> tuple[Tensor, Tensor]:
+    """Fake outputs of a pointwise op: a value shaped like ``delta`` and its per-pixel mask."""
+    n, _, h, w = delta.shape
+    return _empty_value(delta, delta.shape), _empty_mask(delta, n, h, w)
+
+
 # ----------------------------------------------------------------------------- truncation
 def truncate(y: Tensor, region: Tensor, sent: Tensor, threshold: float, key: Optional[Tensor],
              out_dtype: torch.dtype) -> tuple[Tensor, Tensor]:
@@ -200,8 +206,7 @@ def activation(delta: Tensor, mask: Tensor, acc: Tensor, sent: Tensor, fn: Calla
 
 @_fake("activation")
 def _activation_fake(delta, mask, acc, sent, kind, param, threshold, key):
-    n, _, h, w = delta.shape
-    return _empty_value(delta, delta.shape), _empty_mask(delta, n, h, w)
+    return _empty_like_delta(delta)
 
 
 def affine_channel(delta: Tensor, mask: Tensor, scale: Optional[Tensor], shift: Optional[Tensor],
@@ -222,8 +227,7 @@ def affine_channel(delta: Tensor, mask: Tensor, scale: Optional[Tensor], shift: 
 
 @_fake("affine_channel")
 def _affine_channel_fake(delta, mask, scale, shift, key):
-    n, _, h, w = delta.shape
-    return _empty_value(delta, delta.shape), _empty_mask(delta, n, h, w)
+    return _empty_like_delta(delta)
 
 
 def add(delta_a: Tensor, mask_a: Tensor, delta_b: Tensor, mask_b: Tensor,
@@ -238,8 +242,7 @@ def add(delta_a: Tensor, mask_a: Tensor, delta_b: Tensor, mask_b: Tensor,
 
 @_fake("add")
 def _add_fake(delta_a, mask_a, delta_b, mask_b, alpha):
-    n, _, h, w = delta_a.shape
-    return _empty_value(delta_a, delta_a.shape), _empty_mask(delta_a, n, h, w)
+    return _empty_like_delta(delta_a)
 
 
 def _mul_shape(a: Tensor, b: Tensor) -> Optional[torch.Size]:
