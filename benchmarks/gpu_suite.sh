@@ -4,6 +4,10 @@
 #   2. run every GPU test (python -m pytest -m gpu -q tests),
 #   3. run compute-sanitizer memcheck and racecheck over the kernel tests (small matrix, -x),
 #   4. run benchmarks/run_benchmarks.sh if it exists.
+# STEPS picks a subset, in that order (default: all): pytest memcheck racecheck synccheck model
+# benchmarks (model = a whole converted model on the CUDA backend under memcheck). On a machine
+# with a per-command time limit, split the suite: STEPS="pytest memcheck model", then
+# STEPS="racecheck synccheck", then STEPS=benchmarks.
 # Logs go to ${OUT:-benchmarks/out}/<step>.log. Exit status: 0 when every step passed.
 #
 # Sample videos and weights: set DELTACONV_VIDEOS to a folder with vtest.avi (and
@@ -21,6 +25,11 @@ OUT_DIR="${OUT:-benchmarks/out}"
 mkdir -p "$OUT_DIR"
 PY="${PYTHON:-python3}"
 failed=()
+STEPS="${STEPS:-pytest memcheck racecheck synccheck model benchmarks}"
+[ -n "${SKIP_SANITIZER:-}" ] && STEPS="${STEPS//memcheck/}" && STEPS="${STEPS//racecheck/}" \
+  && STEPS="${STEPS//synccheck/}" && STEPS="${STEPS//model/}"
+[ -n "${SKIP_BENCHMARKS:-}" ] && STEPS="${STEPS//benchmarks/}"
+wants() { [[ " $STEPS " == *" $1 "* ]]; }
 
 # step NAME CMD...: run CMD, tee its output to $OUT_DIR/NAME.log, record a failure
 step() {
@@ -48,31 +57,42 @@ fi
   || { echo "the CUDA backend is unavailable here"; exit 1; }
 
 # shellcheck disable=SC2086
-step pytest_gpu timeout "${PYTEST_TIMEOUT:-1800}" "$PY" -m pytest -m gpu -q -rfE -p no:cacheprovider ${PYTEST_ARGS:-} tests
+wants pytest && step pytest_gpu timeout "${PYTEST_TIMEOUT:-1800}" "$PY" -m pytest -m gpu -q -rfE -p no:cacheprovider \
+  ${PYTEST_ARGS:-} tests
 
-if [ -z "${SKIP_SANITIZER:-}" ]; then
-  SAN="${COMPUTE_SANITIZER:-compute-sanitizer}"
-  command -v "$SAN" >/dev/null 2>&1 || SAN=/usr/local/cuda/bin/compute-sanitizer
+SAN="${COMPUTE_SANITIZER:-compute-sanitizer}"
+command -v "$SAN" >/dev/null 2>&1 || SAN=/usr/local/cuda/bin/compute-sanitizer
+if [ -x "$SAN" ] || command -v "$SAN" >/dev/null 2>&1; then
   files=()
   for f in tests/test_cuda_ops.py tests/test_cuda_conv.py; do [ -f "$f" ] && files+=("$f"); done
-  if [ -x "$SAN" ] || command -v "$SAN" >/dev/null 2>&1; then
-    for tool in memcheck racecheck; do
-      # no caching allocator: every tensor is its own allocation, so out-of-bounds accesses show
-      step "sanitizer_$tool" env DELTACONV_TEST_QUICK=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
-        timeout "${SANITIZER_TIMEOUT:-900}" "$SAN" --tool "$tool" --error-exitcode 86 --print-limit 50 \
-        "$PY" -m pytest -m gpu -x -q -p no:cacheprovider "${files[@]}"
-    done
-    # a whole converted model on the CUDA backend (eager and CUDA-graph replay) under memcheck
-    step sanitizer_model env PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "${SANITIZER_TIMEOUT:-900}" "$SAN" \
-      --tool memcheck --error-exitcode 86 --print-limit 50 \
-      "$PY" -m pytest -m gpu -x -q -p no:cacheprovider tests/test_gpu_models.py \
-      -k "test_cuda_backend_equals_dense_fp32 and (mobilenet_v3_large or resnet18)"
-  else
-    echo "compute-sanitizer not found: sanitizer steps skipped" | tee "$OUT_DIR/sanitizer_skipped.log"
+  # memcheck without the caching allocator (every tensor its own allocation, so out-of-bounds
+  # accesses show); that allocator cannot capture CUDA graphs, so graph tests run in a second pass
+  # with it. racecheck and synccheck look at shared memory and barriers: caching allocator on.
+  san() {  # san STEP TOOL NO_CACHING PYTEST_ARGS...
+    local name=$1 tool=$2 nocache=$3
+    shift 3
+    step "$name" env DELTACONV_TEST_QUICK=1 ${nocache:+PYTORCH_NO_CUDA_MEMORY_CACHING=1} \
+      timeout "${SANITIZER_TIMEOUT:-900}" "$SAN" --tool "$tool" --error-exitcode 86 --print-limit 50 \
+      "$PY" -m pytest -m gpu -x -q -p no:cacheprovider "$@"
+  }
+  if wants memcheck; then
+    san sanitizer_memcheck memcheck 1 "${files[@]}" -k "not graph"
+    san sanitizer_memcheck_graphs memcheck "" "${files[@]}" -k graph
   fi
+  wants racecheck && san sanitizer_racecheck racecheck "" "${files[@]}"
+  wants synccheck && san sanitizer_synccheck synccheck "" "${files[@]}"
+  # whole converted models on the CUDA backend under memcheck: fp32 eager (two models), then
+  # fp32 and fp16 (tensor cores) CUDA-graph replay over video
+  if wants model; then
+    san sanitizer_model memcheck 1 tests/test_gpu_models.py \
+      -k "test_cuda_backend_equals_dense_fp32 and (mobilenet_v3_large or resnet18)"
+    san sanitizer_model_graphs memcheck "" tests/test_gpu_models.py -k "test_cuda_graph_replay"
+  fi
+elif wants memcheck || wants racecheck || wants synccheck || wants model; then
+  echo "compute-sanitizer not found: sanitizer steps skipped" | tee "$OUT_DIR/sanitizer_skipped.log"
 fi
 
-if [ -z "${SKIP_BENCHMARKS:-}" ] && [ -f benchmarks/run_benchmarks.sh ]; then
+if wants benchmarks && [ -f benchmarks/run_benchmarks.sh ]; then
   step benchmarks bash benchmarks/run_benchmarks.sh
 fi
 

@@ -9,8 +9,9 @@ native 576x768 and upscaled to 1080x1920) through
 timing every frame with CUDA events after warm-up and taking medians. It also records the output
 relative error vs the dense model at the same dtype, the mean fraction of updated pixels per layer
 and the FLOPs-weighted density, and the converted model's state memory against the dense model's
-activation memory. Writes ``benchmarks/results/video.csv`` and ``video_density.png`` (per-layer
-density of one configuration). Run on a CUDA machine with the sample videos reachable (see
+activation memory: its peak, and the sum of all layer outputs (what a stateful method has to
+keep). Writes ``benchmarks/results/video.csv`` and ``video_density.png`` (per-layer density of one
+configuration). Run on a CUDA machine with the sample videos reachable (see
 ``deltaconv.video.video_dirs``)::
 
     PYTHONPATH=. python benchmarks/video_sweep.py [--models resnet50 ...] [--frames 60] [--quick]
@@ -18,6 +19,7 @@ density of one configuration). Run on a CUDA machine with the sample videos reac
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 from pathlib import Path
@@ -29,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, run_info, write_csv  # noqa: E402
 
 import deltaconv  # noqa: E402
+from deltaconv.sparsify import from_spec  # noqa: E402
 from deltaconv.video import find_sample_video, read_frames  # noqa: E402
 
 MODELS = ["resnet50", "fcn_resnet50", "mobilenet_v2", "deeplabv3_mobilenet_v3_large"]
@@ -103,7 +106,31 @@ def activation_bytes(model, example) -> int:
     return torch.cuda.max_memory_allocated() - base
 
 
-def sweep(models, resolutions, dtypes, thresholds, n_frames: int, warmup: int, video: Path):
+def activation_sum_bytes(model, example) -> int:
+    """Bytes of every distinct leaf-module output of one dense forward: the activations a
+    stateful (delta) method has to keep for the whole network, where a dense forward holds only a
+    few at a time (``activation_bytes``)."""
+    seen, total, handles = set(), [0], []
+
+    def hook(_mod, _args, out):
+        for t in (out.values() if isinstance(out, dict) else out if isinstance(out, (tuple, list)) else [out]):
+            if isinstance(t, torch.Tensor) and t.data_ptr() not in seen:
+                seen.add(t.data_ptr())
+                total[0] += t.numel() * t.element_size()
+
+    for m in model.modules():
+        if not any(True for _ in m.children()):
+            handles.append(m.register_forward_hook(hook))
+    try:
+        with torch.no_grad():
+            outs = model(example)  # noqa: F841 - outputs stay alive so no data_ptr is reused
+    finally:
+        for h in handles:
+            h.remove()
+    return total[0]
+
+
+def sweep(models, resolutions, dtypes, thresholds, n_frames: int, warmup: int, video: Path, detector=None):
     torch.backends.cudnn.benchmark = True
     info = run_info()
     rows, density_profile = [], None
@@ -117,10 +144,12 @@ def sweep(models, resolutions, dtypes, thresholds, n_frames: int, warmup: int, v
                     dense_eager_ms, dense_outs = time_frames(model, frames, warmup)
                 dense_graph_ms, _ = time_frames(dense_graphed(model, frames[0]), frames, warmup)
                 act_bytes = activation_bytes(model, frames[0])
+                act_sum = activation_sum_bytes(model, frames[0])
                 for t in thresholds:
                     for use_graph in (False, True):
                         dm = deltaconv.convert(model, threshold=t, backend="cuda", example_input=frames[0],
-                                               cuda_graph=use_graph, check_finite=False)
+                                               cuda_graph=use_graph, check_finite=False,
+                                               change_detector=from_spec(detector))
                         ms, outs = time_frames(dm, frames, warmup)
                         errs = [rel_err(o, d) for o, d in zip(outs[1:], dense_outs[1:])]
                         stats = [s for s in dm.stats() if s["mean_density"] == s["mean_density"]]  # no NaN
@@ -138,6 +167,8 @@ def sweep(models, resolutions, dtypes, thresholds, n_frames: int, warmup: int, v
                                 "input_density": round(stats[0]["mean_density"], 4),
                                 "state_mb": round(dm.state_bytes() / 2**20, 1),
                                 "dense_activation_mb": round(act_bytes / 2**20, 1),
+                                "dense_activation_sum_mb": round(act_sum / 2**20, 1),
+                                "detector": json.dumps(detector) if detector else "pixel",
                                 "video": video.name, "frames": len(frames), "device": info["device"],
                                 "date": info["date"]})
                             print(" ".join(f"{k}={v}" for k, v in rows[-1].items() if k not in ("device", "date")),
@@ -177,13 +208,19 @@ def main(argv=None) -> None:
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--quick", action="store_true", help="native resolution only, 20 frames")
     p.add_argument("--video", type=Path, default=None)
+    p.add_argument("--resolutions", nargs="+", default=None, metavar="HxW",
+                   help="default: 576x768 and 1080x1920 (576x768 only with --quick)")
+    p.add_argument("--detector", type=json.loads, default=None, metavar="JSON",
+                   help='input change detector spec, e.g. \'{"type": "tile", "tile": 16}\' (default: per pixel)')
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
     video = args.video or find_sample_video("vtest.avi")
     resolutions = RESOLUTIONS[:1] if args.quick else RESOLUTIONS
+    if args.resolutions:
+        resolutions = [tuple(int(v) for v in r.lower().split("x")) for r in args.resolutions]
     n = 20 if args.quick else args.frames
     rows, profile = sweep(args.models, resolutions, [getattr(torch, d) for d in args.dtypes], args.thresholds, n,
-                          min(args.warmup, n // 2), video)
+                          min(args.warmup, n // 2), video, args.detector)
     write_csv(args.out / "video.csv", rows)
     if profile is not None:
         plot_density(profile, args.out / "video_density.png", run_info())

@@ -151,7 +151,8 @@ void launch_direct(const Tensor& x, const Tensor& m, const Tensor& w, const c10:
 }
 
 // ------------------------------------------------------------------------ tensor-core launchers
-// DELTACONV_TC=0 disables the tensor-core path (read on every call, for A/B measurements).
+// DELTACONV_TC=0 disables the tensor-core paths and the vectorised depthwise kernel (read on every
+// call, for A/B measurements against the scalar CUDA-core kernels).
 // DELTACONV_TC_FINE_MAX=<tiles> overrides the device-side switch between the coarse and the fine
 // 3x3 launch (-1: always coarse, a huge value: always fine).
 bool tc_enabled() {
@@ -205,18 +206,14 @@ conv::tc::TcArgs tc_args(const Tensor& x, const Tensor& m_or_empty, const Tensor
 }
 
 // One 3x3 configuration: (coarse, fine) pair of instantiations for one dtype / stride / width.
-// DELTACONV_TC_LEGACY=1 runs the v2 kernels (DELTACONV_TC_PREFETCH: their prefetch depth).
 template <typename T, int S, int TPB, int NWc, int NTc, int NWf, int NTf>
 void run_tc_3x3(conv::tc::TcArgs a, int64_t tiles, cudaStream_t stream) {
   using CC = conv::tc::Conv3Cfg<S, TPB, NWc, NTc>;
   using CF = conv::tc::Conv3Cfg<S, 1, NWf, NTf>;
   static_assert(CC::BN == CF::BN, "coarse and fine launches must split Cout alike");
-  const bool legacy = env_int("DELTACONV_TC_LEGACY", 0) != 0;
-  auto kc = legacy ? conv::tc::conv3x3_tc_kernel_v2<T, S, TPB, NWc, NTc, false>
-                   : conv::tc::conv3x3_tc_kernel<T, S, TPB, NWc, NTc, false>;
-  auto kf = legacy ? conv::tc::conv3x3_tc_kernel_v2<T, S, 1, NWf, NTf, true>
-                   : conv::tc::conv3x3_tc_kernel<T, S, 1, NWf, NTf, true>;
-  a.prefetch = legacy ? std::min(5, std::max(1, env_int("DELTACONV_TC_PREFETCH", 2))) : 2;
+  auto kc = conv::tc::conv3x3_tc_kernel<T, S, TPB, NWc, NTc, false>;
+  auto kf = conv::tc::conv3x3_tc_kernel<T, S, 1, NWf, NTf, true>;
+  a.prefetch = 2;
   a.cap = (int)tiles;
   const int smem_c = CC::smem(a.prefetch), smem_f = CF::smem(a.prefetch);
   const int occ_c = prepare_kernel(kc, CC::THREADS, smem_c);
@@ -301,6 +298,52 @@ void launch_tc_1x1(const Tensor& x, const Tensor& m, const Tensor& weight, const
     if (wide) run_tc_1x1<__half, 2, 8>(a, total, stream); else run_tc_1x1<__half, 2, 4>(a, total, stream);
   } else {
     if (wide) run_tc_1x1<__nv_bfloat16, 2, 8>(a, total, stream); else run_tc_1x1<__nv_bfloat16, 2, 4>(a, total, stream);
+  }
+}
+
+// Depthwise 3x3 / 5x5, stride 1 / 2 (equal), dilation 1, channels in whole 16-byte vectors: the
+// vectorised kernel. Returns false (nothing launched) for any other case.
+template <typename T, int KS, int S>
+void run_dwconv_vec(const Tensor& x, const Tensor& m, const Tensor& w, const c10::optional<Tensor>& b,
+                    const c10::optional<Tensor>& key, const Tensor& y, const Tensor& list, const ConvGeom& g,
+                    int64_t tiles, cudaStream_t stream) {
+  using Cfg = conv::DwVecCfg<T, KS, S>;
+  auto kernel = conv::dwconv_vec_kernel<T, KS, S>;
+  TORCH_CHECK(allow_smem(kernel, Cfg::SMEM), "deltaconv::conv2d: depthwise kernel needs ", Cfg::SMEM,
+              " bytes of shared memory");
+  const dim3 grid(list_grid(tiles), (unsigned)ceil_div(g.Cout, Cfg::CB));
+  kernel<<<grid, conv::CONV_THREADS, Cfg::SMEM, stream>>>(
+      reinterpret_cast<const T*>(x.const_data_ptr()), m.data_ptr<bool>(), reinterpret_cast<const T*>(w.const_data_ptr()),
+      b.has_value() ? reinterpret_cast<const T*>(b->const_data_ptr()) : nullptr, key_ptr(key),
+      reinterpret_cast<T*>(y.data_ptr()), list.data_ptr<int>(), g);
+  DC_LAUNCH_CHECK();
+}
+
+template <typename T>
+bool dispatch_dwconv_vec(const Tensor& x, const Tensor& m, const Tensor& w, const c10::optional<Tensor>& b,
+                         const c10::optional<Tensor>& key, const Tensor& y, const Tensor& list, const ConvGeom& g,
+                         int64_t tiles, cudaStream_t stream) {
+  const int ks = g.KH, s = g.sh;
+#define DC_DWV(KS, S) \
+  if (ks == KS && s == S) { run_dwconv_vec<T, KS, S>(x, m, w, b, key, y, list, g, tiles, stream); return true; }
+  DC_DWV(3, 1) DC_DWV(3, 2) DC_DWV(5, 1) DC_DWV(5, 2)
+#undef DC_DWV
+  return false;
+}
+
+bool launch_dwconv_vec(const Tensor& x, const Tensor& m, const Tensor& w, const c10::optional<Tensor>& b,
+                       const c10::optional<Tensor>& key, const Tensor& y, const Tensor& list, const ConvGeom& g,
+                       int64_t tiles, cudaStream_t stream) {
+  const int64_t vec = 16 / x.element_size();
+  const bool ok = g.KH == g.KW && g.sh == g.sw && g.dh == 1 && g.dw == 1 && g.Cout % vec == 0 &&
+                  reinterpret_cast<uintptr_t>(x.const_data_ptr()) % 16 == 0 &&
+                  reinterpret_cast<uintptr_t>(y.data_ptr()) % 16 == 0;
+  if (!ok || !tc_enabled()) return false;
+  switch (x.scalar_type()) {
+    case at::kFloat: return dispatch_dwconv_vec<float>(x, m, w, b, key, y, list, g, tiles, stream);
+    case at::kHalf: return dispatch_dwconv_vec<__half>(x, m, w, b, key, y, list, g, tiles, stream);
+    case at::kBFloat16: return dispatch_dwconv_vec<__nv_bfloat16>(x, m, w, b, key, y, list, g, tiles, stream);
+    default: return false;
   }
 }
 
@@ -403,6 +446,7 @@ std::tuple<Tensor, Tensor> conv2d_cuda(const Tensor& delta, const Tensor& mask, 
   Tensor list = work_list(delta, tiles, stream);
   launch_tile_mask<false>(m, key, mask_out, list, g, tiles, stream);
 
+  if (depthwise && launch_dwconv_vec(x, m, w, b, key, y, list, g, tiles, stream)) return {y, mask_out};
   if (depthwise) {
     const size_t smem = (size_t)conv::dwconv_smem_floats(g) * sizeof(float);
     const dim3 grid(list_grid(tiles), (unsigned)ceil_div((int)Cout, conv::DW_CB));

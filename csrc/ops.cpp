@@ -44,4 +44,7 @@ TORCH_LIBRARY(deltaconv, m) {
         "bool count_include_pad, int? divisor_override) -> (Tensor, Tensor)");
   m.def("adaptive_avg_pool2d(Tensor delta, Tensor mask, int[2] output_size) -> (Tensor, Tensor)");
   m.def("linear(Tensor delta, Tensor mask, Tensor weight, Tensor? bias, Tensor? key) -> (Tensor, Tensor)");
+  // ---- statistics
+  // per mask i: stats[i] (float64 [4]) = [active pixels of masks[i], sum since zeroed, scratch, scratch]
+  m.def("count_active(Tensor[] masks, Tensor(a!)[] stats) -> ()");
 }

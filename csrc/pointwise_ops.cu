@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "common.cuh"
+#include "kernels/count.cuh"
 #include "kernels/interpolate.cuh"
 #include "kernels/pointwise.cuh"
 
@@ -483,6 +484,45 @@ std::tuple<Tensor, Tensor> interpolate(const Tensor& delta, const Tensor& mask, 
 
 }  // namespace
 
+// ---------------------------------------------------------------- count_active
+void count_active(at::TensorList masks, at::TensorList stats) {
+  TORCH_CHECK(masks.size() == stats.size(), "deltaconv::count_active: arguments 'masks' and 'stats' must have the "
+              "same length, got ", masks.size(), " and ", stats.size());
+  if (masks.empty()) return;
+  const Tensor& ref = masks[0];
+  TORCH_CHECK(ref.is_cuda(), "deltaconv::count_active: argument 'masks' must hold CUDA tensors, got device ",
+              ref.device());
+  c10::cuda::CUDAGuard guard(ref.device());
+  std::vector<Tensor> contiguous;  // keeps copies of non-contiguous masks alive until the launch
+  contiguous.reserve(masks.size());
+  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  for (size_t start = 0; start < masks.size(); start += stats::kMaxCount) {
+    stats::CountBatch b{};
+    int max_blocks = 1;
+    for (size_t i = start; i < std::min(masks.size(), start + stats::kMaxCount); ++i) {
+      const std::string m_name = "masks[" + std::to_string(i) + "]", s_name = "stats[" + std::to_string(i) + "]";
+      check_cuda("count_active", m_name.c_str(), masks[i], ref);
+      check_dtype("count_active", m_name.c_str(), masks[i], at::kBool);
+      check_cuda("count_active", s_name.c_str(), stats[i], ref);
+      check_dtype("count_active", s_name.c_str(), stats[i], at::kDouble);
+      check_sizes("count_active", s_name.c_str(), stats[i], {4});
+      TORCH_CHECK(stats[i].is_contiguous(), "deltaconv::count_active: argument '", s_name,
+                  "' must be contiguous, got strides ", stats[i].strides());
+      contiguous.push_back(masks[i].contiguous());
+      const int64_t n = contiguous.back().numel();
+      const int k = b.count++;
+      b.mask[k] = reinterpret_cast<const uint8_t*>(contiguous.back().const_data_ptr<bool>());
+      b.stats[k] = stats[i].data_ptr<double>();
+      b.n[k] = n;
+      b.blocks[k] = (int)std::max<int64_t>(1, std::min<int64_t>((n + stats::kCountPerBlock - 1) / stats::kCountPerBlock,
+                                                                 2 * sms));
+      max_blocks = std::max(max_blocks, b.blocks[k]);
+    }
+    stats::count_active_kernel<<<dim3((unsigned)max_blocks, (unsigned)b.count), stats::kCountThreads, 0, stream()>>>(b);
+    DC_LAUNCH_CHECK();
+  }
+}
+
 TORCH_LIBRARY_IMPL(deltaconv, CUDA, m) {
   m.impl("sparsify", &sparsify);
   m.impl("densify", &densify);
@@ -492,6 +532,7 @@ TORCH_LIBRARY_IMPL(deltaconv, CUDA, m) {
   m.impl("mul", &mul);
   m.impl("concatenate", &concatenate);
   m.impl("interpolate", &interpolate);
+  m.impl("count_active", &count_active);
 }
 
 }  // namespace deltaconv

@@ -109,10 +109,10 @@ class DeltaModel(nn.Module):
             ctx.key = None
         try:
             if torch.is_inference_mode_enabled():
-                out = self._runner(*frames)
+                out = self._run_layers(frames)
             else:
                 with torch.no_grad():
-                    out = self._runner(*frames)
+                    out = self._run_layers(frames)
         except BaseException:
             self._signature = None  # state may be half-updated: the next frame is a key frame
             raise
@@ -121,6 +121,17 @@ class DeltaModel(nn.Module):
         self._pending_key = None
         self._frames_since_key += 1
         ctx.frames += 1
+        return out
+
+    def _run_layers(self, frames: tuple) -> object:
+        """The converted graph on one frame, then the frame's statistics in one backend call."""
+        ctx = self._context
+        ctx.pending_stats = []
+        try:
+            out = self._runner(*frames)
+            ctx.flush_stats()
+        finally:
+            ctx.pending_stats = None
         return out
 
     # ------------------------------------------------------------------ CUDA graphs
@@ -153,7 +164,7 @@ class DeltaModel(nn.Module):
         ctx = self._context
         ctx.key = None
         with torch.no_grad(), torch.cuda.graph(graph):
-            static_out = self._runner(*static_in)
+            static_out = self._run_layers(static_in)
         self._graph = _CapturedFrame(graph, static_in, static_out)
         return out
 

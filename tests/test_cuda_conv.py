@@ -134,6 +134,9 @@ CONV_CASES = [
     (32, 32, (3, 3), 1, 1, 1, 32, (31, 45)),     # depthwise 3x3
     (96, 96, (3, 3), 2, 1, 1, 96, (31, 45)),     # depthwise 3x3 stride 2
     (17, 17, (3, 3), 1, 2, 2, 17, (13, 17)),     # depthwise 3x3 dilation 2
+    (12, 12, (3, 3), 1, 1, 1, 12, (13, 17)),     # depthwise: fp32 vectorised, fp16/bf16 scalar (12 % 8)
+    (40, 40, (5, 5), 1, 2, 1, 40, (21, 30)),     # depthwise 5x5 vectorised, partial channel block
+    (8, 8, (3, 3), 2, 0, 1, 8, (14, 19)),        # depthwise 3x3 stride 2, no padding
     (17, 17, (5, 5), 1, 2, 1, 17, (13, 17)),     # depthwise 5x5
     (64, 64, (5, 5), 2, 2, 1, 64, (31, 45)),     # depthwise 5x5 stride 2 (> 48 KiB smem: opt-in)
     (32, 32, (7, 7), 1, 3, 1, 32, (31, 45)),     # depthwise 7x7 (runtime size)
@@ -189,7 +192,7 @@ def test_conv2d(case, dtype):
 @pytest.mark.gpu
 def test_conv2d_non_channels_last_input_and_batch():
     """A contiguous (NCHW) delta is accepted; batch 3 with a key only on the middle stream."""
-    for case in (CONV_CASES[0], CONV_CASES[5], CONV_CASES[11], CONV_CASES[17]):
+    for case in (CONV_CASES[0], CONV_CASES[5], CONV_CASES[11], CONV_CASES[20]):
         run_conv2d(case, torch.float32, (0.01, 0.3, 0.0), (False, True, False), delta_format=torch.contiguous_format)
 
 

@@ -439,6 +439,67 @@ def test_interpolate_area_falls_back():
     assert_active(out_c, out_r, m_r, torch.float32)
 
 
+# ----------------------------------------------------------------------------- count_active
+SHAPES_COUNT = [(1, 1, 1, 1), (2, 1, 7, 9), (1, 1, 33, 65), (3, 1, 270, 481), (1, 1, 1080, 1920)]
+
+
+@pytest.mark.parametrize("frac", [0.0, 0.01, 0.5, 1.0])
+def test_count_active(frac):
+    """One launch for many masks: stats[i][0] = active pixels of mask i, stats[i][1] accumulates,
+    the scratch pair returns to zero; equal to the reference for masks of different sizes, 16-byte
+    aligned and at odd byte offsets, and for more masks than one launch takes (64)."""
+    g = gen(50)
+    masks = []
+    for shape in SHAPES_COUNT:
+        flat = torch.rand(shape[0] * shape[2] * shape[3] + 3, generator=g, device=DEV) < frac
+        masks += [flat[:-3].view(shape), flat[3:].view(shape)]  # aligned, then offset by 3 bytes
+    masks = masks * 7  # 70 masks: two launches
+    stats = [torch.zeros(4, dtype=torch.float64, device=DEV) for _ in masks]
+    expect = [torch.zeros(4, dtype=torch.float64) for _ in masks]
+    for _ in range(2):
+        dcc.count_active(masks, stats)
+        ref.count_active([m.cpu() for m in masks], expect)
+        for i, (s_, e) in enumerate(zip(stats, expect)):
+            assert torch.equal(s_.cpu(), e), (i, s_, e)
+    assert all(s_[2:].abs().sum().item() == 0.0 for s_ in stats)
+
+
+@pytest.mark.skipif(bool(os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING")),
+                    reason="graph capture needs PyTorch's caching allocator")
+def test_count_active_in_cuda_graph():
+    g = gen(51)
+    m_s = [torch.zeros((2, 1, 45, 77), dtype=torch.bool, device=DEV), torch.zeros((1, 1, 9, 5), dtype=torch.bool,
+                                                                                   device=DEV)]
+    stats = [torch.zeros(4, dtype=torch.float64, device=DEV) for _ in m_s]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        dcc.count_active(m_s, stats)
+    for s_ in stats:
+        s_.zero_()
+    totals = [0, 0]
+    for _ in range(5):
+        for i, m in enumerate(m_s):
+            new = torch.rand(m.shape, generator=g, device=DEV) < 0.3
+            m.copy_(new)
+            totals[i] += int(new.sum())
+        graph.replay()
+        for i, m in enumerate(m_s):
+            assert stats[i][0].item() == int(m.sum()) and stats[i][1].item() == totals[i]
+
+
+def test_count_active_errors_name_the_argument():
+    m = torch.ones((1, 1, 4, 4), dtype=torch.bool, device=DEV)
+    s64 = torch.zeros(4, dtype=torch.float64, device=DEV)
+    with pytest.raises(RuntimeError, match=r"'stats\[1\]' must have dtype"):
+        torch.ops.deltaconv.count_active([m, m], [s64, torch.zeros(4, device=DEV)])
+    with pytest.raises(RuntimeError, match=r"'masks\[0\]' must have dtype"):
+        torch.ops.deltaconv.count_active([m.float()], [s64])
+    with pytest.raises(RuntimeError, match=r"'stats\[0\]' must have shape"):
+        torch.ops.deltaconv.count_active([m], [torch.zeros(2, dtype=torch.float64, device=DEV)])
+    with pytest.raises(RuntimeError, match="same length"):
+        torch.ops.deltaconv.count_active([m, m], [s64])
+
+
 # ----------------------------------------------------------------------------- opcheck
 def _opcheck_cases():
     """(op name, args) with every output pixel written (all-active masks, threshold -1)."""
@@ -466,10 +527,12 @@ def _opcheck_cases():
         ("concatenate", ops.concatenate.default, ([x, st((n, 3, h, w))], [full, full])),
         ("interpolate_nearest", ops.interpolate.default, (x, full, [9, 15], 2.0, 2.0, "nearest", False)),
         ("interpolate_bilinear", ops.interpolate.default, (x, full, [11, 4], None, None, "bilinear", True)),
+        ("count_active", ops.count_active.default,
+         ([full, full[:1]], [torch.zeros(4, dtype=torch.float64, device=DEV) for _ in range(2)])),
     ]
 
 
-@pytest.mark.parametrize("case", range(12))
+@pytest.mark.parametrize("case", range(13))
 def test_opcheck(case):
     name, op, args = _opcheck_cases()[case]
     torch.library.opcheck(op, args)

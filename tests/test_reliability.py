@@ -286,6 +286,66 @@ def test_failure_mid_frame_leaves_model_usable():
     assert rel_err(dm(frames[3]), model(frames[3])) < 1e-5
 
 
+def _cuda_kernels_reason() -> str:
+    from helpers import cuda_backend_reason
+    return cuda_backend_reason()
+
+
+def _take_all_cuda_memory(fillers: list) -> None:
+    """Allocate until the caching allocator (capped by set_per_process_memory_fraction) is full,
+    holes in its cached segments included, so the next allocation of any size fails."""
+    size = 1 << 30
+    while size >= 512:
+        try:
+            fillers.append(torch.empty(size, dtype=torch.uint8, device="cuda"))
+        except torch.OutOfMemoryError:
+            size //= 2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(bool(_cuda_kernels_reason()), reason=_cuda_kernels_reason() or "ok")
+def test_real_cuda_out_of_memory_mid_frame_then_reset():
+    """A real CUDA OOM in the middle of a delta frame (after the first conv ran, the memory is
+    taken, so the allocations of the next layer's kernels fail) raises torch.OutOfMemoryError;
+    with the memory back, the next frame (a key frame) and a frame after ``reset()`` equal dense."""
+    torch.manual_seed(0)
+    model = SmallNet().eval().cuda().to(memory_format=torch.channels_last)
+    dm = deltaconv.convert(model, backend="cuda")
+    frames = [f.cuda() for f in frames_of(6, size=(240, 320))]
+    with torch.no_grad():
+        dense = [model(f) for f in frames]
+    dm(frames[0])
+    dm(frames[1])
+    convs = [m for m in dm.modules() if type(m).__name__ == "DCConv2d"]
+    assert len(convs) >= 2
+    fillers: list = []
+    ran = []
+    total = torch.cuda.get_device_properties(0).total_memory
+
+    def take_memory(*_):  # returns None: the layer's inputs stay as they are
+        ran.append(1)
+        _take_all_cuda_memory(fillers)
+
+    hook = convs[1].register_forward_pre_hook(take_memory)
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    try:
+        # the cap leaves 64 MiB for the layers before the hook; the hook takes the rest
+        torch.cuda.set_per_process_memory_fraction((torch.cuda.memory_reserved() + (64 << 20)) / total)
+        with pytest.raises(torch.OutOfMemoryError):
+            dm(frames[2])
+            torch.cuda.synchronize()
+    finally:
+        hook.remove()
+        fillers.clear()
+        torch.cuda.set_per_process_memory_fraction(1.0)
+    assert ran == [1]  # the OOM came from inside the frame, after the first conv
+    assert rel_err(dm(frames[3]), dense[3]) < 1e-4  # automatic key frame after the failure
+    assert rel_err(dm(frames[4]), dense[4]) < 1e-4  # and deltas after it
+    dm.reset()
+    assert rel_err(dm(frames[5]), dense[5]) < 1e-4
+
+
 # ----------------------------------------------------------------------------- random networks
 _OPS = ["conv3", "conv1", "dwconv", "conv_s2", "bn", "relu", "hardswish", "sigmoid", "maxpool", "avgpool",
         "up_nearest", "up_bilinear", "residual", "concat", "se", "leaky"]
@@ -482,6 +542,23 @@ def test_stats_counts_and_record_stats_switch(small):
     dm(frames[0])
     assert not dm.record_stats
     assert [s["density"] for s in dm.stats()] == pytest.approx([s["density"] for s in before], nan_ok=True)
+
+
+def test_stats_of_a_layer_called_twice_per_frame():
+    """Counts are deferred to the end of the frame and batched; a layer that runs twice in a frame
+    still gets "last call" in density and both calls in the running sum."""
+    torch.manual_seed(0)
+    model = SharedConvBN().eval()
+    dm = deltaconv.convert(model, threshold=0.02)
+    shared = [m for m in dm.delta_layers() if m.kind == "conv2d" and m.in_channels == 3]
+    assert len(shared) == 1
+    counts = []
+    shared[0].register_forward_hook(lambda mod, args, out: counts.append(int(out.mask.sum())))
+    for f in frames_of(3):
+        dm(f)
+    assert len(counts) == 6
+    st = shared[0]._stats
+    assert st[0].item() == counts[-1] and st[1].item() == sum(counts) and st[2:].abs().sum().item() == 0
 
 
 # ----------------------------------------------------------------------------- functional conv / linear

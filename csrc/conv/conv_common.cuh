@@ -47,6 +47,16 @@ struct ConvGeom {
   int tiles_h, tiles_w;
 };
 
+// A work-list tile id (n * tiles_h + th) * tiles_w + tw: stream n, first output row / column.
+struct TileAt {
+  int n, oh0, ow0;
+};
+__device__ __forceinline__ TileAt tile_at(int tile, const ConvGeom& g) {
+  const int tw = tile % g.tiles_w;
+  const int t2 = tile / g.tiles_w;
+  return {t2 / g.tiles_h, (t2 % g.tiles_h) * TILE_H, tw * TILE_W};
+}
+
 __device__ __forceinline__ bool key_of(const bool* key, int n) { return key != nullptr && key[n]; }
 
 // Is output pixel (n, oh, ow) reached by an active input pixel?

@@ -6,6 +6,7 @@
 //                                memory per chunk of input channels. KH = KW = 0: runtime size.
 //   conv1x1_kernel<T>            1x1 conv: a GEMM over groups of 64 listed active pixels.
 //   dwconv_kernel<T, KS>         depthwise (groups == Cin == Cout): 8x8 tile x 32 channels.
+//   dwconv_vec_kernel<T, KS, S>  depthwise 3x3 / 5x5, stride 1 / 2, 16-byte vectors of channels.
 //   conv_direct_kernel<T, TR>    smem-free fallback for any geometry and the transposed conv.
 #pragma once
 
@@ -67,11 +68,8 @@ __global__ void __launch_bounds__(CONV_THREADS)
 
   for (int item = blockIdx.x; item < count; item += gridDim.x) {
     const int tile = list[1 + item];
-    const int tw = tile % g.tiles_w;
-    const int t2 = tile / g.tiles_w;
-    const int th = t2 % g.tiles_h;
-    const int n = t2 / g.tiles_h;
-    const int oh0 = th * TILE_H, ow0 = tw * TILE_W;
+    const TileAt at = tile_at(tile, g);
+    const int n = at.n, oh0 = at.oh0, ow0 = at.ow0;
     const int ih0 = oh0 * g.sh - g.ph, iw0 = ow0 * g.sw - g.pw;
     const bool* mn = mask + (size_t)n * g.H * g.W;
 
@@ -290,11 +288,8 @@ __global__ void __launch_bounds__(CONV_THREADS)
 
   for (int item = blockIdx.x; item < count; item += gridDim.x) {
     const int tile = list[1 + item];
-    const int tw = tile % g.tiles_w;
-    const int t2 = tile / g.tiles_w;
-    const int th = t2 % g.tiles_h;
-    const int n = t2 / g.tiles_h;
-    const int oh0 = th * TILE_H, ow0 = tw * TILE_W;
+    const TileAt at = tile_at(tile, g);
+    const int n = at.n, oh0 = at.oh0, ow0 = at.ow0;
     const int ih0 = oh0 * g.sh - g.ph, iw0 = ow0 * g.sw - g.pw;
     const bool* mn = mask + (size_t)n * g.H * g.W;
     __syncthreads();  // w_s written / previous item done
@@ -337,6 +332,142 @@ __global__ void __launch_bounds__(CONV_THREADS)
   }
 }
 
+// 16 bytes of T as floats: 8 halves / bf16s or 4 floats.
+template <typename T>
+struct Vec16 {
+  static constexpr int N = 16 / sizeof(T);
+  static __device__ __forceinline__ void to_f(const uint4& u, float (&f)[16 / sizeof(T)]) {
+    const T* e = reinterpret_cast<const T*>(&u);
+#pragma unroll
+    for (int i = 0; i < N; ++i) f[i] = conv::to_f(e[i]);
+  }
+  static __device__ __forceinline__ uint4 from_f(const float (&f)[16 / sizeof(T)]) {
+    uint4 u;
+    T* e = reinterpret_cast<T*>(&u);
+#pragma unroll
+    for (int i = 0; i < N; ++i) e[i] = conv::from_f<T>(f[i]);
+    return u;
+  }
+};
+
+// Depthwise KS x KS, stride S, dilation 1, C % Vec16<T>::N == 0, 16-byte aligned rows: the
+// vectorised path. A block owns a channel block of DWV_NV 16-byte vectors (64 channels of fp16 /
+// bf16, 32 of fp32) and walks the tile list; per tile the (7S+KS)^2 input halo is staged in shared
+// memory as raw 16-byte vectors (inactive / outside pixels zero), all loads of a thread in flight
+// at once. Thread t computes output pixels (row r, columns 2j, 2j+1) of the 8x8 tile for vector
+// t % DWV_NV, r = (t / DWV_NV) / 4, j = (t / DWV_NV) % 4; fp32 accumulation, weights as fp32
+// [KS*KS][channels of the block] in shared memory.
+constexpr int DWV_NV = 8;
+template <typename T, int KS, int S>
+struct DwVecCfg {
+  static constexpr int VEC = Vec16<T>::N;
+  static constexpr int CB = DWV_NV * VEC;                  // channels per block
+  static constexpr int FW = (TILE_W - 1) * S + KS;         // halo width (= height)
+  static constexpr int HALO = FW * FW * DWV_NV;            // 16-byte vectors
+  static constexpr int LOADS = (HALO + CONV_THREADS - 1) / CONV_THREADS;
+  static constexpr int SMEM = HALO * 16 + KS * KS * CB * 4;  // bytes
+};
+
+template <typename T, int KS, int S>
+__global__ void __launch_bounds__(CONV_THREADS)
+    dwconv_vec_kernel(const T* __restrict__ x, const bool* __restrict__ mask, const T* __restrict__ w,
+                      const T* __restrict__ bias, const bool* __restrict__ key, T* __restrict__ y,
+                      const int* __restrict__ list, ConvGeom g) {
+  using Cfg = DwVecCfg<T, KS, S>;
+  constexpr int VEC = Cfg::VEC, CB = Cfg::CB, FW = Cfg::FW, KK = KS * KS;
+  extern __shared__ float4 smem4[];
+  uint4* in_s = reinterpret_cast<uint4*>(smem4);                       // [FW * FW][DWV_NV]
+  float* w_s = reinterpret_cast<float*>(smem4) + Cfg::HALO * 4;        // [KK][CB]
+  const int C = g.Cout;
+  const int cvecs = C / VEC;
+  const int v0 = blockIdx.y * DWV_NV;  // first vector of this block
+  const int tid = threadIdx.x;
+  const int v = tid % DWV_NV;
+  const int pp = tid / DWV_NV;
+  const int row = pp >> 2, col = (pp & 3) * 2;
+  const bool vok = v0 + v < cvecs;
+  const int count = list[0];
+
+  for (int idx = tid; idx < KK * CB; idx += CONV_THREADS) {
+    const int cc = idx % CB, k = idx / CB;
+    const int c = v0 * VEC + cc;
+    w_s[idx] = c < C ? to_f(w[(size_t)c * KK + k]) : 0.f;
+  }
+  float b[VEC];
+#pragma unroll
+  for (int i = 0; i < VEC; ++i) b[i] = (bias != nullptr && vok) ? to_f(bias[(v0 + v) * VEC + i]) : 0.f;
+  const uint4* xv = reinterpret_cast<const uint4*>(x);
+  uint4* yv = reinterpret_cast<uint4*>(y);
+
+  for (int item = blockIdx.x; item < count; item += gridDim.x) {
+    const int tile = list[1 + item];
+    const TileAt at = tile_at(tile, g);
+    const int n = at.n, oh0 = at.oh0, ow0 = at.ow0;
+    const int ih0 = oh0 * S - g.ph, iw0 = ow0 * S - g.pw;
+    const bool* mn = mask + (size_t)n * g.H * g.W;
+    const uint4* xn = xv + (size_t)n * g.H * g.W * cvecs;
+    uint4 r[Cfg::LOADS];
+#pragma unroll
+    for (int l = 0; l < Cfg::LOADS; ++l) {
+      const int idx = tid + l * CONV_THREADS;
+      const int q = idx / DWV_NV, vv = idx % DWV_NV;
+      const int ih = ih0 + q / FW, iw = iw0 + q % FW;
+      r[l] = make_uint4(0, 0, 0, 0);
+      if (idx < Cfg::HALO && v0 + vv < cvecs && ih >= 0 && ih < g.H && iw >= 0 && iw < g.W) {
+        const int pix = ih * g.W + iw;
+        if (mn[pix]) r[l] = __ldg(xn + (size_t)pix * cvecs + v0 + vv);
+      }
+    }
+    __syncthreads();  // the previous item is done with in_s (and w_s is written)
+#pragma unroll
+    for (int l = 0; l < Cfg::LOADS; ++l) {
+      const int idx = tid + l * CONV_THREADS;
+      if (idx < Cfg::HALO) in_s[idx] = r[l];
+    }
+    __syncthreads();
+    float acc[2][VEC];
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) acc[j][i] = 0.f;
+#pragma unroll
+    for (int ky = 0; ky < KS; ++ky) {
+#pragma unroll
+      for (int kx = 0; kx < KS; ++kx) {
+        float wv[VEC];
+        const float4* wp = reinterpret_cast<const float4*>(w_s + (ky * KS + kx) * CB + v * VEC);
+#pragma unroll
+        for (int i = 0; i < VEC / 4; ++i) {
+          const float4 t = wp[i];
+          wv[4 * i] = t.x; wv[4 * i + 1] = t.y; wv[4 * i + 2] = t.z; wv[4 * i + 3] = t.w;
+        }
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          float xf[VEC];
+          Vec16<T>::to_f(in_s[((row * S + ky) * FW + (col + j) * S + kx) * DWV_NV + v], xf);
+#pragma unroll
+          for (int i = 0; i < VEC; ++i) acc[j][i] = fmaf(xf[i], wv[i], acc[j][i]);
+        }
+      }
+    }
+    const int oh = oh0 + row;
+    if (vok && oh < g.Ho) {
+      const bool kn = key_of(key, n);
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int ow = ow0 + col + j;
+        if (ow < g.Wo) {
+          if (kn) {
+#pragma unroll
+            for (int i = 0; i < VEC; ++i) acc[j][i] += b[i];
+          }
+          yv[(((size_t)n * g.Ho + oh) * g.Wo + ow) * cvecs + v0 + v] = Vec16<T>::from_f(acc[j]);
+        }
+      }
+    }
+  }
+}
+
 // Fallback for any geometry (no shared memory), and the transposed convolution (gather form).
 // Conv weight [Cout, cin_g, KH, KW]; transposed weight [Cin, cout_g, KH, KW].
 template <typename T, bool TRANSPOSED>
@@ -348,16 +479,14 @@ __global__ void __launch_bounds__(CONV_THREADS)
   const int per_tile = TILE_PIX * g.Cout;
   for (int item = blockIdx.x; item < count; item += gridDim.x) {
     const int tile = list[1 + item];
-    const int tw = tile % g.tiles_w;
-    const int t2 = tile / g.tiles_w;
-    const int th = t2 % g.tiles_h;
-    const int n = t2 / g.tiles_h;
+    const TileAt at = tile_at(tile, g);
+    const int n = at.n;
     const bool kn = key_of(key, n);
     const bool* mn = mask + (size_t)n * g.H * g.W;
     for (int idx = threadIdx.x; idx < per_tile; idx += blockDim.x) {
       const int co = idx % g.Cout;
       const int p = idx / g.Cout;
-      const int oh = th * TILE_H + p / TILE_W, ow = tw * TILE_W + p % TILE_W;
+      const int oh = at.oh0 + p / TILE_W, ow = at.ow0 + p % TILE_W;
       if (oh >= g.Ho || ow >= g.Wo) continue;
       const int grp = co / g.cout_g;
       const int col = co % g.cout_g;

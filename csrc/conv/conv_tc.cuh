@@ -208,220 +208,9 @@ __device__ __forceinline__ void kstep(float (&acc)[4][NT][4], const uint32_t (&a
   }
 }
 
-// v2 (kept as a fallback, DELTACONV_TC_LEGACY=1): the same algorithm with runtime prefetch depth
-// and per-stage index arithmetic (slower: issue-bound on integer divisions).
-template <typename T, int S, int TPB, int NW, int NT, bool FINE>
-__global__ void __launch_bounds__(32 * TPB * NW, 1) conv3x3_tc_kernel_v2(const TcArgs a) {
-  using Cfg = Conv3Cfg<S, TPB, NW, NT>;
-  using HL = Halo<S>;
-  constexpr int THREADS = Cfg::THREADS;
-  constexpr int PIXT = TPB * HL::PIX;  // halo pixels of a group
-  extern __shared__ __align__(128) unsigned char smem[];
-
-  const int count = a.list[0];
-  if (FINE ? count > a.fine_max : count <= a.fine_max) return;
-  const ConvGeom& g = a.g;
-  const int ngroups = (count + TPB - 1) / TPB;
-  if ((int)blockIdx.x >= ngroups) return;
-  const int my_groups = (ngroups - 1 - (int)blockIdx.x) / (int)gridDim.x + 1;
-  const int nchunks = (g.Cin + CK - 1) / CK;
-  const int spg = nchunks * 9;  // stages per group (>= 9 > prefetch + 1)
-  const int total = my_groups * spg;
-  const int n0 = blockIdx.y * Cfg::BN;
-  const int P = a.prefetch;
-  const int wslots = P + 1;
-
-  const T* __restrict__ x = static_cast<const T*>(a.x);
-  const T* __restrict__ w = static_cast<const T*>(a.w);
-  const int* __restrict__ list = a.list;
-  const uint32_t halo_s = smem_u32(smem);
-  const uint32_t w_s = halo_s + 2 * Cfg::HALO_BYTES;
-  int* tab_s = reinterpret_cast<int*>(smem + 2 * Cfg::HALO_BYTES + wslots * Cfg::W_BYTES);
-
-  const int tid = threadIdx.x;
-  const int lane = tid & 31;
-  const int warp = tid >> 5;
-  const int slot = warp / NW;
-  const int nw = warp % NW;
-
-  // ---- per group: the input pixel of every halo row (-1: zero) and the row mask of every tile,
-  // into table gi & 1 (all global loads of a thread issue together).
-  auto prep = [&](int gi) {
-    const int grp = (int)blockIdx.x + gi * (int)gridDim.x;
-    int* tab = tab_s + (gi & 1) * Cfg::TAB;
-#pragma unroll
-    for (int k = 0; k < (PIXT + THREADS - 1) / THREADS; ++k) {
-      const int e = tid + k * THREADS;
-      if (e < PIXT) {
-        const int sl = e / HL::PIX;
-        const int q = e - sl * HL::PIX;
-        const int t = grp * TPB + sl;
-        int p = -1;
-        if (t < count) {
-          const int tile = list[1 + t];
-          const int tw = tile % g.tiles_w;
-          const int t2 = tile / g.tiles_w;
-          const int th = t2 % g.tiles_h;
-          const int n = t2 / g.tiles_h;
-          const int hy = q / HL::W;
-          const int ih = th * TILE_H * S - g.ph + hy;
-          const int iw = tw * TILE_W * S - g.pw + (q - hy * HL::W);
-          if (ih >= 0 && ih < g.H && iw >= 0 && iw < g.W) {
-            const int pix = (n * g.H + ih) * g.W + iw;
-            if (a.mask[pix]) p = pix;
-          }
-        }
-        tab[e] = p;
-      }
-    }
-    if (tid < TPB) {
-      const int t = grp * TPB + tid;
-      tab[PIXT + tid] = t < count ? list[1 + a.cap + t] : 0;
-    }
-  };
-
-  // ---- producer: all loads of stage s (halo of the group's tiles at tap 0, weight slice always)
-  auto issue = [&](int s) {
-    const int gi = s / spg;
-    const int rem = s - gi * spg;
-    const int chunk = rem / 9;
-    const int tap = rem - chunk * 9;
-    const int c0 = chunk * CK;
-    if (tap == 0) {
-      const uint32_t hb = halo_s + ((gi * nchunks + chunk) & 1) * Cfg::HALO_BYTES;
-      const int* tab = tab_s + (gi & 1) * Cfg::TAB;
-#pragma unroll 1
-      for (int idx = tid; idx < PIXT * 8; idx += THREADS) {
-        const int j = idx & 7;
-        const int e = idx >> 3;
-        const int p = tab[e];
-        const int ci = c0 + j * 8;
-        const bool v = p >= 0 && ci < g.Cin;
-        cp_async16(hb + e * 128 + ((j ^ HL::swz(e)) << 4), v ? x + (size_t)p * g.Cin + ci : x, v);
-      }
-    }
-    const uint32_t wb = w_s + (s % wslots) * Cfg::W_BYTES;
-#pragma unroll 1
-    for (int k = 0; k < (Cfg::BN * 8 + THREADS - 1) / THREADS; ++k) {
-      const int idx = tid + k * THREADS;
-      if (Cfg::BN * 8 % THREADS == 0 || idx < Cfg::BN * 8) {
-        const int nn = idx >> 3;
-        const int j = idx & 7;
-        const int co = n0 + nn;
-        const int ci = c0 + j * 8;
-        const bool v = co < g.Cout && ci < g.Cin;
-        cp_async16(wb + nn * 128 + ((j ^ (nn & 7)) << 4), v ? w + ((size_t)co * 9 + tap) * g.Cin + ci : w, v);
-      }
-    }
-  };
-
-  // ---- per-lane fragment addressing
-  // halo row (within the group's halo) of this lane's A row at tap (0,0) for m16 tile 0; tile i
-  // adds 2 * i * S * HL::W
-  const int abase = slot * HL::PIX + ((lane >> 3) & 1) * S * HL::W + (lane & 7) * S;
-  const int ka = lane >> 4;                                        // A: k half (chunk offset)
-  const int kb = (lane >> 3) & 1;                                  // B: k half
-  const int brow = nw * NT * 8 + (lane & 7) + ((lane >> 4) << 3);  // B: weight row (n) for jj = 0
-  const int bswz = lane & 7;                                       // == brow & 7
-
-  float acc[4][NT][4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
-
-  prep(0);
-  __syncthreads();
-#pragma unroll 1
-  for (int s = 0; s < P; ++s) {
-    if (s < total) issue(s);
-    cp_async_commit();
-  }
-
-#pragma unroll 1
-  for (int s = 0; s < total; ++s) {
-    cp_async_wait_dyn(P - 1);
-    __syncthreads();
-    // table of the group whose first stage is issued next iteration (published by its barrier)
-    if ((s + P + 1) % spg == 0 && (s + P + 1) / spg < my_groups) prep((s + P + 1) / spg);
-    if (s + P < total) issue(s + P);
-    cp_async_commit();
-
-    const int gi = s / spg;
-    const int rem = s - gi * spg;
-    const int chunk = rem / 9;
-    const int tap = rem - chunk * 9;
-    const int ky = tap / 3;
-    const int kx = tap - ky * 3;
-    const int c0 = chunk * CK;
-    const int ksteps = min(4, (g.Cin - c0 + 15) >> 4);
-    const uint32_t hb = halo_s + ((gi * nchunks + chunk) & 1) * Cfg::HALO_BYTES;
-    const uint32_t wb = w_s + (s % wslots) * Cfg::W_BYTES;
-    const int toff = ky * HL::W + kx;
-    const int rm = tab_s[(gi & 1) * Cfg::TAB + PIXT + slot];  // output row mask of this warp's tile
-    const int rp = ((rm & 0x03) ? 1 : 0) | ((rm & 0x0c) ? 2 : 0) | ((rm & 0x30) ? 4 : 0) | ((rm & 0xc0) ? 8 : 0);
-
-    if (rp != 0) {
-#pragma unroll
-      for (int ks = 0; ks < 4; ++ks) {
-        if (ks < ksteps) {
-          uint32_t aaddr[4];
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const int e = abase + toff + 2 * i * S * HL::W;
-            aaddr[i] = hb + e * 128 + ((((ks << 1) | ka) ^ HL::swz(e)) << 4);
-          }
-          kstep<T, NT>(acc, aaddr, wb + brow * 128 + ((((ks << 1) | kb) ^ bswz) << 4), rp);
-        }
-      }
-    }
-
-    if (rem == spg - 1) {  // group done: epilogue
-      const int grp = (int)blockIdx.x + gi * (int)gridDim.x;
-      const int t = grp * TPB + slot;
-      if (t < count) {
-        const int tile = list[1 + t];
-        const int tw = tile % g.tiles_w;
-        const int t2 = tile / g.tiles_w;
-        const int th = t2 % g.tiles_h;
-        const int n = t2 / g.tiles_h;
-        const bool add_bias = a.bias != nullptr && key_of(a.key, n);
-        const T* bias = static_cast<const T*>(a.bias);
-        T* yn = static_cast<T*>(a.y) + (size_t)n * g.Ho * g.Wo * g.Cout;
-        const int cbase = n0 + nw * NT * 8 + (lane & 3) * 2;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int oh = th * TILE_H + 2 * i + h;
-            const int ow = tw * TILE_W + (lane >> 2);
-            if (((rm >> (2 * i + h)) & 1) && oh < g.Ho && ow < g.Wo) {
-              T* yp = yn + ((size_t)oh * g.Wo + ow) * g.Cout;
-#pragma unroll
-              for (int j = 0; j < NT; ++j) {
-                const int co = cbase + j * 8;
-                if (co < g.Cout) store2<T>(yp, bias, add_bias, co, acc[i][j][2 * h], acc[i][j][2 * h + 1]);
-              }
-            }
-          }
-        }
-      }
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int j = 0; j < NT; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
-    }
-  }
-  cp_async_wait<0>();
-}
-
-// v3: as v2, with the per-stage scalar work cut to a few instructions: stage indices are
-// counters (no divisions), producer offsets are precomputed, prefetch depth is a constant 2 and
-// B fragments are double buffered across n16 pairs.
+// One k16 step of a warp of the 3x3 kernel: as kstep, with B fragments double buffered across n16
+// pairs. In conv3x3_tc_kernel, per-stage scalar work is a few instructions: stage indices are
+// counters (no divisions), producer offsets are precomputed and the prefetch depth is a constant 2.
 template <typename T, int NT>
 __device__ __forceinline__ void kstep3(float (&acc)[4][NT][4], const uint32_t (&a_addr)[4], uint32_t b_addr0,
                                        int rp) {
@@ -501,15 +290,12 @@ __global__ void __launch_bounds__(32 * TPB * NW, 1) conv3x3_tc_kernel(const TcAr
         int p = -1;
         if (t < count) {
           const int tile = list[1 + t];
-          const int tw = tile % g.tiles_w;
-          const int t2 = tile / g.tiles_w;
-          const int th = t2 % g.tiles_h;
-          const int n = t2 / g.tiles_h;
+          const TileAt at = tile_at(tile, g);
           const int hy = q / HL::W;
-          const int ih = th * TILE_H * S - g.ph + hy;
-          const int iw = tw * TILE_W * S - g.pw + (q - hy * HL::W);
+          const int ih = at.oh0 * S - g.ph + hy;
+          const int iw = at.ow0 * S - g.pw + (q - hy * HL::W);
           if (ih >= 0 && ih < g.H && iw >= 0 && iw < g.W) {
-            const int pix = (n * g.H + ih) * g.W + iw;
+            const int pix = (at.n * g.H + ih) * g.W + iw;
             if (a.mask[pix]) p = pix;
           }
         }
@@ -656,20 +442,17 @@ __global__ void __launch_bounds__(32 * TPB * NW, 1) conv3x3_tc_kernel(const TcAr
     const int t = grp * TPB + slot;
     if (t < count) {
       const int tile = list[1 + t];
-      const int tw = tile % g.tiles_w;
-      const int t2 = tile / g.tiles_w;
-      const int th = t2 % g.tiles_h;
-      const int n = t2 / g.tiles_h;
-      const bool add_bias = a.bias != nullptr && key_of(a.key, n);
+      const TileAt at = tile_at(tile, g);
+      const bool add_bias = a.bias != nullptr && key_of(a.key, at.n);
       const T* bias = static_cast<const T*>(a.bias);
-      T* yn = static_cast<T*>(a.y) + (size_t)n * g.Ho * g.Wo * g.Cout;
+      T* yn = static_cast<T*>(a.y) + (size_t)at.n * g.Ho * g.Wo * g.Cout;
       const int cbase = n0 + nw * NT * 8 + (lane & 3) * 2;
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const int oh = th * TILE_H + 2 * i + h;
-          const int ow = tw * TILE_W + (lane >> 2);
+          const int oh = at.oh0 + 2 * i + h;
+          const int ow = at.ow0 + (lane >> 2);
           if (((rm >> (2 * i + h)) & 1) && oh < g.Ho && ow < g.Wo) {
             T* yp = yn + ((size_t)oh * g.Wo + ow) * g.Cout;
 #pragma unroll

@@ -29,7 +29,7 @@ Tensor = torch.Tensor
 
 _LOADED = _extension.load()
 _OPS = ("sparsify", "densify", "activation", "affine_channel", "add", "mul", "concatenate", "interpolate", "conv2d",
-        "conv_transpose2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "linear")
+        "conv_transpose2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "linear", "count_active")
 
 
 def _registered_cuda_kernels() -> frozenset:
@@ -476,3 +476,19 @@ def _max_pool2d_fake(delta, mask, acc, sent, kernel_size, stride, padding, dilat
     (ph, pw), (dh, dw) = _pair(padding), _pair(dilation)
     ho, wo = _pool_out(h, kh, ph, sh, dh, ceil_mode), _pool_out(w, kw, pw, sw, dw, ceil_mode)
     return _empty_value(delta, (n, c, ho, wo)), _empty_mask(delta, n, ho, wo)
+
+
+# ----------------------------------------------------------------------------- statistics
+def count_active(masks: Sequence[Tensor], stats: Sequence[Tensor]) -> None:
+    """Per-layer statistics, one kernel per 64 masks: ``stats[i][0]`` = active pixels of
+    ``masks[i]``, ``stats[i][1] += stats[i][0]`` (each ``stats[i]`` at most once per call)."""
+    if not (masks and all(_native("count_active", m, s) and m.dtype == torch.bool and s.dtype == torch.float64
+                          and s.shape == (4,) and s.is_contiguous() for m, s in zip(masks, stats))
+            and len(masks) == len(stats)):
+        return _ref.count_active(masks, stats)
+    torch.ops.deltaconv.count_active(list(masks), list(stats))
+
+
+@_fake("count_active")
+def _count_active_fake(masks, stats):
+    return None

@@ -272,3 +272,15 @@ def max_pool2d(delta: Tensor, mask: Tensor, acc: Tensor, sent: Tensor, kernel_si
     def op(t):
         return F.max_pool2d(t, kernel_size, stride, padding, dilation, ceil_mode)
     return pool_nonlinear(delta, mask, acc, sent, op, threshold, key)
+
+
+# ----------------------------------------------------------------------------- statistics
+def count_active(masks: Sequence[Tensor], stats: Sequence[Tensor]) -> None:
+    """Per-layer statistics: for each mask, its ``stats`` (float64 ``[4]``) gets ``[0] = active
+    pixels``, ``[1] += [0]``; ``[2:]`` is the CUDA kernel's scratch and stays zero."""
+    if len(masks) != len(stats):
+        raise ValueError(f"count_active: masks and stats must have the same length, got {len(masks)} and "
+                         f"{len(stats)}")
+    for mask, st in zip(masks, stats):
+        st[0] = mask.sum(dtype=torch.float64)
+        st[1] += st[0]

@@ -20,7 +20,9 @@ class FrameContext:
 
     ``key``: ``None``, or ``[N]`` bool on the model's device marking streams that start a key frame.
     ``ops``: the backend module that runs this frame. ``record_stats``: collect densities.
-    ``frames``: frames run since the statistics were last reset.
+    ``frames``: frames run since the statistics were last reset. ``pending_stats``: during a
+    frame run by :class:`~deltaconv.DeltaModel`, the ``(mask, stats)`` pairs whose active pixels
+    are counted together when the frame ends (:meth:`flush_stats`); ``None`` outside a frame.
     """
 
     key: Optional[torch.Tensor] = None
@@ -28,6 +30,20 @@ class FrameContext:
     record_stats: bool = True
     frames: int = 0
     extra: dict = field(default_factory=dict)
+    pending_stats: Optional[list] = None
+
+    def flush_stats(self) -> None:
+        """Count the pending masks (one backend call per run of distinct stats buffers, so a layer
+        that runs twice in a frame keeps "last call" semantics) and clear the list."""
+        pending, self.pending_stats = self.pending_stats or [], None
+        start = 0
+        while start < len(pending):
+            seen, end = set(), start
+            while end < len(pending) and id(pending[end][1]) not in seen:
+                seen.add(id(pending[end][1]))
+                end += 1
+            self.ops.count_active([m for m, _ in pending[start:end]], [s for _, s in pending[start:end]])
+            start = end
 
     def __deepcopy__(self, memo) -> "FrameContext":
         # backend modules are shared, never copied; ``key`` only lives during a frame
@@ -113,19 +129,21 @@ class DCModule(nn.Module):
         return 0.0
 
     def observe(self, out: Delta) -> Delta:
-        """Record how many output pixels are active and return ``out``. Two small device ops (a
-        sum into a preallocated buffer, an in-place add), no host synchronisation, so it also
-        accumulates under CUDA-graph replay; ``record_stats = False`` skips it."""
-        if not self.context.record_stats or not isinstance(out, Delta):
+        """Record how many output pixels are active and return ``out``. Inside a frame of a
+        DeltaModel the mask is counted with every other layer's when the frame ends (one kernel
+        per 64 layers on the GPU, no host synchronisation, so it also accumulates under CUDA-graph
+        replay); a layer called on its own counts at once. ``record_stats = False`` skips it."""
+        ctx = self.context
+        if not ctx.record_stats or not isinstance(out, Delta):
             return out
         mask = out.mask
         if self._stats is None or self._stats.device != mask.device:
-            self._stats = torch.zeros(2, device=mask.device)  # [active pixels last frame, sum since reset]
-        if mask.dim():
-            torch.sum(mask, dim=list(range(mask.dim())), dtype=torch.float32, out=self._stats[0])
+            # float64 [active pixels last frame, sum since reset, 2 x kernel scratch]
+            self._stats = torch.zeros(4, dtype=torch.float64, device=mask.device)
+        if ctx.pending_stats is None:
+            self.ops.count_active([mask], [self._stats])
         else:
-            self._stats[0].copy_(mask)
-        self._stats[1].add_(self._stats[0])
+            ctx.pending_stats.append((mask, self._stats))
         self._pixels = mask.numel()
         self._flops_dense = self.flops_per_output_pixel(out) * self._pixels
         return out
@@ -135,7 +153,7 @@ class DCModule(nn.Module):
         frames = self.context.frames
         last_density = mean_density = float("nan")
         if self._stats is not None and frames and self._pixels:
-            last, total = self._stats.tolist()
+            last, total = self._stats[:2].tolist()
             last_density, mean_density = last / self._pixels, total / frames / self._pixels
         d = {
             "name": self.layer_name,

@@ -1,0 +1,138 @@
+"""Where the GPU time of a converted model goes: kernels per frame, GPU busy time per frame by
+kernel family, and the CUDA-graph replay time per frame, for real video frames.
+
+For each model it converts (CUDA backend, ``--dtype``, ``--threshold``), runs a key frame and
+``--warmup`` frames, then profiles ``--frames`` delta frames eagerly with ``torch.profiler`` and
+sums the device time of every kernel, grouped by kernel name. It also times the same frames
+replayed as one CUDA graph per frame (CUDA events, median) and the dense model replayed as a CUDA
+graph. ``graph_ms - busy_ms`` is the time the GPU spends between kernels (launch gaps, tails).
+
+Writes ``<out>/profile_<model>_<H>x<W>.csv`` (kernel, calls_per_frame, us_per_frame, share) and
+prints a summary. Run on a CUDA machine::
+
+    PYTHONPATH=. python benchmarks/profile_model.py --models mobilenet_v2 resnet50 --size 1080x1920
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import RESULTS, run_info, write_csv  # noqa: E402
+
+
+def _family(name: str) -> str:
+    """A short kernel family name: template arguments and namespaces dropped."""
+    name = re.sub(r"<.*", "", name)
+    name = re.sub(r"\(.*", "", name)
+    return name.split("::")[-1][:60]
+
+
+def profile_model(name: str, size: tuple, dtype: torch.dtype, threshold: float, frames: list, warmup: int,
+                  out: Path) -> dict:
+    import deltaconv
+    from deltaconv import zoo
+    from torch.profiler import ProfilerActivity, profile
+
+    model = zoo.load(name).model.cuda().to(dtype).to(memory_format=torch.channels_last)
+    xs = [f.cuda().to(dtype) for f in frames]
+    dm = deltaconv.convert(model, threshold=threshold, backend="cuda", example_input=xs[0], check_finite=False)
+    n_prof = len(xs) - 1 - warmup
+    with torch.no_grad():
+        for x in xs[:1 + warmup]:
+            dm(x)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for x in xs[1 + warmup:]:
+                dm(x)
+            torch.cuda.synchronize()
+    per = defaultdict(lambda: [0, 0.0])
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            fam = _family(ev.name)
+            per[fam][0] += 1
+            per[fam][1] += ev.device_time
+    busy_us = sum(v[1] for v in per.values()) / n_prof
+    kernels = sum(v[0] for v in per.values()) / n_prof
+    rows = [{"kernel": k, "calls_per_frame": round(c / n_prof, 1), "us_per_frame": round(t / n_prof, 1),
+             "share": round(t / n_prof / busy_us, 4)} for k, (c, t) in sorted(per.items(), key=lambda kv: -kv[1][1])]
+    h, w = size
+    write_csv(out / f"profile_{name}_{h}x{w}.csv", rows)
+
+    def graph_ms(fn, inputs) -> float:
+        static = inputs[0].clone()
+        fn(static)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn(static)
+        torch.cuda.current_stream().wait_stream(side)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn(static)
+        times = []
+        for x in inputs:
+            static.copy_(x)
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            g.replay()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b))
+        return statistics.median(times)
+
+    with torch.no_grad():
+        dense_graph = graph_ms(model, xs)
+        gm = deltaconv.convert(model, threshold=threshold, backend="cuda", example_input=xs[0], check_finite=False,
+                               cuda_graph=True)
+        times = []
+        for i, x in enumerate(xs):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            gm(x)
+            b.record()
+            b.synchronize()
+            if i > warmup:
+                times.append(a.elapsed_time(b))
+    summary = {"model": name, "resolution": f"{h}x{w}", "dtype": str(dtype).split(".")[-1], "threshold": threshold,
+               "kernels_per_frame": round(kernels, 1), "busy_ms": round(busy_us / 1000, 3),
+               "graph_ms": round(statistics.median(times), 3), "dense_graph_ms": round(dense_graph, 3)}
+    print(f"== {name} {h}x{w} {summary['dtype']} t={threshold}: {summary}")
+    for r in rows[:15]:
+        print(f"   {r['kernel']:60s} {r['calls_per_frame']:7.1f} calls {r['us_per_frame']:9.1f} us {r['share']:6.1%}")
+    return summary
+
+
+def main(argv=None) -> None:
+    from deltaconv.video import find_sample_video, read_frames
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", nargs="+", default=["mobilenet_v2", "resnet50"])
+    p.add_argument("--size", default="1080x1920", help="HxW (default 1080x1920)")
+    p.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
+    p.add_argument("--threshold", type=float, default=0.02)
+    p.add_argument("--frames", type=int, default=12)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--video", type=Path, default=None)
+    p.add_argument("--out", type=Path, default=RESULTS)
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("profile_model: needs a CUDA GPU")
+    size = tuple(int(v) for v in args.size.lower().split("x"))
+    video = args.video or find_sample_video("vtest.avi")
+    frames = list(read_frames(video, max_frames=args.frames, size=size))
+    dtype = getattr(torch, args.dtype)
+    args.out.mkdir(parents=True, exist_ok=True)
+    summaries = [profile_model(m, size, dtype, args.threshold, frames, args.warmup, args.out) for m in args.models]
+    info = run_info()
+    write_csv(args.out / "profile_summary.csv", [{**s, **info} for s in summaries])
+
+
+if __name__ == "__main__":
+    main()
