@@ -1,9 +1,9 @@
 """Where the GPU time of a converted model goes: kernels per frame, GPU busy time per frame by
 kernel family, and the CUDA-graph replay time per frame, for real video frames.
 
-For each model it converts (CUDA backend, ``--dtype``, ``--threshold``), runs a key frame and
-``--warmup`` frames, then profiles ``--frames`` delta frames eagerly with ``torch.profiler`` and
-sums the device time of every kernel, grouped by kernel name. It also times the same frames
+For each model it converts (CUDA backend, ``--dtype``, ``--threshold``) and reads ``--frames``
+frames: a key frame and ``--warmup`` frames run unprofiled, the rest are profiled eagerly with
+``torch.profiler``, summing the device time of every kernel, grouped by kernel name. It also times the same frames
 replayed as one CUDA graph per frame (CUDA events, median) and the dense model replayed as a CUDA
 graph. ``graph_ms - busy_ms`` is the time the GPU spends between kernels (launch gaps, tails).
 

@@ -7,7 +7,8 @@ native 576x768 and upscaled to 1080x1920) through
 * the converted model (``backend="cuda"``), eager and with ``cuda_graph=True``;
 
 timing every frame with CUDA events after warm-up and taking medians. It also records the output
-relative error vs the dense model at the same dtype, the mean fraction of updated pixels per layer
+relative error vs the dense model at the same dtype (and, for scale, the dense model's own error at
+that dtype against float32: ``dense_rel_err_vs_fp32``), the mean fraction of updated pixels per layer
 and the FLOPs-weighted density, and the converted model's state memory against the dense model's
 activation memory: its peak, and the sum of all layer outputs (what a stateful method has to
 keep). Writes ``benchmarks/results/video.csv`` and ``video_density.png`` (per-layer density of one
@@ -19,6 +20,7 @@ configuration). Run on a CUDA machine with the sample videos reachable (see
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 import sys
@@ -39,8 +41,11 @@ RESOLUTIONS = [(576, 768), (1080, 1920)]
 THRESHOLDS = [0.0, 0.05, 0.1]
 
 
-def build(name: str) -> torch.nn.Module:
-    """The model with real weights where a package ships them (mobilenet_v2), else random weights."""
+def build(name: str, frames: list) -> torch.nn.Module:
+    """The model with real weights where a package ships them (mobilenet_v2), else random weights
+    whose BatchNorm statistics are re-estimated on ``frames`` (one float32 batch), so that activations
+    keep the scale they have in a trained network (with default statistics, deep random networks
+    such as deeplabv3_mobilenet_v3_large give a nearly constant output)."""
     if name == "mobilenet_v2":
         from deltaconv.weights import mobilenet_v2_imagenet
         return mobilenet_v2_imagenet()
@@ -49,7 +54,15 @@ def build(name: str) -> torch.nn.Module:
     if name.startswith(("fcn", "deeplab", "lraspp")):
         kwargs.update(weights_backbone=None, aux_loss=False)
     torch.manual_seed(0)
-    return fn(**kwargs).eval()
+    model = fn(**kwargs).cuda()
+    for m in model.modules():
+        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+            m.reset_running_stats()
+            m.momentum = None  # cumulative average over the frames
+    model.train()
+    with torch.no_grad():
+        model(torch.cat(frames).cuda())  # one batch: ASPP's pooled branch needs more than one value
+    return model.eval().cpu()
 
 
 def main_out(y):
@@ -138,10 +151,17 @@ def sweep(models, resolutions, dtypes, thresholds, n_frames: int, warmup: int, v
         for (h, w) in resolutions:
             frames_cpu = list(read_frames(video, max_frames=n_frames, size=(h, w)))
             for dtype in dtypes:
-                model = build(name).cuda().to(dtype).to(memory_format=torch.channels_last)
+                model = build(name, frames_cpu[:4]).cuda().to(dtype).to(memory_format=torch.channels_last)
                 frames = [f.cuda().to(dtype) for f in frames_cpu]
                 with torch.no_grad():
                     dense_eager_ms, dense_outs = time_frames(model, frames, warmup)
+                    # the dense model's own rounding: this dtype against float32, same frames
+                    model32, tf32 = copy.deepcopy(model).float(), torch.backends.cudnn.allow_tf32
+                    torch.backends.cudnn.allow_tf32 = False
+                    dense_err = statistics.mean(rel_err(d, model32(f.float())) for d, f in
+                                                zip(dense_outs[1:], frames[1:]))
+                    torch.backends.cudnn.allow_tf32 = tf32
+                    del model32
                 dense_graph_ms, _ = time_frames(dense_graphed(model, frames[0]), frames, warmup)
                 act_bytes = activation_bytes(model, frames[0])
                 act_sum = activation_sum_bytes(model, frames[0])
@@ -162,7 +182,8 @@ def sweep(models, resolutions, dtypes, thresholds, n_frames: int, warmup: int, v
                                 "baseline": baseline, "deltaconv_mode": "cudagraph" if use_graph else "eager",
                                 "threshold": t, "dense_ms": round(dense_ms, 3), "deltaconv_ms": round(ms, 3),
                                 "speedup": round(dense_ms / ms, 3), "rel_err": f"{statistics.mean(errs):.3e}",
-                                "max_rel_err": f"{max(errs):.3e}", "mean_density": round(mean_density, 4),
+                                "max_rel_err": f"{max(errs):.3e}", "dense_rel_err_vs_fp32": f"{dense_err:.3e}",
+                                "mean_density": round(mean_density, 4),
                                 "flops_density": round(flops_done / max(flops_dense, 1.0), 4),
                                 "input_density": round(stats[0]["mean_density"], 4),
                                 "state_mb": round(dm.state_bytes() / 2**20, 1),

@@ -271,44 +271,51 @@ void launch_tc_3x3(const Tensor& x, const Tensor& m, const Tensor& weight, const
   }
 }
 
-template <typename T, int NW, int NT>
-void run_tc_1x1(conv::tc::TcArgs a, int64_t total, cudaStream_t stream) {
+// The gathered-rows GEMM kernel: 1x1 (TAPS = false; `items` = listed pixels, the list's side data
+// holds their input pixels) or any KH x KW (TAPS = true; `items` = listed tiles).
+template <typename T, int NW, int NT, bool TAPS>
+void run_tc_gather(conv::tc::TcArgs a, int64_t items, cudaStream_t stream) {
   using Cfg = conv::tc::Conv1Cfg<NW, NT>;
-  auto k = conv::tc::conv1x1_tc_kernel<T, NW, NT>;
+  auto k = conv::tc::conv_gather_tc_kernel<T, NW, NT, TAPS>;
   a.prefetch = std::min(5, std::max(1, env_int("DELTACONV_TC_PREFETCH1", 2)));
-  a.cap = (int)total;
+  a.cap = (int)items;
   const int smem = Cfg::smem(a.prefetch);
   const int occ = prepare_kernel(k, Cfg::THREADS, smem);
   const int nb = ceil_div(a.g.Cout, Cfg::BN);
-  const int64_t items = (total + Cfg::BM - 1) / Cfg::BM;
-  const int64_t gx = std::max<int64_t>(1, std::min<int64_t>(items, std::max<int64_t>(1, (int64_t)occ * num_sms() / nb)));
+  const int64_t rows = TAPS ? items * conv::TILE_PIX : items;
+  const int64_t blocks = (rows + Cfg::BM - 1) / Cfg::BM;
+  const int64_t gx = std::max<int64_t>(1, std::min<int64_t>(blocks, std::max<int64_t>(1, (int64_t)occ * num_sms() / nb)));
   k<<<dim3((unsigned)gx, (unsigned)nb), Cfg::THREADS, smem, stream>>>(a);
   DC_LAUNCH_CHECK();
 }
 
-void launch_tc_1x1(const Tensor& x, const Tensor& m, const Tensor& weight, const c10::optional<Tensor>& bias,
-                   const c10::optional<Tensor>& key, const Tensor& y, const Tensor& list, const ConvGeom& g,
-                   int64_t total, cudaStream_t stream) {
-  const Tensor w = weight.to(x.scalar_type()).contiguous();  // [Cout, Cin, 1, 1] == [Cout][Cin]
+template <bool TAPS>
+void launch_tc_gather(const Tensor& x, const Tensor& m, const Tensor& weight, const c10::optional<Tensor>& bias,
+                      const c10::optional<Tensor>& key, const Tensor& y, const Tensor& list, const ConvGeom& g,
+                      int64_t items, cudaStream_t stream) {
+  // [Cout][KH][KW][Cin]; for 1x1 [Cout, Cin, 1, 1] is that layout already
+  const Tensor w = TAPS ? relayout_weight(weight, x.scalar_type()) : weight.to(x.scalar_type()).contiguous();
   c10::optional<Tensor> b;
   if (bias.has_value()) b = bias->to(x.scalar_type()).contiguous();
   const conv::tc::TcArgs a = tc_args(x, m, w, b, key, y, list, g);
   const bool wide = g.Cout > 64;
   if (x.scalar_type() == at::kHalf) {
-    if (wide) run_tc_1x1<__half, 2, 8>(a, total, stream); else run_tc_1x1<__half, 2, 4>(a, total, stream);
+    if (wide) run_tc_gather<__half, 2, 8, TAPS>(a, items, stream); else run_tc_gather<__half, 2, 4, TAPS>(a, items, stream);
   } else {
-    if (wide) run_tc_1x1<__nv_bfloat16, 2, 8>(a, total, stream); else run_tc_1x1<__nv_bfloat16, 2, 4>(a, total, stream);
+    if (wide) run_tc_gather<__nv_bfloat16, 2, 8, TAPS>(a, items, stream);
+    else run_tc_gather<__nv_bfloat16, 2, 4, TAPS>(a, items, stream);
   }
 }
 
-// Depthwise 3x3 / 5x5, stride 1 / 2 (equal), dilation 1, channels in whole 16-byte vectors: the
+// Depthwise 3x3 / 5x5, stride 1 / 2, dilation 1 / 2 (equal along both axes), channels in whole
+// 16-byte vectors: the
 // vectorised kernel. Returns false (nothing launched) for any other case.
-template <typename T, int KS, int S>
+template <typename T, int KS, int S, int D>
 void run_dwconv_vec(const Tensor& x, const Tensor& m, const Tensor& w, const c10::optional<Tensor>& b,
                     const c10::optional<Tensor>& key, const Tensor& y, const Tensor& list, const ConvGeom& g,
                     int64_t tiles, cudaStream_t stream) {
-  using Cfg = conv::DwVecCfg<T, KS, S>;
-  auto kernel = conv::dwconv_vec_kernel<T, KS, S>;
+  using Cfg = conv::DwVecCfg<T, KS, S, D>;
+  auto kernel = conv::dwconv_vec_kernel<T, KS, S, D>;
   TORCH_CHECK(allow_smem(kernel, Cfg::SMEM), "deltaconv::conv2d: depthwise kernel needs ", Cfg::SMEM,
               " bytes of shared memory");
   const dim3 grid(list_grid(tiles), (unsigned)ceil_div(g.Cout, Cfg::CB));
@@ -323,10 +330,13 @@ template <typename T>
 bool dispatch_dwconv_vec(const Tensor& x, const Tensor& m, const Tensor& w, const c10::optional<Tensor>& b,
                          const c10::optional<Tensor>& key, const Tensor& y, const Tensor& list, const ConvGeom& g,
                          int64_t tiles, cudaStream_t stream) {
-  const int ks = g.KH, s = g.sh;
-#define DC_DWV(KS, S) \
-  if (ks == KS && s == S) { run_dwconv_vec<T, KS, S>(x, m, w, b, key, y, list, g, tiles, stream); return true; }
-  DC_DWV(3, 1) DC_DWV(3, 2) DC_DWV(5, 1) DC_DWV(5, 2)
+  const int ks = g.KH, s = g.sh, d = g.dh;
+#define DC_DWV(KS, S, D)                                                                  \
+  if (ks == KS && s == S && d == D) {                                                     \
+    run_dwconv_vec<T, KS, S, D>(x, m, w, b, key, y, list, g, tiles, stream);              \
+    return true;                                                                          \
+  }
+  DC_DWV(3, 1, 1) DC_DWV(3, 2, 1) DC_DWV(5, 1, 1) DC_DWV(5, 2, 1) DC_DWV(3, 1, 2) DC_DWV(5, 1, 2)
 #undef DC_DWV
   return false;
 }
@@ -335,7 +345,7 @@ bool launch_dwconv_vec(const Tensor& x, const Tensor& m, const Tensor& w, const 
                        const c10::optional<Tensor>& key, const Tensor& y, const Tensor& list, const ConvGeom& g,
                        int64_t tiles, cudaStream_t stream) {
   const int64_t vec = 16 / x.element_size();
-  const bool ok = g.KH == g.KW && g.sh == g.sw && g.dh == 1 && g.dw == 1 && g.Cout % vec == 0 &&
+  const bool ok = g.KH == g.KW && g.sh == g.sw && g.dh == g.dw && g.Cout % vec == 0 &&
                   reinterpret_cast<uintptr_t>(x.const_data_ptr()) % 16 == 0 &&
                   reinterpret_cast<uintptr_t>(y.data_ptr()) % 16 == 0;
   if (!ok || !tc_enabled()) return false;
@@ -413,6 +423,13 @@ std::tuple<Tensor, Tensor> conv2d_cuda(const Tensor& delta, const Tensor& mask, 
     launch_tc_3x3(x, m, weight, bias, key, y, list, g, tiles, stream);
     return {y, mask_out};
   }
+  // any other kernel of at most 32 taps (dilated, 5x5, 2x2, strides 3+ or unequal): gathered taps
+  if (tc_ok && !use_tc && KH * KW <= conv::tc::kMaxTaps) {
+    Tensor list = work_list(delta, tiles, stream);
+    launch_tile_mask<false>(m, key, mask_out, list, g, tiles, stream);
+    launch_tc_gather<true>(x, m, weight, bias, key, y, list, g, tiles, stream);
+    return {y, mask_out};
+  }
 
   if (KH == 1 && KW == 1 && !depthwise) {
     const int64_t total = N * Ho * Wo;
@@ -422,7 +439,7 @@ std::tuple<Tensor, Tensor> conv2d_cuda(const Tensor& delta, const Tensor& mask, 
         m.data_ptr<bool>(), kp, mask_out.data_ptr<bool>(), list.data_ptr<int>(), g, (int)total);
     DC_LAUNCH_CHECK();
     if (use_tc) {
-      launch_tc_1x1(x, m, weight, bias, key, y, list, g, total, stream);
+      launch_tc_gather<false>(x, m, weight, bias, key, y, list, g, total, stream);
       return {y, mask_out};
     }
     const Tensor w = weight.to(delta.scalar_type()).contiguous();

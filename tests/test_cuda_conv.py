@@ -137,6 +137,8 @@ CONV_CASES = [
     (12, 12, (3, 3), 1, 1, 1, 12, (13, 17)),     # depthwise: fp32 vectorised, fp16/bf16 scalar (12 % 8)
     (40, 40, (5, 5), 1, 2, 1, 40, (21, 30)),     # depthwise 5x5 vectorised, partial channel block
     (8, 8, (3, 3), 2, 0, 1, 8, (14, 19)),        # depthwise 3x3 stride 2, no padding
+    (32, 32, (3, 3), 1, 2, 2, 32, (31, 45)),     # depthwise 3x3 dilation 2: vectorised
+    (16, 16, (5, 5), 1, 4, 2, 16, (21, 30)),     # depthwise 5x5 dilation 2: vectorised
     (17, 17, (5, 5), 1, 2, 1, 17, (13, 17)),     # depthwise 5x5
     (64, 64, (5, 5), 2, 2, 1, 64, (31, 45)),     # depthwise 5x5 stride 2 (> 48 KiB smem: opt-in)
     (32, 32, (7, 7), 1, 3, 1, 32, (31, 45)),     # depthwise 7x7 (runtime size)
@@ -148,6 +150,11 @@ CONV_CASES = [
     (8, 8, (2, 2), 2, 0, 1, 1, (13, 17)),        # even kernel
     (2, 4, (3, 3), 1, 55, 55, 1, (121, 125)),    # huge dilation: opt-in shared memory
     (4, 8, (3, 3), 1, 120, 120, 1, (251, 243)),  # footprint beyond shared memory: direct kernel
+    # fp16 / bf16 gathered-taps tensor-core path (fp32: tile kernel)
+    (16, 24, (5, 5), 1, 2, 1, 1, (21, 30)),      # 5x5
+    (64, 32, (3, 3), 3, 1, 1, 1, (31, 45)),      # stride 3
+    (24, 16, (3, 3), 1, 6, 6, 1, (31, 45)),      # dilation 6 (ASPP-like)
+    (136, 72, (3, 3), (1, 2), 1, 1, 1, (19, 27)),  # unequal strides, 3 chunks of C_in, 2 Cout blocks
 ]
 
 
@@ -192,7 +199,7 @@ def test_conv2d(case, dtype):
 @pytest.mark.gpu
 def test_conv2d_non_channels_last_input_and_batch():
     """A contiguous (NCHW) delta is accepted; batch 3 with a key only on the middle stream."""
-    for case in (CONV_CASES[0], CONV_CASES[5], CONV_CASES[11], CONV_CASES[20]):
+    for case in (CONV_CASES[0], CONV_CASES[5], CONV_CASES[11], CONV_CASES[22], CONV_CASES[-1]):
         run_conv2d(case, torch.float32, (0.01, 0.3, 0.0), (False, True, False), delta_format=torch.contiguous_format)
 
 
@@ -200,7 +207,7 @@ def test_conv2d_non_channels_last_input_and_batch():
 def test_conv2d_large_sparse_frame():
     """A 1080p-sized stream at 1 % clustered change, batch 2 (many tiles, long work lists)."""
     for case in ((32, 32, (3, 3), 1, 1, 1, 1, (270, 480)), (32, 64, (1, 1), 1, 0, 1, 1, (270, 480)),
-                 (32, 32, (3, 3), 1, 1, 1, 32, (270, 480))):
+                 (32, 32, (3, 3), 1, 1, 1, 32, (270, 480)), (64, 64, (3, 3), 1, 2, 2, 1, (135, 240))):
         run_conv2d(case, torch.float16, (0.01, 0.001), (False, False))
 
 

@@ -6,7 +6,7 @@
 //                                memory per chunk of input channels. KH = KW = 0: runtime size.
 //   conv1x1_kernel<T>            1x1 conv: a GEMM over groups of 64 listed active pixels.
 //   dwconv_kernel<T, KS>         depthwise (groups == Cin == Cout): 8x8 tile x 32 channels.
-//   dwconv_vec_kernel<T, KS, S>  depthwise 3x3 / 5x5, stride 1 / 2, 16-byte vectors of channels.
+//   dwconv_vec_kernel<T,KS,S,D> depthwise 3x3 / 5x5, stride 1 / 2, dilation 1 / 2, 16-byte vectors.
 //   conv_direct_kernel<T, TR>    smem-free fallback for any geometry and the transposed conv.
 #pragma once
 
@@ -350,30 +350,30 @@ struct Vec16 {
   }
 };
 
-// Depthwise KS x KS, stride S, dilation 1, C % Vec16<T>::N == 0, 16-byte aligned rows: the
+// Depthwise KS x KS, stride S, dilation D, C % Vec16<T>::N == 0, 16-byte aligned rows: the
 // vectorised path. A block owns a channel block of DWV_NV 16-byte vectors (64 channels of fp16 /
 // bf16, 32 of fp32) and walks the tile list; per tile the (7S+KS)^2 input halo is staged in shared
 // memory as raw 16-byte vectors (inactive / outside pixels zero), all loads of a thread in flight
-// at once. Thread t computes output pixels (row r, columns 2j, 2j+1) of the 8x8 tile for vector
+// at once. The halo is (7S + (KS-1)D + 1)^2 pixels. Thread t computes output pixels (row r, columns 2j, 2j+1) of the 8x8 tile for vector
 // t % DWV_NV, r = (t / DWV_NV) / 4, j = (t / DWV_NV) % 4; fp32 accumulation, weights as fp32
 // [KS*KS][channels of the block] in shared memory.
 constexpr int DWV_NV = 8;
-template <typename T, int KS, int S>
+template <typename T, int KS, int S, int D>
 struct DwVecCfg {
   static constexpr int VEC = Vec16<T>::N;
   static constexpr int CB = DWV_NV * VEC;                  // channels per block
-  static constexpr int FW = (TILE_W - 1) * S + KS;         // halo width (= height)
+  static constexpr int FW = (TILE_W - 1) * S + (KS - 1) * D + 1;  // halo width (= height)
   static constexpr int HALO = FW * FW * DWV_NV;            // 16-byte vectors
   static constexpr int LOADS = (HALO + CONV_THREADS - 1) / CONV_THREADS;
   static constexpr int SMEM = HALO * 16 + KS * KS * CB * 4;  // bytes
 };
 
-template <typename T, int KS, int S>
+template <typename T, int KS, int S, int D>
 __global__ void __launch_bounds__(CONV_THREADS)
     dwconv_vec_kernel(const T* __restrict__ x, const bool* __restrict__ mask, const T* __restrict__ w,
                       const T* __restrict__ bias, const bool* __restrict__ key, T* __restrict__ y,
                       const int* __restrict__ list, ConvGeom g) {
-  using Cfg = DwVecCfg<T, KS, S>;
+  using Cfg = DwVecCfg<T, KS, S, D>;
   constexpr int VEC = Cfg::VEC, CB = Cfg::CB, FW = Cfg::FW, KK = KS * KS;
   extern __shared__ float4 smem4[];
   uint4* in_s = reinterpret_cast<uint4*>(smem4);                       // [FW * FW][DWV_NV]
@@ -444,7 +444,7 @@ __global__ void __launch_bounds__(CONV_THREADS)
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
           float xf[VEC];
-          Vec16<T>::to_f(in_s[((row * S + ky) * FW + (col + j) * S + kx) * DWV_NV + v], xf);
+          Vec16<T>::to_f(in_s[((row * S + ky * D) * FW + (col + j) * S + kx * D) * DWV_NV + v], xf);
 #pragma unroll
           for (int i = 0; i < VEC; ++i) acc[j][i] = fmaf(xf[i], wv[i], acc[j][i]);
         }

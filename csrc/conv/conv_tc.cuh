@@ -16,10 +16,17 @@
 //       FINE selects which of two launches runs: a coarse one (TPB 4 / 2) for many tiles and a
 //       fine one (TPB 1) when the device-side tile count is small (count <= fine_max), so that
 //       a few tiles still spread over all multiprocessors. Both are launched; one exits at once.
-//   conv1x1_tc_kernel<T, NW, NT>
-//       1x1 conv (any stride / padding), groups 1: a GEMM over 128 listed active output pixels x
-//       BN output channels per item, K in chunks of 64 channels, 3-slot cp.async ring over the
-//       flattened (item, chunk) loop of a persistent block; rows gathered by pixel index.
+//   conv_gather_tc_kernel<T, NW, NT, TAPS>
+//       groups 1, Cin % 8 == 0: a GEMM over 128 output pixels x BN output channels per item, K in
+//       chunks of 64 channels (x taps), 3-slot cp.async ring over the flattened (item, tap, chunk)
+//       loop of a persistent block; A rows gathered from global memory by input pixel index
+//       (inactive / outside pixels zero-filled).
+//       TAPS = false: 1x1 conv (any stride / padding); rows = the listed active output pixels,
+//       their input pixels precomputed by conv1x1_mask_kernel.
+//       TAPS = true: any KH x KW <= 32 taps, stride, padding and dilation (the paths the halo
+//       kernel does not take: dilated, 5x5, unequal or > 2 strides, even kernels); rows = the 64
+//       pixels of two listed 8x8 output tiles per item, each tap a shifted gather of them.
+//       Weights: [Cout][KH][KW][Cin].
 //
 // Shared-memory rows are 64 channels = 128 bytes = 8 chunks of 16 bytes; chunk j of row r is
 // stored at chunk j ^ swz(r), which makes every ldmatrix phase (8 rows) conflict-free.
@@ -474,7 +481,9 @@ __global__ void __launch_bounds__(32 * TPB * NW, 1) conv3x3_tc_kernel(const TcAr
   cp_async_wait<0>();
 }
 
-// ------------------------------------------------------------------------------------- 1x1
+// ---------------------------------------------------------------- 1x1 and general (gathered rows)
+constexpr int kMaxTaps = 32;  // TAPS path: per-row tap validity bits
+
 template <int NW, int NT>
 struct Conv1Cfg {
   static constexpr int BM = 128;
@@ -488,21 +497,24 @@ struct Conv1Cfg {
   static int smem(int prefetch) { return (prefetch + 1) * STAGE; }
 };
 
-template <typename T, int NW, int NT>
-__global__ void __launch_bounds__(64 * NW) conv1x1_tc_kernel(const TcArgs a) {
+template <typename T, int NW, int NT, bool TAPS>
+__global__ void __launch_bounds__(64 * NW) conv_gather_tc_kernel(const TcArgs a) {
   using Cfg = Conv1Cfg<NW, NT>;
   constexpr int BM = Cfg::BM;
   constexpr int THREADS = Cfg::THREADS;
   constexpr int RSTEP = THREADS / 8;
   extern __shared__ __align__(128) unsigned char smem[];
 
-  const int count = a.list[0];
-  const int items = (count + BM - 1) / BM;
+  const int count = a.list[0];                       // listed pixels (1x1) or tiles (TAPS)
+  const int rows = TAPS ? count * TILE_PIX : count;  // GEMM rows
+  const int items = (rows + BM - 1) / BM;
   if ((int)blockIdx.x >= items) return;
   const ConvGeom& g = a.g;
   const int my_items = (items - 1 - (int)blockIdx.x) / (int)gridDim.x + 1;
   const int nch = (g.Cin + CK - 1) / CK;
-  const int total = my_items * nch;
+  const int KK = TAPS ? g.KH * g.KW : 1;
+  const int per_item = KK * nch;  // stages per item
+  const int total = my_items * per_item;
   const int n0 = blockIdx.y * Cfg::BN;
   const int HWo = g.Ho * g.Wo;
   const int P = a.prefetch;
@@ -522,20 +534,56 @@ __global__ void __launch_bounds__(64 * NW) conv1x1_tc_kernel(const TcArgs a) {
   const int jl = tid & 7;   // the 16-byte chunk this thread loads
   const int r0 = tid >> 3;  // first A row this thread loads
 
-  int src[Cfg::RPT];  // input pixel of each loaded row, -1: zero
+  // per loaded row: 1x1: its input pixel (-1: zero); TAPS: the input pixel of tap (0, 0) when in
+  // range ((n * H + ih) * W + iw, computed per tap from ih / iw) and which taps read an active pixel
+  int src[Cfg::RPT];
+  int rih[TAPS ? Cfg::RPT : 1], riw[TAPS ? Cfg::RPT : 1], rn[TAPS ? Cfg::RPT : 1];
+  uint32_t rtaps[TAPS ? Cfg::RPT : 1];
   int src_item = -1;
 
   auto issue = [&](int s) {
-    const int it = s / nch;
-    const int ch = s - it * nch;
+    const int it = s / per_item;
+    const int rem = s - it * per_item;
+    const int tap = TAPS ? rem / nch : 0;
+    const int ch = rem - tap * nch;
     const int item = (int)blockIdx.x + it * (int)gridDim.x;
     if (it != src_item) {
       src_item = it;
 #pragma unroll
       for (int k = 0; k < Cfg::RPT; ++k) {
         const int l = item * BM + r0 + k * RSTEP;
-        src[k] = l < count ? srcs[l] : -1;
+        if constexpr (TAPS) {
+          rtaps[k] = 0;
+          rn[k] = 0;
+          rih[k] = riw[k] = 0;
+          const int t = l / TILE_PIX;
+          if (t < count) {
+            const TileAt at = tile_at(list[1 + t], g);
+            const int p = l - t * TILE_PIX;
+            const int oh = at.oh0 + p / TILE_W, ow = at.ow0 + p % TILE_W;
+            if (oh < g.Ho && ow < g.Wo) {
+              rn[k] = at.n;
+              rih[k] = oh * g.sh - g.ph;
+              riw[k] = ow * g.sw - g.pw;
+              const bool* mn = a.mask + (size_t)at.n * g.H * g.W;
+              for (int q = 0; q < KK; ++q) {
+                const int ky = q / g.KW;
+                const int ih = rih[k] + ky * g.dh, iw = riw[k] + (q - ky * g.KW) * g.dw;
+                if (ih >= 0 && ih < g.H && iw >= 0 && iw < g.W && mn[ih * g.W + iw]) rtaps[k] |= 1u << q;
+              }
+            }
+          }
+        } else {
+          src[k] = l < count ? srcs[l] : -1;
+        }
       }
+    }
+    if constexpr (TAPS) {
+      const int ky = tap / g.KW;
+      const int dy = ky * g.dh, dx = (tap - ky * g.KW) * g.dw;
+#pragma unroll
+      for (int k = 0; k < Cfg::RPT; ++k)
+        src[k] = (rtaps[k] >> tap) & 1 ? (rn[k] * g.H + rih[k] + dy) * g.W + riw[k] + dx : -1;
     }
     const uint32_t sa = s_base + (s % wslots) * Cfg::STAGE;
     const uint32_t sb = sa + Cfg::A_BYTES;
@@ -556,7 +604,7 @@ __global__ void __launch_bounds__(64 * NW) conv1x1_tc_kernel(const TcArgs a) {
         const int co = n0 + nn;
         const int cw = c0 + j * 8;
         const bool v = co < g.Cout && cw < g.Cin;
-        cp_async16(sb + nn * 128 + ((j ^ (nn & 7)) << 4), v ? w + (size_t)co * g.Cin + cw : w, v);
+        cp_async16(sb + nn * 128 + ((j ^ (nn & 7)) << 4), v ? w + ((size_t)co * KK + tap) * g.Cin + cw : w, v);
       }
     }
   };
@@ -589,13 +637,14 @@ __global__ void __launch_bounds__(64 * NW) conv1x1_tc_kernel(const TcArgs a) {
     if (s + P < total) issue(s + P);
     cp_async_commit();
 
-    const int it = s / nch;
-    const int ch = s - it * nch;
+    const int it = s / per_item;
+    const int rem = s - it * per_item;
+    const int ch = rem % nch;
     const int ksteps = min(4, (g.Cin - ch * CK + 15) >> 4);
     const uint32_t sa = s_base + (s % wslots) * Cfg::STAGE;
     const uint32_t sb = sa + Cfg::A_BYTES;
     const int item = (int)blockIdx.x + it * (int)gridDim.x;
-    const int rows_left = count - item * BM - wm * 64;  // valid rows of this warp's 64
+    const int rows_left = rows - item * BM - wm * 64;  // valid rows of this warp's 64
     const int rp = (rows_left > 0 ? 1 : 0) | (rows_left > 16 ? 2 : 0) | (rows_left > 32 ? 4 : 0) |
                    (rows_left > 48 ? 8 : 0);
 
@@ -611,7 +660,7 @@ __global__ void __launch_bounds__(64 * NW) conv1x1_tc_kernel(const TcArgs a) {
       }
     }
 
-    if (ch == nch - 1) {
+    if (rem == per_item - 1) {
       const T* bias = static_cast<const T*>(a.bias);
       const int cbase = n0 + nw * NT * 8 + (lane & 3) * 2;
 #pragma unroll
@@ -619,8 +668,19 @@ __global__ void __launch_bounds__(64 * NW) conv1x1_tc_kernel(const TcArgs a) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int l = item * BM + wm * 64 + i * 16 + (lane >> 2) + 8 * h;
-          if (l < count) {
-            const int pix = list[1 + l];
+          int pix = -1;  // output pixel of row l
+          if constexpr (TAPS) {
+            const int t = l / TILE_PIX;
+            if (t < count) {
+              const TileAt at = tile_at(list[1 + t], g);
+              const int p = l - t * TILE_PIX;
+              const int oh = at.oh0 + p / TILE_W, ow = at.ow0 + p % TILE_W;
+              if (oh < g.Ho && ow < g.Wo) pix = (at.n * g.Ho + oh) * g.Wo + ow;
+            }
+          } else if (l < count) {
+            pix = list[1 + l];
+          }
+          if (pix >= 0) {
             const bool add_bias = bias != nullptr && key_of(a.key, pix / HWo);
             T* yp = static_cast<T*>(a.y) + (size_t)pix * g.Cout;
 #pragma unroll
