@@ -15,7 +15,6 @@ from __future__ import annotations
 import datetime
 import math
 import os
-import statistics
 import sys
 
 import torch
@@ -24,30 +23,25 @@ import torch.nn.functional as F
 from deltaconv import _extension
 from deltaconv.backends import reference as ref
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import time_cuda  # noqa: E402
+
 QUICK = "--quick" in sys.argv
 EXPERIMENT = "--experiment" in sys.argv  # A/B of the tuning knobs instead of the full table
 FRACS = [0.01, 0.05, 0.25, 1.0]
 COARSE, FINE = "-1", str(1 << 30)
 
 
-ENV_KEYS = ("DELTACONV_TC_FINE_MAX", "DELTACONV_TC", "DELTACONV_TC_PREFETCH", "DELTACONV_TC_PREFETCH1")
-LEGACY = os.environ.get("DELTACONV_TC_LEGACY")  # kept across modes when set from outside
+ENV_KEYS = ("DELTACONV_TC_FINE_MAX", "DELTACONV_TC", "DELTACONV_TC_PREFETCH1")
 
 
 def set_mode(mode):
-    """mode: None (auto), 'coarse', 'fine', 'old' (CUDA-core kernels), 'p2'/'p4' (prefetch depth),
-    'v2' (the previous 3x3 tensor-core kernel)."""
+    """mode: None (auto), 'coarse', 'fine' (3x3 launch forced), 'old' (CUDA-core kernels),
+    'p2'/'p4' (prefetch depth of the gathered-rows kernel)."""
     for k in ENV_KEYS:
         os.environ.pop(k, None)
-    if LEGACY:
-        os.environ["DELTACONV_TC_LEGACY"] = LEGACY
-    else:
-        os.environ.pop("DELTACONV_TC_LEGACY", None)
     if mode in ("p1", "p2", "p4", "p5"):
-        os.environ["DELTACONV_TC_PREFETCH"] = mode[1]
         os.environ["DELTACONV_TC_PREFETCH1"] = mode[1]
-    elif mode == "v2":
-        os.environ["DELTACONV_TC_LEGACY"] = "1"
     elif mode == "coarse":
         os.environ["DELTACONV_TC_FINE_MAX"] = COARSE
     elif mode == "fine":
@@ -129,15 +123,7 @@ def correctness():
 
 # ------------------------------------------------------------------------------ timing
 def _median_events(run, reps=7):
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        run()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
+    return time_cuda(run, warmup=0, iters=reps)
 
 
 def time_eager(fn, iters=20):
@@ -244,19 +230,19 @@ def main():
     torch.backends.cudnn.allow_tf32 = True
     assert _extension.load(), "deltaconv extension not built"
     props = torch.cuda.get_device_properties(0)
-    print(f"legacy(v2)={LEGACY or 0} date {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, device {props.name}, {props.multi_processor_count} SMs, "
+    print(f"date {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, device {props.name}, {props.multi_processor_count} SMs, "
           f"torch {torch.__version__}, cudnn {torch.backends.cudnn.version()}")
     ok = correctness()
     rows = []
     if EXPERIMENT:
-        modes = ["auto", "coarse", "fine", "v2", "eager"]
+        modes = ["auto", "coarse", "fine", "eager"]
         for cin, H, W in ((64, 1080, 1920), (128, 540, 960), (256, 270, 480)):
             bench_conv(rows, cin, cin, 3, 1, H, W, torch.float16, FRACS, modes)
         for cin, cout, H, W in ((64, 64, 1080, 1920), (128, 256, 540, 960)):
             bench_conv(rows, cin, cout, 1, 1, H, W, torch.float16, [0.05, 1.0], ["auto", "p2", "p4"], tag="1x1")
         bench_conv(rows, 64, 128, 3, 2, 1080, 1920, torch.float16, [0.05, 1.0], ["auto", "coarse", "fine"],
                    tag="3x3-s2")
-    modes = ["auto", "coarse", "fine", "eager", "v2"]
+    modes = ["auto", "coarse", "fine", "eager"]
     for cin, H, W in ((64, 1080, 1920), (128, 540, 960), (256, 270, 480)):
         if EXPERIMENT:
             break
