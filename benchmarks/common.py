@@ -30,6 +30,51 @@ def time_cuda(fn: Callable[[], object], warmup: int = 10, iters: int = 50) -> fl
     return statistics.median(times)
 
 
+def capture_graph(fn: Callable[[], object]) -> tuple[Callable[[], None], object]:
+    """``fn`` recorded in a CUDA graph after three warm-up calls on a side stream (as capture
+    requires); returns the replay callable and the output of the captured call (overwritten by
+    every replay)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph.replay, out
+
+
+def graphed_model(model, example: torch.Tensor) -> Callable[[torch.Tensor], object]:
+    """The dense ``model`` replayed as one CUDA graph per frame: copy the frame in, replay."""
+    static_in = example.clone()
+    with torch.no_grad():
+        replay, static_out = capture_graph(lambda: model(static_in))
+
+    def run(frame):
+        static_in.copy_(frame)
+        replay()
+        return static_out
+    return run
+
+
+def time_frames(fn, frames, warmup: int) -> tuple[float, list]:
+    """Median ms per frame of ``fn(frame)`` over ``frames`` (after ``warmup`` frames), timed with
+    CUDA events, and copies of the outputs."""
+    times, outs = [], []
+    for i, f in enumerate(frames):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        y = fn(f)
+        end.record()
+        end.synchronize()
+        if i >= warmup:
+            times.append(start.elapsed_time(end))
+        outs.append({k: v.clone() for k, v in y.items()} if isinstance(y, dict) else y.clone())
+    return statistics.median(times), outs
+
+
 def clustered_mask(n: int, h: int, w: int, fraction: float, blob: int = 24, seed: int = 0,
                    device: str = "cuda") -> torch.Tensor:
     """A ``[n, 1, h, w]`` bool mask with about ``fraction`` of the pixels active, in square blobs of

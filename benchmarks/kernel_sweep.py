@@ -22,26 +22,12 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, clustered_mask, run_info, time_cuda, write_csv  # noqa: E402
+from common import RESULTS, capture_graph, clustered_mask, run_info, time_cuda, write_csv  # noqa: E402
 
 #: (channels, (H, W)) pairs: resolution chosen to fit the channel count
 SHAPES = [(64, (1080, 1920)), (128, (540, 960)), (256, (270, 480))]
 FRACTIONS = [0.0, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0]
 OPS = {"conv3x3": dict(k=3, groups=1), "conv1x1": dict(k=1, groups=1), "dwconv3x3": dict(k=3, groups=-1)}
-
-
-def graphed(fn):
-    """``fn`` recorded in a CUDA graph; returns a replay callable."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return g.replay
 
 
 def sweep(dtypes, shapes, fractions, iters: int) -> list[dict]:
@@ -62,7 +48,7 @@ def sweep(dtypes, shapes, fractions, iters: int) -> list[dict]:
                 pad = k // 2
                 cudnn = lambda: F.conv2d(x, wt, None, 1, pad, 1, groups)  # noqa: E731
                 cudnn_ms = time_cuda(cudnn, iters=iters)
-                cudnn_graph_ms = time_cuda(graphed(cudnn), iters=iters)
+                cudnn_graph_ms = time_cuda(capture_graph(cudnn)[0], iters=iters)
                 for frac in fractions:
                     mask = clustered_mask(1, h, w, frac)
                     delta = (x * mask).contiguous(memory_format=torch.channels_last)
@@ -71,7 +57,7 @@ def sweep(dtypes, shapes, fractions, iters: int) -> list[dict]:
                         return torch.ops.deltaconv.conv2d(delta, mask, wt, None, [1, 1], [pad, pad], [1, 1], groups,
                                                           None)
                     dc_ms = time_cuda(delta_conv, iters=iters)
-                    dc_graph_ms = time_cuda(graphed(delta_conv), iters=iters)
+                    dc_graph_ms = time_cuda(capture_graph(delta_conv)[0], iters=iters)
                     rows.append({"op": op, "dtype": str(dtype).replace("torch.", ""), "channels": c,
                                  "resolution": f"{h}x{w}", "changed": frac, "cudnn_ms": round(cudnn_ms, 4),
                                  "deltaconv_ms": round(dc_ms, 4), "speedup": round(cudnn_ms / dc_ms, 3),

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import statistics
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -24,7 +23,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, run_info, write_csv  # noqa: E402
+from common import RESULTS, graphed_model, run_info, time_frames, write_csv  # noqa: E402
 
 
 def _family(name: str) -> str:
@@ -65,44 +64,14 @@ def profile_model(name: str, size: tuple, dtype: torch.dtype, threshold: float, 
     h, w = size
     write_csv(out / f"profile_{name}_{h}x{w}.csv", rows)
 
-    def graph_ms(fn, inputs) -> float:
-        static = inputs[0].clone()
-        fn(static)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            fn(static)
-        torch.cuda.current_stream().wait_stream(side)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            fn(static)
-        times = []
-        for x in inputs:
-            static.copy_(x)
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            g.replay()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b))
-        return statistics.median(times)
-
     with torch.no_grad():
-        dense_graph = graph_ms(model, xs)
+        dense_graph, _ = time_frames(graphed_model(model, xs[0]), xs, warmup)
         gm = deltaconv.convert(model, threshold=threshold, backend="cuda", example_input=xs[0], check_finite=False,
                                cuda_graph=True)
-        times = []
-        for i, x in enumerate(xs):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            gm(x)
-            b.record()
-            b.synchronize()
-            if i > warmup:
-                times.append(a.elapsed_time(b))
+        graph, _ = time_frames(gm, xs, warmup + 1)  # the first frame is a key frame (and the capture)
     summary = {"model": name, "resolution": f"{h}x{w}", "dtype": str(dtype).split(".")[-1], "threshold": threshold,
                "kernels_per_frame": round(kernels, 1), "busy_ms": round(busy_us / 1000, 3),
-               "graph_ms": round(statistics.median(times), 3), "dense_graph_ms": round(dense_graph, 3)}
+               "graph_ms": round(graph, 3), "dense_graph_ms": round(dense_graph, 3)}
     print(f"== {name} {h}x{w} {summary['dtype']} t={threshold}: {summary}")
     for r in rows[:15]:
         print(f"   {r['kernel']:60s} {r['calls_per_frame']:7.1f} calls {r['us_per_frame']:9.1f} us {r['share']:6.1%}")

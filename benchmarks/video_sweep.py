@@ -30,7 +30,7 @@ import torch
 import torchvision
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, run_info, write_csv  # noqa: E402
+from common import RESULTS, graphed_model, run_info, time_frames, write_csv  # noqa: E402
 
 import deltaconv  # noqa: E402
 from deltaconv.sparsify import from_spec  # noqa: E402
@@ -72,40 +72,6 @@ def main_out(y):
 def rel_err(a, b) -> float:
     a, b = main_out(a).float(), main_out(b).float()
     return ((a - b).norm() / b.norm().clamp_min(1e-12)).item()
-
-
-def time_frames(fn, frames, warmup: int) -> tuple[float, list]:
-    """Median ms per frame over ``frames`` (after ``warmup`` frames) and the outputs."""
-    times, outs = [], []
-    for i, f in enumerate(frames):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        y = fn(f)
-        end.record()
-        end.synchronize()
-        if i >= warmup:
-            times.append(start.elapsed_time(end))
-        outs.append({k: v.clone() for k, v in y.items()} if isinstance(y, dict) else y.clone())
-    return statistics.median(times), outs
-
-
-def dense_graphed(model, example):
-    static_in = example.clone()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side), torch.no_grad():
-        for _ in range(3):
-            model(static_in)
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g), torch.no_grad():
-        static_out = model(static_in)
-
-    def run(f):
-        static_in.copy_(f)
-        g.replay()
-        return static_out
-    return run
 
 
 def activation_bytes(model, example) -> int:
@@ -162,7 +128,7 @@ def sweep(models, resolutions, dtypes, thresholds, n_frames: int, warmup: int, v
                                                 zip(dense_outs[1:], frames[1:]))
                     torch.backends.cudnn.allow_tf32 = tf32
                     del model32
-                dense_graph_ms, _ = time_frames(dense_graphed(model, frames[0]), frames, warmup)
+                dense_graph_ms, _ = time_frames(graphed_model(model, frames[0]), frames, warmup)
                 act_bytes = activation_bytes(model, frames[0])
                 act_sum = activation_sum_bytes(model, frames[0])
                 for t in thresholds:

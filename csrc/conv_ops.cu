@@ -116,6 +116,19 @@ bool allow_smem(Kernel kernel, size_t bytes) {
   return true;
 }
 
+// The geometry of a (transposed) convolution, sizes already checked to fit int.
+ConvGeom conv_geom(int64_t N, int64_t Cin, int64_t H, int64_t W, int64_t Cout, int64_t Ho, int64_t Wo, int64_t KH,
+                   int64_t KW, int sh, int sw, int ph, int pw, int dh, int dw, int64_t groups) {
+  ConvGeom g{};
+  g.N = (int)N; g.Cin = (int)Cin; g.H = (int)H; g.W = (int)W;
+  g.Cout = (int)Cout; g.Ho = (int)Ho; g.Wo = (int)Wo;
+  g.KH = (int)KH; g.KW = (int)KW; g.sh = sh; g.sw = sw; g.ph = ph; g.pw = pw; g.dh = dh; g.dw = dw;
+  g.groups = (int)groups; g.cin_g = (int)(Cin / groups); g.cout_g = (int)(Cout / groups);
+  g.tiles_h = (int)ceil_div((int)Ho, conv::TILE_H);
+  g.tiles_w = (int)ceil_div((int)Wo, conv::TILE_W);
+  return g;
+}
+
 // A work list: [count (zeroed), ids[items], per-id side data[items]] (see conv_common.cuh).
 Tensor work_list(const Tensor& like, int64_t items, cudaStream_t stream) {
   Tensor list = at::empty({1 + 2 * items}, like.options().dtype(at::kInt));
@@ -397,13 +410,7 @@ std::tuple<Tensor, Tensor> conv2d_cuda(const Tensor& delta, const Tensor& mask, 
   const Tensor x = delta.contiguous(at::MemoryFormat::ChannelsLast);
   const Tensor m = mask.contiguous();
 
-  ConvGeom g{};
-  g.N = (int)N; g.Cin = (int)Cin; g.H = (int)H; g.W = (int)W;
-  g.Cout = (int)Cout; g.Ho = (int)Ho; g.Wo = (int)Wo;
-  g.KH = (int)KH; g.KW = (int)KW; g.sh = sh; g.sw = sw; g.ph = ph; g.pw = pw; g.dh = dh; g.dw = dw;
-  g.groups = (int)groups; g.cin_g = (int)(Cin / groups); g.cout_g = (int)(Cout / groups);
-  g.tiles_h = (int)ceil_div((int)Ho, conv::TILE_H);
-  g.tiles_w = (int)ceil_div((int)Wo, conv::TILE_W);
+  const ConvGeom g = conv_geom(N, Cin, H, W, Cout, Ho, Wo, KH, KW, sh, sw, ph, pw, dh, dw, groups);
   const int64_t tiles = N * g.tiles_h * g.tiles_w;
   const int64_t cob = groups * ((g.cout_g + conv::CONV_COB - 1) / conv::CONV_COB);
   TORCH_CHECK(cob <= 65535, "deltaconv::conv2d: too many output channel blocks (", cob, ")");
@@ -557,13 +564,7 @@ std::tuple<Tensor, Tensor> conv_transpose2d_cuda(const Tensor& delta, const Tens
   c10::optional<Tensor> b;
   if (bias.has_value()) b = bias->to(delta.scalar_type()).contiguous();
 
-  ConvGeom g{};
-  g.N = (int)N; g.Cin = (int)Cin; g.H = (int)H; g.W = (int)W;
-  g.Cout = (int)Cout; g.Ho = (int)Ho; g.Wo = (int)Wo;
-  g.KH = (int)KH; g.KW = (int)KW; g.sh = sh; g.sw = sw; g.ph = ph; g.pw = pw; g.dh = dh; g.dw = dw;
-  g.groups = (int)groups; g.cin_g = (int)(Cin / groups); g.cout_g = (int)(Cout / groups);
-  g.tiles_h = (int)ceil_div((int)Ho, conv::TILE_H);
-  g.tiles_w = (int)ceil_div((int)Wo, conv::TILE_W);
+  const ConvGeom g = conv_geom(N, Cin, H, W, Cout, Ho, Wo, KH, KW, sh, sw, ph, pw, dh, dw, groups);
   const int64_t tiles = N * g.tiles_h * g.tiles_w;
   Tensor list = work_list(delta, tiles, stream);
   launch_tile_mask<true>(m, key, mask_out, list, g, tiles, stream);

@@ -43,34 +43,26 @@ def parse_size(text: str) -> tuple[int, int]:
     return h, w
 
 
-def _nonneg_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
-    if not math.isfinite(v) or v < 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
-    return v
+def _number(parse, valid, expected: str):
+    """An argparse ``type``: ``parse(text)``, rejected with "expected <expected>" unless ``valid``."""
+    def convert(text: str):
+        try:
+            v = parse(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        if not valid(v):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        return v
+    return convert
 
 
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
-    return v
+_nonneg_float = _number(float, lambda v: math.isfinite(v) and v >= 0, "a number >= 0")
+_positive_int = _number(int, lambda v: v >= 1, "an integer >= 1")
+_nonneg_int = _number(int, lambda v: v >= 0, "an integer >= 0 (0: all frames)")
 
 
 def _count_or_all(text: str) -> Optional[int]:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0 (0: all frames), got {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0 (0: all frames), got {text!r}")
-    return v or None
+    return _nonneg_int(text) or None
 
 
 def _float_list(text: str) -> list[float]:

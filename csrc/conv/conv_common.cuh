@@ -59,6 +59,21 @@ __device__ __forceinline__ TileAt tile_at(int tile, const ConvGeom& g) {
 
 __device__ __forceinline__ bool key_of(const bool* key, int n) { return key != nullptr && key[n]; }
 
+// Input coordinate that tap k of a (transposed) convolution reads for output coordinate o along
+// one axis (stride s, padding p, dilation d); false when it falls outside [0, size) or, for a
+// transposed conv, between the strided input positions.
+template <bool TRANSPOSED>
+__device__ __forceinline__ bool tap_input(int o, int k, int s, int p, int d, int size, int& i) {
+  if (TRANSPOSED) {
+    const int t = o + p - k * d;
+    if (t < 0 || t % s != 0) return false;
+    i = t / s;
+  } else {
+    i = o * s - p + k * d;
+  }
+  return i >= 0 && i < size;
+}
+
 // Is output pixel (n, oh, ow) reached by an active input pixel?
 template <bool TRANSPOSED>
 __device__ __forceinline__ bool out_pixel_active(const bool* __restrict__ mask, const ConvGeom& g, int n, int oh,
@@ -66,25 +81,10 @@ __device__ __forceinline__ bool out_pixel_active(const bool* __restrict__ mask, 
   const bool* mn = mask + (size_t)n * g.H * g.W;
   for (int ky = 0; ky < g.KH; ++ky) {
     int ih;
-    if (TRANSPOSED) {
-      const int t = oh + g.ph - ky * g.dh;
-      if (t < 0 || t % g.sh != 0) continue;
-      ih = t / g.sh;
-    } else {
-      ih = oh * g.sh - g.ph + ky * g.dh;
-    }
-    if (ih < 0 || ih >= g.H) continue;
+    if (!tap_input<TRANSPOSED>(oh, ky, g.sh, g.ph, g.dh, g.H, ih)) continue;
     for (int kx = 0; kx < g.KW; ++kx) {
       int iw;
-      if (TRANSPOSED) {
-        const int t = ow + g.pw - kx * g.dw;
-        if (t < 0 || t % g.sw != 0) continue;
-        iw = t / g.sw;
-      } else {
-        iw = ow * g.sw - g.pw + kx * g.dw;
-      }
-      if (iw < 0 || iw >= g.W) continue;
-      if (mn[ih * g.W + iw]) return true;
+      if (tap_input<TRANSPOSED>(ow, kx, g.sw, g.pw, g.dw, g.W, iw) && mn[ih * g.W + iw]) return true;
     }
   }
   return false;

@@ -493,24 +493,10 @@ __global__ void __launch_bounds__(CONV_THREADS)
       float acc = 0.f;
       for (int ky = 0; ky < g.KH; ++ky) {
         int ih;
-        if (TRANSPOSED) {
-          const int t = oh + g.ph - ky * g.dh;
-          if (t < 0 || t % g.sh != 0) continue;
-          ih = t / g.sh;
-        } else {
-          ih = oh * g.sh - g.ph + ky * g.dh;
-        }
-        if (ih < 0 || ih >= g.H) continue;
+        if (!tap_input<TRANSPOSED>(oh, ky, g.sh, g.ph, g.dh, g.H, ih)) continue;
         for (int kx = 0; kx < g.KW; ++kx) {
           int iw;
-          if (TRANSPOSED) {
-            const int t = ow + g.pw - kx * g.dw;
-            if (t < 0 || t % g.sw != 0) continue;
-            iw = t / g.sw;
-          } else {
-            iw = ow * g.sw - g.pw + kx * g.dw;
-          }
-          if (iw < 0 || iw >= g.W) continue;
+          if (!tap_input<TRANSPOSED>(ow, kx, g.sw, g.pw, g.dw, g.W, iw)) continue;
           const int pix = ih * g.W + iw;
           if (!mn[pix]) continue;
           const T* xp = x + ((size_t)n * g.H * g.W + pix) * g.Cin + grp * g.cin_g;

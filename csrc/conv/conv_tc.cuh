@@ -145,6 +145,29 @@ __device__ __forceinline__ void store2(T* yp, const T* bias, bool add_bias, int 
   *reinterpret_cast<typename Vec2<T>::type*>(yp + co) = Vec2<T>::make(v0, v1);
 }
 
+// Zero a warp's accumulators (4 m16 tiles x NT n8 tiles x 4 floats per lane).
+template <int NT>
+__device__ __forceinline__ void zero_acc(float (&acc)[4][NT][4]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+}
+
+// Store this lane's values of one output pixel: row half h of an m16 tile's accumulators
+// (acc_i[j][2h], acc_i[j][2h + 1] at channels cbase + 8j, +1), channels below cout only.
+template <typename T, int NT>
+__device__ __forceinline__ void store_pixel(T* yp, const T* bias, bool add_bias, int cbase, int cout,
+                                            const float (&acc_i)[NT][4], int h) {
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    const int co = cbase + j * 8;
+    if (co < cout) store2<T>(yp, bias, add_bias, co, acc_i[j][2 * h], acc_i[j][2 * h + 1]);
+  }
+}
+
 template <int S>
 struct Halo {
   static constexpr int W = 7 * S + 3;  // 8x8 output tile, 3x3 kernel, dilation 1
@@ -373,12 +396,7 @@ __global__ void __launch_bounds__(32 * TPB * NW, 1) conv3x3_tc_kernel(const TcAr
   const int bx = ((lane >> 3) & 1) ^ (lane & 7);
 
   float acc[4][NT][4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+  zero_acc(acc);
 
   prep(0);
   __syncthreads();
@@ -462,21 +480,12 @@ __global__ void __launch_bounds__(32 * TPB * NW, 1) conv3x3_tc_kernel(const TcAr
           const int ow = at.ow0 + (lane >> 2);
           if (((rm >> (2 * i + h)) & 1) && oh < g.Ho && ow < g.Wo) {
             T* yp = yn + ((size_t)oh * g.Wo + ow) * g.Cout;
-#pragma unroll
-            for (int j = 0; j < NT; ++j) {
-              const int co = cbase + j * 8;
-              if (co < g.Cout) store2<T>(yp, bias, add_bias, co, acc[i][j][2 * h], acc[i][j][2 * h + 1]);
-            }
+            store_pixel<T, NT>(yp, bias, add_bias, cbase, g.Cout, acc[i], h);
           }
         }
       }
     }
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-#pragma unroll
-      for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+    zero_acc(acc);
   }
   cp_async_wait<0>();
 }
@@ -617,12 +626,7 @@ __global__ void __launch_bounds__(64 * NW) conv_gather_tc_kernel(const TcArgs a)
   const int bswz = lane & 7;
 
   float acc[4][NT][4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+  zero_acc(acc);
 
 #pragma unroll 1
   for (int s = 0; s < P; ++s) {
@@ -683,20 +687,11 @@ __global__ void __launch_bounds__(64 * NW) conv_gather_tc_kernel(const TcArgs a)
           if (pix >= 0) {
             const bool add_bias = bias != nullptr && key_of(a.key, pix / HWo);
             T* yp = static_cast<T*>(a.y) + (size_t)pix * g.Cout;
-#pragma unroll
-            for (int j = 0; j < NT; ++j) {
-              const int co = cbase + j * 8;
-              if (co < g.Cout) store2<T>(yp, bias, add_bias, co, acc[i][j][2 * h], acc[i][j][2 * h + 1]);
-            }
+            store_pixel<T, NT>(yp, bias, add_bias, cbase, g.Cout, acc[i], h);
           }
         }
       }
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int j = 0; j < NT; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+      zero_acc(acc);
     }
   }
   cp_async_wait<0>();
