@@ -129,9 +129,9 @@ ConvGeom conv_geom(int64_t N, int64_t Cin, int64_t H, int64_t W, int64_t Cout, i
   return g;
 }
 
-// A work list: [count (zeroed), ids[items], per-id side data[items]] (see conv_common.cuh).
-Tensor work_list(const Tensor& like, int64_t items, cudaStream_t stream) {
-  Tensor list = at::empty({1 + 2 * items}, like.options().dtype(at::kInt));
+// A work list: [count (zeroed), ids[items], per-id side data[items] (when side)] (see conv_common.cuh).
+Tensor work_list(const Tensor& like, int64_t items, cudaStream_t stream, bool side = true) {
+  Tensor list = at::empty({1 + (side ? 2 : 1) * items}, like.options().dtype(at::kInt));
   C10_CUDA_CHECK(cudaMemsetAsync(list.data_ptr<int>(), 0, sizeof(int), stream));
   return list;
 }
@@ -139,13 +139,13 @@ Tensor work_list(const Tensor& like, int64_t items, cudaStream_t stream) {
 // Tile mask + direct (fallback / transposed) compute.
 template <bool TRANSPOSED>
 void launch_tile_mask(const Tensor& m, const c10::optional<Tensor>& key, const Tensor& mask_out, const Tensor& list,
-                      const ConvGeom& g, int64_t tiles, cudaStream_t stream) {
+                      const ConvGeom& g, int64_t tiles, cudaStream_t stream, int* plist = nullptr) {
   const int64_t blocks = (int64_t)ceil_div(g.tiles_w, conv::MASK_STRIP) * g.tiles_h * g.N;
   TORCH_CHECK(blocks <= kIntMax, "deltaconv::conv: output too large");
   auto kernel = (!TRANSPOSED && g.KH == 3 && g.KW == 3) ? conv::conv_tile_mask_kernel<TRANSPOSED, 3>
                                                          : conv::conv_tile_mask_kernel<TRANSPOSED, 0>;
   kernel<<<static_cast<unsigned>(blocks), conv::MASK_THREADS, 0, stream>>>(
-      m.data_ptr<bool>(), key_ptr(key), mask_out.data_ptr<bool>(), list.data_ptr<int>(), g, (int)tiles);
+      m.data_ptr<bool>(), key_ptr(key), mask_out.data_ptr<bool>(), list.data_ptr<int>(), g, (int)tiles, plist);
   DC_LAUNCH_CHECK();
 }
 
@@ -202,7 +202,8 @@ int env_int(const char* name, int def) {
 }
 
 conv::tc::TcArgs tc_args(const Tensor& x, const Tensor& m_or_empty, const Tensor& w, const c10::optional<Tensor>& b,
-                         const c10::optional<Tensor>& key, const Tensor& y, const Tensor& list, const ConvGeom& g) {
+                         const c10::optional<Tensor>& key, const Tensor& y, const Tensor& list, const ConvGeom& g,
+                         const int* alt_count = nullptr, float pixel_ratio = 0.f) {
   conv::tc::TcArgs a{};
   a.x = x.const_data_ptr();
   a.mask = m_or_empty.data_ptr<bool>();
@@ -215,6 +216,8 @@ conv::tc::TcArgs tc_args(const Tensor& x, const Tensor& m_or_empty, const Tensor
   a.fine_max = 0;
   a.cap = 0;
   a.prefetch = 2;
+  a.alt_count = alt_count;
+  a.pixel_ratio = pixel_ratio;
   return a;
 }
 
@@ -251,6 +254,15 @@ void run_tc_3x3(conv::tc::TcArgs a, int64_t tiles, cudaStream_t stream) {
   }
 }
 
+template <typename T>
+void dispatch_tc_3x3(const conv::tc::TcArgs& a, int64_t tiles, bool stride2, bool wide, cudaStream_t stream) {
+  if (stride2) {
+    if (wide) run_tc_3x3<T, 2, 2, 2, 8, 4, 4>(a, tiles, stream); else run_tc_3x3<T, 2, 2, 2, 4, 2, 4>(a, tiles, stream);
+  } else {
+    if (wide) run_tc_3x3<T, 1, 2, 2, 8, 4, 4>(a, tiles, stream); else run_tc_3x3<T, 1, 2, 2, 4, 2, 4>(a, tiles, stream);
+  }
+}
+
 // weight [Cout, Cin, 3, 3] (any float dtype) -> [Cout, 3, 3, Cin] in the activation dtype, in one copy.
 Tensor relayout_weight(const Tensor& weight, at::ScalarType dtype) {
   Tensor w2 = at::empty({weight.size(0), weight.size(2), weight.size(3), weight.size(1)},
@@ -259,64 +271,72 @@ Tensor relayout_weight(const Tensor& weight, at::ScalarType dtype) {
   return w2;
 }
 
-void launch_tc_3x3(const Tensor& x, const Tensor& m, const Tensor& weight, const c10::optional<Tensor>& bias,
-                   const c10::optional<Tensor>& key, const Tensor& y, const Tensor& list, const ConvGeom& g,
-                   int64_t tiles, cudaStream_t stream) {
-  const Tensor w2 = relayout_weight(weight, x.scalar_type());
+// The weight in the tensor-core layout [Cout][KH][KW][Cin] (for 1x1 [Cout, Cin, 1, 1] is that
+// layout already) and the bias, both in the activation dtype.
+struct TcWeights {
+  Tensor w;
   c10::optional<Tensor> b;
-  if (bias.has_value()) b = bias->to(x.scalar_type()).contiguous();
-  conv::tc::TcArgs a = tc_args(x, m, w2, b, key, y, list, g);
-  const bool wide = g.Cout > 64;
-  if (x.scalar_type() == at::kHalf) {
-    using T = __half;
-    if (g.sh == 1) {
-      if (wide) run_tc_3x3<T, 1, 4, 2, 8, 4, 4>(a, tiles, stream); else run_tc_3x3<T, 1, 4, 2, 4, 2, 4>(a, tiles, stream);
-    } else {
-      if (wide) run_tc_3x3<T, 2, 2, 2, 8, 4, 4>(a, tiles, stream); else run_tc_3x3<T, 2, 2, 2, 4, 2, 4>(a, tiles, stream);
-    }
-  } else {
-    using T = __nv_bfloat16;
-    if (g.sh == 1) {
-      if (wide) run_tc_3x3<T, 1, 4, 2, 8, 4, 4>(a, tiles, stream); else run_tc_3x3<T, 1, 4, 2, 4, 2, 4>(a, tiles, stream);
-    } else {
-      if (wide) run_tc_3x3<T, 2, 2, 2, 8, 4, 4>(a, tiles, stream); else run_tc_3x3<T, 2, 2, 2, 4, 2, 4>(a, tiles, stream);
-    }
-  }
+};
+TcWeights tc_weights(const Tensor& weight, const c10::optional<Tensor>& bias, at::ScalarType dtype) {
+  TcWeights t;
+  t.w = weight.size(2) * weight.size(3) == 1 ? weight.to(dtype).contiguous() : relayout_weight(weight, dtype);
+  if (bias.has_value()) t.b = bias->to(dtype).contiguous();
+  return t;
 }
 
-// The gathered-rows GEMM kernel: 1x1 (TAPS = false; `items` = listed pixels, the list's side data
-// holds their input pixels) or any KH x KW (TAPS = true; `items` = listed tiles).
-template <typename T, int NW, int NT, bool TAPS>
+// The device-side switch between the 3x3 tile path and the pixel-row path (conv_tc.cuh,
+// use_pixel_rows): pixel rows when the active pixels fill less than this share of the active
+// tiles. Measured on an H200 (2026-11-21, fp16, C 64 / 256): per active pixel the gathers cost
+// 2.5-2.8x a tile pixel, so tiles win at the 0.42-0.61 fill of clustered changes (by 1.05-1.5x)
+// and pixel rows at the 0.10-0.25 fill of scattered ones (by 1.5-2.4x).
+constexpr float kPixelRowsRatio = 0.35f;
+// DELTACONV_TC_PIXEL_RATIO=<r> overrides it (0: tiles only, a huge value: pixel rows only).
+float pixel_rows_ratio() {
+  const char* v = std::getenv("DELTACONV_TC_PIXEL_RATIO");
+  return v == nullptr || *v == 0 ? kPixelRowsRatio : (float)std::atof(v);
+}
+
+// alt_count / pixel_ratio: the pixel-row launch that may run instead (see use_pixel_rows).
+void launch_tc_3x3(const Tensor& x, const Tensor& m, const TcWeights& tw, const c10::optional<Tensor>& key,
+                   const Tensor& y, const Tensor& list, const ConvGeom& g, int64_t tiles, cudaStream_t stream,
+                   const int* alt_count = nullptr, float pixel_ratio = 0.f) {
+  const conv::tc::TcArgs a = tc_args(x, m, tw.w, tw.b, key, y, list, g, alt_count, pixel_ratio);
+  // coarse launch: 2 tiles per block (two blocks per multiprocessor; 4 tiles per block, one block,
+  // was 6-16 % slower at every density on an H200); Cout > 64: 128 channels per block
+  const bool wide = g.Cout > 64;
+  if (x.scalar_type() == at::kHalf) dispatch_tc_3x3<__half>(a, tiles, g.sh == 2, wide, stream);
+  else dispatch_tc_3x3<__nv_bfloat16>(a, tiles, g.sh == 2, wide, stream);
+}
+
+// The gathered-rows GEMM kernel (conv_tc.cuh): `items` = the list's capacity in its units (pixels,
+// or tiles for kRowsTiles); for kRows1x1 the list's side data holds the input pixels.
+template <typename T, int NW, int NT, int ROWS>
 void run_tc_gather(conv::tc::TcArgs a, int64_t items, cudaStream_t stream) {
   using Cfg = conv::tc::Conv1Cfg<NW, NT>;
-  auto k = conv::tc::conv_gather_tc_kernel<T, NW, NT, TAPS>;
+  auto k = conv::tc::conv_gather_tc_kernel<T, NW, NT, ROWS>;
   a.prefetch = std::min(5, std::max(1, env_int("DELTACONV_TC_PREFETCH1", 2)));
   a.cap = (int)items;
   const int smem = Cfg::smem(a.prefetch);
   const int occ = prepare_kernel(k, Cfg::THREADS, smem);
   const int nb = ceil_div(a.g.Cout, Cfg::BN);
-  const int64_t rows = TAPS ? items * conv::TILE_PIX : items;
+  const int64_t rows = ROWS == conv::tc::kRowsTiles ? items * conv::TILE_PIX : items;
   const int64_t blocks = (rows + Cfg::BM - 1) / Cfg::BM;
   const int64_t gx = std::max<int64_t>(1, std::min<int64_t>(blocks, std::max<int64_t>(1, (int64_t)occ * num_sms() / nb)));
   k<<<dim3((unsigned)gx, (unsigned)nb), Cfg::THREADS, smem, stream>>>(a);
   DC_LAUNCH_CHECK();
 }
 
-template <bool TAPS>
-void launch_tc_gather(const Tensor& x, const Tensor& m, const Tensor& weight, const c10::optional<Tensor>& bias,
-                      const c10::optional<Tensor>& key, const Tensor& y, const Tensor& list, const ConvGeom& g,
-                      int64_t items, cudaStream_t stream) {
-  // [Cout][KH][KW][Cin]; for 1x1 [Cout, Cin, 1, 1] is that layout already
-  const Tensor w = TAPS ? relayout_weight(weight, x.scalar_type()) : weight.to(x.scalar_type()).contiguous();
-  c10::optional<Tensor> b;
-  if (bias.has_value()) b = bias->to(x.scalar_type()).contiguous();
-  const conv::tc::TcArgs a = tc_args(x, m, w, b, key, y, list, g);
+template <int ROWS>
+void launch_tc_gather(const Tensor& x, const Tensor& m, const TcWeights& tw, const c10::optional<Tensor>& key,
+                      const Tensor& y, const Tensor& list, const ConvGeom& g, int64_t items, cudaStream_t stream,
+                      const int* alt_count = nullptr, float pixel_ratio = 0.f) {
+  const conv::tc::TcArgs a = tc_args(x, m, tw.w, tw.b, key, y, list, g, alt_count, pixel_ratio);
   const bool wide = g.Cout > 64;
   if (x.scalar_type() == at::kHalf) {
-    if (wide) run_tc_gather<__half, 2, 8, TAPS>(a, items, stream); else run_tc_gather<__half, 2, 4, TAPS>(a, items, stream);
+    if (wide) run_tc_gather<__half, 2, 8, ROWS>(a, items, stream); else run_tc_gather<__half, 2, 4, ROWS>(a, items, stream);
   } else {
-    if (wide) run_tc_gather<__nv_bfloat16, 2, 8, TAPS>(a, items, stream);
-    else run_tc_gather<__nv_bfloat16, 2, 4, TAPS>(a, items, stream);
+    if (wide) run_tc_gather<__nv_bfloat16, 2, 8, ROWS>(a, items, stream);
+    else run_tc_gather<__nv_bfloat16, 2, 4, ROWS>(a, items, stream);
   }
 }
 
@@ -425,16 +445,26 @@ std::tuple<Tensor, Tensor> conv2d_cuda(const Tensor& delta, const Tensor& mask, 
   const bool use_tc = tc_ok && ((KH == 1 && KW == 1) ||
                                 (KH == 3 && KW == 3 && dh == 1 && dw == 1 && sh == sw && (sh == 1 || sh == 2)));
   if (use_tc && KH == 3) {
+    // the 3x3 tile kernel, or (decided on the device) gathered taps over the active pixels when
+    // partly active tiles would waste more than the gathers cost
+    const TcWeights tw = tc_weights(weight, bias, x.scalar_type());
+    const float ratio = pixel_rows_ratio();
+    const int64_t pixels = N * Ho * Wo;
     Tensor list = work_list(delta, tiles, stream);
-    launch_tile_mask<false>(m, key, mask_out, list, g, tiles, stream);
-    launch_tc_3x3(x, m, weight, bias, key, y, list, g, tiles, stream);
+    Tensor plist = ratio > 0 ? work_list(delta, pixels, stream, false) : Tensor();
+    int* pl = ratio > 0 ? plist.data_ptr<int>() : nullptr;
+    launch_tile_mask<false>(m, key, mask_out, list, g, tiles, stream, pl);
+    launch_tc_3x3(x, m, tw, key, y, list, g, tiles, stream, pl, ratio);
+    if (ratio > 0)
+      launch_tc_gather<conv::tc::kRowsPixels>(x, m, tw, key, y, plist, g, pixels, stream, list.data_ptr<int>(), ratio);
     return {y, mask_out};
   }
   // any other kernel of at most 32 taps (dilated, 5x5, 2x2, strides 3+ or unequal): gathered taps
   if (tc_ok && !use_tc && KH * KW <= conv::tc::kMaxTaps) {
     Tensor list = work_list(delta, tiles, stream);
     launch_tile_mask<false>(m, key, mask_out, list, g, tiles, stream);
-    launch_tc_gather<true>(x, m, weight, bias, key, y, list, g, tiles, stream);
+    launch_tc_gather<conv::tc::kRowsTiles>(x, m, tc_weights(weight, bias, x.scalar_type()), key, y, list, g, tiles,
+                                           stream);
     return {y, mask_out};
   }
 
@@ -446,7 +476,8 @@ std::tuple<Tensor, Tensor> conv2d_cuda(const Tensor& delta, const Tensor& mask, 
         m.data_ptr<bool>(), kp, mask_out.data_ptr<bool>(), list.data_ptr<int>(), g, (int)total);
     DC_LAUNCH_CHECK();
     if (use_tc) {
-      launch_tc_gather<false>(x, m, weight, bias, key, y, list, g, total, stream);
+      launch_tc_gather<conv::tc::kRows1x1>(x, m, tc_weights(weight, bias, x.scalar_type()), key, y, list, g, total,
+                                           stream);
       return {y, mask_out};
     }
     const Tensor w = weight.to(delta.scalar_type()).contiguous();

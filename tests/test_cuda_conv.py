@@ -196,6 +196,31 @@ def test_conv2d(case, dtype):
             run_conv2d(case, dtype, fracs, key, seed=i, bias=(i % 2 == 0) or key is not None)
 
 
+# 3x3 tensor-core cases (fp16 / bf16, Cin and Cout multiples of 8): the tile kernel or the
+# pixel-row gathered-taps kernel, chosen on the device by DELTACONV_TC_PIXEL_RATIO
+TC3_CASES = [
+    (64, 64, (3, 3), 1, 1, 1, 1, (31, 45)),
+    (96, 136, (3, 3), 1, 1, 1, 1, (13, 17)),     # 2 chunks of C_in, 2 C_out blocks, partial
+    (32, 64, (3, 3), 2, 1, 1, 1, (31, 45)),      # stride 2
+    (16, 24, (3, 3), 2, 0, 1, 1, (21, 30)),      # stride 2, no padding
+    (64, 64, (3, 3), 1, 1, 1, 1, (135, 240)),    # many tiles
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", ["tiles", "pixels", "auto"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("case", TC3_CASES, ids=_case_id)
+def test_conv2d_3x3_tile_and_pixel_paths(case, dtype, path, monkeypatch):
+    """Both device-side paths of the 3x3 tensor-core conv (forced, and the default switch) equal the
+    reference at every changed fraction, with and without key streams."""
+    if path != "auto":
+        monkeypatch.setenv("DELTACONV_TC_PIXEL_RATIO", "0" if path == "tiles" else "1e9")
+    for i, fracs in enumerate(FRACS):
+        for key in KEYS:
+            run_conv2d(case, dtype, fracs, key, seed=10 + i, bias=(i % 2 == 0) or key is not None)
+
+
 @pytest.mark.gpu
 def test_conv2d_non_channels_last_input_and_batch():
     """A contiguous (NCHW) delta is accepted; batch 3 with a key only on the middle stream."""

@@ -117,6 +117,8 @@ __device__ __forceinline__ bool out_pixel_any(const bool* __restrict__ mask, con
 // and appends the ids (n * tiles_h + th) * tiles_w + tw of the strip's active tiles to `list` (in
 // x order, one atomic per block); list[1 + cap + slot] gets the tile's row mask (bit r: output
 // row r of the tile has an active pixel). Grid: strips_w * tiles_h * N blocks (1-D).
+// plist (optional, nullptr: none): [count (zeroed), ids...] also receives every active output
+// pixel, (n * Ho + oh) * Wo + ow, one atomic per warp (the pixel rows of the gathered-taps kernel).
 // KS: 3 = non-transposed 3x3 (unrolled; stride 1 / dilation 1 along x reads each input byte
 // once), 0 = any geometry.
 constexpr int MASK_STRIP = 32;
@@ -127,7 +129,8 @@ template <bool TRANSPOSED, int KS>
 __global__ void __launch_bounds__(MASK_THREADS) conv_tile_mask_kernel(const bool* __restrict__ mask,
                                                                       const bool* __restrict__ key,
                                                                       bool* __restrict__ mask_out,
-                                                                      int* __restrict__ list, ConvGeom g, int cap) {
+                                                                      int* __restrict__ list, ConvGeom g, int cap,
+                                                                      int* __restrict__ plist) {
   __shared__ unsigned rowbits[TILE_H];  // per tile row r: bit l = tile l of the strip has an active pixel in row r
   const int strips_w = (g.tiles_w + MASK_STRIP - 1) / MASK_STRIP;
   int b = blockIdx.x;
@@ -183,6 +186,23 @@ __global__ void __launch_bounds__(MASK_THREADS) conv_tile_mask_kernel(const bool
       for (int e = 0; e < TILE_W; ++e)
         if ((valid >> e) & 1u) mo[e] = (act >> e) & 1u;
     }
+  }
+  if (plist != nullptr) {
+    const int cnt = __popc(act);
+    int incl = cnt;  // inclusive prefix sum over the warp
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int v = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += v;
+    }
+    int base = 0;
+    if (lane == 31 && incl != 0) base = atomicAdd(plist, incl);
+    base = __shfl_sync(0xffffffffu, base, 31);
+    int pos = base + incl - cnt;
+    const int pix0 = (n * g.Ho + oh) * g.Wo + ow0;
+#pragma unroll
+    for (int e = 0; e < TILE_W; ++e)
+      if ((act >> e) & 1u) plist[1 + pos++] = pix0 + e;
   }
   const unsigned bal = __ballot_sync(0xffffffffu, act != 0);
   if (lane == 0) rowbits[r] = bal;

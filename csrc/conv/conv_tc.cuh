@@ -13,24 +13,30 @@
 //       3-slot cp.async ring (prefetch distance 2). The loop over (group, chunk, tap) is
 //       flattened (persistent blocks, grid-stride over groups), so the next group's loads
 //       overlap this group's math. Weights: [Cout][3][3][Cin] (relayout on the host side).
-//       FINE selects which of two launches runs: a coarse one (TPB 4 / 2) for many tiles and a
+//       FINE selects which of two launches runs: a coarse one (TPB 2) for many tiles and a
 //       fine one (TPB 1) when the device-side tile count is small (count <= fine_max), so that
 //       a few tiles still spread over all multiprocessors. Both are launched; one exits at once.
-//   conv_gather_tc_kernel<T, NW, NT, TAPS>
+//   conv_gather_tc_kernel<T, NW, NT, ROWS>
 //       groups 1, Cin % 8 == 0: a GEMM over 128 output pixels x BN output channels per item, K in
 //       chunks of 64 channels (x taps), 3-slot cp.async ring over the flattened (item, tap, chunk)
 //       loop of a persistent block; A rows gathered from global memory by input pixel index
 //       (inactive / outside pixels zero-filled).
-//       TAPS = false: 1x1 conv (any stride / padding); rows = the listed active output pixels,
-//       their input pixels precomputed by conv1x1_mask_kernel.
-//       TAPS = true: any KH x KW <= 32 taps, stride, padding and dilation (the paths the halo
-//       kernel does not take: dilated, 5x5, unequal or > 2 strides, even kernels); rows = the 64
-//       pixels of two listed 8x8 output tiles per item, each tap a shifted gather of them.
+//       ROWS = kRows1x1: 1x1 conv (any stride / padding); rows = the listed active output
+//       pixels, their input pixels precomputed by conv1x1_mask_kernel.
+//       ROWS = kRowsTiles: any KH x KW <= 32 taps, stride, padding and dilation (the paths the
+//       halo kernel does not take: dilated, 5x5, unequal or > 2 strides, even kernels); rows =
+//       the 64 pixels of two listed 8x8 output tiles per item, each tap a shifted gather of them.
+//       ROWS = kRowsPixels: the same taps over the listed active output pixels (the pixel list of
+//       conv_tile_mask_kernel): no work on the inactive pixels of partly active tiles, at the cost
+//       of one gather per tap instead of a shared halo. The 3x3 kernel and this one are both
+//       launched; use_pixel_rows() on the two device-side counts picks one, the other exits.
 //       Weights: [Cout][KH][KW][Cin].
 //
 // Shared-memory rows are 64 channels = 128 bytes = 8 chunks of 16 bytes; chunk j of row r is
 // stored at chunk j ^ swz(r), which makes every ldmatrix phase (8 rows) conflict-free.
 #pragma once
+
+#include <type_traits>
 
 #include "conv_common.cuh"
 
@@ -52,7 +58,15 @@ struct TcArgs {
   int fine_max;         // 3x3: the fine launch runs iff count <= fine_max, the coarse iff count > fine_max
   int cap;              // capacity of the list (its side data starts at list + 1 + cap)
   int prefetch;         // cp.async prefetch distance in stages (1..5); prefetch + 1 smem slots
+  const int* alt_count;  // 3x3 tiles / pixel rows: the other path's list count (nullptr: no other path)
+  float pixel_ratio;     // see use_pixel_rows
 };
+
+// The pixel-row path runs instead of the 3x3 tile path iff the active pixels are fewer than
+// `ratio` times the pixels of the active tiles (ratio <= 0: never).
+__device__ __forceinline__ bool use_pixel_rows(int pixels, int tiles, float ratio) {
+  return ratio > 0.f && (float)pixels < ratio * (float)tiles * (float)TILE_PIX;
+}
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -239,21 +253,20 @@ __device__ __forceinline__ void kstep(float (&acc)[4][NT][4], const uint32_t (&a
 }
 
 // One k16 step of a warp of the 3x3 kernel: as kstep, with B fragments double buffered across n16
-// pairs. In conv3x3_tc_kernel, per-stage scalar work is a few instructions: stage indices are
-// counters (no divisions), producer offsets are precomputed and the prefetch depth is a constant 2.
-template <typename T, int NT>
+// pairs. FULL: all four m16 tiles are active (rp == 0xF), so the step has no predicates and no
+// branches (the common case of dense regions; per-tile predication otherwise costs more
+// instructions than the MMAs themselves). In conv3x3_tc_kernel, per-stage scalar work is a few
+// instructions: stage indices are counters (no divisions), producer offsets are precomputed and
+// the prefetch depth is a constant 2.
+template <typename T, int NT, bool FULL>
 __device__ __forceinline__ void kstep3(float (&acc)[4][NT][4], const uint32_t (&a_addr)[4], uint32_t b_addr0,
                                        int rp) {
+  constexpr bool PRED = !FULL && NT <= 4;  // NT = 8: no registers to spare for skipping tiles
   uint32_t a[4][4];
   uint32_t b[2][4];
-  if constexpr (NT <= 4) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
-      if (rp & (1 << i)) ldsm_x4(a[i], a_addr[i]);
-  } else {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) ldsm_x4(a[i], a_addr[i]);
-  }
+  for (int i = 0; i < 4; ++i)
+    if (!PRED || (rp & (1 << i))) ldsm_x4(a[i], a_addr[i]);
   ldsm_x4(b[0], b_addr0);
 #pragma unroll
   for (int jj = 0; jj < NT / 2; ++jj) {
@@ -261,7 +274,7 @@ __device__ __forceinline__ void kstep3(float (&acc)[4][NT][4], const uint32_t (&
     const uint32_t(&bb)[4] = b[jj & 1];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      if (NT > 4 || (rp & (1 << i))) {
+      if (!PRED || (rp & (1 << i))) {
         Mma<T>::run(acc[i][2 * jj], a[i], bb[0], bb[1]);
         Mma<T>::run(acc[i][2 * jj + 1], a[i], bb[2], bb[3]);
       }
@@ -284,6 +297,7 @@ __global__ void __launch_bounds__(32 * TPB * NW, 1) conv3x3_tc_kernel(const TcAr
 
   const int count = a.list[0];
   if (FINE ? count > a.fine_max : count <= a.fine_max) return;
+  if (a.alt_count != nullptr && use_pixel_rows(*a.alt_count, count, a.pixel_ratio)) return;
   const ConvGeom& g = a.g;
   const int ngroups = (count + TPB - 1) / TPB;
   if ((int)blockIdx.x >= ngroups) return;
@@ -447,14 +461,19 @@ __global__ void __launch_bounds__(32 * TPB * NW, 1) conv3x3_tc_kernel(const TcAr
             arow[i] = hb + e * 128;
             ax[i] = ka ^ HL::swz(e);
           }
+          auto step = [&](auto full, int ks) {
+            uint32_t aaddr[4];
 #pragma unroll
-          for (int ks = 0; ks < 4; ++ks) {
-            if (ks < c_ksteps) {
-              uint32_t aaddr[4];
+            for (int i = 0; i < 4; ++i) aaddr[i] = arow[i] + (((ks << 1) ^ ax[i]) << 4);
+            kstep3<T, NT, decltype(full)::value>(acc, aaddr, wb + (((ks << 1) ^ bx) << 4), rp);
+          };
+          if (rp == 0xF && c_ksteps == 4) {  // warp-uniform: a whole tile, a whole chunk
 #pragma unroll
-              for (int i = 0; i < 4; ++i) aaddr[i] = arow[i] + (((ks << 1) ^ ax[i]) << 4);
-              kstep3<T, NT>(acc, aaddr, wb + (((ks << 1) ^ bx) << 4), rp);
-            }
+            for (int ks = 0; ks < 4; ++ks) step(std::true_type{}, ks);
+          } else {
+#pragma unroll
+            for (int ks = 0; ks < 4; ++ks)
+              if (ks < c_ksteps) step(std::false_type{}, ks);
           }
         }
         c_ws = c_ws == WS - 1 ? 0 : c_ws + 1;
@@ -491,7 +510,32 @@ __global__ void __launch_bounds__(32 * TPB * NW, 1) conv3x3_tc_kernel(const TcAr
 }
 
 // ---------------------------------------------------------------- 1x1 and general (gathered rows)
-constexpr int kMaxTaps = 32;  // TAPS path: per-row tap validity bits
+constexpr int kMaxTaps = 32;  // tap paths: per-row tap validity bits
+enum GatherRows : int { kRows1x1 = 0, kRowsTiles = 1, kRowsPixels = 2 };
+
+// Output coordinates of GEMM row l of a tap path; false when the row has no output pixel.
+template <int ROWS>
+__device__ __forceinline__ bool gather_row(const int* __restrict__ list, int count, const ConvGeom& g, int l, int& n,
+                                           int& oh, int& ow) {
+  if constexpr (ROWS == kRowsTiles) {
+    const int t = l / TILE_PIX;
+    if (t >= count) return false;
+    const TileAt at = tile_at(list[1 + t], g);
+    const int p = l - t * TILE_PIX;
+    n = at.n;
+    oh = at.oh0 + p / TILE_W;
+    ow = at.ow0 + p % TILE_W;
+    return oh < g.Ho && ow < g.Wo;
+  } else {
+    if (l >= count) return false;
+    const int pix = list[1 + l];
+    ow = pix % g.Wo;
+    const int t = pix / g.Wo;
+    oh = t % g.Ho;
+    n = t / g.Ho;
+    return true;
+  }
+}
 
 template <int NW, int NT>
 struct Conv1Cfg {
@@ -506,16 +550,18 @@ struct Conv1Cfg {
   static int smem(int prefetch) { return (prefetch + 1) * STAGE; }
 };
 
-template <typename T, int NW, int NT, bool TAPS>
+template <typename T, int NW, int NT, int ROWS>
 __global__ void __launch_bounds__(64 * NW) conv_gather_tc_kernel(const TcArgs a) {
+  constexpr bool TAPS = ROWS != kRows1x1;
   using Cfg = Conv1Cfg<NW, NT>;
   constexpr int BM = Cfg::BM;
   constexpr int THREADS = Cfg::THREADS;
   constexpr int RSTEP = THREADS / 8;
   extern __shared__ __align__(128) unsigned char smem[];
 
-  const int count = a.list[0];                       // listed pixels (1x1) or tiles (TAPS)
-  const int rows = TAPS ? count * TILE_PIX : count;  // GEMM rows
+  const int count = a.list[0];  // listed pixels or tiles (kRowsTiles)
+  if (ROWS == kRowsPixels && !use_pixel_rows(count, *a.alt_count, a.pixel_ratio)) return;
+  const int rows = ROWS == kRowsTiles ? count * TILE_PIX : count;  // GEMM rows
   const int items = (rows + BM - 1) / BM;
   if ((int)blockIdx.x >= items) return;
   const ConvGeom& g = a.g;
@@ -549,6 +595,18 @@ __global__ void __launch_bounds__(64 * NW) conv_gather_tc_kernel(const TcArgs a)
   int rih[TAPS ? Cfg::RPT : 1], riw[TAPS ? Cfg::RPT : 1], rn[TAPS ? Cfg::RPT : 1];
   uint32_t rtaps[TAPS ? Cfg::RPT : 1];
   int src_item = -1;
+  // 1x1: the next item's input pixels, loaded one item ahead so that their global-load latency
+  // overlaps this item's MMAs instead of stalling the producer
+  int src_next[TAPS ? 1 : Cfg::RPT];
+  auto load_srcs = [&](int it, int (&dst)[TAPS ? 1 : Cfg::RPT]) {
+    const int item = (int)blockIdx.x + it * (int)gridDim.x;
+#pragma unroll
+    for (int k = 0; k < (TAPS ? 1 : Cfg::RPT); ++k) {
+      const int l = item * BM + r0 + k * RSTEP;
+      dst[k] = l < count ? srcs[l] : -1;
+    }
+  };
+  if constexpr (!TAPS) load_srcs(0, src_next);
 
   auto issue = [&](int s) {
     const int it = s / per_item;
@@ -565,26 +623,24 @@ __global__ void __launch_bounds__(64 * NW) conv_gather_tc_kernel(const TcArgs a)
           rtaps[k] = 0;
           rn[k] = 0;
           rih[k] = riw[k] = 0;
-          const int t = l / TILE_PIX;
-          if (t < count) {
-            const TileAt at = tile_at(list[1 + t], g);
-            const int p = l - t * TILE_PIX;
-            const int oh = at.oh0 + p / TILE_W, ow = at.ow0 + p % TILE_W;
-            if (oh < g.Ho && ow < g.Wo) {
-              rn[k] = at.n;
-              rih[k] = oh * g.sh - g.ph;
-              riw[k] = ow * g.sw - g.pw;
-              const bool* mn = a.mask + (size_t)at.n * g.H * g.W;
-              for (int q = 0; q < KK; ++q) {
-                const int ky = q / g.KW;
-                const int ih = rih[k] + ky * g.dh, iw = riw[k] + (q - ky * g.KW) * g.dw;
-                if (ih >= 0 && ih < g.H && iw >= 0 && iw < g.W && mn[ih * g.W + iw]) rtaps[k] |= 1u << q;
-              }
+          int n, oh, ow;
+          if (gather_row<ROWS>(list, count, g, l, n, oh, ow)) {
+            rn[k] = n;
+            rih[k] = oh * g.sh - g.ph;
+            riw[k] = ow * g.sw - g.pw;
+            const bool* mn = a.mask + (size_t)n * g.H * g.W;
+            for (int q = 0; q < KK; ++q) {
+              const int ky = q / g.KW;
+              const int ih = rih[k] + ky * g.dh, iw = riw[k] + (q - ky * g.KW) * g.dw;
+              if (ih >= 0 && ih < g.H && iw >= 0 && iw < g.W && mn[ih * g.W + iw]) rtaps[k] |= 1u << q;
             }
           }
-        } else {
-          src[k] = l < count ? srcs[l] : -1;
         }
+      }
+      if constexpr (!TAPS) {  // items are issued in order: the prefetched sources are this item's
+#pragma unroll
+        for (int k = 0; k < Cfg::RPT; ++k) src[k] = src_next[k];
+        if (it + 1 < my_items) load_srcs(it + 1, src_next);
       }
     }
     if constexpr (TAPS) {
@@ -652,6 +708,28 @@ __global__ void __launch_bounds__(64 * NW) conv_gather_tc_kernel(const TcArgs a)
     const int rp = (rows_left > 0 ? 1 : 0) | (rows_left > 16 ? 2 : 0) | (rows_left > 32 ? 4 : 0) |
                    (rows_left > 48 ? 8 : 0);
 
+    // output pixel of each row this lane stores (-1: none), read before the MMAs so that the
+    // list's global-load latency overlaps them
+    const bool last = rem == per_item - 1;
+    int opix[4][2];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int l = item * BM + wm * 64 + i * 16 + (lane >> 2) + 8 * h;
+        int pix = -1;
+        if (last) {
+          if constexpr (ROWS == kRowsTiles) {
+            int n, oh, ow;
+            if (gather_row<ROWS>(list, count, g, l, n, oh, ow)) pix = (n * g.Ho + oh) * g.Wo + ow;
+          } else if (l < count) {  // the listed output pixel
+            pix = list[1 + l];
+          }
+        }
+        opix[i][h] = pix;
+      }
+    }
+
     if (rp != 0) {
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) {
@@ -664,26 +742,14 @@ __global__ void __launch_bounds__(64 * NW) conv_gather_tc_kernel(const TcArgs a)
       }
     }
 
-    if (rem == per_item - 1) {
+    if (last) {
       const T* bias = static_cast<const T*>(a.bias);
       const int cbase = n0 + nw * NT * 8 + (lane & 3) * 2;
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const int l = item * BM + wm * 64 + i * 16 + (lane >> 2) + 8 * h;
-          int pix = -1;  // output pixel of row l
-          if constexpr (TAPS) {
-            const int t = l / TILE_PIX;
-            if (t < count) {
-              const TileAt at = tile_at(list[1 + t], g);
-              const int p = l - t * TILE_PIX;
-              const int oh = at.oh0 + p / TILE_W, ow = at.ow0 + p % TILE_W;
-              if (oh < g.Ho && ow < g.Wo) pix = (at.n * g.Ho + oh) * g.Wo + ow;
-            }
-          } else if (l < count) {
-            pix = list[1 + l];
-          }
+          const int pix = opix[i][h];
           if (pix >= 0) {
             const bool add_bias = bias != nullptr && key_of(a.key, pix / HWo);
             T* yp = static_cast<T*>(a.y) + (size_t)pix * g.Cout;
