@@ -9,6 +9,10 @@
 2. Timings (CUDA events, medians; CUDA-graph replay and eager): cuDNN (F.conv2d, channels_last,
    cudnn.benchmark) vs deltaconv.conv2d at clustered change fractions (24x24-pixel blobs).
 3. A torch.profiler breakdown (mask pass vs compute vs weight relayout) for a few cases.
+
+``--paths``: the two device-side paths of the 3x3 conv (tiles / pixel rows, forced through
+DELTACONV_TC_PIXEL_RATIO) against the automatic switch, on clustered and scattered masks, with
+the fill of the active tiles (active output pixels / pixels of active tiles) that the switch reads.
 """
 from __future__ import annotations
 
@@ -28,19 +32,22 @@ from common import time_cuda  # noqa: E402
 
 QUICK = "--quick" in sys.argv
 EXPERIMENT = "--experiment" in sys.argv  # A/B of the tuning knobs instead of the full table
+PATHS = "--paths" in sys.argv  # 3x3 tile path vs pixel-row path
 FRACS = [0.01, 0.05, 0.25, 1.0]
 COARSE, FINE = "-1", str(1 << 30)
 
 
-ENV_KEYS = ("DELTACONV_TC_FINE_MAX", "DELTACONV_TC", "DELTACONV_TC_PREFETCH1")
+ENV_KEYS = ("DELTACONV_TC_FINE_MAX", "DELTACONV_TC", "DELTACONV_TC_PREFETCH1", "DELTACONV_TC_PIXEL_RATIO")
 
 
 def set_mode(mode):
-    """mode: None (auto), 'coarse', 'fine' (3x3 launch forced), 'old' (CUDA-core kernels),
-    'p2'/'p4' (prefetch depth of the gathered-rows kernel)."""
+    """mode: None (auto), 'coarse', 'fine' (3x3 launch forced), 'tiles', 'pixels' (3x3 path forced),
+    'old' (CUDA-core kernels), 'p2'/'p4' (prefetch depth of the gathered-rows kernel)."""
     for k in ENV_KEYS:
         os.environ.pop(k, None)
-    if mode in ("p1", "p2", "p4", "p5"):
+    if mode in ("tiles", "pixels"):
+        os.environ["DELTACONV_TC_PIXEL_RATIO"] = "0" if mode == "tiles" else "1e9"
+    elif mode in ("p1", "p2", "p4", "p5"):
         os.environ["DELTACONV_TC_PREFETCH1"] = mode[1]
     elif mode == "coarse":
         os.environ["DELTACONV_TC_FINE_MAX"] = COARSE
@@ -108,7 +115,7 @@ def correctness():
     lines = []
     for dtype in (torch.float16, torch.bfloat16):
         for c in cases:
-            modes = [None, "coarse", "fine"] if c[2] == 3 else [None]
+            modes = [None, "coarse", "fine", "tiles", "pixels"] if c[2] == 3 else [None]
             for mode in modes:
                 for fr, key in (((0.05, 1.0), (True, False)), ((0.2, 0.0), (False, False))):
                     ok, err, okm, nan = check_case(*c, dtype, mode, fr, key)
@@ -164,7 +171,12 @@ def active_tiles(mask, k, s, p):
     return float(om.float().mean()), float(t.float().mean())
 
 
-def bench_conv(rows, cin, cout, k, s, H, W, dtype, fracs, modes, groups=1, tag="3x3"):
+def scattered_mask(N, H, W, f, gen):
+    """Each pixel active with probability f (noise-like changes)."""
+    return torch.rand(N, 1, H, W, generator=gen) < f
+
+
+def bench_conv(rows, cin, cout, k, s, H, W, dtype, fracs, modes, groups=1, tag="3x3", scattered=False):
     p = k // 2
     dev = "cuda"
     w = (torch.randn(cout, cin // groups, k, k, device=dev) / math.sqrt(cin // groups * k * k)).to(dtype)
@@ -177,7 +189,7 @@ def bench_conv(rows, cin, cout, k, s, H, W, dtype, fracs, modes, groups=1, tag="
           f"({flops / t_cudnn_g / 1e9:.0f} TFLOP/s), eager {t_cudnn_e*1e3:.1f} us", flush=True)
     gen = torch.Generator().manual_seed(1)
     for f in fracs:
-        mask = blob_mask(1, H, W, f, gen).cuda()
+        mask = (scattered_mask if scattered else blob_mask)(1, H, W, f, gen).cuda()
         pix, tiles = active_tiles(mask, k, s, p)
         res = {}
         for mode in modes:
@@ -194,10 +206,11 @@ def bench_conv(rows, cin, cout, k, s, H, W, dtype, fracs, modes, groups=1, tag="
             set_mode(None)
         auto = res[modes[0]]
         row = dict(tag=tag, cin=cin, cout=cout, H=H, W=W, s=s, dtype=str(dtype)[6:], frac=f, pix=pix, tiles=tiles,
-                   cudnn=t_cudnn_g, main=auto, **res)
+                   cudnn=t_cudnn_g, main=auto, **{"t_" + m: v for m, v in res.items()})
         rows.append(row)
         extra = " ".join(f"{m}={res[m]*1e3:.1f}" for m in modes[1:])
-        print(f"   f={f:<5} out-px {pix*100:5.1f}% tiles {tiles*100:5.1f}%  {modes[0]} {auto*1e3:8.1f} us  "
+        print(f"   f={f:<5} out-px {pix*100:5.1f}% tiles {tiles*100:5.1f}% fill {pix / max(tiles, 1e-9):.2f}  "
+              f"{modes[0]} {auto*1e3:8.1f} us  "
               f"x{t_cudnn_g / auto:6.2f} vs cuDNN   ({extra})", flush=True)
 
 
@@ -242,14 +255,20 @@ def main():
             bench_conv(rows, cin, cout, 1, 1, H, W, torch.float16, [0.05, 1.0], ["auto", "p2", "p4"], tag="1x1")
         bench_conv(rows, 64, 128, 3, 2, 1080, 1920, torch.float16, [0.05, 1.0], ["auto", "coarse", "fine"],
                    tag="3x3-s2")
+    if PATHS:
+        for cin, H, W in ((64, 1080, 1920), (256, 270, 480)):
+            for scattered in (False, True):
+                bench_conv(rows, cin, cin, 3, 1, H, W, torch.float16, [0.002, 0.01, 0.05, 0.25, 1.0],
+                           ["auto", "tiles", "pixels"], tag="3x3-scattered" if scattered else "3x3-clustered",
+                           scattered=scattered)
     modes = ["auto", "coarse", "fine", "eager"]
     for cin, H, W in ((64, 1080, 1920), (128, 540, 960), (256, 270, 480)):
-        if EXPERIMENT:
+        if EXPERIMENT or PATHS:
             break
         bench_conv(rows, cin, cin, 3, 1, H, W, torch.float16, FRACS, modes)
         if not QUICK:
             bench_conv(rows, cin, cin, 3, 1, H, W, torch.float16, [0.01, 1.0], ["old"], tag="3x3-old")
-    if not QUICK and not EXPERIMENT:
+    if not QUICK and not EXPERIMENT and not PATHS:
         bench_conv(rows, 128, 128, 3, 1, 540, 960, torch.bfloat16, [0.05, 1.0], ["auto"], tag="3x3-bf16")
         bench_conv(rows, 64, 128, 3, 2, 1080, 1920, torch.float16, [0.05, 1.0], ["auto", "coarse", "fine"],
                    tag="3x3-s2")
@@ -258,6 +277,9 @@ def main():
         for c, H, W in ((96, 540, 960), (384, 135, 240)):
             bench_conv(rows, c, c, 3, 1, H, W, torch.float16, [0.01, 0.05, 1.0], ["auto"], groups=c, tag="dw3x3")
     print()
+    if PATHS:
+        print("correctness", "OK" if ok else "FAILED")
+        return
     profile_case(64, 64, 3, 1080, 1920, 0.01)
     profile_case(64, 64, 3, 1080, 1920, 1.0)
     profile_case(256, 256, 3, 270, 480, 0.01)

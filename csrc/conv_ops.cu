@@ -285,12 +285,16 @@ TcWeights tc_weights(const Tensor& weight, const c10::optional<Tensor>& bias, at
 }
 
 // The device-side switch between the 3x3 tile path and the pixel-row path (conv_tc.cuh,
-// use_pixel_rows): pixel rows when the active pixels fill less than this share of the active
-// tiles. Measured on an H200 (2026-11-21, fp16, C 64 / 256): per active pixel the gathers cost
-// 2.5-2.8x a tile pixel, so tiles win at the 0.42-0.61 fill of clustered changes (by 1.05-1.5x)
-// and pixel rows at the 0.10-0.25 fill of scattered ones (by 1.5-2.4x).
-constexpr float kPixelRowsRatio = 0.35f;
-// DELTACONV_TC_PIXEL_RATIO=<r> overrides it (0: tiles only, a huge value: pixel rows only).
+// use_pixel_rows): with ratio r > 0, pixel rows run when the active pixels fill less than r of
+// the active tiles. Off by default. Measured on an H200 (2026-11-21, fp16, C 64 / 256,
+// benchmarks/conv_tc_bench.py --paths, results/conv3x3_paths.txt): pixel rows are 2.3-2.6x faster
+// at the 0.14 fill of 1 % scattered (noise-like) changes and 1.1-1.3x at 0.37, but 1.4-2x slower
+// at the 0.43-0.55 fill of clustered ones; with the switch on (r = 0.35), building the pixel list
+// cost every 3x3 conv 4-18 us (3-16 %) on clustered changes, which is what the 3x3 layers of the
+// sample models see on video.
+constexpr float kPixelRowsRatio = 0.f;
+// DELTACONV_TC_PIXEL_RATIO=<r> sets it (0.35 is the measured crossover; a huge value: pixel rows
+// only).
 float pixel_rows_ratio() {
   const char* v = std::getenv("DELTACONV_TC_PIXEL_RATIO");
   return v == nullptr || *v == 0 ? kPixelRowsRatio : (float)std::atof(v);

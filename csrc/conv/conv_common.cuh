@@ -118,7 +118,7 @@ __device__ __forceinline__ bool out_pixel_any(const bool* __restrict__ mask, con
 // x order, one atomic per block); list[1 + cap + slot] gets the tile's row mask (bit r: output
 // row r of the tile has an active pixel). Grid: strips_w * tiles_h * N blocks (1-D).
 // plist (optional, nullptr: none): [count (zeroed), ids...] also receives every active output
-// pixel, (n * Ho + oh) * Wo + ow, one atomic per warp (the pixel rows of the gathered-taps kernel).
+// pixel, (n * Ho + oh) * Wo + ow, one atomic per block (the pixel rows of the gathered-taps kernel).
 // KS: 3 = non-transposed 3x3 (unrolled; stride 1 / dilation 1 along x reads each input byte
 // once), 0 = any geometry.
 constexpr int MASK_STRIP = 32;
@@ -187,7 +187,9 @@ __global__ void __launch_bounds__(MASK_THREADS) conv_tile_mask_kernel(const bool
         if ((valid >> e) & 1u) mo[e] = (act >> e) & 1u;
     }
   }
-  if (plist != nullptr) {
+  if (plist != nullptr) {  // uniform over the block: its barriers are safe
+    __shared__ int pwarp[TILE_H];  // per warp: its pixel count, then its offset in the block
+    __shared__ int pbase;
     const int cnt = __popc(act);
     int incl = cnt;  // inclusive prefix sum over the warp
 #pragma unroll
@@ -195,10 +197,20 @@ __global__ void __launch_bounds__(MASK_THREADS) conv_tile_mask_kernel(const bool
       const int v = __shfl_up_sync(0xffffffffu, incl, o);
       if (lane >= o) incl += v;
     }
-    int base = 0;
-    if (lane == 31 && incl != 0) base = atomicAdd(plist, incl);
-    base = __shfl_sync(0xffffffffu, base, 31);
-    int pos = base + incl - cnt;
+    if (lane == 31) pwarp[r] = incl;
+    __syncthreads();
+    if (threadIdx.x == 0) {  // one atomic per block
+      int t = 0;
+#pragma unroll
+      for (int w = 0; w < TILE_H; ++w) {
+        const int v = pwarp[w];
+        pwarp[w] = t;
+        t += v;
+      }
+      pbase = t ? atomicAdd(plist, t) : 0;
+    }
+    __syncthreads();
+    int pos = pbase + pwarp[r] + incl - cnt;
     const int pix0 = (n * g.Ho + oh) * g.Wo + ow0;
 #pragma unroll
     for (int e = 0; e < TILE_W; ++e)
