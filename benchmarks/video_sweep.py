@@ -41,7 +41,7 @@ RESOLUTIONS = [(576, 768), (1080, 1920)]
 THRESHOLDS = [0.0, 0.05, 0.1]
 
 
-def build(name: str, frames: list) -> torch.nn.Module:
+def build(name: str, frames: list, device: str = "cuda") -> torch.nn.Module:
     """The model with real weights where a package ships them (mobilenet_v2), else random weights
     whose BatchNorm statistics are re-estimated on ``frames`` (one float32 batch), so that activations
     keep the scale they have in a trained network (with default statistics, deep random networks
@@ -54,14 +54,14 @@ def build(name: str, frames: list) -> torch.nn.Module:
     if name.startswith(("fcn", "deeplab", "lraspp")):
         kwargs.update(weights_backbone=None, aux_loss=False)
     torch.manual_seed(0)
-    model = fn(**kwargs).cuda()
+    model = fn(**kwargs).to(device)
     for m in model.modules():
         if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
             m.reset_running_stats()
             m.momentum = None  # cumulative average over the frames
     model.train()
     with torch.no_grad():
-        model(torch.cat(frames).cuda())  # one batch: ASPP's pooled branch needs more than one value
+        model(torch.cat(frames).to(device))  # one batch: ASPP's pooled branch needs more than one value
     return model.eval().cpu()
 
 
