@@ -288,7 +288,7 @@ TcWeights tc_weights(const Tensor& weight, const c10::optional<Tensor>& bias, at
 // use_pixel_rows): with ratio r > 0, pixel rows run when the active pixels fill less than r of
 // the active tiles. Off by default. Measured on an H200 (2026-11-21, fp16, C 64 / 256,
 // benchmarks/conv_tc_bench.py --paths, results/conv3x3_paths.txt): pixel rows are 2.3-2.6x faster
-// at the 0.14 fill of 1 % scattered (noise-like) changes and 1.1-1.3x at 0.37, but 1.4-2x slower
+// at the 0.14 fill of 1 % scattered (noise-like) changes and 1.1-1.3x at 0.37, but 1.2-2x slower
 // at the 0.43-0.55 fill of clustered ones; with the switch on (r = 0.35), building the pixel list
 // cost every 3x3 conv 4-18 us (3-16 %) on clustered changes; resnet50's 3x3 convs see fills of
 // 0.45-1.00 on the sample videos (benchmarks/tile_fill.py, results/tile_fill.csv).
