@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -88,6 +89,17 @@ def clustered_mask(n: int, h: int, w: int, fraction: float, blob: int = 24, seed
     cells = torch.rand(n, 1, gh, gw, generator=g) < fraction
     mask = cells.repeat_interleave(blob, 2).repeat_interleave(blob, 3)[:, :, :h, :w]
     return mask.to(device)
+
+
+def tile_stats(out_mask: torch.Tensor) -> tuple[float, float, float]:
+    """(active pixel fraction, active 8x8 tile fraction, fill) of an ``[N, 1, H, W]`` output mask:
+    fill = active pixels / (64 x active tiles), as the 3x3 tensor-core switch computes it (tiles
+    that overhang the image count 64 pixels); NaN when no tile is active."""
+    m = out_mask.float()
+    tiles = F.max_pool2d(m, 8, 8, ceil_mode=True) > 0
+    pixels, active_tiles = float(m.sum()), float(tiles.sum())
+    fill = pixels / (64.0 * active_tiles) if active_tiles else float("nan")
+    return pixels / m.numel(), active_tiles / tiles.numel(), fill
 
 
 def device_name() -> str:

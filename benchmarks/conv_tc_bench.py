@@ -28,7 +28,7 @@ from deltaconv import _extension
 from deltaconv.backends import reference as ref
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import time_cuda  # noqa: E402
+from common import tile_stats, time_cuda  # noqa: E402
 
 QUICK = "--quick" in sys.argv
 EXPERIMENT = "--experiment" in sys.argv  # A/B of the tuning knobs instead of the full table
@@ -165,10 +165,11 @@ def time_graph(fn, iters=10):
 
 
 def active_tiles(mask, k, s, p):
+    """(active output pixel fraction, active tile fraction) of a k x k, stride s conv's output."""
     m = mask.float()
     om = F.max_pool2d(m, k, s, p) > 0 if k > 1 else m[:, :, ::s, ::s] > 0
-    t = F.max_pool2d(om.float(), 8, 8, ceil_mode=True) > 0
-    return float(om.float().mean()), float(t.float().mean())
+    pix, tiles, _ = tile_stats(om)
+    return pix, tiles
 
 
 def scattered_mask(N, H, W, f, gen):

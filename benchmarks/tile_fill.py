@@ -18,20 +18,22 @@ switch computes it: tiles that overhang the image count 64 pixels); means over t
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
+import torchvision
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, write_csv  # noqa: E402
+from common import RESULTS, tile_stats, write_csv  # noqa: E402
 from video_sweep import build, main_out  # noqa: E402
 
 import deltaconv  # noqa: E402
 from deltaconv.modules.linear import DCConv2d  # noqa: E402
 from deltaconv.video import find_sample_video, read_frames  # noqa: E402
+from tqdm.auto import tqdm  # noqa: E402
 
 
 def tensor_core_3x3(m: DCConv2d) -> bool:
@@ -40,13 +42,10 @@ def tensor_core_3x3(m: DCConv2d) -> bool:
             and m.stride[0] in (1, 2) and m.in_channels % 8 == 0 and m.out_channels % 8 == 0)
 
 
-def fill_of(mask: torch.Tensor) -> tuple[float, float, float]:
-    """(pixel density, active-tile fraction, fill) of an ``[N, 1, H, W]`` output mask."""
-    m = mask.float()
-    tiles = F.max_pool2d(m, 8, 8, ceil_mode=True) > 0
-    pixels, active_tiles = float(m.sum()), float(tiles.sum())
-    fill = pixels / (64.0 * active_tiles) if active_tiles else float("nan")
-    return pixels / m.numel(), active_tiles / tiles.numel(), fill
+def _mean(values) -> float:
+    """Mean of the non-NaN values, rounded; NaN when there are none."""
+    kept = [v for v in values if not math.isnan(v)]
+    return round(statistics.mean(kept), 4) if kept else float("nan")
 
 
 def measure(model_name: str, size: tuple[int, int], n_frames: int, thresholds: list[float], video: Path) -> list[dict]:
@@ -60,10 +59,10 @@ def measure(model_name: str, size: tuple[int, int], n_frames: int, thresholds: l
         for name, mod in dm.named_modules():
             if isinstance(mod, DCConv2d) and tensor_core_3x3(mod):
                 def hook(mod, inputs, out, name=name):
-                    seen.setdefault(name, []).append((mod, fill_of(out.mask)))
+                    seen.setdefault(name, []).append((mod, tile_stats(out.mask)))
                 hooks.append(mod.register_forward_hook(hook))
         with torch.no_grad():
-            for f in frames:
+            for f in tqdm(frames, desc=f"{video.name} t={t:g}", unit="frame", leave=False):
                 main_out(dm(f))
         for h in hooks:
             h.remove()
@@ -73,10 +72,8 @@ def measure(model_name: str, size: tuple[int, int], n_frames: int, thresholds: l
             rows.append({"model": model_name, "resolution": f"{size[0]}x{size[1]}", "layer": name,
                          "stride": mod.stride[0], "channels": f"{mod.in_channels}->{mod.out_channels}",
                          "threshold": t,
-                         "density": round(statistics.mean(p[0] for p in per_frame), 4),
-                         "tiles": round(statistics.mean(p[1] for p in per_frame), 4),
-                         "fill": round(statistics.mean(p[2] for p in per_frame if p[2] == p[2]), 4)
-                         if any(p[2] == p[2] for p in per_frame) else float("nan"),
+                         "density": _mean(p[0] for p in per_frame), "tiles": _mean(p[1] for p in per_frame),
+                         "fill": _mean(p[2] for p in per_frame),
                          "frames": len(per_frame), "video": video.name})
             print(" ".join(f"{k}={v}" for k, v in rows[-1].items() if k != "model"), flush=True)
     return rows
@@ -92,12 +89,14 @@ def main(argv=None) -> None:
                    help="sample video names (found like the demos find them) or paths")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
+    if not (getattr(torchvision.models, args.model, None) or getattr(torchvision.models.segmentation, args.model, None)):
+        p.error(f"--model: no torchvision model named {args.model!r}")
     rows = []
     for v in args.videos:
         video = Path(v) if Path(v).exists() else find_sample_video(v)
         rows += measure(args.model, tuple(args.size), args.frames, args.thresholds, video)
     write_csv(args.out / "tile_fill.csv", rows)
-    fills = [r["fill"] for r in rows if r["fill"] == r["fill"]]
+    fills = [r["fill"] for r in rows if not math.isnan(r["fill"])]
     if fills:
         print(f"{len(rows)} layer rows; fill min {min(fills):.2f}, median {statistics.median(fills):.2f}, "
               f"max {max(fills):.2f}; rows below 0.35: {sum(f < 0.35 for f in fills)}")
