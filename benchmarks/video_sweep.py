@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, graphed_model, run_info, time_frames, write_csv  # noqa: E402
 
 import deltaconv  # noqa: E402
+from deltaconv.profile import dense_activation_bytes  # noqa: E402
 from deltaconv.sparsify import from_spec  # noqa: E402
 from deltaconv.video import find_sample_video, read_frames  # noqa: E402
 
@@ -74,41 +75,6 @@ def rel_err(a, b) -> float:
     return ((a - b).norm() / b.norm().clamp_min(1e-12)).item()
 
 
-def activation_bytes(model, example) -> int:
-    """Peak memory of one dense forward above the weights and input (activation memory)."""
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    with torch.no_grad():
-        model(example)
-    torch.cuda.synchronize()
-    return torch.cuda.max_memory_allocated() - base
-
-
-def activation_sum_bytes(model, example) -> int:
-    """Bytes of every distinct leaf-module output of one dense forward: the activations a
-    stateful (delta) method has to keep for the whole network, where a dense forward holds only a
-    few at a time (``activation_bytes``)."""
-    seen, total, handles = set(), [0], []
-
-    def hook(_mod, _args, out):
-        for t in (out.values() if isinstance(out, dict) else out if isinstance(out, (tuple, list)) else [out]):
-            if isinstance(t, torch.Tensor) and t.data_ptr() not in seen:
-                seen.add(t.data_ptr())
-                total[0] += t.numel() * t.element_size()
-
-    for m in model.modules():
-        if not any(True for _ in m.children()):
-            handles.append(m.register_forward_hook(hook))
-    try:
-        with torch.no_grad():
-            outs = model(example)  # noqa: F841 - outputs stay alive so no data_ptr is reused
-    finally:
-        for h in handles:
-            h.remove()
-    return total[0]
-
-
 def sweep(models, resolutions, dtypes, thresholds, n_frames: int, warmup: int, video: Path, detector=None):
     torch.backends.cudnn.benchmark = True
     info = run_info()
@@ -129,8 +95,7 @@ def sweep(models, resolutions, dtypes, thresholds, n_frames: int, warmup: int, v
                     torch.backends.cudnn.allow_tf32 = tf32
                     del model32
                 dense_graph_ms, _ = time_frames(graphed_model(model, frames[0]), frames, warmup)
-                act_bytes = activation_bytes(model, frames[0])
-                act_sum = activation_sum_bytes(model, frames[0])
+                act = dense_activation_bytes(model, frames[0])
                 for t in thresholds:
                     for use_graph in (False, True):
                         dm = deltaconv.convert(model, threshold=t, backend="cuda", example_input=frames[0],
@@ -153,8 +118,8 @@ def sweep(models, resolutions, dtypes, thresholds, n_frames: int, warmup: int, v
                                 "flops_density": round(flops_done / max(flops_dense, 1.0), 4),
                                 "input_density": round(stats[0]["mean_density"], 4),
                                 "state_mb": round(dm.state_bytes() / 2**20, 1),
-                                "dense_activation_mb": round(act_bytes / 2**20, 1),
-                                "dense_activation_sum_mb": round(act_sum / 2**20, 1),
+                                "dense_activation_mb": round(act["peak"] / 2**20, 1),
+                                "dense_activation_sum_mb": round(act["sum"] / 2**20, 1),
                                 "detector": json.dumps(detector) if detector else "pixel",
                                 "video": video.name, "frames": len(frames), "device": info["device"],
                                 "date": info["date"]})

@@ -2,10 +2,12 @@
 // (schemas in csrc/ops.cpp, semantics in deltaconv/backends/reference.py).
 //
 // Layout: delta in/out channels_last (a delta in another format is converted), masks [N,1,H,W]
-// bool (memory N x H x W); max_pool2d's acc / sent may have any strides (updated in place).
+// bool (memory N x H x W); max_pool2d's acc (float32) / sent (delta dtype) may have any strides (updated in
+// place).
 // Outputs: delta_out channels_last, mask_out contiguous; delta_out values at inactive output
 // pixels are left unwritten. No host-device synchronisation anywhere (CUDA-graph capturable).
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -196,14 +198,28 @@ int prepare_kernel(Kernel kernel, int threads, int smem) {
   return occ;
 }
 
-int env_int(const char* name, int def) {
+// The value of the tuning variable `name` (unset or empty: `def`); a value that is not a whole
+// number is an error that names the variable and the value.
+double env_number(const char* name, double def) {
   const char* v = std::getenv(name);
-  return v == nullptr || *v == 0 ? def : std::atoi(v);
+  if (v == nullptr || *v == 0) return def;
+  char* end = nullptr;
+  const double r = std::strtod(v, &end);
+  TORCH_CHECK(end != v && *end == 0 && std::isfinite(r), "deltaconv: environment variable ", name,
+              " must be a number, got '", v, "'");
+  return r;
+}
+
+int64_t env_int(const char* name, int64_t def) {
+  const double r = env_number(name, (double)def);
+  TORCH_CHECK(r == std::floor(r), "deltaconv: environment variable ", name, " must be an integer, got '",
+              std::getenv(name), "'");
+  return (int64_t)std::max<double>(std::min<double>(r, 9.0e18), -9.0e18);
 }
 
 conv::tc::TcArgs tc_args(const Tensor& x, const Tensor& m_or_empty, const Tensor& w, const c10::optional<Tensor>& b,
                          const c10::optional<Tensor>& key, const Tensor& y, const Tensor& list, const ConvGeom& g,
-                         const int* alt_count = nullptr, float pixel_ratio = 0.f) {
+                         const int* alt_count, float pixel_ratio) {
   conv::tc::TcArgs a{};
   a.x = x.const_data_ptr();
   a.mask = m_or_empty.data_ptr<bool>();
@@ -239,7 +255,7 @@ void run_tc_3x3(conv::tc::TcArgs a, int64_t tiles, cudaStream_t stream) {
   // The coarse launch unless it would fill less than half of the machine (the count is only
   // known on the device: both are launched and one returns at once).
   int64_t fine_max = (int64_t)occ_c * sms * TPB / (2 * nb);
-  if (const char* v = std::getenv("DELTACONV_TC_FINE_MAX")) fine_max = std::atoll(v);
+  fine_max = env_int("DELTACONV_TC_FINE_MAX", fine_max);
   a.fine_max = (int)std::max<int64_t>(std::min<int64_t>(fine_max, kIntMax), -1);
   const int64_t groups_c = (tiles + TPB - 1) / TPB;
   const int64_t gx_c = std::max<int64_t>(1, std::min<int64_t>(groups_c, std::max<int64_t>(1, (int64_t)occ_c * sms / nb)));
@@ -296,14 +312,13 @@ constexpr float kPixelRowsRatio = 0.f;
 // DELTACONV_TC_PIXEL_RATIO=<r> sets it (0.35 is the measured crossover; a huge value: pixel rows
 // only).
 float pixel_rows_ratio() {
-  const char* v = std::getenv("DELTACONV_TC_PIXEL_RATIO");
-  return v == nullptr || *v == 0 ? kPixelRowsRatio : (float)std::atof(v);
+  return (float)env_number("DELTACONV_TC_PIXEL_RATIO", kPixelRowsRatio);
 }
 
 // alt_count / pixel_ratio: the pixel-row launch that may run instead (see use_pixel_rows).
 void launch_tc_3x3(const Tensor& x, const Tensor& m, const TcWeights& tw, const c10::optional<Tensor>& key,
                    const Tensor& y, const Tensor& list, const ConvGeom& g, int64_t tiles, cudaStream_t stream,
-                   const int* alt_count = nullptr, float pixel_ratio = 0.f) {
+                   const int* alt_count, float pixel_ratio) {
   const conv::tc::TcArgs a = tc_args(x, m, tw.w, tw.b, key, y, list, g, alt_count, pixel_ratio);
   // coarse launch: 2 tiles per block (two blocks per multiprocessor; 4 tiles per block, one block,
   // was 6-16 % slower at every density on an H200); Cout > 64: 128 channels per block
@@ -318,7 +333,7 @@ template <typename T, int NW, int NT, int ROWS>
 void run_tc_gather(conv::tc::TcArgs a, int64_t items, cudaStream_t stream) {
   using Cfg = conv::tc::Conv1Cfg<NW, NT>;
   auto k = conv::tc::conv_gather_tc_kernel<T, NW, NT, ROWS>;
-  a.prefetch = std::min(5, std::max(1, env_int("DELTACONV_TC_PREFETCH1", 2)));
+  a.prefetch = (int)std::min<int64_t>(5, std::max<int64_t>(1, env_int("DELTACONV_TC_PREFETCH1", 2)));
   a.cap = (int)items;
   const int smem = Cfg::smem(a.prefetch);
   const int occ = prepare_kernel(k, Cfg::THREADS, smem);
@@ -643,7 +658,7 @@ std::tuple<Tensor, Tensor> max_pool2d_cuda(const Tensor& delta, const Tensor& ma
               delta.sizes(), ", got ", acc.sizes());
   DC_CHECK_CUDA("max_pool2d", "sent", sent);
   DC_CHECK_SAME_DEVICE("max_pool2d", "sent", sent, delta);
-  DC_CHECK_DTYPE("max_pool2d", "sent", sent, at::kFloat);
+  DC_CHECK_DTYPE("max_pool2d", "sent", sent, delta.scalar_type());
   TORCH_CHECK(sent.dim() == 4 && sent.size(0) == N && sent.size(1) == C && sent.size(2) == Ho && sent.size(3) == Wo,
               "deltaconv::max_pool2d: argument 'sent' must have shape [", N, ", ", C, ", ", Ho, ", ", Wo, "], got ",
               sent.sizes());
@@ -667,7 +682,7 @@ std::tuple<Tensor, Tensor> max_pool2d_cuda(const Tensor& delta, const Tensor& ma
       DC_LAUNCH_CHECK();
     }
     conv::maxpool_out_kernel<scalar_t><<<elem_grid(total_pix * 32, 256), 256, 0, stream>>>(
-        m.data_ptr<bool>(), acc.data_ptr<float>(), as, sent.data_ptr<float>(), ss, key_ptr(key),
+        m.data_ptr<bool>(), acc.data_ptr<float>(), as, reinterpret_cast<scalar_t*>(sent.data_ptr()), ss, key_ptr(key),
         reinterpret_cast<scalar_t*>(y.data_ptr()), mask_out.data_ptr<bool>(), g, static_cast<float>(threshold),
         total_pix);
     DC_LAUNCH_CHECK();

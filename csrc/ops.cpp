@@ -3,7 +3,8 @@
 // Layout conventions shared by every op (see deltaconv/backends/reference.py, the oracle):
 //   delta  [N, C, H, W]  activation dtype (float32 / float16 / bfloat16), channels_last
 //   mask   [N, 1, H, W]  bool, true where the pixel carries a change
-//   acc / sent           float32 state with the shape of the value it tracks, updated in place
+//   acc / sent           state with the shape of the value it tracks, updated in place: acc float32,
+//                        sent in the delta dtype
 //   key    [N] bool or None: streams whose state was just reset (send every pixel, add biases)
 // Ops return fresh (delta_out, mask_out); values at inactive output pixels are unspecified.
 // Implementations: TORCH_LIBRARY_IMPL(deltaconv, CUDA, m) blocks in the .cu files.

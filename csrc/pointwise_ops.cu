@@ -66,13 +66,15 @@ void check_mask(const char* op, const char* name, const Tensor& m, const Tensor&
               m.strides());
 }
 
-// float32 state with the shape `sizes`, channels_last contiguous.
-void check_state(const char* op, const char* name, const Tensor& s, const Tensor& ref, at::IntArrayRef sizes) {
+// State updated in place, of dtype `dtype` (float32 for accumulators, the delta dtype for `sent`)
+// and shape `sizes`, channels_last contiguous.
+void check_state(const char* op, const char* name, const Tensor& s, const Tensor& ref, at::IntArrayRef sizes,
+                 at::ScalarType dtype = at::kFloat) {
   check_cuda(op, name, s, ref);
-  check_dtype(op, name, s, at::kFloat);
+  check_dtype(op, name, s, dtype);
   check_sizes(op, name, s, sizes);
   TORCH_CHECK(s.is_contiguous(at::MemoryFormat::ChannelsLast), "deltaconv::", op, ": argument '", name,
-              "' (float32 state, updated in place) must be channels_last contiguous, got strides ", s.strides());
+              "' (state, updated in place) must be channels_last contiguous, got strides ", s.strides());
 }
 
 const bool* check_key(const char* op, const std::optional<Tensor>& key, const Tensor& ref, int64_t batch) {
@@ -168,7 +170,7 @@ std::tuple<Tensor, Tensor> sparsify(const Tensor& x, Tensor& sent, double thresh
                                     const std::optional<Tensor>& measure) {
   const char* op = "sparsify";
   check_value(op, "x", x, x);
-  check_state(op, "sent", sent, x, x.sizes());
+  check_state(op, "sent", sent, x, x.sizes(), x.scalar_type());
   const int64_t N = x.size(0), H = x.size(2), W = x.size(3);
   const int C = check_channels(op, x);
   const bool* key_ptr = check_key(op, key, x, N);
@@ -186,7 +188,7 @@ std::tuple<Tensor, Tensor> sparsify(const Tensor& x, Tensor& sent, double thresh
   Tensor mask_out = empty_mask(x, N, H, W);
   const int64_t pixels = N * H * W;
   DC_DISPATCH_ACTIVATION_TYPES(x.scalar_type(), "deltaconv::sparsify", [&] {
-    pw::SparsifyParams<scalar_t> p{cptr<scalar_t>(x), ptr<float>(sent), measure_ptr, key_ptr,
+    pw::SparsifyParams<scalar_t> p{cptr<scalar_t>(x), ptr<scalar_t>(sent), measure_ptr, key_ptr,
                                    ptr<scalar_t>(out), ptr<bool>(mask_out), static_cast<float>(threshold),
                                    pixels, H * W, C, 0};
     const bool vec_ok = C % kVec<scalar_t> == 0 && all_aligned({p.x, p.sent, p.out});
@@ -256,7 +258,7 @@ std::tuple<Tensor, Tensor> activation(const Tensor& delta, const Tensor& mask, T
   check_value(op, "delta", delta, delta);
   check_mask(op, "mask", mask, delta, delta.sizes());
   check_state(op, "acc", acc, delta, delta.sizes());
-  check_state(op, "sent", sent, delta, delta.sizes());
+  check_state(op, "sent", sent, delta, delta.sizes(), delta.scalar_type());
   const int64_t N = delta.size(0), H = delta.size(2), W = delta.size(3);
   const int C = check_channels(op, delta);
   const bool* key_ptr = check_key(op, key, delta, N);
@@ -265,7 +267,7 @@ std::tuple<Tensor, Tensor> activation(const Tensor& delta, const Tensor& mask, T
   Tensor mask_out = empty_mask(delta, N, H, W);
   const int64_t pixels = N * H * W;
   DC_DISPATCH_ACTIVATION_TYPES(delta.scalar_type(), "deltaconv::activation", [&] {
-    pw::ActivationParams<scalar_t> p{cptr<scalar_t>(delta), cptr<bool>(mask), ptr<float>(acc), ptr<float>(sent),
+    pw::ActivationParams<scalar_t> p{cptr<scalar_t>(delta), cptr<bool>(mask), ptr<float>(acc), ptr<scalar_t>(sent),
                                      key_ptr, ptr<scalar_t>(out), ptr<bool>(mask_out), kind_id,
                                      static_cast<float>(param), static_cast<float>(threshold), pixels, H * W, C, 0};
     const bool vec_ok = C % kVec<scalar_t> == 0 && all_aligned({p.delta, p.acc, p.sent, p.out});
@@ -343,7 +345,7 @@ std::tuple<Tensor, Tensor> mul(const Tensor& delta_a, const Tensor& mask_a, Tens
   check_mask(op, "mask_b", mask_b, delta_a, sb);
   check_state(op, "acc_a", acc_a, delta_a, sa);
   check_state(op, "acc_b", acc_b, delta_a, sb);
-  check_state(op, "sent", sent, delta_a, so);
+  check_state(op, "sent", sent, delta_a, so, delta_a.scalar_type());
   const int64_t N = so[0], H = so[2], W = so[3];
   const int C = check_channels(op, delta_a);
   const bool* key_ptr = check_key(op, key, delta_a, N);
@@ -365,7 +367,7 @@ std::tuple<Tensor, Tensor> mul(const Tensor& delta_a, const Tensor& mask_a, Tens
     }
     pw::MulParams<scalar_t> p{cptr<scalar_t>(delta_a), cptr<bool>(mask_a), ptr<float>(acc_a),
                               cptr<scalar_t>(delta_b), cptr<bool>(mask_b), ptr<float>(acc_b),
-                              ptr<float>(sent), key_ptr, ptr<scalar_t>(out), ptr<bool>(mask_out),
+                              ptr<scalar_t>(sent), key_ptr, ptr<scalar_t>(out), ptr<bool>(mask_out),
                               static_cast<float>(threshold), pixels, H * W, C, 0, a_bcast, b_bcast};
     const bool vec_ok = C % kVec<scalar_t> == 0 && all_aligned({p.a, p.acc_a, p.b, p.acc_b, p.sent, p.out});
     DC_LAUNCH_VEC(pw::mul_kernel, p, vec_ok, pixels, C);

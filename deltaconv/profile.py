@@ -5,6 +5,10 @@
 execution order: ``name``, ``kind``, ``ms`` (median per frame, excluding the first, key frame),
 ``share`` of the summed layer time, ``mean_density``. Hooks add a little overhead per layer, so
 compare layers with each other, not the sum with an un-hooked run.
+
+``dense_activation_bytes(model, example)`` gives the dense model's activation memory, the yardstick
+for a converted model's state (``DeltaModel.state_bytes()``): the sum of all its layer outputs
+(what a stateful method has to keep), and on CUDA the peak of one dense forward.
 """
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ import time
 from typing import Iterable
 
 import torch
+import torch.nn as nn
 
 from .model import DeltaModel
 
@@ -88,3 +93,46 @@ def format_profile(rows: list[dict], top: int = 20) -> str:
         lines.append(f"{r['name'][:40]:40s} {r['kind'][:18]:18s} {r['ms']:8.3f} {r['share']:6.1%} "
                      f"{r['mean_density']:8.3f}")
     return "\n".join(lines)
+
+
+def dense_activation_bytes(model: nn.Module, example: torch.Tensor) -> dict:
+    """Activation memory of one dense forward of ``model`` on ``example``.
+
+    Returns ``{"sum": bytes, "peak": bytes or None}``. ``sum``: every distinct output tensor of a
+    leaf module (an in-place op's output shares its input's storage and is counted once). All
+    outputs are kept alive until the forward ends, so a freed block that the allocator hands out
+    again is not mistaken for the same tensor. ``peak``: on CUDA, the peak memory of the forward
+    above what was allocated before it (weights, input); ``None`` on other devices.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"dense_activation_bytes: model must be an nn.Module, got {type(model).__name__}")
+    if not isinstance(example, torch.Tensor):
+        raise TypeError(f"dense_activation_bytes: example must be a Tensor, got {type(example).__name__}")
+    kept: dict[int, torch.Tensor] = {}
+
+    def hook(_module, _args, out):
+        outs = out.values() if isinstance(out, dict) else out if isinstance(out, (tuple, list)) else [out]
+        for t in outs:
+            if isinstance(t, torch.Tensor):
+                kept.setdefault(t.untyped_storage().data_ptr(), t)
+
+    leaves = [m for m in model.modules() if next(m.children(), None) is None]
+    handles = [m.register_forward_hook(hook) for m in leaves]
+    try:
+        with torch.no_grad():
+            model(example)
+    finally:
+        for h in handles:
+            h.remove()
+    total = sum(t.untyped_storage().nbytes() for t in kept.values())
+    kept.clear()
+    if not example.is_cuda:
+        return {"sum": total, "peak": None}
+    # the hooked forward kept every output alive; the dense peak comes from a plain forward
+    torch.cuda.synchronize(example.device)
+    torch.cuda.reset_peak_memory_stats(example.device)
+    base = torch.cuda.memory_allocated(example.device)
+    with torch.no_grad():
+        model(example)
+    torch.cuda.synchronize(example.device)
+    return {"sum": total, "peak": torch.cuda.max_memory_allocated(example.device) - base}

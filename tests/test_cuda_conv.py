@@ -222,6 +222,21 @@ def test_conv2d_3x3_tile_and_pixel_paths(case, dtype, path, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("var, value", [("DELTACONV_TC_PIXEL_RATIO", "0.3x"), ("DELTACONV_TC_FINE_MAX", "many"),
+                                        ("DELTACONV_TC_FINE_MAX", "2.5"), ("DELTACONV_TC_PREFETCH1", "nan")])
+def test_conv2d_malformed_tuning_variable_names_it(var, value, monkeypatch):
+    """A tuning variable that is not a number is an error naming it and its value (not silently 0)."""
+    monkeypatch.setenv(var, value)
+    gen = torch.Generator().manual_seed(0)
+    mask = make_mask((0.3, 0.3), 17, 23, gen)
+    delta = make_delta(2, 64, 17, 23, mask, torch.float16, gen)
+    kernel = 1 if var == "DELTACONV_TC_PREFETCH1" else 3
+    w = (torch.randn(64, 64, kernel, kernel, generator=gen) / 20).cuda()
+    with pytest.raises(RuntimeError, match=f"environment variable {var} must be an? .*, got '{value}'"):
+        ops().conv2d(delta, mask.cuda(), w, None, [1, 1], [kernel // 2] * 2, [1, 1], 1, None)
+
+
+@pytest.mark.gpu
 def test_conv2d_non_channels_last_input_and_batch():
     """A contiguous (NCHW) delta is accepted; batch 3 with a key only on the middle stream."""
     for case in (CONV_CASES[0], CONV_CASES[5], CONV_CASES[11], CONV_CASES[22], CONV_CASES[-1]):
@@ -308,7 +323,7 @@ def test_max_pool2d(case, dtype, state_format):
         gen = torch.Generator().manual_seed(int(thr * 10))
         acc = torch.zeros(2, C, H, W).contiguous(memory_format=state_format)
         Ho, Wo = torch.nn.functional.max_pool2d(torch.empty(1, 1, H, W), k, s, p, d, ceil).shape[2:]
-        sent = torch.zeros(2, C, Ho, Wo).contiguous(memory_format=state_format)
+        sent = torch.zeros(2, C, Ho, Wo, dtype=dtype).contiguous(memory_format=state_format)  # the delta dtype
         g_acc, g_sent = acc.cuda(), sent.cuda()
         frames = [((1.0, 1.0), (True, True))] + [(f, k_) for f in FRACS for k_ in KEYS]
         for t, (fracs, key) in enumerate(frames):
@@ -498,7 +513,7 @@ def test_cuda_graph_capture_and_replay():
     bias = torch.randn(64, generator=gen).cuda()
     Ho, Wo = 16, 23
     acc = torch.zeros(2, 32, H, W, device="cuda").contiguous(memory_format=torch.channels_last)
-    sent = torch.zeros(2, 32, Ho, Wo, device="cuda").contiguous(memory_format=torch.channels_last)
+    sent = torch.zeros(2, 32, Ho, Wo, device="cuda", dtype=torch.float16).contiguous(memory_format=torch.channels_last)
     o = ops()
 
     def step():

@@ -98,16 +98,24 @@ def assert_active(out_cuda, out_ref, mask, dtype):
 
 
 def assert_state(s_cuda, s_ref, skip=None):
+    """States match to the precision of their dtype (float32 accumulators, ``sent`` in the value
+    dtype: one ulp of a transcendental function may round the other way)."""
+    assert s_cuda.dtype == s_ref.dtype
     if skip is not None:
         keep = ~skip.expand_as(s_ref)
         s_cuda, s_ref = s_cuda[keep], s_ref[keep]
-    torch.testing.assert_close(s_cuda, s_ref, **TOL[torch.float32])
+    torch.testing.assert_close(s_cuda, s_ref, **TOL[s_ref.dtype])
 
 
-def near_threshold(change: torch.Tensor, threshold: float) -> torch.Tensor:
-    """Pixels where some channel's |change| is within float rounding of the threshold: there one
-    ulp of a transcendental function may legitimately flip the send decision."""
-    return ((change.abs() - threshold).abs() <= 1e-5 * (1.0 + threshold)).any(dim=1, keepdim=True)
+EPS = {torch.float32: 1e-5, torch.float16: 2.0 ** -10, torch.bfloat16: 2.0 ** -7}
+
+
+def near_threshold(change: torch.Tensor, threshold: float, y: torch.Tensor, dtype) -> torch.Tensor:
+    """Pixels where some channel's |change| is within rounding of the threshold: there one ulp of a
+    transcendental function (the new value ``y``, rounded to ``dtype``) may legitimately flip the
+    send decision."""
+    tol = EPS[dtype] * (1.0 + threshold + y.abs())
+    return ((change.abs() - threshold).abs() <= tol).any(dim=1, keepdim=True)
 
 
 # ----------------------------------------------------------------------------- sparsify
@@ -128,13 +136,13 @@ def test_sparsify(dtype, c, frac, key, measure):
     cm = None
     if measure:
         cm = torch.rand((n, 1, h, w), generator=g, device=DEV) * 0.1
-    s_c, s_r = clones(sent, sent)
+    s_c, s_r = clones(sent.to(dtype), sent.to(dtype))  # sent holds values of the frame's dtype
     out_c, m_c = dcc.sparsify(x, s_c, 0.05, k, cm)
     out_r, m_r = ref.sparsify(x, s_r, 0.05, k, cm)
     assert out_c.dtype == dtype and out_c.is_contiguous(memory_format=CL)
     assert_masks(m_c, m_r)
     assert_active(out_c, out_r, m_r, dtype)
-    assert torch.equal(s_c, s_r)  # same float32 arithmetic: bit-identical state
+    assert s_c.dtype == dtype and torch.equal(s_c, s_r)  # same float32 arithmetic: bit-identical state
 
 
 def test_sparsify_same_frame_again_sends_nothing():
@@ -177,14 +185,15 @@ def _run_activation(fn, dtype, c, frac, key, threshold, seed=3, n=2):
     mask = make_mask(n, h, w, frac, g)
     delta = make_delta((n, c, h, w), dtype, mask, g, scale=0.2)
     acc = make_state((n, c, h, w), g, scale=2.0)
-    sent = (fn(acc) + torch.randn(acc.shape, generator=g, device=DEV) * 0.02).contiguous(memory_format=CL)
+    sent = (fn(acc) + torch.randn(acc.shape, generator=g, device=DEV) * 0.02).to(dtype).contiguous(memory_format=CL)
     k = make_key(key, n)
     a_c, s_c, a_r, s_r = clones(acc, sent, acc, sent)
     out_c, m_c = dcc.activation(delta, mask, a_c, s_c, fn, threshold, k)
     out_r, m_r = ref.activation(delta, mask, a_r, s_r, fn, threshold, k)
     # the reference's change before truncation, to find pixels on the threshold
-    change = torch.where(mask, fn(a_r) - sent, torch.zeros((), device=DEV))
-    amb = near_threshold(change, threshold) & mask
+    y = fn(a_r)
+    change = torch.where(mask, y.to(dtype).float() - sent.float(), torch.zeros((), device=DEV))
+    amb = near_threshold(change, threshold, y, dtype) & mask
     assert_masks(m_c, m_r, amb)
     assert_active(out_c, out_r, m_r & m_c, dtype)
     assert_state(a_c, a_r)
@@ -336,7 +345,7 @@ def test_mul(dtype, c, frac, key, layout):
     da, db = make_delta(shape_a, dtype, ma, g, 0.3), make_delta(shape_b, dtype, mb, g, 0.3)
     acc_a, acc_b = make_state(shape_a, g), make_state(shape_b, g)
     sent = (acc_a * acc_b).contiguous(memory_format=CL)
-    sent = (sent + torch.randn(sent.shape, generator=g, device=DEV) * 0.02).contiguous(memory_format=CL)
+    sent = (sent + torch.randn(sent.shape, generator=g, device=DEV) * 0.02).to(dtype).contiguous(memory_format=CL)
     k = make_key(key, n)
     st_c = clones(acc_a, acc_b, sent)
     st_r = clones(acc_a, acc_b, sent)
@@ -347,6 +356,7 @@ def test_mul(dtype, c, frac, key, layout):
     assert_active(out_c, out_r, m_r, dtype)
     for a, b in zip(st_c, st_r):
         assert torch.equal(a, b)  # float32 product rounded like the reference: bit-identical
+    assert st_c[2].dtype == dtype
 
 
 def test_mul_general_broadcast_falls_back():

@@ -464,3 +464,35 @@ def test_reflect_padding_amounts_match_pytorch(padding, k, d):
     with torch.no_grad():
         assert torch.allclose(out, conv(x), atol=1e-5)
     assert m.all() and m.shape[-2:] == out.shape[-2:]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_truncate_half_sent_holds_rounded_values(dtype):
+    """A ``sent`` of a half dtype holds the new value rounded to it (as the dense model's output
+    is), so at threshold 0 an unchanged value is sent once and never again, and what was sent adds
+    up to the rounded value."""
+    torch.manual_seed(3)
+    y = torch.randn(2, 5, 3, 4) * 3  # float32, mostly not representable in dtype
+    region = torch.ones(2, 1, 3, 4, dtype=torch.bool)
+    sent = torch.zeros(2, 5, 3, 4, dtype=dtype)
+    out, m = ref.truncate(y, region, sent, 0.0, None, dtype)
+    assert out.dtype == dtype and bool(m.all())
+    assert torch.equal(sent, y.to(dtype)) and torch.equal(out, y.to(dtype))
+    out, m = ref.truncate(y, region, sent, 0.0, None, dtype)
+    assert not m.any()
+    # a change below the threshold stays pending; once over it, downstream gets exactly the rest
+    y2 = y + 0.01
+    _, m = ref.truncate(y2, region, sent, 0.5, None, dtype)
+    assert not m.any() and torch.equal(sent, y.to(dtype))
+    y3 = y + 1.0
+    before = sent.clone()
+    out, m = ref.truncate(y3, region, sent, 0.5, None, dtype)
+    assert bool(m.all())
+    # sent = what downstream now holds (before + out), rounded to dtype; where the cast of the
+    # change to dtype lost something, that stays pending and threshold 0 sends it next
+    assert torch.equal(sent, (before.float() + out.float()).to(dtype))
+    assert ((y3.to(dtype).float() - sent.float()).abs() <= 1e-2 * y3.abs().clamp_min(1)).all()
+    ref.truncate(y3, region, sent, 0.0, None, dtype)
+    assert torch.equal(sent, y3.to(dtype))
+    _, m = ref.truncate(y3, region, sent, 0.0, None, dtype)
+    assert not m.any()

@@ -139,12 +139,15 @@ def test_reset_one_stream_is_a_key_frame_for_it_only(small):
 
 
 # ----------------------------------------------------------------------------- long videos
-def test_error_bounded_over_1000_frames(small):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_error_bounded_over_1000_frames(small, dtype):
     """With thresholds > 0 the error vs dense does not drift: after 1,000 frames it is as small as
-    that of a model restarted 200 frames before the end (same thresholds, same frames)."""
-    frames = video_frames(1000, (24, 40), "one-by-one-person-detection.mp4")
-    long_run = deltaconv.convert(small, threshold=0.03)
-    restarted = deltaconv.convert(small, threshold=0.03)
+    that of a model restarted 200 frames before the end (same thresholds, same frames). In float16
+    the ``sent`` states hold float16 values, like the dense model's outputs."""
+    small = small.to(dtype)
+    frames = [f.to(dtype) for f in video_frames(1000, (24, 40), "one-by-one-person-detection.mp4")]
+    long_run = deltaconv.convert(small, threshold=0.03, example_input=frames[0])
+    restarted = deltaconv.convert(small, threshold=0.03, example_input=frames[0])
     long_err, fresh_err, densities = [], [], []
     for t, f in enumerate(frames):
         dense = small(f)
@@ -152,6 +155,8 @@ def test_error_bounded_over_1000_frames(small):
         densities.append(long_run.stats()[0]["density"])
         if t >= 800:
             fresh_err.append(rel_err(restarted(f), dense))
+    sent_dtypes = {b.dtype for layer in long_run.delta_layers() for n, b in layer.named_buffers() if "sent" in n}
+    assert sent_dtypes == {dtype}
     long_last = sum(long_err[-100:]) / 100
     fresh_last = sum(fresh_err[-100:]) / 100
     assert long_last < 1.5 * fresh_last + 1e-3, (long_last, fresh_last)

@@ -112,6 +112,36 @@ __device__ __forceinline__ bool out_pixel_any(const bool* __restrict__ mask, con
   return any;
 }
 
+// Appends `cnt` items of every thread of the block to a device list whose item count is
+// *counter, with one atomic per block; returns the thread's first slot (slots in thread order).
+// Every thread of the block (WARPS warps) must call it: it has barriers.
+template <int WARPS>
+__device__ __forceinline__ int block_append(int cnt, int* counter) {
+  __shared__ int warp_offset[WARPS];  // per warp: its item count, then its offset in the block
+  __shared__ int block_base;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int incl = cnt;  // inclusive prefix sum over the warp
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int v = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += v;
+  }
+  if (lane == 31) warp_offset[warp] = incl;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int t = 0;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) {
+      const int v = warp_offset[w];
+      warp_offset[w] = t;
+      t += v;
+    }
+    block_base = t ? atomicAdd(counter, t) : 0;
+  }
+  __syncthreads();
+  return block_base + warp_offset[warp] + incl - cnt;
+}
+
 // Tile list: one block of 256 threads per strip of MASK_STRIP = 32 tiles of one tile row; thread
 // (warp r, lane l) computes row r (8 output pixels) of tile l of the strip. Writes the output mask
 // and appends the ids (n * tiles_h + th) * tiles_w + tw of the strip's active tiles to `list` (in
@@ -188,29 +218,7 @@ __global__ void __launch_bounds__(MASK_THREADS) conv_tile_mask_kernel(const bool
     }
   }
   if (plist != nullptr) {  // uniform over the block: its barriers are safe
-    __shared__ int pwarp[TILE_H];  // per warp: its pixel count, then its offset in the block
-    __shared__ int pbase;
-    const int cnt = __popc(act);
-    int incl = cnt;  // inclusive prefix sum over the warp
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const int v = __shfl_up_sync(0xffffffffu, incl, o);
-      if (lane >= o) incl += v;
-    }
-    if (lane == 31) pwarp[r] = incl;
-    __syncthreads();
-    if (threadIdx.x == 0) {  // one atomic per block
-      int t = 0;
-#pragma unroll
-      for (int w = 0; w < TILE_H; ++w) {
-        const int v = pwarp[w];
-        pwarp[w] = t;
-        t += v;
-      }
-      pbase = t ? atomicAdd(plist, t) : 0;
-    }
-    __syncthreads();
-    int pos = pbase + pwarp[r] + incl - cnt;
+    int pos = block_append<MASK_THREADS / 32>(__popc(act), plist);
     const int pix0 = (n * g.Ho + oh) * g.Wo + ow0;
 #pragma unroll
     for (int e = 0; e < TILE_W; ++e)
@@ -246,8 +254,6 @@ __global__ void __launch_bounds__(MASK1_THREADS) conv1x1_mask_kernel(const bool*
                                                                     const bool* __restrict__ key,
                                                                     bool* __restrict__ mask_out,
                                                                     int* __restrict__ list, ConvGeom g, int total) {
-  __shared__ int wsum[MASK1_THREADS / 32];
-  __shared__ int bbase;
   const int base = (blockIdx.x * MASK1_THREADS + threadIdx.x) * MASK1_PPT;
   unsigned bits = 0;
   int src[MASK1_PPT];
@@ -270,29 +276,7 @@ __global__ void __launch_bounds__(MASK1_THREADS) conv1x1_mask_kernel(const bool*
       bits |= (unsigned)act << k;
     }
   }
-  const int lane = threadIdx.x & 31;
-  const int warp = threadIdx.x >> 5;
-  const int cnt = __popc(bits);
-  int incl = cnt;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const int v = __shfl_up_sync(0xffffffffu, incl, o);
-    if (lane >= o) incl += v;
-  }
-  if (lane == 31) wsum[warp] = incl;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int t = 0;
-#pragma unroll
-    for (int w = 0; w < MASK1_THREADS / 32; ++w) {
-      const int v = wsum[w];
-      wsum[w] = t;
-      t += v;
-    }
-    bbase = t ? atomicAdd(list, t) : 0;
-  }
-  __syncthreads();
-  int pos = bbase + wsum[warp] + incl - cnt;
+  int pos = block_append<MASK1_THREADS / 32>(__popc(bits), list);
 #pragma unroll
   for (int k = 0; k < MASK1_PPT; ++k) {
     if ((bits >> k) & 1u) {

@@ -4,7 +4,7 @@
 //                          pass reads neighbours' acc, so the update must be complete before it)
 //   maxpool_out_kernel     one warp per output pixel: region = window holds an active pixel;
 //                          y = max(acc) over the window; send y - sent when max_c |y - sent| > thr
-//                          (or key); sent = y less what rounding to the delta dtype lost
+//                          (or key): pw::send_element (sent holds T values)
 //   avgpool_kernel         one thread per output element; mask = window holds an active pixel
 //   adaptive_avgpool_kernel one block per output pixel x 32 channels (global pooling included)
 //   linear_kernel          one warp per output element of an active (or key) row
@@ -12,6 +12,7 @@
 
 #include <math.h>
 
+#include "../kernels/send.cuh"
 #include "conv_common.cuh"
 
 namespace deltaconv {
@@ -63,7 +64,7 @@ __device__ __forceinline__ float maxpool_window(const float* __restrict__ acc, c
 template <typename T>
 __global__ void __launch_bounds__(256)
     maxpool_out_kernel(const bool* __restrict__ mask, const float* __restrict__ acc, Strides4 as,
-                       float* __restrict__ sent, Strides4 ss, const bool* __restrict__ key, T* __restrict__ y,
+                       T* __restrict__ sent, Strides4 ss, const bool* __restrict__ key, T* __restrict__ y,
                        bool* __restrict__ mask_out, PoolGeom g, float threshold, long long total_pix) {
   const int lane = threadIdx.x & 31;
   const long long warps = (long long)gridDim.x * (blockDim.x / 32);
@@ -87,7 +88,7 @@ __global__ void __launch_bounds__(256)
     const long long sbase = n * ss.n + oh * ss.h + ow * ss.w;
     bool flag = false;
     for (int c = lane; c < g.C; c += 32) {
-      const float ch = maxpool_window(acc, as, g, n, c, hs, ws) - sent[sbase + c * ss.c];
+      const float ch = pw::pending_change<T>(maxpool_window(acc, as, g, n, c, hs, ws), to_f(sent[sbase + c * ss.c]));
       if (fabsf(ch) > threshold) flag = true;
     }
     const bool send = __any_sync(0xffffffffu, flag) || key_of(key, (int)n);
@@ -95,14 +96,10 @@ __global__ void __launch_bounds__(256)
     if (!send) continue;
     T* yp = y + pix * g.C;
     for (int c = lane; c < g.C; c += 32) {
-      float* sp = sent + sbase + c * ss.c;
-      const float target = maxpool_window(acc, as, g, n, c, hs, ws);
-      const float change = target - *sp;
-      const T o = from_f<T>(change);
-      yp[c] = o;
-      // the target itself, less what the cast to T lost (that stays pending); sent + out would
-      // leave a float rounding residual that threshold 0 re-sends on every later frame
-      *sp = __fsub_rn(target, __fsub_rn(change, to_f(o)));
+      T* sp = sent + sbase + c * ss.c;
+      float s = to_f(*sp);
+      yp[c] = from_f<T>(pw::send_element<T>(maxpool_window(acc, as, g, n, c, hs, ws), s));
+      *sp = from_f<T>(s);
     }
   }
 }

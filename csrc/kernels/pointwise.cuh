@@ -5,7 +5,8 @@
 // Shapes and layouts at every kernel boundary
 //   value tensors  [N, C, H, W] channels_last: element (p, c) at p * C + c, p = (n * H + h) * W + w
 //   masks          [N, 1, H, W] bool, contiguous: flag of pixel p at p
-//   state          float32, same shape and layout as the value it tracks (acc, sent)
+//   state          same shape and layout as the value it tracks: acc float32, sent T (the delta
+//                  dtype; changes against it are computed in float32)
 //   key            [N] bool or nullptr
 // Arithmetic that the reference rounds step by step uses __fmul_rn/__fadd_rn/__fsub_rn, which nvcc
 // never contracts into an FMA, so float32 results match the reference bit for bit.
@@ -16,25 +17,18 @@
 
 #include "activation_fn.cuh"
 #include "pixel_group.cuh"
+#include "send.cuh"
 
 namespace deltaconv {
 namespace pw {
 
-// `sent` after sending out = T(change), change = target - sent: the target itself, less what the
-// cast to T lost (that stays pending): target - (change - out). (sent + out would leave a float
-// rounding residual that threshold 0 would re-send on every later frame.)
-__device__ __forceinline__ float sent_after(float target, float change, float out) {
-  return __fsub_rn(target, __fsub_rn(change, out));
-}
-
 // ================================================================ sparsify
 // change = x - sent (float32); pixel sent when max_c |change| > threshold (or measure > threshold
-// when a measure is given), or its stream is a key stream; then out = T(change) and
-// sent = sent_after(x, change, out).
+// when a measure is given), or its stream is a key stream; then send_element(x, sent).
 template <typename T>
 struct SparsifyParams {
   const T* x;              // [N, C, H, W] frame
-  float* sent;             // [N, C, H, W] updated in place
+  T* sent;                 // [N, C, H, W] updated in place
   const float* measure;    // [N, 1, H, W] or nullptr
   const bool* key;         // [N] or nullptr
   T* out;                  // [N, C, H, W]
@@ -73,12 +67,7 @@ __global__ void __launch_bounds__(kThreads) sparsify_kernel(const SparsifyParams
     load_f<VEC>(p.x + row + c, xv);
     load_f<VEC>(p.sent + row + c, sv);
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) {
-      const float change = __fsub_rn(xv[i], sv[i]);
-      const float sent_now = round_to<T>(change);
-      sv[i] = sent_after(xv[i], change, sent_now);
-      xv[i] = sent_now;
-    }
+    for (int i = 0; i < VEC; ++i) xv[i] = send_element<T>(xv[i], sv[i]);
     store_f<VEC>(p.out + row + c, xv);
     store_f<VEC>(p.sent + row + c, sv);
   }
@@ -118,14 +107,14 @@ __global__ void __launch_bounds__(kThreads) densify_kernel(const DensifyParams<T
 }
 
 // ================================================================ activation
-// On active pixels: acc += delta; change = f(acc) - sent; sent when any |change| > threshold or
-// the stream is a key stream; then out = T(change), sent = sent_after(f(acc), change, out).
+// On active pixels: acc += delta; change = T(f(acc)) - sent; sent when any |change| > threshold or
+// the stream is a key stream; then out = send_element(f(acc), sent).
 template <typename T>
 struct ActivationParams {
   const T* delta;          // [N, C, H, W]
   const bool* mask;        // [N, 1, H, W]
   float* acc;              // [N, C, H, W] updated in place
-  float* sent;             // [N, C, H, W] updated in place
+  T* sent;                 // [N, C, H, W] updated in place
   const bool* key;         // [N] or nullptr
   T* out;                  // [N, C, H, W]
   bool* mask_out;          // [N, 1, H, W]
@@ -155,7 +144,7 @@ __global__ void __launch_bounds__(kThreads) activation_kernel(const ActivationPa
 #pragma unroll
     for (int i = 0; i < VEC; ++i) {
       a[i] += d[i];
-      over |= fabsf(__fsub_rn(apply_activation(p.kind, p.param, a[i]), s[i])) > p.threshold;
+      over |= fabsf(pending_change<T>(apply_activation(p.kind, p.param, a[i]), s[i])) > p.threshold;
     }
     store_f<VEC>(p.acc + row + c, a);
   }
@@ -168,13 +157,7 @@ __global__ void __launch_bounds__(kThreads) activation_kernel(const ActivationPa
     load_f<VEC>(p.acc + row + c, a);
     load_f<VEC>(p.sent + row + c, s);
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) {
-      const float y = apply_activation(p.kind, p.param, a[i]);
-      const float change = __fsub_rn(y, s[i]);
-      const float sent_now = round_to<T>(change);
-      s[i] = sent_after(y, change, sent_now);
-      a[i] = sent_now;
-    }
+    for (int i = 0; i < VEC; ++i) a[i] = send_element<T>(apply_activation(p.kind, p.param, a[i]), s[i]);
     store_f<VEC>(p.out + row + c, a);
     store_f<VEC>(p.sent + row + c, s);
   }
@@ -274,7 +257,7 @@ struct MulParams {
   const T* b;              // like a, with b_bcast
   const bool* mask_b;
   float* acc_b;
-  float* sent;             // [N, C, H, W] output shape, updated in place
+  T* sent;                 // [N, C, H, W] output shape, updated in place
   const bool* key;         // [N] or nullptr
   T* out;                  // [N, C, H, W]
   bool* mask_out;          // [N, 1, H, W]
@@ -334,7 +317,7 @@ __global__ void __launch_bounds__(kThreads) mul_kernel(const MulParams<T> p) {
     mul_operand<T, VEC>(p.b, p.acc_b, p.b_bcast, mb, row, brow, c, vb);
     load_f<VEC>(p.sent + row + c, s);
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) over |= fabsf(__fsub_rn(__fmul_rn(va[i], vb[i]), s[i])) > p.threshold;
+    for (int i = 0; i < VEC; ++i) over |= fabsf(pending_change<T>(__fmul_rn(va[i], vb[i]), s[i])) > p.threshold;
   }
   const bool send = group_any(g, over) || flag(p.key, n);
   if (g.lane == 0) p.mask_out[g.pixel] = send;
@@ -345,13 +328,7 @@ __global__ void __launch_bounds__(kThreads) mul_kernel(const MulParams<T> p) {
     load_f<VEC>(p.acc_b + (p.b_bcast ? brow : row) + c, vb);
     load_f<VEC>(p.sent + row + c, s);
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) {
-      const float y = __fmul_rn(va[i], vb[i]);
-      const float change = __fsub_rn(y, s[i]);
-      const float sent_now = round_to<T>(change);
-      s[i] = sent_after(y, change, sent_now);
-      va[i] = sent_now;
-    }
+    for (int i = 0; i < VEC; ++i) va[i] = send_element<T>(__fmul_rn(va[i], vb[i]), s[i]);
     store_f<VEC>(p.out + row + c, va);
     store_f<VEC>(p.sent + row + c, s);
   }

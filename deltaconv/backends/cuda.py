@@ -116,7 +116,13 @@ def _pointwise_ok(op: str, value: Tensor, *others: Tensor) -> bool:
 
 
 def _state_ok(state: Tensor, shape) -> bool:
+    """An accumulator the kernels take: float32, of ``shape``."""
     return state.dtype == torch.float32 and state.shape == shape
+
+
+def _sent_ok(sent: Tensor, value: Tensor, shape) -> bool:
+    """A ``sent`` buffer the kernels take: the dtype of the values sent, of ``shape``."""
+    return sent.dtype == value.dtype and sent.shape == shape
 
 
 def _fake(op: str):
@@ -156,7 +162,7 @@ def truncate(y: Tensor, region: Tensor, sent: Tensor, threshold: float, key: Opt
 def sparsify(x: Tensor, sent: Tensor, threshold: float, key: Optional[Tensor],
              change_measure: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     """Input sparsifier: send pixels of frame ``x`` that moved more than ``threshold`` from ``sent``."""
-    if not (_pointwise_ok("sparsify", x, sent) and _state_ok(sent, x.shape)
+    if not (_pointwise_ok("sparsify", x, sent) and _sent_ok(sent, x, x.shape)
             and (change_measure is None or change_measure.dtype == torch.float32)):
         return _ref.sparsify(x, sent, threshold, key, change_measure)
     s4, copied = _state4(sent)
@@ -193,7 +199,7 @@ def activation(delta: Tensor, mask: Tensor, acc: Tensor, sent: Tensor, fn: Calla
     """Pointwise non-linearity ``fn``: ``fn(acc + d) - sent`` on active pixels, then truncation."""
     kind = getattr(fn, "kind", None)
     if not (kind in NATIVE_KINDS and _pointwise_ok("activation", delta, mask, acc, sent)
-            and _state_ok(acc, delta.shape) and _state_ok(sent, delta.shape)):
+            and _state_ok(acc, delta.shape) and _sent_ok(sent, delta, delta.shape)):
         return _ref.activation(delta, mask, acc, sent, fn, threshold, key)
     a4, a_copied = _state4(acc)
     s4, s_copied = _state4(sent)
@@ -264,7 +270,7 @@ def mul(delta_a: Tensor, mask_a: Tensor, acc_a: Tensor, delta_b: Tensor, mask_b:
     shape = _mul_shape(delta_a, delta_b) if delta_a.dim() == delta_b.dim() else None
     if not (shape is not None and _pointwise_ok("mul", delta_a, mask_a, acc_a, delta_b, mask_b, acc_b, sent)
             and delta_a.dtype == delta_b.dtype and _state_ok(acc_a, delta_a.shape) and _state_ok(acc_b, delta_b.shape)
-            and _state_ok(sent, shape)):
+            and _sent_ok(sent, delta_a, shape)):
         return _ref.mul(delta_a, mask_a, acc_a, delta_b, mask_b, acc_b, sent, threshold, key)
     a4, a_copied = _state4(acc_a)
     b4, b_copied = _state4(acc_b)
@@ -461,7 +467,7 @@ def max_pool2d(delta: Tensor, mask: Tensor, acc: Tensor, sent: Tensor, kernel_si
                ceil_mode: bool, threshold: float, key: Optional[Tensor]) -> tuple[Tensor, Tensor]:
     """Max pooling (``F.max_pool2d`` arguments): non-linear, over the footprint of active pixels."""
     if not (_native("max_pool2d", delta, mask, acc, sent) and delta.dim() == 4 and delta.dtype in _ACT_DTYPES
-            and acc.dtype == torch.float32 and sent.dtype == torch.float32):
+            and acc.dtype == torch.float32 and sent.dtype == delta.dtype):
         return _ref.max_pool2d(delta, mask, acc, sent, kernel_size, stride, padding, dilation, ceil_mode, threshold,
                                key)
     return torch.ops.deltaconv.max_pool2d(_value4(delta), _mask4(mask), acc, sent, _pair(kernel_size),

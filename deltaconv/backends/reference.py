@@ -8,8 +8,9 @@ Conventions for every function here
 -----------------------------------
 * ``delta``: ``[N, C, H, W]`` change since the previous frame (any memory format); ``mask``:
   ``[N, 1, H, W]`` bool, ``True`` where the pixel carries a change.
-* State tensors (``sent``, ``acc``) are float32 (float64 for float64 models), same shape as the value they track, and are
-  updated in place.
+* State tensors have the shape of the value they track and are updated in place: accumulators
+  (``acc``) are float32 (float64 for float64 models); ``sent`` has the dtype of the values sent
+  (float16 for a float16 model). Changes against ``sent`` are computed in float32 (float64).
 * ``key``: ``None``, or a ``[N]`` bool tensor marking the streams whose state was just reset:
   for those the layer sends every pixel (key frames are exact and dense) and affine layers add
   their constant term (bias, BN shift) once.
@@ -53,12 +54,26 @@ def _footprint(mask: Tensor, pool: Callable[[Tensor], Tensor]) -> Tensor:
 
 
 # ----------------------------------------------------------------------------- truncation
-def _sent_after(target: Tensor, change: Tensor, out: Tensor, mask: Tensor, sent: Tensor) -> Tensor:
-    """``sent`` after sending ``out = change = target - sent`` on ``mask``: ``target`` itself, less
-    what the cast of ``out`` to a narrower dtype lost (that stays pending). ``sent + out`` instead
-    would leave a float rounding residual that threshold 0 re-sends on every later frame although
-    nothing changed."""
-    return torch.where(mask, target - (change - out.to(sent.dtype)), sent)
+def _work_dtype(sent: Tensor) -> torch.dtype:
+    """The dtype in which changes against ``sent`` are computed: float32 (float64 for float64)."""
+    return torch.promote_types(sent.dtype, torch.float32)
+
+
+def _send(target: Tensor, sent: Tensor, change: Tensor, mask: Tensor, out_dtype: torch.dtype) -> Tensor:
+    """Send ``change = target - sent`` on ``mask``: returns the output delta (``out_dtype``, zero
+    elsewhere) and updates ``sent`` in place to ``target`` less what the cast of the delta to
+    ``out_dtype`` lost (that stays pending). ``sent + out`` instead would leave a float rounding
+    residual that threshold 0 re-sends on every later frame although nothing changed. ``target``
+    and ``change`` are in the work dtype, ``target`` already rounded to ``sent``'s dtype."""
+    zero = torch.zeros((), dtype=change.dtype, device=change.device)
+    out = torch.where(mask, change, zero).to(out_dtype)
+    sent.copy_(torch.where(mask, target - (change - out.to(change.dtype)), sent.to(change.dtype)))
+    return out
+
+
+def _target(y: Tensor, sent: Tensor) -> Tensor:
+    """``y`` rounded to ``sent``'s dtype (what downstream can hold), in the work dtype."""
+    return y.to(sent.dtype).to(_work_dtype(sent))
 
 
 def truncate(y: Tensor, region: Tensor, sent: Tensor, threshold: float, key: Optional[Tensor],
@@ -66,16 +81,17 @@ def truncate(y: Tensor, region: Tensor, sent: Tensor, threshold: float, key: Opt
     """Send ``y - sent`` on pixels of ``region`` whose change exceeds ``threshold``.
 
     The common tail of every non-linear layer: ``y`` is the layer's new output computed from its
-    accumulated inputs, ``sent`` what downstream has received so far (updated in place).
+    accumulated inputs, ``sent`` what downstream has received so far (updated in place). ``y`` is
+    first rounded to ``sent``'s dtype (a float16 model's layers output float16, as the dense
+    model's do); the change is computed in float32.
     """
-    change = torch.where(region, y.to(sent.dtype) - sent, torch.zeros((), dtype=sent.dtype, device=y.device))
+    target = _target(y, sent)
+    change = torch.where(region, target - sent.to(target.dtype), torch.zeros((), dtype=target.dtype, device=y.device))
     out_mask = region & (reduce_mask(change.abs() > threshold))
     k = _key_view(key, out_mask.dim())
     if k is not None:
         out_mask = out_mask | (k & region)
-    out = torch.where(out_mask, change, torch.zeros((), dtype=sent.dtype, device=y.device)).to(out_dtype)
-    sent.copy_(_sent_after(y.to(sent.dtype), change, out, out_mask, sent))
-    return out, out_mask
+    return _send(target, sent, change, out_mask, out_dtype), out_mask
 
 
 # ----------------------------------------------------------------------------- boundaries
@@ -87,15 +103,14 @@ def sparsify(x: Tensor, sent: Tensor, threshold: float, key: Optional[Tensor],
     the quantity compared with the threshold (the noise-robust measures of ``deltaconv.sparsify``
     compute it); the values sent are always the exact ``x - sent``.
     """
-    change = x.to(sent.dtype) - sent
+    target = _target(x, sent)
+    change = target - sent.to(target.dtype)
     measure = change.abs().amax(dim=1, keepdim=True) if change_measure is None else change_measure
     mask = measure > threshold
     k = _key_view(key, mask.dim())
     if k is not None:
         mask = mask | k
-    out = torch.where(mask, change, torch.zeros((), dtype=sent.dtype, device=x.device)).to(x.dtype)
-    sent.copy_(_sent_after(x.to(sent.dtype), change, out, mask, sent))
-    return out, mask
+    return _send(target, sent, change, mask, x.dtype), mask
 
 
 def densify(delta: Tensor, mask: Tensor, acc: Tensor, out_dtype: torch.dtype) -> Tensor:

@@ -61,8 +61,9 @@ class FrameContext:
 class DCModule(nn.Module):
     """A converted layer. Subclasses implement ``forward`` on :class:`~deltaconv.Delta` inputs.
 
-    Per-frame state lives in non-persistent float32 buffers (``.to()`` moves them; state_dict
-    ignores them), allocated on first use with the shape of the data and zeroed by ``reset``.
+    Per-frame state lives in non-persistent buffers (``.to()`` moves them; state_dict ignores
+    them), allocated on first use with the shape of the data and zeroed by ``reset``: float32
+    accumulators of inputs, and ``sent`` buffers in the dtype of the values sent.
     """
 
     #: short description shown in reports and stats
@@ -81,10 +82,14 @@ class DCModule(nn.Module):
         self._pixels = 0
 
     # ------------------------------------------------------------------ state
-    def state(self, name: str, shape, device: torch.device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """The state buffer ``name`` (float32, or float64 for a float64 ``dtype``), allocated as
-        zeros if absent or of another shape, device or dtype."""
-        dtype = torch.promote_types(dtype, torch.float32)
+    def state(self, name: str, shape, device: torch.device, dtype: torch.dtype = torch.float32,
+              sent: bool = False) -> torch.Tensor:
+        """The state buffer ``name``, allocated as zeros if absent or of another shape, device or
+        dtype. An accumulator is float32 (float64 for a float64 ``dtype``) so that summing deltas
+        does not drift; with ``sent=True`` the buffer holds what was sent downstream and has the
+        values' own ``dtype`` (float16 for a float16 model: the dense model rounds its outputs to
+        it too)."""
+        dtype = dtype if sent else torch.promote_types(dtype, torch.float32)
         buf = self._buffers.get(name)
         if buf is None or tuple(buf.shape) != tuple(shape) or buf.device != device or buf.dtype != dtype:
             buf = torch.zeros(tuple(shape), dtype=dtype, device=device)

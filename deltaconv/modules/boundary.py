@@ -13,7 +13,7 @@ class DCSparsify(DCModule):
     A pixel is sent when its change exceeds ``threshold`` (by default ``max_c |x - sent|``; a
     ``change_detector`` from :mod:`deltaconv.sparsify` may replace that measure). Values sent are
     exact; what is not sent stays pending in ``sent`` and goes out once it crosses the threshold.
-    State: ``sent`` (float32, shape of the frame).
+    State: ``sent`` (the frame's dtype and shape).
     """
 
     kind = "sparsify"
@@ -25,10 +25,10 @@ class DCSparsify(DCModule):
         self.change_detector = change_detector
 
     def forward(self, x: torch.Tensor) -> Delta:
-        sent = self.state("sent", x.shape, x.device, x.dtype)
+        sent = self.state("sent", x.shape, x.device, x.dtype, sent=True)
         measure = None
         if self.change_detector is not None and self.key is None:
-            measure = self.change_detector(x.to(sent.dtype) - sent)
+            measure = self.change_detector(x.float() - sent.float())
         value, mask = self.ops.sparsify(x, sent, self.threshold, self.key, measure)
         return self.observe(Delta(value, mask))
 

@@ -36,7 +36,7 @@ class DCActivation(DCModule):
 
     def forward(self, x: Delta) -> Delta:
         acc = self.state("acc", x.shape, x.device, x.dtype)
-        sent = self.state("sent", x.shape, x.device, x.dtype)
+        sent = self.state("sent", x.shape, x.device, x.dtype, sent=True)
         v, m = self.ops.activation(x.value, x.mask, acc, sent, self.fn, self.threshold, self.key)
         return self.observe(Delta(v, m))
 
@@ -58,7 +58,7 @@ class DCMul(DCModule):
         acc_a = self.state("acc_a", a.shape, a.device, a.dtype)
         acc_b = self.state("acc_b", b.shape, b.device, b.dtype)
         out_shape = torch.broadcast_shapes(a.shape, b.shape)
-        sent = self.state("sent", out_shape, a.device, a.dtype)
+        sent = self.state("sent", out_shape, a.device, a.dtype, sent=True)
         v, m = self.ops.mul(a.value, a.mask, acc_a, b.value, b.mask, acc_b, sent, self.threshold, self.key)
         return self.observe(Delta(v, m))
 
@@ -91,7 +91,7 @@ class DCMaxPool2d(DCModule):
         out_hw = torch.nn.functional.max_pool2d(torch.empty((1, 1) + tuple(x.shape[2:]), device="meta"),
                                                 self.kernel_size, self.stride, self.padding, self.dilation,
                                                 self.ceil_mode).shape[2:]
-        sent = self.state("sent", (n, c) + tuple(out_hw), x.device, x.dtype)
+        sent = self.state("sent", (n, c) + tuple(out_hw), x.device, x.dtype, sent=True)
         v, m = self.ops.max_pool2d(x.value, x.mask, acc, sent, self.kernel_size, self.stride, self.padding,
                                    self.dilation, self.ceil_mode, self.threshold, self.key)
         return self.observe(Delta(v, m))
@@ -132,7 +132,8 @@ class DCFallback(DCModule):
         out_dtype = dtypes[0] if dtypes else None
 
         def resparsify(t: torch.Tensor) -> Delta:
-            sent = self.state(f"sent{next(outputs)}", t.shape, t.device, t.dtype)
+            sent = self.state(f"sent{next(outputs)}", t.shape, t.device, t.dtype,
+                              sent=t.is_floating_point())
             region = torch.ones(mask_shape(t.shape), dtype=torch.bool, device=t.device)
             key = self.key
             if key is not None and (t.dim() < 1 or t.shape[0] != key.shape[0]):

@@ -1,0 +1,42 @@
+// Truncation of one element (ATen-free), shared by every layer that keeps a `sent` state
+// (sparsify, activation, mul: pointwise.cuh; max pooling: conv/pool_kernels.cuh).
+// Semantics: `truncate` and `_send` in deltaconv/backends/reference.py.
+//
+// `sent` holds T values (T: the delta dtype): what downstream has received. A layer's new value y
+// (float32) is rounded to T first, as the dense model rounds its outputs, and the change against
+// `sent` is computed in float32.
+#pragma once
+
+#include "pixel_group.cuh"
+
+namespace deltaconv {
+namespace pw {
+
+// `sent` after sending out = T(change), change = target - sent: the target itself, less what the
+// cast to T lost (that stays pending): target - (change - out). (sent + out would leave a float
+// rounding residual that threshold 0 would re-send on every later frame.)
+__device__ __forceinline__ float sent_after(float target, float change, float out) {
+  return __fsub_rn(target, __fsub_rn(change, out));
+}
+
+// The pending change of one element: T(y) - sent, in float32. `sent` holds T values (what
+// downstream received, in the delta dtype), so the layer's new value y is rounded to T first, as
+// the dense model rounds its outputs.
+template <typename T>
+__device__ __forceinline__ float pending_change(float y, float sent) {
+  return __fsub_rn(round_to<T>(y), sent);
+}
+
+// Sends one element: returns out = T(T(y) - sent) and updates `sent` (a float holding a T value)
+// to sent_after(T(y), change, out), which the caller stores back as T.
+template <typename T>
+__device__ __forceinline__ float send_element(float y, float& sent) {
+  const float target = round_to<T>(y);
+  const float change = __fsub_rn(target, sent);
+  const float out = round_to<T>(change);
+  sent = sent_after(target, change, out);
+  return out;
+}
+
+}  // namespace pw
+}  // namespace deltaconv
