@@ -61,4 +61,11 @@ inline bool is_activation_dtype(at::ScalarType t) {
 
 inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
+// The rms measure's limit on sum_c change^2 for `threshold` over `channels` channels (sqrt of the
+// mean > threshold), or -1 for the max measure (what the kernels' PendingSize tests read). Below a
+// negative threshold every change lies under both measures, so that case takes the max test.
+inline float rms_limit(bool rms, double threshold, int64_t channels) {
+  return rms && threshold >= 0 ? static_cast<float>(threshold * threshold * static_cast<double>(channels)) : -1.f;
+}
+
 }  // namespace deltaconv

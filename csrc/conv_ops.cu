@@ -636,7 +636,7 @@ Strides4 strides_of(const Tensor& t) { return Strides4{t.stride(0), t.stride(1),
 std::tuple<Tensor, Tensor> max_pool2d_cuda(const Tensor& delta, const Tensor& mask, const Tensor& acc,
                                            const Tensor& sent, IntArrayRef kernel_size, IntArrayRef stride,
                                            IntArrayRef padding, IntArrayRef dilation, bool ceil_mode,
-                                           double threshold, const c10::optional<Tensor>& key_in) {
+                                           double threshold, const c10::optional<Tensor>& key_in, bool rms) {
   const c10::optional<Tensor> key = contiguous_key(key_in);
   DC_CHECK_DELTA_MASK("max_pool2d", delta, mask);
   DC_CHECK_KEY("max_pool2d", key, delta);
@@ -684,7 +684,7 @@ std::tuple<Tensor, Tensor> max_pool2d_cuda(const Tensor& delta, const Tensor& ma
     conv::maxpool_out_kernel<scalar_t><<<elem_grid(total_pix * 32, 256), 256, 0, stream>>>(
         m.data_ptr<bool>(), acc.data_ptr<float>(), as, reinterpret_cast<scalar_t*>(sent.data_ptr()), ss, key_ptr(key),
         reinterpret_cast<scalar_t*>(y.data_ptr()), mask_out.data_ptr<bool>(), g, static_cast<float>(threshold),
-        total_pix);
+        rms_limit(rms, threshold, C), total_pix);
     DC_LAUNCH_CHECK();
   });
   return {y, mask_out};

@@ -6,6 +6,8 @@
 //   acc / sent           state with the shape of the value it tracks, updated in place: acc float32,
 //                        sent in the delta dtype
 //   key    [N] bool or None: streams whose state was just reset (send every pixel, add biases)
+//   rms    the truncating ops' measure: false = max_c |change| > threshold, true =
+//          sqrt(mean_c change^2) > threshold
 // Ops return fresh (delta_out, mask_out); values at inactive output pixels are unspecified.
 // Implementations: TORCH_LIBRARY_IMPL(deltaconv, CUDA, m) blocks in the .cu files.
 #include <Python.h>
@@ -26,11 +28,11 @@ TORCH_LIBRARY(deltaconv, m) {
   m.def("densify(Tensor delta, Tensor mask, Tensor(a!) acc, ScalarType out_dtype) -> Tensor");
   // ---- pointwise
   m.def("activation(Tensor delta, Tensor mask, Tensor(a!) acc, Tensor(b!) sent, str kind, float param, "
-        "float threshold, Tensor? key) -> (Tensor, Tensor)");
+        "float threshold, Tensor? key, bool rms=False) -> (Tensor, Tensor)");
   m.def("affine_channel(Tensor delta, Tensor mask, Tensor? scale, Tensor? shift, Tensor? key) -> (Tensor, Tensor)");
   m.def("add(Tensor delta_a, Tensor mask_a, Tensor delta_b, Tensor mask_b, float alpha) -> (Tensor, Tensor)");
   m.def("mul(Tensor delta_a, Tensor mask_a, Tensor(a!) acc_a, Tensor delta_b, Tensor mask_b, Tensor(b!) acc_b, "
-        "Tensor(c!) sent, float threshold, Tensor? key) -> (Tensor, Tensor)");
+        "Tensor(c!) sent, float threshold, Tensor? key, bool rms=False) -> (Tensor, Tensor)");
   m.def("concatenate(Tensor[] deltas, Tensor[] masks) -> (Tensor, Tensor)");
   m.def("interpolate(Tensor delta, Tensor mask, int[2] out_size, float? scale_h, float? scale_w, str mode, "
         "bool align_corners) -> (Tensor, Tensor)");
@@ -40,7 +42,8 @@ TORCH_LIBRARY(deltaconv, m) {
   m.def("conv_transpose2d(Tensor delta, Tensor mask, Tensor weight, Tensor? bias, int[2] stride, int[2] padding, "
         "int[2] output_padding, int groups, int[2] dilation, Tensor? key) -> (Tensor, Tensor)");
   m.def("max_pool2d(Tensor delta, Tensor mask, Tensor(a!) acc, Tensor(b!) sent, int[2] kernel_size, int[2] stride, "
-        "int[2] padding, int[2] dilation, bool ceil_mode, float threshold, Tensor? key) -> (Tensor, Tensor)");
+        "int[2] padding, int[2] dilation, bool ceil_mode, float threshold, Tensor? key, bool rms=False) -> "
+        "(Tensor, Tensor)");
   m.def("avg_pool2d(Tensor delta, Tensor mask, int[2] kernel_size, int[2] stride, int[2] padding, bool ceil_mode, "
         "bool count_include_pad, int? divisor_override) -> (Tensor, Tensor)");
   m.def("adaptive_avg_pool2d(Tensor delta, Tensor mask, int[2] output_size) -> (Tensor, Tensor)");

@@ -252,7 +252,7 @@ int activation_kind(const std::string& kind) {
 
 std::tuple<Tensor, Tensor> activation(const Tensor& delta, const Tensor& mask, Tensor& acc, Tensor& sent,
                                       c10::string_view kind, double param, double threshold,
-                                      const std::optional<Tensor>& key) {
+                                      const std::optional<Tensor>& key, bool rms) {
   const char* op = "activation";
   const int kind_id = activation_kind(std::string(kind));
   check_value(op, "delta", delta, delta);
@@ -269,7 +269,8 @@ std::tuple<Tensor, Tensor> activation(const Tensor& delta, const Tensor& mask, T
   DC_DISPATCH_ACTIVATION_TYPES(delta.scalar_type(), "deltaconv::activation", [&] {
     pw::ActivationParams<scalar_t> p{cptr<scalar_t>(delta), cptr<bool>(mask), ptr<float>(acc), ptr<scalar_t>(sent),
                                      key_ptr, ptr<scalar_t>(out), ptr<bool>(mask_out), kind_id,
-                                     static_cast<float>(param), static_cast<float>(threshold), pixels, H * W, C, 0};
+                                     static_cast<float>(param), static_cast<float>(threshold),
+                                     rms_limit(rms, threshold, C), pixels, H * W, C, 0};
     const bool vec_ok = C % kVec<scalar_t> == 0 && all_aligned({p.delta, p.acc, p.sent, p.out});
     DC_LAUNCH_VEC(pw::activation_kernel, p, vec_ok, pixels, C);
   });
@@ -328,7 +329,7 @@ std::tuple<Tensor, Tensor> add(const Tensor& delta_a, const Tensor& mask_a, cons
 // ---------------------------------------------------------------- mul
 std::tuple<Tensor, Tensor> mul(const Tensor& delta_a, const Tensor& mask_a, Tensor& acc_a, const Tensor& delta_b,
                                const Tensor& mask_b, Tensor& acc_b, Tensor& sent, double threshold,
-                               const std::optional<Tensor>& key) {
+                               const std::optional<Tensor>& key, bool rms) {
   const char* op = "mul";
   check_value(op, "delta_a", delta_a, delta_a);
   check_value(op, "delta_b", delta_b, delta_a);
@@ -368,7 +369,8 @@ std::tuple<Tensor, Tensor> mul(const Tensor& delta_a, const Tensor& mask_a, Tens
     pw::MulParams<scalar_t> p{cptr<scalar_t>(delta_a), cptr<bool>(mask_a), ptr<float>(acc_a),
                               cptr<scalar_t>(delta_b), cptr<bool>(mask_b), ptr<float>(acc_b),
                               ptr<scalar_t>(sent), key_ptr, ptr<scalar_t>(out), ptr<bool>(mask_out),
-                              static_cast<float>(threshold), pixels, H * W, C, 0, a_bcast, b_bcast};
+                              static_cast<float>(threshold), rms_limit(rms, threshold, C), pixels, H * W, C, 0,
+                              a_bcast, b_bcast};
     const bool vec_ok = C % kVec<scalar_t> == 0 && all_aligned({p.a, p.acc_a, p.b, p.acc_b, p.sent, p.out});
     DC_LAUNCH_VEC(pw::mul_kernel, p, vec_ok, pixels, C);
   });

@@ -57,6 +57,7 @@ import torch
 import torch.nn as nn
 
 from .fidelity import METRICS, flops_totals, primary_output
+from .backends.reference import MEASURES
 from .sparsify import ChangeDetector, default_detector, from_spec
 
 Tensor = torch.Tensor
@@ -67,7 +68,8 @@ __all__ = ["calibrate", "Calibration", "layer_scales", "Evaluator"]
 class Calibration(dict):
     """``{layer name: threshold}`` as returned by :func:`calibrate`, with what was measured.
 
-    Attributes: ``change_detector`` (spec dict or ``None``), ``density`` and ``error`` on the
+    Attributes: ``change_detector`` (spec dict or ``None``), ``truncation`` (the non-linear
+    layers' change measure the thresholds apply to, ``"max"`` or ``"rms"``), ``density`` and ``error`` on the
     calibration frames, ``tolerance``, ``metric``, ``evals`` (model runs spent), ``history``
     (one dict per evaluation). Pass it to ``convert(model, thresholds=cal,
     change_detector=cal.detector())``; :meth:`save` writes JSON that ``convert`` and
@@ -77,6 +79,7 @@ class Calibration(dict):
     def __init__(self, thresholds: dict, change_detector: Optional[dict] = None, **info) -> None:
         super().__init__(thresholds)
         self.change_detector = change_detector
+        self.truncation = info.get("truncation", "max")
         self.density = info.get("density", float("nan"))
         self.error = info.get("error", float("nan"))
         self.tolerance = info.get("tolerance", float("nan"))
@@ -89,7 +92,8 @@ class Calibration(dict):
         return from_spec(self.change_detector)
 
     def to_json(self) -> dict:
-        return {"thresholds": dict(self), "change_detector": self.change_detector, "density": self.density,
+        return {"thresholds": dict(self), "change_detector": self.change_detector, "truncation": self.truncation,
+                "density": self.density,
                 "error": self.error, "tolerance": self.tolerance, "metric": self.metric, "evals": self.evals}
 
     def save(self, path: Union[str, os.PathLike]) -> None:
@@ -156,7 +160,7 @@ class Evaluator:
     """
 
     def __init__(self, model: nn.Module, frames, metric="rel_err", reduce: str = "mean",
-                 output_fn: Callable = primary_output, backend: str = "reference") -> None:
+                 output_fn: Callable = primary_output, backend: str = "reference", truncation: str = "max") -> None:
         from .convert import convert
 
         self.clips = _stack_clips(_as_clips(frames))
@@ -166,7 +170,7 @@ class Evaluator:
         self.reduce, self.output_fn, self.error_fn = reduce, output_fn, _metric_fn(metric)
         with torch.no_grad():
             self.dense = [[output_fn(model(f)) for f in clip] for clip in self.clips]
-        self.dm = convert(model, threshold=0.0, backend=backend, example_input=self.frames[0])
+        self.dm = convert(model, threshold=0.0, backend=backend, example_input=self.frames[0], truncation=truncation)
         self.names = list(self.dm.thresholds())
         self.evals = 0
 
@@ -251,7 +255,7 @@ def calibrate(model: nn.Module, frames, tolerance: float = 2e-2, metric: Union[s
               bases: Sequence[str] = ("uniform", "rms"), first_share: float = 0.5, margin: float = 1.0,
               step: int = 2, max_steps: int = 8, max_evals: int = 120, bisect_steps: int = 7,
               final_steps: int = 5, s_range: tuple[float, float] = (1e-3, 2.0),
-              output_fn: Callable = primary_output, backend: str = "reference",
+              output_fn: Callable = primary_output, backend: str = "reference", truncation: str = "max",
               progress: bool = True) -> Calibration:
     """Per-layer thresholds for ``deltaconv.convert(model)`` within a fidelity tolerance.
 
@@ -283,6 +287,9 @@ def calibrate(model: nn.Module, frames, tolerance: float = 2e-2, metric: Union[s
         s_range: bracket of the global scale.
         output_fn: picks the compared tensor from a model output.
         backend: the converted model's backend while calibrating.
+        truncation: the change measure of the non-linear layers' thresholds (``"max"`` or
+            ``"rms"``, see ``deltaconv.convert``); the result records it and ``convert`` /
+            ``load_thresholds`` apply it with the thresholds.
         progress: show a tqdm progress bar.
 
     Returns:
@@ -290,12 +297,14 @@ def calibrate(model: nn.Module, frames, tolerance: float = 2e-2, metric: Union[s
     """
     if not isinstance(tolerance, (int, float)) or tolerance < 0:
         raise ValueError(f"calibrate: tolerance must be a number >= 0, got {tolerance!r}")
+    if truncation not in MEASURES:
+        raise ValueError(f"calibrate: truncation must be one of {MEASURES}, got {truncation!r}")
     if not 0 < first_share <= 1:
         raise ValueError(f"calibrate: first_share must be in (0, 1], got {first_share!r}")
     bad = [b for b in bases if b not in ("uniform", "rms")]
     if bad or not bases:
         raise ValueError(f"calibrate: bases must be a non-empty list of 'uniform' / 'rms', got {list(bases)!r}")
-    ev = Evaluator(model, frames, metric, reduce, output_fn, backend)
+    ev = Evaluator(model, frames, metric, reduce, output_fn, backend, truncation)
     names = ev.names
     rms = layer_scales(ev) if "rms" in bases else {}
     base_scales = {"uniform": {n: 1.0 for n in names}, "rms": rms}
@@ -389,7 +398,7 @@ def calibrate(model: nn.Module, frames, tolerance: float = 2e-2, metric: Union[s
     bar.close()
     return Calibration(thresholds_of(s, k, base), spec, density=dens, error=err, tolerance=tolerance,
                        metric=metric if isinstance(metric, str) else getattr(metric, "__name__", "custom"),
-                       evals=ev.evals, history=history)
+                       evals=ev.evals, history=history, truncation=truncation)
 
 
 # ``deltaconv/__init__.py`` may re-export the function as ``deltaconv.calibrate``, which hides this

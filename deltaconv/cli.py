@@ -136,6 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="error metric of deltaconv.calibrate: rel_err (default), top1, top5, iou, miou")
     k.add_argument("--max-evals", type=_positive_int, default=None, metavar="N",
                    help="model runs the calibration may spend (default: deltaconv.calibrate's)")
+    k.add_argument("--truncation", default="max", choices=("max", "rms"),
+                   help="change measure of the layer thresholds: max_c |change| or sqrt(mean_c change^2) "
+                        "(default max)")
     k.add_argument("--out", default="thresholds.json", metavar="thresholds.json")
     k.add_argument("--frames", type=_positive_int, default=8, metavar="N", help="frames to calibrate on (default 8)")
     k.add_argument("--size", type=parse_size, metavar="HxW", help="model input size (default: the video's)")
@@ -285,12 +288,13 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     video = args.video if args.video is not None else str(find_sample_video())
     frames = _load_frames(video, args.frames, args.size)
     kwargs = {} if args.max_evals is None else {"max_evals": args.max_evals}
-    result = calibrate(entry.model, frames, args.tolerance, metric=args.metric, **kwargs)
+    result = calibrate(entry.model, frames, args.tolerance, metric=args.metric, truncation=args.truncation, **kwargs)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     thresholds = _save_thresholds(result, out)
     detector = result.detector() if callable(getattr(result, "detector", None)) else None
-    rows = threshold_sweep(entry.model, frames, args.sweep, calibrated=thresholds, change_detector=detector)
+    rows = threshold_sweep(entry.model, frames, args.sweep, calibrated=thresholds, change_detector=detector,
+                           truncation=args.truncation)
     h, w = frames[0].shape[-2:]
     print(f"calibrated {len(thresholds)} thresholds of {entry.name} on {len(frames)} frames of {video} at {h}x{w} "
           f"for tolerance {args.tolerance:g} ({args.metric}); wrote {out}")

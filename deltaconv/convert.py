@@ -14,6 +14,7 @@ import torch.nn as nn
 from torch.fx.passes.shape_prop import ShapeProp
 
 from . import backends
+from .backends.reference import MEASURES
 from .modules import DCConv2d, DCDensify, DCFallback, DCModule, DCSparsify
 from .modules.linear import DCBatchNorm2d, DCConvTranspose2d, DCLinear
 from .report import ConversionReport, NodeReport
@@ -320,7 +321,7 @@ def _example_for(model: nn.Module) -> torch.Tensor:
 
 def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
             thresholds: Union[None, dict, str] = None, strict: bool = False,
-            example_input: Optional[torch.Tensor] = None, change_detector=None,
+            example_input: Optional[torch.Tensor] = None, change_detector=None, truncation: str = "max",
             refresh_every: Optional[int] = None, check_finite: bool = True, cuda_graph: bool = False,
             leaf_modules: tuple = ()):
     """Convert a dense CNN into a :class:`~deltaconv.DeltaModel` that processes only changed pixels.
@@ -336,6 +337,9 @@ def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
         example_input: a frame batch used once to trace shapes (default: ``randn(1, 3, 224, 224)``
             on the model's device and dtype).
         change_detector: optional input change measure (see :mod:`deltaconv.sparsify`).
+        truncation: the change measure of the non-linear layers' thresholds: ``"max"``
+            (``max_c |change|`` per pixel) or ``"rms"`` (``sqrt(mean_c change^2)``, which sends
+            fewer pixels at the same output error; see the README's fidelity section).
         refresh_every: force a key frame every this many frames (``None``: never).
         check_finite: reject frames holding NaN/Inf before any state changes (one device sync
             per frame; turn off for CUDA-graph capture).
@@ -351,6 +355,8 @@ def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
     backends.check_name(backend)
     if not isinstance(threshold, (int, float)) or threshold < 0:
         raise ValueError(f"convert: threshold must be a number >= 0, got {threshold!r}")
+    if truncation not in MEASURES:
+        raise ValueError(f"convert: truncation must be one of {MEASURES}, got {truncation!r}")
     dense = copy.deepcopy(model).eval()
     if not isinstance(leaf_modules, (tuple, list)) or not all(isinstance(t, type) for t in leaf_modules):
         raise TypeError(f"convert: leaf_modules must be a tuple of module classes, got {leaf_modules!r}")
@@ -372,6 +378,7 @@ def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
     dm = DeltaModel(dense, graph, report, backend, refresh_every=refresh_every, check_finite=check_finite,
                     cuda_graph=cuda_graph)
     dm.set_threshold_all(float(threshold))
+    dm.truncation = truncation
     if change_detector is not None:
         for layer in dm.delta_layers():
             if isinstance(layer, DCSparsify):

@@ -444,13 +444,14 @@ def format_summary(summary: dict) -> str:
 
 # ----------------------------------------------------------------------------- threshold sweep
 def threshold_sweep(model: torch.nn.Module, frames: Sequence[torch.Tensor], thresholds: Sequence[float],
-                    backend: str = "auto", calibrated: Optional[dict] = None, change_detector=None) -> list[dict]:
+                    backend: str = "auto", calibrated: Optional[dict] = None, change_detector=None,
+                    truncation: str = "max") -> list[dict]:
     """Error and density of the converted ``model`` for each uniform ``threshold`` on ``frames``
     (measured with :func:`deltaconv.fidelity.compare` against dense outputs computed once).
 
     One conversion serves all uniform thresholds; ``calibrated`` (per-layer thresholds, e.g. a
-    :class:`deltaconv.calibrate.Calibration`, with its ``change_detector``) adds one row whose
-    ``threshold`` is ``None``. Each row: ``threshold``, ``rel_error`` (mean relative error of the
+    :class:`deltaconv.calibrate.Calibration`, with its ``change_detector`` and ``truncation``) adds one row whose
+    ``threshold`` is ``None``; ``truncation`` is the measure of the uniform rows. Each row: ``threshold``, ``rel_error`` (mean relative error of the
     primary output over the non-key frames), ``max_rel_error``, ``top1_agreement`` (classifiers,
     else ``None``), ``density`` (input sparsifier, mean) and ``work`` (FLOPs-weighted density).
     """
@@ -470,14 +471,14 @@ def threshold_sweep(model: torch.nn.Module, frames: Sequence[torch.Tensor], thre
                 "top1_agreement": rep.mean("top1") if "top1" in metrics else None,
                 "density": rep.layers[0]["mean_density"], "work": rep.density}
 
-    dm = convert(model, backend=backend, example_input=frames[0])
+    dm = convert(model, backend=backend, example_input=frames[0], truncation=truncation)
     rows = []
     for t in thresholds:
         dm.set_threshold_all(float(t))
         rows.append(measure(dm, float(t)))
     if calibrated is not None:
         dm = convert(model, backend=backend, example_input=frames[0], thresholds=dict(calibrated),
-                     change_detector=change_detector)
+                     change_detector=change_detector, truncation=getattr(calibrated, "truncation", truncation))
         rows.append(measure(dm, None))
     return rows
 

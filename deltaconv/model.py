@@ -293,17 +293,41 @@ class DeltaModel(nn.Module):
             if layer.truncates:
                 layer.threshold = float(value)
 
+    @property
+    def truncation(self) -> str:
+        """The change measure the non-linear layers compare with their thresholds: ``"max"``
+        (``max_c |change|``, the default) or ``"rms"`` (``sqrt(mean_c change^2)``); setting it sets
+        every non-linear layer (the input sparsifier keeps its own measure)."""
+        measures = {layer.measure for layer in self._measured_layers()}
+        return measures.pop() if len(measures) == 1 else "max" if not measures else "mixed"
+
+    @truncation.setter
+    def truncation(self, measure: str) -> None:
+        from .backends.reference import MEASURES
+        if measure not in MEASURES:
+            raise ValueError(f"truncation must be one of {MEASURES}, got {measure!r}")
+        for layer in self._measured_layers():
+            layer.measure = measure
+
+    def _measured_layers(self) -> list[DCModule]:
+        return [layer for layer in self.delta_layers() if layer.truncates and layer.kind != "sparsify"]
+
     def load_thresholds(self, thresholds: Union[dict, str, os.PathLike], strict: bool = True) -> None:
         """Set thresholds from ``{layer name: value}``, a :class:`deltaconv.calibrate.Calibration`,
         or a JSON file written by :meth:`save_thresholds` or ``Calibration.save``. A change detector
-        named there (``"change_detector"``) is installed in the input sparsifier. With ``strict``,
-        unknown names raise ``KeyError``."""
+        named there (``"change_detector"``) is installed in the input sparsifier, and a
+        ``"truncation"`` measure sets :attr:`truncation`. With ``strict``, unknown names raise
+        ``KeyError``."""
         detector_spec = getattr(thresholds, "change_detector", None)
+        truncation = getattr(thresholds, "truncation", None)
         if not isinstance(thresholds, dict):
             with open(thresholds) as f:
                 data = json.load(f)
             detector_spec = data.get("change_detector") if "thresholds" in data else None
+            truncation = data.get("truncation") if "thresholds" in data else None
             thresholds = data.get("thresholds", data)
+        if truncation is not None:
+            self.truncation = truncation
         if detector_spec is not None:
             from .modules import DCSparsify
             from .sparsify import from_spec
@@ -322,9 +346,9 @@ class DeltaModel(nn.Module):
                 known[name].threshold = float(value)
 
     def save_thresholds(self, path: Union[str, os.PathLike]) -> None:
-        """Write the thresholds as JSON (``{"thresholds": {layer name: value}}``)."""
+        """Write the thresholds as JSON (``{"thresholds": {layer name: value}, "truncation": measure}``)."""
         with open(path, "w") as f:
-            json.dump({"thresholds": self.thresholds()}, f, indent=1, sort_keys=True)
+            json.dump({"thresholds": self.thresholds(), "truncation": self.truncation}, f, indent=1, sort_keys=True)
 
 
 class _FrameLock:

@@ -140,7 +140,8 @@ def test_calibrate_writes_loadable_thresholds_table_and_plot(capsys, tmp_path, m
     status, stdout, err = run(capsys, "calibrate", "--model", "mobilenet_v2", "--tolerance", "0.05", "--frames", "3",
                               "--size", "32x48", "--out", str(out), "--sweep", "0,0.1", "--max-evals", "5")
     assert status == 0, err
-    assert calls == {"frames": 3, "shape": (1, 3, 32, 48), "tolerance": 0.05, "metric": "rel_err", "max_evals": 5}
+    assert calls == {"frames": 3, "shape": (1, 3, 32, 48), "tolerance": 0.05, "metric": "rel_err", "max_evals": 5,
+                     "truncation": "max"}
     data = json.loads(out.read_text())
     assert set(data) >= {"thresholds"} and all(v == 0.01 for v in data["thresholds"].values())
     assert "per-layer" in stdout and "threshold" in stdout and str(out) in stdout
@@ -164,3 +165,32 @@ def test_python_dash_m(tmp_path):
     r = subprocess.run([sys.executable, "-m", "deltaconv", "convert", "--help"], cwd=ROOT, capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0 and "--report" in r.stdout
+
+
+def test_calibrate_truncation_option(capsys, tmp_path, monkeypatch):
+    """--truncation rms reaches calibrate() and the sweep's uniform rows; a bad value is refused."""
+    import deltaconv
+    from deltaconv import demo
+
+    calls, sweeps = {}, {}
+
+    def fake_calibrate(model, frames, tolerance, metric="rel_err", **kw):
+        calls.update(kw)
+        return {n: 0.01 for n in deltaconv.convert(model, example_input=frames[0]).thresholds()}
+
+    real_sweep = demo.threshold_sweep
+
+    def spy_sweep(*args, **kw):
+        sweeps.update(kw)
+        return real_sweep(*args, **kw)
+
+    monkeypatch.setitem(sys.modules, "deltaconv.calibrate", types.SimpleNamespace(calibrate=fake_calibrate))
+    monkeypatch.setattr(demo, "threshold_sweep", spy_sweep)
+    out = tmp_path / "thresholds.json"
+    status, _, err = run(capsys, "calibrate", "--tolerance", "0.05", "--frames", "3", "--size", "32x48",
+                         "--out", str(out), "--sweep", "0.1", "--truncation", "rms")
+    assert status == 0, err
+    assert calls["truncation"] == "rms" and sweeps["truncation"] == "rms"
+    with pytest.raises(SystemExit):
+        cli.main(["calibrate", "--tolerance", "0.05", "--truncation", "l1"])
+    assert "invalid choice: 'l1'" in capsys.readouterr().err

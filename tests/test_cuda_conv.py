@@ -343,6 +343,42 @@ def test_max_pool2d(case, dtype, state_format):
             assert g_acc.stride() == acc.stride() and g_sent.stride() == sent.stride()
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", MAXPOOL_CASES[:4], ids=_pool_id)
+def test_max_pool2d_rms_measure(case, dtype):
+    """max_pool2d with the rms measure: after a key frame, one partial frame; masks agree with the
+    reference except where the RMS change is within rounding of the threshold, values and state
+    agree on the other pixels."""
+    C, k, s, p, d, ceil, (H, W) = case
+    k, s, p, d = _pair(k), _pair(s), _pair(p), _pair(d)
+    gen = torch.Generator().manual_seed(3)
+    Ho, Wo = torch.nn.functional.max_pool2d(torch.empty(1, 1, H, W), k, s, p, d, ceil).shape[2:]
+    acc = torch.zeros(2, C, H, W).contiguous(memory_format=torch.channels_last)
+    sent = torch.zeros(2, C, Ho, Wo, dtype=dtype).contiguous(memory_format=torch.channels_last)
+    g_acc, g_sent = acc.cuda(), sent.cuda()
+    thr = 0.4
+    for t, (fracs, key) in enumerate([((1.0, 1.0), (True, True)), ((0.3, 1.0), None)]):
+        mask = make_mask(fracs, H, W, gen)
+        delta = make_delta(2, C, H, W, mask, dtype, gen, scale=0.5)
+        kt = make_key(key, 2)
+        out, mo = ops().max_pool2d(delta, mask.cuda(), g_acc, g_sent, list(k), list(s), list(p), list(d), ceil,
+                                   thr, cuda_or_none(kt), True)
+        sent_before = sent.clone()
+        r_out, r_mask = ref.max_pool2d(delta.cpu(), mask, acc, sent, k, s, p, d, ceil, thr, kt, "rms")
+    y = torch.nn.functional.max_pool2d(acc, k, s, p, d, ceil)
+    rms = (y.to(dtype).float() - sent_before.float()).square().mean(dim=1, keepdim=True).sqrt()
+    amb = (rms - thr).abs() <= 1e-3 * (1 + y.abs().amax(dim=1, keepdim=True))
+    diff = (mo.cpu() != r_mask) & ~amb
+    assert not diff.any(), f"{int(diff.sum())} mask mismatches"
+    agree = (mo.cpu() & r_mask).expand_as(r_out)
+    assert torch.equal(out.cpu()[agree], r_out[agree])
+    keep = ~amb.expand_as(sent)
+    assert torch.equal(g_sent.cpu()[keep], sent[keep]) and torch.equal(g_acc.cpu(), acc)
+    region = torch.nn.functional.max_pool2d(mask.float(), k, s, p, d, ceil) > 0
+    assert r_mask.any() and (region & ~r_mask).any()  # the rms test really held pixels back
+
+
 # ----------------------------------------------------------------------------- avg pooling
 # (C, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override, (H, W))
 AVGPOOL_CASES = [
@@ -661,6 +697,8 @@ def _opcheck_args():
 def test_opcheck(name, fakes):
     args = _opcheck_args()[name]
     torch.library.opcheck(getattr(ops(), name).default, args)
+    if name == "max_pool2d":  # also with the rms measure
+        torch.library.opcheck(ops().max_pool2d.default, tuple(args) + (True,))
     if name == "conv2d":  # also without key and bias (None arguments)
         a = list(args)
         a[3], a[8] = None, None

@@ -118,6 +118,18 @@ def near_threshold(change: torch.Tensor, threshold: float, y: torch.Tensor, dtyp
     return ((change.abs() - threshold).abs() <= tol).any(dim=1, keepdim=True)
 
 
+def near_rms_threshold(change: torch.Tensor, threshold: float, y: torch.Tensor, dtype) -> torch.Tensor:
+    """Pixels whose RMS change is within rounding of the threshold (the kernels sum the squares in
+    another order than the reference, and may round ``y`` one ulp the other way)."""
+    tol = EPS[dtype] * (1.0 + threshold + y.abs().amax(dim=1, keepdim=True))
+    rms = change.square().mean(dim=1, keepdim=True).sqrt()
+    return (rms - threshold).abs() <= tol
+
+
+def ambiguous(change, threshold, y, dtype, measure):
+    return (near_threshold if measure == "max" else near_rms_threshold)(change, threshold, y, dtype)
+
+
 # ----------------------------------------------------------------------------- sparsify
 @pytest.mark.parametrize("measure", [False, True])
 @pytest.mark.parametrize("key", KEYS)
@@ -179,7 +191,7 @@ def test_densify(dtype, c, frac, out_dtype):
 
 
 # ----------------------------------------------------------------------------- activation
-def _run_activation(fn, dtype, c, frac, key, threshold, seed=3, n=2):
+def _run_activation(fn, dtype, c, frac, key, threshold, seed=3, n=2, measure="max"):
     g = gen(seed)
     h, w = spatial(c)
     mask = make_mask(n, h, w, frac, g)
@@ -188,12 +200,12 @@ def _run_activation(fn, dtype, c, frac, key, threshold, seed=3, n=2):
     sent = (fn(acc) + torch.randn(acc.shape, generator=g, device=DEV) * 0.02).to(dtype).contiguous(memory_format=CL)
     k = make_key(key, n)
     a_c, s_c, a_r, s_r = clones(acc, sent, acc, sent)
-    out_c, m_c = dcc.activation(delta, mask, a_c, s_c, fn, threshold, k)
-    out_r, m_r = ref.activation(delta, mask, a_r, s_r, fn, threshold, k)
+    out_c, m_c = dcc.activation(delta, mask, a_c, s_c, fn, threshold, k, measure)
+    out_r, m_r = ref.activation(delta, mask, a_r, s_r, fn, threshold, k, measure)
     # the reference's change before truncation, to find pixels on the threshold
     y = fn(a_r)
     change = torch.where(mask, y.to(dtype).float() - sent.float(), torch.zeros((), device=DEV))
-    amb = near_threshold(change, threshold, y, dtype) & mask
+    amb = ambiguous(change, threshold, y, dtype, measure) & mask
     assert_masks(m_c, m_r, amb)
     assert_active(out_c, out_r, m_r & m_c, dtype)
     assert_state(a_c, a_r)
@@ -221,6 +233,21 @@ KINDS = [Activation("identity"), Activation("relu"), Activation("relu6"), Activa
 def test_activation_kinds(dtype, fn, threshold):
     for c in (17, 64):
         _run_activation(fn, dtype, c, 0.3, "partial", threshold, seed=4)
+
+
+@pytest.mark.parametrize("threshold", [0.0, 0.15])
+@pytest.mark.parametrize("frac", FRACS)
+@pytest.mark.parametrize("c", CHANNELS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_activation_rms_measure(dtype, c, frac, threshold):
+    """The rms measure (sqrt(mean_c change^2) > threshold) on the kernels equals the reference. At
+    0.15 (changes of about that size) it sends a different set of pixels than max, so the kernels
+    really apply it."""
+    _run_activation(Activation("silu"), dtype, c, frac, "partial", threshold, seed=8, measure="rms")
+    if threshold > 0 and frac >= 0.3 and c > 1:  # no key stream here: every pixel is decided by the measure
+        m_rms = _run_activation(Activation("silu"), dtype, c, frac, "none", threshold, seed=8, measure="rms")
+        m_max = _run_activation(Activation("silu"), dtype, c, frac, "none", threshold, seed=8)
+        assert not torch.equal(m_rms, m_max)
 
 
 def test_activation_generic_falls_back():
@@ -357,6 +384,30 @@ def test_mul(dtype, c, frac, key, layout):
     for a, b in zip(st_c, st_r):
         assert torch.equal(a, b)  # float32 product rounded like the reference: bit-identical
     assert st_c[2].dtype == dtype
+
+
+@pytest.mark.parametrize("layout", ["same", "se_a"])
+@pytest.mark.parametrize("frac", FRACS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_mul_rms_measure(dtype, frac, layout):
+    g = gen(13)
+    n, c, (h, w) = 2, 64, spatial(64)
+    big, small = (n, c, h, w), (n, c, 1, 1)
+    shape_a = small if layout == "se_a" else big
+    ma, mb = make_mask(n, shape_a[2], shape_a[3], frac, g), make_mask(n, h, w, PARTNER[frac], g)
+    da, db = make_delta(shape_a, dtype, ma, g, 0.3), make_delta(big, dtype, mb, g, 0.3)
+    acc_a, acc_b = make_state(shape_a, g), make_state(big, g)
+    sent = (acc_a * acc_b + torch.randn(big, generator=g, device=DEV) * 0.05).to(dtype).contiguous(memory_format=CL)
+    st_c, st_r = clones(acc_a, acc_b, sent), clones(acc_a, acc_b, sent)
+    out_c, m_c = dcc.mul(da, ma, st_c[0], db, mb, st_c[1], st_c[2], 0.04, None, "rms")
+    out_r, m_r = ref.mul(da, ma, st_r[0], db, mb, st_r[1], st_r[2], 0.04, None, "rms")
+    y = st_r[0] * st_r[1]
+    region = ma | mb  # [N, 1, 1, 1] broadcasts
+    change = torch.where(region, y.to(dtype).float() - sent.float(), torch.zeros((), device=DEV))
+    amb = near_rms_threshold(change, 0.04, y, dtype) & region
+    assert_masks(m_c, m_r, amb)
+    assert_active(out_c, out_r, m_r & m_c, dtype)
+    assert_state(st_c[2], st_r[2], skip=amb)
 
 
 def test_mul_general_broadcast_falls_back():
@@ -528,11 +579,13 @@ def _opcheck_cases():
         ("sparsify_measure", ops.sparsify.default, (x, st(), 0.5, None, torch.ones((n, 1, h, w), device=DEV))),
         ("densify", ops.densify.default, (x, full, st(), torch.float16)),
         ("activation", ops.activation.default, (x, full, st(), st(), "silu", 0.0, -1.0, key)),
+        ("activation_rms", ops.activation.default, (x, full, st(), st(), "silu", 0.0, -1.0, key, True)),
         ("affine_channel", ops.affine_channel.default,
          (x, full, torch.randn(c, device=DEV), torch.randn(c, device=DEV), key)),
         ("affine_channel_none", ops.affine_channel.default, (x.half(), full, None, None, None)),
         ("add", ops.add.default, (x, full, st(), full, 0.5)),
         ("mul", ops.mul.default, (x, full, st(), st(), full, st(), st(), -1.0, key)),
+        ("mul_rms", ops.mul.default, (x, full, st(), st(), full, st(), st(), -1.0, key, True)),
         ("mul_se", ops.mul.default, (small, small_m, st((n, c, 1, 1)), x, full, st(), st(), -1.0, None)),
         ("concatenate", ops.concatenate.default, ([x, st((n, 3, h, w))], [full, full])),
         ("interpolate_nearest", ops.interpolate.default, (x, full, [9, 15], 2.0, 2.0, "nearest", False)),
@@ -542,7 +595,7 @@ def _opcheck_cases():
     ]
 
 
-@pytest.mark.parametrize("case", range(13))
+@pytest.mark.parametrize("case", range(15))
 def test_opcheck(case):
     name, op, args = _opcheck_cases()[case]
     torch.library.opcheck(op, args)

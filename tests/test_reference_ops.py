@@ -496,3 +496,15 @@ def test_truncate_half_sent_holds_rounded_values(dtype):
     assert torch.equal(sent, y3.to(dtype))
     _, m = ref.truncate(y3, region, sent, 0.0, None, dtype)
     assert not m.any()
+
+
+def test_exceeds_max_and_rms_measures():
+    change = torch.tensor([[0.3, 0.0, 0.0, 0.0], [0.15, 0.15, 0.15, 0.15], [0.0, 0.0, 0.0, 0.0]]).view(3, 4, 1, 1)
+    # max: 0.3, 0.15, 0; rms: 0.15, 0.15, 0
+    assert ref.exceeds(change, 0.2, "max").flatten().tolist() == [True, False, False]
+    assert ref.exceeds(change, 0.1, "rms").flatten().tolist() == [True, True, False]
+    assert ref.exceeds(change, 0.16, "rms").flatten().tolist() == [False, False, False]
+    assert ref.exceeds(change, 0.0, "rms").flatten().tolist() == [True, True, False]  # threshold 0: any change
+    assert ref.exceeds(change.view(3, 4), 0.1, "rms").shape == (3, 1)  # [N, C] values (classifier heads)
+    with pytest.raises(ValueError, match="measure must be one of \\('max', 'rms'\\), got 'l1'"):
+        ref.exceeds(change, 0.1, "l1")

@@ -147,6 +147,67 @@ def test_activation_threshold_bounds_its_own_error():
     assert sent_any > 50  # pending changes really go out
 
 
+def test_rms_truncation_bounds_the_rms_of_its_own_error():
+    """With ``truncation="rms"`` what a layer holds back has, per pixel, an RMS over the channels of
+    at most its threshold (one channel may be further off than the threshold, unlike "max")."""
+    t = 0.1
+    model = Identity1x1(relu=True).eval()
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(1, 3, 16, 24, generator=g)
+    dm = deltaconv.convert(model, thresholds={"act": t}, truncation="rms", example_input=x)
+    worst_rms, worst_max, sent_any = 0.0, 0.0, 0
+    with torch.no_grad():
+        for _ in range(100):
+            x = x + 0.03 * torch.randn(x.shape, generator=g)
+            err = dm(x) - torch.relu(x)
+            worst_rms = max(worst_rms, float(err.square().mean(dim=1).sqrt().max()))
+            worst_max = max(worst_max, float(err.abs().max()))
+            sent_any += dm.stats()[-2]["density"] > 0
+    assert worst_rms <= t + 1e-5
+    assert worst_max > t  # the max measure would not have allowed this
+    assert sent_any > 50
+
+
+def test_rms_truncation_at_threshold_0_is_exact():
+    frames = video_frames(5, (32, 48))
+    model = small_unet().eval()
+    dm = deltaconv.convert(model, truncation="rms", example_input=frames[0])
+    with torch.no_grad():
+        for f in frames:
+            assert rel_err(model(f), dm(f)) < 1e-5
+
+
+def test_truncation_option_save_load_and_errors(tmp_path):
+    from deltaconv.calibrate import Calibration
+    x = torch.randn(1, 3, 32, 48)
+    dm = deltaconv.convert(small_unet(), threshold=0.02, truncation="rms", example_input=x)
+    assert dm.truncation == "rms"
+    measures = {layer.layer_name: layer.measure for layer in dm.delta_layers() if layer.truncates}
+    assert measures.pop("input") == "max"  # the sparsifier keeps its own measure
+    assert set(measures.values()) == {"rms"}
+    assert {s["measure"] for s in dm.stats() if "measure" in s} == {"max", "rms"}
+    assert "measure='rms'" in repr(dm.get_submodule("enc1.2"))
+    path = tmp_path / "th.json"
+    dm.save_thresholds(path)
+    assert json.loads(path.read_text())["truncation"] == "rms"
+    other = deltaconv.convert(small_unet(), example_input=x)
+    assert other.truncation == "max"
+    other.load_thresholds(path)
+    assert other.truncation == "rms" and other.thresholds() == dm.thresholds()
+    # a Calibration carries its truncation through save/load and into convert
+    cal = Calibration(dm.thresholds(), truncation="rms")
+    cal.save(tmp_path / "cal.json")
+    loaded = Calibration.load(tmp_path / "cal.json")
+    assert loaded.truncation == "rms"
+    assert deltaconv.convert(small_unet(), thresholds=loaded, example_input=x).truncation == "rms"
+    with pytest.raises(ValueError, match="convert: truncation must be one of \\('max', 'rms'\\), got 'l2'"):
+        deltaconv.convert(small_unet(), truncation="l2", example_input=x)
+    with pytest.raises(ValueError, match="truncation must be one of .*, got 'mean'"):
+        dm.truncation = "mean"
+    with pytest.raises(ValueError, match="calibrate: truncation must be one of .*, got None"):
+        deltaconv.calibrate(small_unet(), [x, x], 0.1, truncation=None)
+
+
 class PoolChain(nn.Module):
     """identity conv -> max-pool -> adaptive max-pool (a fallback): each stage is 1-Lipschitz in
     the max norm, so with threshold t everywhere the output is at most 3t off (t pending at the

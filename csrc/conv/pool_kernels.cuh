@@ -3,8 +3,8 @@
 //   maxpool_acc_kernel     acc += delta on active input pixels (first of two launches: the pooling
 //                          pass reads neighbours' acc, so the update must be complete before it)
 //   maxpool_out_kernel     one warp per output pixel: region = window holds an active pixel;
-//                          y = max(acc) over the window; send y - sent when max_c |y - sent| > thr
-//                          (or key): pw::send_element (sent holds T values)
+//                          y = max(acc) over the window; send y - sent when its size (max or rms
+//                          over the channels, pw::PendingSize) > thr (or key): pw::send_element
 //   avgpool_kernel         one thread per output element; mask = window holds an active pixel
 //   adaptive_avgpool_kernel one block per output pixel x 32 channels (global pooling included)
 //   linear_kernel          one warp per output element of an active (or key) row
@@ -65,7 +65,8 @@ template <typename T>
 __global__ void __launch_bounds__(256)
     maxpool_out_kernel(const bool* __restrict__ mask, const float* __restrict__ acc, Strides4 as,
                        T* __restrict__ sent, Strides4 ss, const bool* __restrict__ key, T* __restrict__ y,
-                       bool* __restrict__ mask_out, PoolGeom g, float threshold, long long total_pix) {
+                       bool* __restrict__ mask_out, PoolGeom g, float threshold, float rms_limit,
+                       long long total_pix) {
   const int lane = threadIdx.x & 31;
   const long long warps = (long long)gridDim.x * (blockDim.x / 32);
   for (long long pix = blockIdx.x * (long long)(blockDim.x / 32) + threadIdx.x / 32; pix < total_pix;
@@ -86,12 +87,14 @@ __global__ void __launch_bounds__(256)
       continue;
     }
     const long long sbase = n * ss.n + oh * ss.h + ow * ss.w;
-    bool flag = false;
-    for (int c = lane; c < g.C; c += 32) {
-      const float ch = pw::pending_change<T>(maxpool_window(acc, as, g, n, c, hs, ws), to_f(sent[sbase + c * ss.c]));
-      if (fabsf(ch) > threshold) flag = true;
-    }
-    const bool send = __any_sync(0xffffffffu, flag) || key_of(key, (int)n);
+    pw::PendingSize size;
+    for (int c = lane; c < g.C; c += 32)
+      size.add(pw::pending_change<T>(maxpool_window(acc, as, g, n, c, hs, ws), to_f(sent[sbase + c * ss.c])),
+               threshold);
+    float sq = size.sq;
+    for (int o = 16; o > 0; o >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, o);
+    const bool over = rms_limit >= 0.f ? sq > rms_limit : __any_sync(0xffffffffu, size.over) != 0;
+    const bool send = over || key_of(key, (int)n);
     if (lane == 0) mask_out[pix] = send;
     if (!send) continue;
     T* yp = y + pix * g.C;

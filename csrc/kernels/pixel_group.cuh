@@ -94,6 +94,12 @@ __device__ __forceinline__ PixelGroup pixel_group(int log2_lanes) {
 // Whether `pred` holds on any lane of the group.
 __device__ __forceinline__ bool group_any(const PixelGroup& g, bool pred) { return __any_sync(g.mask, pred) != 0; }
 
+// Sum of `v` over the lanes of the group (every lane gets the result).
+__device__ __forceinline__ float group_sum(const PixelGroup& g, float v) {
+  for (int o = g.lanes >> 1; o > 0; o >>= 1) v += __shfl_xor_sync(g.mask, v, o);
+  return v;
+}
+
 // max that propagates NaN (like torch.amax)
 __device__ __forceinline__ float nan_max(float a, float b) { return (a != a || a > b) ? a : b; }
 

@@ -107,8 +107,9 @@ __global__ void __launch_bounds__(kThreads) densify_kernel(const DensifyParams<T
 }
 
 // ================================================================ activation
-// On active pixels: acc += delta; change = T(f(acc)) - sent; sent when any |change| > threshold or
-// the stream is a key stream; then out = send_element(f(acc), sent).
+// On active pixels: acc += delta; change = T(f(acc)) - sent; sent when the change's size exceeds
+// the threshold (PendingSize: max or rms over the channels) or the stream is a key stream; then
+// out = send_element(f(acc), sent).
 template <typename T>
 struct ActivationParams {
   const T* delta;          // [N, C, H, W]
@@ -120,6 +121,7 @@ struct ActivationParams {
   bool* mask_out;          // [N, 1, H, W]
   int kind;                // ActKind
   float param, threshold;
+  float rms_limit;         // threshold^2 * C for the rms measure, < 0 for max
   int64_t pixels, hw;
   int channels, log2_lanes;
 };
@@ -135,7 +137,7 @@ __global__ void __launch_bounds__(kThreads) activation_kernel(const ActivationPa
   const int C = p.channels;
   const int64_t row = g.pixel * C;
   const int step = g.lanes * VEC;
-  bool over = false;
+  PendingSize size;
   for (int c = g.lane * VEC; c < C; c += step) {
     float d[VEC], a[VEC], s[VEC];
     load_f<VEC>(p.delta + row + c, d);
@@ -144,11 +146,11 @@ __global__ void __launch_bounds__(kThreads) activation_kernel(const ActivationPa
 #pragma unroll
     for (int i = 0; i < VEC; ++i) {
       a[i] += d[i];
-      over |= fabsf(pending_change<T>(apply_activation(p.kind, p.param, a[i]), s[i])) > p.threshold;
+      size.add(pending_change<T>(apply_activation(p.kind, p.param, a[i]), s[i]), p.threshold);
     }
     store_f<VEC>(p.acc + row + c, a);
   }
-  const bool send = group_any(g, over) || flag(p.key, g.pixel / p.hw);
+  const bool send = group_exceeds(g, size, p.rms_limit) || flag(p.key, g.pixel / p.hw);
   if (g.lane == 0) p.mask_out[g.pixel] = send;
   if (!send) return;
   // second pass over this lane's own channels (acc as just written by this thread)
@@ -262,6 +264,7 @@ struct MulParams {
   T* out;                  // [N, C, H, W]
   bool* mask_out;          // [N, 1, H, W]
   float threshold;
+  float rms_limit;         // threshold^2 * C for the rms measure, < 0 for max
   int64_t pixels, hw;      // of the output
   int channels, log2_lanes;
   bool a_bcast, b_bcast;
@@ -310,16 +313,16 @@ __global__ void __launch_bounds__(kThreads) mul_kernel(const MulParams<T> p) {
   const int64_t row = g.pixel * C;
   const int64_t brow = n * C;
   const int step = g.lanes * VEC;
-  bool over = false;
+  PendingSize size;
   for (int c = g.lane * VEC; c < C; c += step) {
     float va[VEC], vb[VEC], s[VEC];
     mul_operand<T, VEC>(p.a, p.acc_a, p.a_bcast, ma, row, brow, c, va);
     mul_operand<T, VEC>(p.b, p.acc_b, p.b_bcast, mb, row, brow, c, vb);
     load_f<VEC>(p.sent + row + c, s);
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) over |= fabsf(pending_change<T>(__fmul_rn(va[i], vb[i]), s[i])) > p.threshold;
+    for (int i = 0; i < VEC; ++i) size.add(pending_change<T>(__fmul_rn(va[i], vb[i]), s[i]), p.threshold);
   }
-  const bool send = group_any(g, over) || flag(p.key, n);
+  const bool send = group_exceeds(g, size, p.rms_limit) || flag(p.key, n);
   if (g.lane == 0) p.mask_out[g.pixel] = send;
   if (!send) return;
   for (int c = g.lane * VEC; c < C; c += step) {

@@ -27,6 +27,23 @@ __device__ __forceinline__ float pending_change(float y, float sent) {
   return __fsub_rn(round_to<T>(y), sent);
 }
 
+// The size of a pixel's pending change, accumulated over its channels, for the two measures a
+// threshold can apply to (reference.MEASURES): "max", max_c |change| > threshold, and "rms",
+// sqrt(mean_c change^2) > threshold, tested as sum_c change^2 > rms_limit = threshold^2 * C.
+struct PendingSize {
+  bool over = false;  // some channel's |change| > threshold
+  float sq = 0.f;     // sum of change^2 over the channels seen
+  __device__ __forceinline__ void add(float change, float threshold) {
+    over |= fabsf(change) > threshold;
+    sq = fmaf(change, change, sq);
+  }
+};
+
+// Whether the pixel of group `g` is sent: rms_limit < 0 selects the max measure.
+__device__ __forceinline__ bool group_exceeds(const PixelGroup& g, const PendingSize& size, float rms_limit) {
+  return rms_limit >= 0.f ? group_sum(g, size.sq) > rms_limit : group_any(g, size.over);
+}
+
 // Sends one element: returns out = T(T(y) - sent) and updates `sent` (a float holding a T value)
 // to sent_after(T(y), change, out), which the caller stores back as T.
 template <typename T>

@@ -152,10 +152,17 @@ def _empty_like_delta(delta: Tensor) -> tuple[Tensor, Tensor]:
 
 
 # ----------------------------------------------------------------------------- truncation
+def _rms(measure: str) -> bool:
+    """The kernels' ``rms`` flag for a truncation ``measure`` (see ``reference.MEASURES``)."""
+    if measure not in _ref.MEASURES:
+        raise ValueError(f"measure must be one of {_ref.MEASURES}, got {measure!r}")
+    return measure == "rms"
+
+
 def truncate(y: Tensor, region: Tensor, sent: Tensor, threshold: float, key: Optional[Tensor],
-             out_dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+             out_dtype: torch.dtype, measure: str = "max") -> tuple[Tensor, Tensor]:
     """Send ``y - sent`` on pixels of ``region`` over ``threshold`` (reference; generic tail)."""
-    return _ref.truncate(y, region, sent, threshold, key, out_dtype)
+    return _ref.truncate(y, region, sent, threshold, key, out_dtype, measure)
 
 
 # ----------------------------------------------------------------------------- boundaries
@@ -195,23 +202,24 @@ def _densify_fake(delta, mask, acc, out_dtype):
 
 # ----------------------------------------------------------------------------- pointwise
 def activation(delta: Tensor, mask: Tensor, acc: Tensor, sent: Tensor, fn: Callable[[Tensor], Tensor],
-               threshold: float, key: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+               threshold: float, key: Optional[Tensor], measure: str = "max") -> tuple[Tensor, Tensor]:
     """Pointwise non-linearity ``fn``: ``fn(acc + d) - sent`` on active pixels, then truncation."""
     kind = getattr(fn, "kind", None)
+    rms = _rms(measure)
     if not (kind in NATIVE_KINDS and _pointwise_ok("activation", delta, mask, acc, sent)
             and _state_ok(acc, delta.shape) and _sent_ok(sent, delta, delta.shape)):
-        return _ref.activation(delta, mask, acc, sent, fn, threshold, key)
+        return _ref.activation(delta, mask, acc, sent, fn, threshold, key, measure)
     a4, a_copied = _state4(acc)
     s4, s_copied = _state4(sent)
     out, m = torch.ops.deltaconv.activation(_value4(delta), _mask4(mask), a4, s4, kind,
-                                            float(getattr(fn, "param", 0.0)), float(threshold), _key(key))
+                                            float(getattr(fn, "param", 0.0)), float(threshold), _key(key), rms)
     _write_back(acc, a4, a_copied)
     _write_back(sent, s4, s_copied)
     return _like(out, m, delta)
 
 
 @_fake("activation")
-def _activation_fake(delta, mask, acc, sent, kind, param, threshold, key):
+def _activation_fake(delta, mask, acc, sent, kind, param, threshold, key, rms=False):
     return _empty_like_delta(delta)
 
 
@@ -265,18 +273,19 @@ def _mul_shape(a: Tensor, b: Tensor) -> Optional[torch.Size]:
 
 
 def mul(delta_a: Tensor, mask_a: Tensor, acc_a: Tensor, delta_b: Tensor, mask_b: Tensor, acc_b: Tensor,
-        sent: Tensor, threshold: float, key: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+        sent: Tensor, threshold: float, key: Optional[Tensor], measure: str = "max") -> tuple[Tensor, Tensor]:
     """Product of two changing tensors (broadcasting, e.g. squeeze-excite): non-linear."""
+    rms = _rms(measure)
     shape = _mul_shape(delta_a, delta_b) if delta_a.dim() == delta_b.dim() else None
     if not (shape is not None and _pointwise_ok("mul", delta_a, mask_a, acc_a, delta_b, mask_b, acc_b, sent)
             and delta_a.dtype == delta_b.dtype and _state_ok(acc_a, delta_a.shape) and _state_ok(acc_b, delta_b.shape)
             and _sent_ok(sent, delta_a, shape)):
-        return _ref.mul(delta_a, mask_a, acc_a, delta_b, mask_b, acc_b, sent, threshold, key)
+        return _ref.mul(delta_a, mask_a, acc_a, delta_b, mask_b, acc_b, sent, threshold, key, measure)
     a4, a_copied = _state4(acc_a)
     b4, b_copied = _state4(acc_b)
     s4, s_copied = _state4(sent)
     out, m = torch.ops.deltaconv.mul(_value4(delta_a), _mask4(mask_a), a4, _value4(delta_b), _mask4(mask_b), b4, s4,
-                                     float(threshold), _key(key))
+                                     float(threshold), _key(key), rms)
     _write_back(acc_a, a4, a_copied)
     _write_back(acc_b, b4, b_copied)
     _write_back(sent, s4, s_copied)
@@ -284,7 +293,7 @@ def mul(delta_a: Tensor, mask_a: Tensor, acc_a: Tensor, delta_b: Tensor, mask_b:
 
 
 @_fake("mul")
-def _mul_fake(delta_a, mask_a, acc_a, delta_b, mask_b, acc_b, sent, threshold, key):
+def _mul_fake(delta_a, mask_a, acc_a, delta_b, mask_b, acc_b, sent, threshold, key, rms=False):
     shape = delta_b.shape if delta_a.shape[2:] == (1, 1) and delta_a.shape != delta_b.shape else delta_a.shape
     n, _, h, w = shape
     return _empty_value(delta_a, shape), _empty_mask(delta_a, n, h, w)
@@ -377,9 +386,9 @@ def linear_spatial(delta: Tensor, mask: Tensor, op: Callable[[Tensor], Tensor]) 
 
 
 def pool_nonlinear(delta: Tensor, mask: Tensor, acc: Tensor, sent: Tensor, op: Callable[[Tensor], Tensor],
-                   threshold: float, key: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+                   threshold: float, key: Optional[Tensor], measure: str = "max") -> tuple[Tensor, Tensor]:
     """A non-linear spatial op given as a callable (reference)."""
-    return _ref.pool_nonlinear(delta, mask, acc, sent, op, threshold, key)
+    return _ref.pool_nonlinear(delta, mask, acc, sent, op, threshold, key, measure)
 
 
 def _pool_out(size, k, p, s, d, ceil_mode):
@@ -464,19 +473,22 @@ def _interpolate_fake(delta, mask, out_size, scale_h, scale_w, mode, align_corne
 
 
 def max_pool2d(delta: Tensor, mask: Tensor, acc: Tensor, sent: Tensor, kernel_size, stride, padding, dilation,
-               ceil_mode: bool, threshold: float, key: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+               ceil_mode: bool, threshold: float, key: Optional[Tensor],
+               measure: str = "max") -> tuple[Tensor, Tensor]:
     """Max pooling (``F.max_pool2d`` arguments): non-linear, over the footprint of active pixels."""
+    rms = _rms(measure)
     if not (_native("max_pool2d", delta, mask, acc, sent) and delta.dim() == 4 and delta.dtype in _ACT_DTYPES
             and acc.dtype == torch.float32 and sent.dtype == delta.dtype):
         return _ref.max_pool2d(delta, mask, acc, sent, kernel_size, stride, padding, dilation, ceil_mode, threshold,
-                               key)
+                               key, measure)
     return torch.ops.deltaconv.max_pool2d(_value4(delta), _mask4(mask), acc, sent, _pair(kernel_size),
                                           _pool_stride(stride, kernel_size), _pair(padding), _pair(dilation),
-                                          bool(ceil_mode), float(threshold), _key(key))
+                                          bool(ceil_mode), float(threshold), _key(key), rms)
 
 
 @_fake("max_pool2d")
-def _max_pool2d_fake(delta, mask, acc, sent, kernel_size, stride, padding, dilation, ceil_mode, threshold, key):
+def _max_pool2d_fake(delta, mask, acc, sent, kernel_size, stride, padding, dilation, ceil_mode, threshold, key,
+                     rms=False):
     n, c, h, w = delta.shape
     (kh, kw), (sh, sw) = _pair(kernel_size), _pool_stride(stride, kernel_size)
     (ph, pw), (dh, dw) = _pair(padding), _pair(dilation)

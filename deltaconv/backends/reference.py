@@ -14,8 +14,11 @@ Conventions for every function here
 * ``key``: ``None``, or a ``[N]`` bool tensor marking the streams whose state was just reset:
   for those the layer sends every pixel (key frames are exact and dense) and affine layers add
   their constant term (bias, BN shift) once.
-* ``threshold``: a pixel is sent when ``max_c |change| > threshold``; what is not sent stays in
-  the state and goes out once the accumulated change crosses the threshold.
+* ``threshold``: a pixel is sent when its change measure exceeds ``threshold``; what is not sent
+  stays in the state and goes out once the accumulated change crosses the threshold. The measure
+  (``measure`` of the non-linear layers, :data:`MEASURES`) is ``"max"``, ``max_c |change|``, or
+  ``"rms"``, ``sqrt(mean_c change^2)``; the input sparsifier always uses ``"max"`` (or a change
+  detector's measure).
 * Returns ``(delta_out, mask_out)`` with ``delta_out`` zero at inactive pixels, in the input's
   dtype.
 """
@@ -76,9 +79,28 @@ def _target(y: Tensor, sent: Tensor) -> Tensor:
     return y.to(sent.dtype).to(_work_dtype(sent))
 
 
+#: per-pixel measures of a change that non-linear layers compare with their threshold
+MEASURES = ("max", "rms")
+
+
+def exceeds(change: Tensor, threshold: float, measure: str = "max") -> Tensor:
+    """Per-pixel mask (``[N, 1, ...]``) of where the measure of ``change`` ``[N, C, ...]`` exceeds
+    ``threshold``: ``"max"``, ``max_c |change| > threshold``, or ``"rms"``,
+    ``sqrt(mean_c change^2) > threshold`` (the L2 size of the change, which is what reaches the
+    output through linear layers; many channels each changing a little count as much as one
+    changing a lot)."""
+    if measure == "max":
+        return reduce_mask(change.abs() > threshold)
+    if measure != "rms":
+        raise ValueError(f"measure must be one of {MEASURES}, got {measure!r}")
+    sq = change.square()
+    mean_sq = sq.mean(dim=1, keepdim=True) if sq.dim() >= 2 else sq.mean().reshape([1] * sq.dim())
+    return mean_sq.sqrt() > threshold
+
+
 def truncate(y: Tensor, region: Tensor, sent: Tensor, threshold: float, key: Optional[Tensor],
-             out_dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """Send ``y - sent`` on pixels of ``region`` whose change exceeds ``threshold``.
+             out_dtype: torch.dtype, measure: str = "max") -> tuple[Tensor, Tensor]:
+    """Send ``y - sent`` on pixels of ``region`` whose change exceeds ``threshold`` (by ``measure``).
 
     The common tail of every non-linear layer: ``y`` is the layer's new output computed from its
     accumulated inputs, ``sent`` what downstream has received so far (updated in place). ``y`` is
@@ -87,7 +109,7 @@ def truncate(y: Tensor, region: Tensor, sent: Tensor, threshold: float, key: Opt
     """
     target = _target(y, sent)
     change = torch.where(region, target - sent.to(target.dtype), torch.zeros((), dtype=target.dtype, device=y.device))
-    out_mask = region & (reduce_mask(change.abs() > threshold))
+    out_mask = region & exceeds(change, threshold, measure)
     k = _key_view(key, out_mask.dim())
     if k is not None:
         out_mask = out_mask | (k & region)
@@ -121,10 +143,10 @@ def densify(delta: Tensor, mask: Tensor, acc: Tensor, out_dtype: torch.dtype) ->
 
 # ----------------------------------------------------------------------------- pointwise
 def activation(delta: Tensor, mask: Tensor, acc: Tensor, sent: Tensor, fn: Callable[[Tensor], Tensor],
-               threshold: float, key: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+               threshold: float, key: Optional[Tensor], measure: str = "max") -> tuple[Tensor, Tensor]:
     """Pointwise non-linearity ``fn``: ``fn(acc + d) - sent`` on active pixels, then truncation."""
     acc += _zero_inactive(delta, mask).to(acc.dtype)
-    return truncate(fn(acc), mask, sent, threshold, key, delta.dtype)
+    return truncate(fn(acc), mask, sent, threshold, key, delta.dtype, measure)
 
 
 def affine_channel(delta: Tensor, mask: Tensor, scale: Optional[Tensor], shift: Optional[Tensor],
@@ -151,14 +173,14 @@ def add(delta_a: Tensor, mask_a: Tensor, delta_b: Tensor, mask_b: Tensor,
 
 
 def mul(delta_a: Tensor, mask_a: Tensor, acc_a: Tensor, delta_b: Tensor, mask_b: Tensor, acc_b: Tensor,
-        sent: Tensor, threshold: float, key: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+        sent: Tensor, threshold: float, key: Optional[Tensor], measure: str = "max") -> tuple[Tensor, Tensor]:
     """Product of two changing tensors (broadcasting, e.g. squeeze-excite): non-linear."""
     acc_a += _zero_inactive(delta_a, mask_a).to(acc_a.dtype)
     acc_b += _zero_inactive(delta_b, mask_b).to(acc_b.dtype)
     region = mask_a | mask_b
     y = acc_a * acc_b
     region = region.expand(list(y.shape[:1]) + [1] + list(y.shape[2:]))
-    return truncate(y, region, sent, threshold, key, delta_a.dtype)
+    return truncate(y, region, sent, threshold, key, delta_a.dtype, measure)
 
 
 def concatenate(deltas: Sequence[Tensor], masks: Sequence[Tensor], dim: int) -> tuple[Tensor, Tensor]:
@@ -250,12 +272,12 @@ def linear_spatial(delta: Tensor, mask: Tensor, op: Callable[[Tensor], Tensor]) 
 
 
 def pool_nonlinear(delta: Tensor, mask: Tensor, acc: Tensor, sent: Tensor, op: Callable[[Tensor], Tensor],
-                   threshold: float, key: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+                   threshold: float, key: Optional[Tensor], measure: str = "max") -> tuple[Tensor, Tensor]:
     """A non-linear spatial op (max pooling): ``op`` on the accumulated input over the footprint of
     the active pixels, then truncation."""
     acc += _zero_inactive(delta, mask).to(acc.dtype)
     region = _footprint(mask, op)
-    return truncate(op(acc), region, sent, threshold, key, delta.dtype)
+    return truncate(op(acc), region, sent, threshold, key, delta.dtype, measure)
 
 
 def avg_pool2d(delta: Tensor, mask: Tensor, kernel_size, stride, padding, ceil_mode: bool,
@@ -282,11 +304,12 @@ def interpolate(delta: Tensor, mask: Tensor, size, scale_factor, mode: str,
 
 
 def max_pool2d(delta: Tensor, mask: Tensor, acc: Tensor, sent: Tensor, kernel_size, stride, padding, dilation,
-               ceil_mode: bool, threshold: float, key: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+               ceil_mode: bool, threshold: float, key: Optional[Tensor],
+               measure: str = "max") -> tuple[Tensor, Tensor]:
     """Max pooling (``F.max_pool2d`` arguments): non-linear, over the footprint of active pixels."""
     def op(t):
         return F.max_pool2d(t, kernel_size, stride, padding, dilation, ceil_mode)
-    return pool_nonlinear(delta, mask, acc, sent, op, threshold, key)
+    return pool_nonlinear(delta, mask, acc, sent, op, threshold, key, measure)
 
 
 # ----------------------------------------------------------------------------- statistics

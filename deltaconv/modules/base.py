@@ -70,6 +70,9 @@ class DCModule(nn.Module):
     kind: str = "layer"
     #: whether the layer truncates its output with a threshold (sparsifier and non-linear layers)
     truncates: bool = False
+    #: which per-pixel measure of a change the threshold applies to (non-linear layers:
+    #: ``"max"`` or ``"rms"``, see ``reference.MEASURES``; the input sparsifier always uses max)
+    measure: str = "max"
 
     def __init__(self) -> None:
         super().__init__()
@@ -173,6 +176,7 @@ class DCModule(nn.Module):
         }
         if self.truncates:
             d["threshold"] = self.threshold
+            d["measure"] = self.measure
         return d
 
     # ------------------------------------------------------------------ helpers
@@ -185,4 +189,5 @@ class DCModule(nn.Module):
         return self.context.key
 
     def extra_repr(self) -> str:
-        return f"name={self.layer_name!r}" + (f", threshold={self.threshold:g}" if self.truncates else "")
+        measure = f", measure={self.measure!r}" if self.measure != "max" else ""
+        return f"name={self.layer_name!r}" + (f", threshold={self.threshold:g}{measure}" if self.truncates else "")

@@ -37,7 +37,7 @@ class DCActivation(DCModule):
     def forward(self, x: Delta) -> Delta:
         acc = self.state("acc", x.shape, x.device, x.dtype)
         sent = self.state("sent", x.shape, x.device, x.dtype, sent=True)
-        v, m = self.ops.activation(x.value, x.mask, acc, sent, self.fn, self.threshold, self.key)
+        v, m = self.ops.activation(x.value, x.mask, acc, sent, self.fn, self.threshold, self.key, self.measure)
         return self.observe(Delta(v, m))
 
     def flops_per_output_pixel(self, out: Delta) -> float:
@@ -59,7 +59,8 @@ class DCMul(DCModule):
         acc_b = self.state("acc_b", b.shape, b.device, b.dtype)
         out_shape = torch.broadcast_shapes(a.shape, b.shape)
         sent = self.state("sent", out_shape, a.device, a.dtype, sent=True)
-        v, m = self.ops.mul(a.value, a.mask, acc_a, b.value, b.mask, acc_b, sent, self.threshold, self.key)
+        v, m = self.ops.mul(a.value, a.mask, acc_a, b.value, b.mask, acc_b, sent, self.threshold, self.key,
+                            self.measure)
         return self.observe(Delta(v, m))
 
     def flops_per_output_pixel(self, out: Delta) -> float:
@@ -93,7 +94,7 @@ class DCMaxPool2d(DCModule):
                                                 self.ceil_mode).shape[2:]
         sent = self.state("sent", (n, c) + tuple(out_hw), x.device, x.dtype, sent=True)
         v, m = self.ops.max_pool2d(x.value, x.mask, acc, sent, self.kernel_size, self.stride, self.padding,
-                                   self.dilation, self.ceil_mode, self.threshold, self.key)
+                                   self.dilation, self.ceil_mode, self.threshold, self.key, self.measure)
         return self.observe(Delta(v, m))
 
     def flops_per_output_pixel(self, out: Delta) -> float:
@@ -139,7 +140,7 @@ class DCFallback(DCModule):
             if key is not None and (t.dim() < 1 or t.shape[0] != key.shape[0]):
                 key = torch.ones(t.shape[0] if t.dim() else 1, dtype=torch.bool, device=t.device)
             dtype = t.dtype if t.is_floating_point() else out_dtype
-            v, m = self.ops.truncate(t, region, sent, self.threshold, key, dtype)
+            v, m = self.ops.truncate(t, region, sent, self.threshold, key, dtype, self.measure)
             return Delta(v, m)
 
         out = _map_tensors(y, resparsify)
