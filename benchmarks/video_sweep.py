@@ -75,13 +75,14 @@ def rel_err(a, b) -> float:
     return ((a - b).norm() / b.norm().clamp_min(1e-12)).item()
 
 
-def sweep(models, resolutions, dtypes, thresholds, n_frames: int, warmup: int, video: Path, detector=None):
+def sweep(models, resolutions, dtypes, thresholds, n_frames: int, warmup: int, video: Path, detector=None,
+          start: int = 0):
     torch.backends.cudnn.benchmark = True
     info = run_info()
     rows, density_profile = [], None
     for name in models:
         for (h, w) in resolutions:
-            frames_cpu = list(read_frames(video, max_frames=n_frames, size=(h, w)))
+            frames_cpu = list(read_frames(video, max_frames=n_frames, size=(h, w), start=start))
             for dtype in dtypes:
                 model = build(name, frames_cpu[:4]).cuda().to(dtype).to(memory_format=torch.channels_last)
                 frames = [f.cuda().to(dtype) for f in frames_cpu]
@@ -98,7 +99,12 @@ def sweep(models, resolutions, dtypes, thresholds, n_frames: int, warmup: int, v
                 act = dense_activation_bytes(model, frames[0])
                 for t in thresholds:
                     for use_graph in (False, True):
-                        dm = deltaconv.convert(model, threshold=t, backend="cuda", example_input=frames[0],
+                        # a number: one threshold everywhere; a path: per-layer thresholds (calibrate's JSON,
+                        # with its change detector and truncation measure)
+                        per_layer = isinstance(t, Path)
+                        dm = deltaconv.convert(model, threshold=0.0 if per_layer else t,
+                                               thresholds=str(t) if per_layer else None,
+                                               backend="cuda", example_input=frames[0],
                                                cuda_graph=use_graph, check_finite=False,
                                                change_detector=from_spec(detector))
                         ms, outs = time_frames(dm, frames, warmup)
@@ -111,7 +117,7 @@ def sweep(models, resolutions, dtypes, thresholds, n_frames: int, warmup: int, v
                             rows.append({
                                 "model": name, "resolution": f"{h}x{w}", "dtype": str(dtype).replace("torch.", ""),
                                 "baseline": baseline, "deltaconv_mode": "cudagraph" if use_graph else "eager",
-                                "threshold": t, "dense_ms": round(dense_ms, 3), "deltaconv_ms": round(ms, 3),
+                                "threshold": t.name if per_layer else t, "dense_ms": round(dense_ms, 3), "deltaconv_ms": round(ms, 3),
                                 "speedup": round(dense_ms / ms, 3), "rel_err": f"{statistics.mean(errs):.3e}",
                                 "max_rel_err": f"{max(errs):.3e}", "dense_rel_err_vs_fp32": f"{dense_err:.3e}",
                                 "mean_density": round(mean_density, 4),
@@ -121,11 +127,11 @@ def sweep(models, resolutions, dtypes, thresholds, n_frames: int, warmup: int, v
                                 "dense_activation_mb": round(act["peak"] / 2**20, 1),
                                 "dense_activation_sum_mb": round(act["sum"] / 2**20, 1),
                                 "detector": json.dumps(detector) if detector else "pixel",
-                                "video": video.name, "frames": len(frames), "device": info["device"],
+                                "video": video.name, "start": start, "frames": len(frames), "device": info["device"],
                                 "date": info["date"]})
                             print(" ".join(f"{k}={v}" for k, v in rows[-1].items() if k not in ("device", "date")),
                                   flush=True)
-                        if density_profile is None and name == "mobilenet_v2" and t > 0:
+                        if density_profile is None and name == "mobilenet_v2" and (per_layer or t > 0):
                             density_profile = (f"{name} {h}x{w} {dtype} t={t}",
                                                [(s["name"], s["mean_density"]) for s in stats])
                         del dm
@@ -151,15 +157,28 @@ def plot_density(profile, path: Path, info: dict) -> None:
     fig.savefig(path, dpi=110)
 
 
+def _threshold_arg(text: str):
+    """A number, or the path of an existing thresholds JSON file."""
+    try:
+        return float(text)
+    except ValueError:
+        path = Path(text)
+        if not path.is_file():
+            raise argparse.ArgumentTypeError(f"expected a number or a thresholds JSON file, got {text!r}") from None
+        return path
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="+", default=MODELS)
     p.add_argument("--dtypes", nargs="+", default=["float16"], choices=["float16", "bfloat16", "float32"])
-    p.add_argument("--thresholds", nargs="+", type=float, default=THRESHOLDS)
+    p.add_argument("--thresholds", nargs="+", type=_threshold_arg, default=THRESHOLDS,
+                   help="uniform thresholds, or paths of per-layer thresholds JSON (deltaconv calibrate's)")
     p.add_argument("--frames", type=int, default=60)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--quick", action="store_true", help="native resolution only, 20 frames")
     p.add_argument("--video", type=Path, default=None)
+    p.add_argument("--start", type=int, default=0, help="first frame of the video to use (default 0)")
     p.add_argument("--resolutions", nargs="+", default=None, metavar="HxW",
                    help="default: 576x768 and 1080x1920 (576x768 only with --quick)")
     p.add_argument("--detector", type=json.loads, default=None, metavar="JSON",
@@ -172,7 +191,7 @@ def main(argv=None) -> None:
         resolutions = [tuple(int(v) for v in r.lower().split("x")) for r in args.resolutions]
     n = 20 if args.quick else args.frames
     rows, profile = sweep(args.models, resolutions, [getattr(torch, d) for d in args.dtypes], args.thresholds, n,
-                          min(args.warmup, n // 2), video, args.detector)
+                          min(args.warmup, n // 2), video, args.detector, args.start)
     write_csv(args.out / "video.csv", rows)
     if profile is not None:
         plot_density(profile, args.out / "video_density.png", run_info())

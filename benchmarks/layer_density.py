@@ -1,0 +1,85 @@
+"""Where the FLOPs of a converted MobileNetV2 (real ImageNet weights) go on a sample video: its
+FLOPs-weighted density and logit error for one input threshold and one threshold for every
+non-linear layer, and the density of the layers that hold the most dense FLOPs.
+
+The input sparsifier gets ``--input-threshold``; every other truncating layer gets
+``--threshold`` with ``--truncation`` (``max`` or ``rms``). ``--threshold 0`` shows the floor that
+the input alone sets: every pixel whose receptive field holds a changed input pixel is computed.
+Reference backend (float32); runs on the CPU (minutes at 540x960 for 30 frames on 2 cores) or on a
+GPU with ``--device cuda``::
+
+    PYTHONPATH=. python benchmarks/layer_density.py --video vtest.avi --size 540 960 --start 200 \\
+        --frames 30 --input-threshold 0.01 --threshold 0
+
+Prints one summary line and a table of the ``--top`` layers by dense FLOPs (share of the dense
+FLOPs, mean density over the delta frames, share of the FLOPs still done).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import deltaconv  # noqa: E402
+from deltaconv.fidelity import compare, video_frames  # noqa: E402
+
+
+def load_model(device: str) -> torch.nn.Module:
+    """torchvision MobileNetV2 with its ImageNet weights (see ``deltaconv.weights``)."""
+    from deltaconv.weights import mobilenet_v2_imagenet
+    return mobilenet_v2_imagenet().to(device)
+
+
+def layer_table(layers: list[dict], top: int) -> list[dict]:
+    """The ``top`` layers by dense FLOPs, with their share of the dense FLOPs and of those done."""
+    def finite(v: float) -> float:
+        return v if v == v else 0.0  # layers that never ran have NaN statistics
+
+    total = sum(finite(s["flops_dense"]) for s in layers) or 1.0
+    done = sum(finite(s["mean_flops_done"]) for s in layers) or 1.0
+    rows = sorted(layers, key=lambda s: -s["flops_dense"])[:top]
+    return [{"name": s["name"], "kind": s["kind"], "share_dense": s["flops_dense"] / total,
+             "density": s["mean_density"], "share_done": finite(s["mean_flops_done"]) / done} for s in rows]
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--video", default="vtest.avi", help="sample video name or path (default vtest.avi)")
+    p.add_argument("--size", type=int, nargs=2, default=(540, 960), metavar=("H", "W"))
+    p.add_argument("--start", type=int, default=200, help="first frame (the key frame; default 200)")
+    p.add_argument("--frames", type=int, default=30, help="frames, the key frame included (default 30)")
+    p.add_argument("--input-threshold", type=float, default=0.01)
+    p.add_argument("--threshold", type=float, default=0.0, help="every non-linear layer (default 0)")
+    p.add_argument("--truncation", default="max", choices=("max", "rms"))
+    p.add_argument("--top", type=int, default=10, help="layers to list (default 10)")
+    p.add_argument("--device", default="cpu")
+    args = p.parse_args(argv)
+    if args.frames < 2:
+        p.error(f"--frames must be at least 2 (a key frame and a delta frame), got {args.frames}")
+    if args.device == "cpu":
+        torch.set_num_threads(2)
+    model = load_model(args.device)
+    frames = [f.to(args.device) for f in video_frames(args.video, tuple(args.size), args.frames, args.start)]
+    dm = deltaconv.convert(model, threshold=args.threshold, truncation=args.truncation, backend="reference",
+                           example_input=frames[0])
+    sparsifier = dm.delta_layers()[0].layer_name
+    dm.load_thresholds({sparsifier: args.input_threshold})
+    t0 = time.time()
+    rep = compare(model, dm, frames, progress=True)
+    print(f"{Path(args.video).name} {args.size[0]}x{args.size[1]} frames {args.start}-{args.start + len(frames) - 1} "
+          f"input t={args.input_threshold:g} layers t={args.threshold:g} ({args.truncation}): "
+          f"FLOPs density {rep.density:.3f}, logit rel. error mean {rep.mean('rel_err'):.4f} "
+          f"p95 {rep.quantile('rel_err', 0.95):.4f} ({time.time() - t0:.0f} s)")
+    print(f"{'layer':28s} {'kind':12s} {'dense FLOPs':>11s} {'density':>8s} {'FLOPs done':>10s}")
+    for r in layer_table(rep.layers, args.top):
+        print(f"{r['name'][:28]:28s} {r['kind'][:12]:12s} {r['share_dense']:11.1%} {r['density']:8.3f} "
+              f"{r['share_done']:10.1%}")
+
+
+if __name__ == "__main__":
+    main()
