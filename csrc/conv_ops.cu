@@ -245,7 +245,6 @@ void run_tc_3x3(conv::tc::TcArgs a, int64_t tiles, cudaStream_t stream) {
   static_assert(CC::BN == CF::BN, "coarse and fine launches must split Cout alike");
   auto kc = conv::tc::conv3x3_tc_kernel<T, S, TPB, NWc, NTc, false>;
   auto kf = conv::tc::conv3x3_tc_kernel<T, S, 1, NWf, NTf, true>;
-  a.prefetch = 2;
   a.cap = (int)tiles;
   const int smem_c = CC::smem(a.prefetch), smem_f = CF::smem(a.prefetch);
   const int occ_c = prepare_kernel(kc, CC::THREADS, smem_c);
@@ -287,15 +286,18 @@ Tensor relayout_weight(const Tensor& weight, at::ScalarType dtype) {
   return w2;
 }
 
-// The weight in the tensor-core layout [Cout][KH][KW][Cin] (for 1x1 [Cout, Cin, 1, 1] is that
-// layout already) and the bias, both in the activation dtype.
-struct TcWeights {
+// A layer's weight and bias in the activation dtype, contiguous.
+struct ConvWeights {
   Tensor w;
   c10::optional<Tensor> b;
 };
-TcWeights tc_weights(const Tensor& weight, const c10::optional<Tensor>& bias, at::ScalarType dtype) {
-  TcWeights t;
-  t.w = weight.size(2) * weight.size(3) == 1 ? weight.to(dtype).contiguous() : relayout_weight(weight, dtype);
+// tc_layout: a 4-D weight in the tensor-core layout [Cout][KH][KW][Cin] (a 1x1 weight
+// [Cout, Cin, 1, 1] is that layout already); otherwise the weight's own layout.
+ConvWeights conv_weights(const Tensor& weight, const c10::optional<Tensor>& bias, at::ScalarType dtype,
+                         bool tc_layout = false) {
+  ConvWeights t;
+  t.w = tc_layout && weight.size(2) * weight.size(3) != 1 ? relayout_weight(weight, dtype)
+                                                          : weight.to(dtype).contiguous();
   if (bias.has_value()) t.b = bias->to(dtype).contiguous();
   return t;
 }
@@ -316,7 +318,7 @@ float pixel_rows_ratio() {
 }
 
 // alt_count / pixel_ratio: the pixel-row launch that may run instead (see use_pixel_rows).
-void launch_tc_3x3(const Tensor& x, const Tensor& m, const TcWeights& tw, const c10::optional<Tensor>& key,
+void launch_tc_3x3(const Tensor& x, const Tensor& m, const ConvWeights& tw, const c10::optional<Tensor>& key,
                    const Tensor& y, const Tensor& list, const ConvGeom& g, int64_t tiles, cudaStream_t stream,
                    const int* alt_count, float pixel_ratio) {
   const conv::tc::TcArgs a = tc_args(x, m, tw.w, tw.b, key, y, list, g, alt_count, pixel_ratio);
@@ -346,7 +348,7 @@ void run_tc_gather(conv::tc::TcArgs a, int64_t items, cudaStream_t stream) {
 }
 
 template <int ROWS>
-void launch_tc_gather(const Tensor& x, const Tensor& m, const TcWeights& tw, const c10::optional<Tensor>& key,
+void launch_tc_gather(const Tensor& x, const Tensor& m, const ConvWeights& tw, const c10::optional<Tensor>& key,
                       const Tensor& y, const Tensor& list, const ConvGeom& g, int64_t items, cudaStream_t stream,
                       const int* alt_count = nullptr, float pixel_ratio = 0.f) {
   const conv::tc::TcArgs a = tc_args(x, m, tw.w, tw.b, key, y, list, g, alt_count, pixel_ratio);
@@ -360,8 +362,8 @@ void launch_tc_gather(const Tensor& x, const Tensor& m, const TcWeights& tw, con
 }
 
 // Depthwise 3x3 / 5x5, stride 1 / 2, dilation 1 / 2 (equal along both axes), channels in whole
-// 16-byte vectors: the
-// vectorised kernel. Returns false (nothing launched) for any other case.
+// 16-byte vectors: the vectorised kernel. launch_dwconv_vec returns false (nothing launched) for
+// any other case.
 template <typename T, int KS, int S, int D>
 void run_dwconv_vec(const Tensor& x, const Tensor& m, const Tensor& w, const c10::optional<Tensor>& b,
                     const c10::optional<Tensor>& key, const Tensor& y, const Tensor& list, const ConvGeom& g,
@@ -466,7 +468,7 @@ std::tuple<Tensor, Tensor> conv2d_cuda(const Tensor& delta, const Tensor& mask, 
   if (use_tc && KH == 3) {
     // the 3x3 tile kernel, or (decided on the device) gathered taps over the active pixels when
     // partly active tiles would waste more than the gathers cost
-    const TcWeights tw = tc_weights(weight, bias, x.scalar_type());
+    const ConvWeights tw = conv_weights(weight, bias, x.scalar_type(), true);
     const float ratio = pixel_rows_ratio();
     const int64_t pixels = N * Ho * Wo;
     Tensor list = work_list(delta, tiles, stream);
@@ -482,7 +484,7 @@ std::tuple<Tensor, Tensor> conv2d_cuda(const Tensor& delta, const Tensor& mask, 
   if (tc_ok && !use_tc && KH * KW <= conv::tc::kMaxTaps) {
     Tensor list = work_list(delta, tiles, stream);
     launch_tile_mask<false>(m, key, mask_out, list, g, tiles, stream);
-    launch_tc_gather<conv::tc::kRowsTiles>(x, m, tc_weights(weight, bias, x.scalar_type()), key, y, list, g, tiles,
+    launch_tc_gather<conv::tc::kRowsTiles>(x, m, conv_weights(weight, bias, x.scalar_type(), true), key, y, list, g, tiles,
                                            stream);
     return {y, mask_out};
   }
@@ -495,13 +497,13 @@ std::tuple<Tensor, Tensor> conv2d_cuda(const Tensor& delta, const Tensor& mask, 
         m.data_ptr<bool>(), kp, mask_out.data_ptr<bool>(), list.data_ptr<int>(), g, (int)total);
     DC_LAUNCH_CHECK();
     if (use_tc) {
-      launch_tc_gather<conv::tc::kRows1x1>(x, m, tc_weights(weight, bias, x.scalar_type()), key, y, list, g, total,
+      launch_tc_gather<conv::tc::kRows1x1>(x, m, conv_weights(weight, bias, x.scalar_type(), true), key, y, list, g, total,
                                            stream);
       return {y, mask_out};
     }
-    const Tensor w = weight.to(delta.scalar_type()).contiguous();
-    c10::optional<Tensor> b;
-    if (bias.has_value()) b = bias->to(delta.scalar_type()).contiguous();
+    const ConvWeights cw = conv_weights(weight, bias, delta.scalar_type());
+    const Tensor& w = cw.w;
+    const c10::optional<Tensor>& b = cw.b;
     const dim3 grid(list_grid((total + conv::TILE_PIX - 1) / conv::TILE_PIX), (unsigned)cob);
     DC_DISPATCH_ACTIVATION_TYPES(x.scalar_type(), "deltaconv::conv2d", [&] {
       conv::conv1x1_kernel<scalar_t><<<grid, conv::CONV_THREADS, 0, stream>>>(
@@ -514,9 +516,9 @@ std::tuple<Tensor, Tensor> conv2d_cuda(const Tensor& delta, const Tensor& mask, 
     return {y, mask_out};
   }
 
-  const Tensor w = weight.to(delta.scalar_type()).contiguous();
-  c10::optional<Tensor> b;
-  if (bias.has_value()) b = bias->to(delta.scalar_type()).contiguous();
+  const ConvWeights cw = conv_weights(weight, bias, delta.scalar_type());
+  const Tensor& w = cw.w;
+  const c10::optional<Tensor>& b = cw.b;
   Tensor list = work_list(delta, tiles, stream);
   launch_tile_mask<false>(m, key, mask_out, list, g, tiles, stream);
 
@@ -610,9 +612,9 @@ std::tuple<Tensor, Tensor> conv_transpose2d_cuda(const Tensor& delta, const Tens
   cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const Tensor x = delta.contiguous(at::MemoryFormat::ChannelsLast);
   const Tensor m = mask.contiguous();
-  const Tensor w = weight.to(delta.scalar_type()).contiguous();
-  c10::optional<Tensor> b;
-  if (bias.has_value()) b = bias->to(delta.scalar_type()).contiguous();
+  const ConvWeights cw = conv_weights(weight, bias, delta.scalar_type());
+  const Tensor& w = cw.w;
+  const c10::optional<Tensor>& b = cw.b;
 
   const ConvGeom g = conv_geom(N, Cin, H, W, Cout, Ho, Wo, KH, KW, sh, sw, ph, pw, dh, dw, groups);
   const int64_t tiles = N * g.tiles_h * g.tiles_w;
@@ -797,9 +799,9 @@ std::tuple<Tensor, Tensor> linear_cuda(const Tensor& delta, const Tensor& mask, 
   }
   const Tensor x = delta.contiguous();
   const Tensor m = mask.contiguous();
-  const Tensor w = weight.to(delta.scalar_type()).contiguous();
-  c10::optional<Tensor> b;
-  if (bias.has_value()) b = bias->to(delta.scalar_type()).contiguous();
+  const ConvWeights cw = conv_weights(weight, bias, delta.scalar_type());
+  const Tensor& w = cw.w;
+  const c10::optional<Tensor>& b = cw.b;
   const int64_t blocks = (N * M + 7) / 8;
   DC_DISPATCH_ACTIVATION_TYPES(x.scalar_type(), "deltaconv::linear", [&] {
     conv::linear_kernel<scalar_t><<<(unsigned)blocks, 256, 0, stream>>>(

@@ -57,7 +57,7 @@ import torch
 import torch.nn as nn
 
 from .fidelity import METRICS, flops_totals, primary_output
-from .backends.reference import MEASURES
+from .backends.reference import check_measure
 from .sparsify import ChangeDetector, default_detector, from_spec
 
 Tensor = torch.Tensor
@@ -297,8 +297,7 @@ def calibrate(model: nn.Module, frames, tolerance: float = 2e-2, metric: Union[s
     """
     if not isinstance(tolerance, (int, float)) or tolerance < 0:
         raise ValueError(f"calibrate: tolerance must be a number >= 0, got {tolerance!r}")
-    if truncation not in MEASURES:
-        raise ValueError(f"calibrate: truncation must be one of {MEASURES}, got {truncation!r}")
+    check_measure(truncation, "calibrate: truncation")
     if not 0 < first_share <= 1:
         raise ValueError(f"calibrate: first_share must be in (0, 1], got {first_share!r}")
     bad = [b for b in bases if b not in ("uniform", "rms")]

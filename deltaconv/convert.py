@@ -14,7 +14,7 @@ import torch.nn as nn
 from torch.fx.passes.shape_prop import ShapeProp
 
 from . import backends
-from .backends.reference import MEASURES
+from .backends.reference import check_measure
 from .modules import DCConv2d, DCDensify, DCFallback, DCModule, DCSparsify
 from .modules.linear import DCBatchNorm2d, DCConvTranspose2d, DCLinear
 from .report import ConversionReport, NodeReport
@@ -355,8 +355,7 @@ def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
     backends.check_name(backend)
     if not isinstance(threshold, (int, float)) or threshold < 0:
         raise ValueError(f"convert: threshold must be a number >= 0, got {threshold!r}")
-    if truncation not in MEASURES:
-        raise ValueError(f"convert: truncation must be one of {MEASURES}, got {truncation!r}")
+    check_measure(truncation, "convert: truncation")
     dense = copy.deepcopy(model).eval()
     if not isinstance(leaf_modules, (tuple, list)) or not all(isinstance(t, type) for t in leaf_modules):
         raise TypeError(f"convert: leaf_modules must be a tuple of module classes, got {leaf_modules!r}")

@@ -477,8 +477,9 @@ def threshold_sweep(model: torch.nn.Module, frames: Sequence[torch.Tensor], thre
         dm.set_threshold_all(float(t))
         rows.append(measure(dm, float(t)))
     if calibrated is not None:
-        dm = convert(model, backend=backend, example_input=frames[0], thresholds=dict(calibrated),
-                     change_detector=change_detector, truncation=getattr(calibrated, "truncation", truncation))
+        # a Calibration brings its own truncation measure (load_thresholds applies it)
+        dm = convert(model, backend=backend, example_input=frames[0], thresholds=calibrated,
+                     change_detector=change_detector, truncation=truncation)
         rows.append(measure(dm, None))
     return rows
 

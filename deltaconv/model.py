@@ -303,9 +303,8 @@ class DeltaModel(nn.Module):
 
     @truncation.setter
     def truncation(self, measure: str) -> None:
-        from .backends.reference import MEASURES
-        if measure not in MEASURES:
-            raise ValueError(f"truncation must be one of {MEASURES}, got {measure!r}")
+        from .backends.reference import check_measure
+        check_measure(measure, "truncation")
         for layer in self._measured_layers():
             layer.measure = measure
 

@@ -91,10 +91,8 @@ __global__ void __launch_bounds__(256)
     for (int c = lane; c < g.C; c += 32)
       size.add(pw::pending_change<T>(maxpool_window(acc, as, g, n, c, hs, ws), to_f(sent[sbase + c * ss.c])),
                threshold);
-    float sq = size.sq;
-    for (int o = 16; o > 0; o >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, o);
-    const bool over = rms_limit >= 0.f ? sq > rms_limit : __any_sync(0xffffffffu, size.over) != 0;
-    const bool send = over || key_of(key, (int)n);
+    const pw::PixelGroup warp{pix, lane, 32, 0xffffffffu};  // the warp handles this output pixel
+    const bool send = pw::group_exceeds(warp, size, rms_limit) || key_of(key, (int)n);
     if (lane == 0) mask_out[pix] = send;
     if (!send) continue;
     T* yp = y + pix * g.C;

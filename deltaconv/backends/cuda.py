@@ -154,9 +154,7 @@ def _empty_like_delta(delta: Tensor) -> tuple[Tensor, Tensor]:
 # ----------------------------------------------------------------------------- truncation
 def _rms(measure: str) -> bool:
     """The kernels' ``rms`` flag for a truncation ``measure`` (see ``reference.MEASURES``)."""
-    if measure not in _ref.MEASURES:
-        raise ValueError(f"measure must be one of {_ref.MEASURES}, got {measure!r}")
-    return measure == "rms"
+    return _ref.check_measure(measure) == "rms"
 
 
 def truncate(y: Tensor, region: Tensor, sent: Tensor, threshold: float, key: Optional[Tensor],

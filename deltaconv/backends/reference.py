@@ -83,16 +83,21 @@ def _target(y: Tensor, sent: Tensor) -> Tensor:
 MEASURES = ("max", "rms")
 
 
+def check_measure(measure: str, what: str = "measure") -> str:
+    """``measure`` if it is one of :data:`MEASURES`, else ``ValueError`` naming ``what`` and the value."""
+    if measure not in MEASURES:
+        raise ValueError(f"{what} must be one of {MEASURES}, got {measure!r}")
+    return measure
+
+
 def exceeds(change: Tensor, threshold: float, measure: str = "max") -> Tensor:
     """Per-pixel mask (``[N, 1, ...]``) of where the measure of ``change`` ``[N, C, ...]`` exceeds
     ``threshold``: ``"max"``, ``max_c |change| > threshold``, or ``"rms"``,
     ``sqrt(mean_c change^2) > threshold`` (the L2 size of the change, which is what reaches the
     output through linear layers; many channels each changing a little count as much as one
     changing a lot)."""
-    if measure == "max":
+    if check_measure(measure) == "max":
         return reduce_mask(change.abs() > threshold)
-    if measure != "rms":
-        raise ValueError(f"measure must be one of {MEASURES}, got {measure!r}")
     sq = change.square()
     mean_sq = sq.mean(dim=1, keepdim=True) if sq.dim() >= 2 else sq.mean().reshape([1] * sq.dim())
     return mean_sq.sqrt() > threshold
