@@ -8,9 +8,16 @@ warm-up, the median of many runs of
 * deltaconv: ``torch.ops.deltaconv.conv2d`` on the delta and mask (mask dilation included), eager
   and CUDA-graph replay.
 
-Writes ``benchmarks/results/kernels.csv`` and ``kernels_speedup.png``. Run on a CUDA machine::
+``--ops`` also takes the stems of the sample models (3 input channels, stride 2, at 1080x1920;
+``channels`` is then the output channel count): ``stem3x3`` (MobileNetV2, 32 channels) and
+``stem7x7`` (ResNet, 64 channels). ``DELTACONV_TC=0`` in the environment times the CUDA-core kernels
+instead of the tensor-core ones.
+
+Writes ``benchmarks/results/kernels.csv`` (``--name`` changes the file name) and
+``kernels_speedup.png``. Run on a CUDA machine::
 
     PYTHONPATH=. python benchmarks/kernel_sweep.py [--dtypes float16 float32] [--quick]
+    PYTHONPATH=. python benchmarks/kernel_sweep.py --ops stem3x3 stem7x7 --name kernels_stem
 """
 from __future__ import annotations
 
@@ -27,10 +34,14 @@ from common import RESULTS, capture_graph, clustered_mask, run_info, time_cuda, 
 #: (channels, (H, W)) pairs: resolution chosen to fit the channel count
 SHAPES = [(64, (1080, 1920)), (128, (540, 960)), (256, (270, 480))]
 FRACTIONS = [0.0, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0]
-OPS = {"conv3x3": dict(k=3, groups=1), "conv1x1": dict(k=1, groups=1), "dwconv3x3": dict(k=3, groups=-1)}
+OPS = {"conv3x3": dict(k=3, groups=1), "conv1x1": dict(k=1, groups=1), "dwconv3x3": dict(k=3, groups=-1),
+       # stems: 3 input channels, stride 2, their own (output channels, resolution)
+       "stem3x3": dict(k=3, groups=1, cin=3, stride=2, shapes=[(32, (1080, 1920))]),
+       "stem7x7": dict(k=7, groups=1, cin=3, stride=2, shapes=[(64, (1080, 1920))])}
+DEFAULT_OPS = ["conv3x3", "conv1x1", "dwconv3x3"]
 
 
-def sweep(dtypes, shapes, fractions, iters: int) -> list[dict]:
+def sweep(dtypes, shapes, fractions, iters: int, ops=DEFAULT_OPS) -> list[dict]:
     from deltaconv.backends import cuda as dc
 
     if not dc.is_available():
@@ -38,15 +49,17 @@ def sweep(dtypes, shapes, fractions, iters: int) -> list[dict]:
     torch.backends.cudnn.benchmark = True
     info = run_info()
     rows = []
-    for op, spec in OPS.items():
+    for op in ops:
+        spec = OPS[op]
         for dtype in dtypes:
-            for c, (h, w) in shapes:
+            for c, (h, w) in spec.get("shapes", shapes):
                 groups = c if spec["groups"] == -1 else 1
-                k = spec["k"]
-                x = torch.randn(1, c, h, w, device="cuda", dtype=dtype).contiguous(memory_format=torch.channels_last)
-                wt = torch.randn(c, c // groups, k, k, device="cuda", dtype=dtype) * (1.0 / (c // groups * k * k)) ** 0.5
+                k, cin, stride = spec["k"], spec.get("cin", c), spec.get("stride", 1)
+                x = torch.randn(1, cin, h, w, device="cuda", dtype=dtype).contiguous(memory_format=torch.channels_last)
+                wt = (torch.randn(c, cin // groups, k, k, device="cuda", dtype=dtype)
+                      * (1.0 / (cin // groups * k * k)) ** 0.5)
                 pad = k // 2
-                cudnn = lambda: F.conv2d(x, wt, None, 1, pad, 1, groups)  # noqa: E731
+                cudnn = lambda: F.conv2d(x, wt, None, stride, pad, 1, groups)  # noqa: E731
                 cudnn_ms = time_cuda(cudnn, iters=iters)
                 cudnn_graph_ms = time_cuda(capture_graph(cudnn)[0], iters=iters)
                 for frac in fractions:
@@ -54,8 +67,8 @@ def sweep(dtypes, shapes, fractions, iters: int) -> list[dict]:
                     delta = (x * mask).contiguous(memory_format=torch.channels_last)
 
                     def delta_conv():
-                        return torch.ops.deltaconv.conv2d(delta, mask, wt, None, [1, 1], [pad, pad], [1, 1], groups,
-                                                          None)
+                        return torch.ops.deltaconv.conv2d(delta, mask, wt, None, [stride, stride], [pad, pad], [1, 1],
+                                                          groups, None)
                     dc_ms = time_cuda(delta_conv, iters=iters)
                     dc_graph_ms = time_cuda(capture_graph(delta_conv)[0], iters=iters)
                     rows.append({"op": op, "dtype": str(dtype).replace("torch.", ""), "channels": c,
@@ -77,8 +90,10 @@ def plot(rows: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(OPS), figsize=(5 * len(OPS), 4), sharey=True)
-    for ax, op in zip(axes, OPS):
+    ops = list(dict.fromkeys(r["op"] for r in rows))
+    fig, axes = plt.subplots(1, len(ops), figsize=(5 * len(ops), 4), sharey=True, squeeze=False)
+    axes = axes[0]
+    for ax, op in zip(axes, ops):
         for key in sorted({(r["dtype"], r["channels"], r["resolution"]) for r in rows if r["op"] == op}):
             pts = [r for r in rows if r["op"] == op and (r["dtype"], r["channels"], r["resolution"]) == key
                    and r["changed"] > 0]
@@ -100,15 +115,18 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dtypes", nargs="+", default=["float16"], choices=["float16", "bfloat16", "float32"])
     p.add_argument("--quick", action="store_true", help="one shape, three fractions, few iterations")
+    p.add_argument("--ops", nargs="+", default=DEFAULT_OPS, choices=list(OPS),
+                   help=f"ops to time (default: {' '.join(DEFAULT_OPS)})")
     p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--name", default="kernels", help="file name stem of the CSV and the plot (default kernels)")
     args = p.parse_args(argv)
     dtypes = [getattr(torch, d) for d in args.dtypes]
     shapes = SHAPES[:1] if args.quick else SHAPES
     fractions = [0.01, 0.05, 1.0] if args.quick else FRACTIONS
-    rows = sweep(dtypes, shapes, fractions, iters=10 if args.quick else 50)
-    write_csv(args.out / "kernels.csv", rows)
-    plot(rows, args.out / "kernels_speedup.png")
-    print(f"wrote {args.out / 'kernels.csv'} and kernels_speedup.png")
+    rows = sweep(dtypes, shapes, fractions, iters=10 if args.quick else 50, ops=args.ops)
+    write_csv(args.out / f"{args.name}.csv", rows)
+    plot(rows, args.out / f"{args.name}_speedup.png")
+    print(f"wrote {args.out / (args.name + '.csv')} and {args.name}_speedup.png")
 
 
 if __name__ == "__main__":

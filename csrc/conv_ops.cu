@@ -19,6 +19,7 @@
 
 #include "common.cuh"
 #include "conv/conv_kernels.cuh"
+#include "conv/conv_small_cin_tc.cuh"
 #include "conv/conv_tc.cuh"
 #include "conv/pool_kernels.cuh"
 
@@ -292,12 +293,14 @@ struct ConvWeights {
   c10::optional<Tensor> b;
 };
 // tc_layout: a 4-D weight in the tensor-core layout [Cout][KH][KW][Cin] (a 1x1 weight
-// [Cout, Cin, 1, 1] is that layout already); otherwise the weight's own layout.
+// [Cout, Cin, 1, 1] is that layout already); otherwise the weight's own layout. cin_to > Cin (with
+// tc_layout): input channels zero-padded to cin_to ([Cout][KH][KW][cin_to]).
 ConvWeights conv_weights(const Tensor& weight, const c10::optional<Tensor>& bias, at::ScalarType dtype,
-                         bool tc_layout = false) {
+                         bool tc_layout = false, int64_t cin_to = 0) {
   ConvWeights t;
   t.w = tc_layout && weight.size(2) * weight.size(3) != 1 ? relayout_weight(weight, dtype)
                                                           : weight.to(dtype).contiguous();
+  if (tc_layout && cin_to > t.w.size(-1)) t.w = at::constant_pad_nd(t.w, {0, cin_to - t.w.size(-1)}).contiguous();
   if (bias.has_value()) t.b = bias->to(dtype).contiguous();
   return t;
 }
@@ -359,6 +362,53 @@ void launch_tc_gather(const Tensor& x, const Tensor& m, const ConvWeights& tw, c
     if (wide) run_tc_gather<__nv_bfloat16, 2, 8, ROWS>(a, items, stream);
     else run_tc_gather<__nv_bfloat16, 2, 4, ROWS>(a, items, stream);
   }
+}
+
+// The small-Cin kernel's input: x [N, C < 8, H, W] channels_last -> [N, 8, H, W] channels_last,
+// channels C..7 zero, written on the active pixels of m only (the others are never read).
+Tensor pad_channels8(const Tensor& x, const Tensor& m, cudaStream_t stream) {
+  const int64_t N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
+  Tensor out = at::empty({N, conv::tc::kSmallCin, H, W}, x.options().memory_format(at::MemoryFormat::ChannelsLast));
+  const int64_t pixels = N * H * W;
+  if (pixels == 0) return out;
+  constexpr int threads = 256;
+  conv::tc::pad_channels8_kernel<<<(unsigned)((pixels + threads - 1) / threads), threads, 0, stream>>>(
+      reinterpret_cast<const uint16_t*>(x.const_data_ptr()), m.data_ptr<bool>(), reinterpret_cast<uint4*>(out.data_ptr()),
+      pixels, (int)C);
+  DC_LAUNCH_CHECK();
+  return out;
+}
+
+// conv_small_cin_tc_kernel over the tile list (conv_small_cin_tc.cuh): persistent blocks of 4 tiles
+// x NW * 32 output channels (NW = 1 for Cout <= 32, else 2).
+template <typename T, int S, int NW>
+void run_small_cin_tc(conv::tc::TcArgs a, int64_t tiles, cudaStream_t stream) {
+  constexpr int TPB = 4, NT = 4;
+  using Cfg = conv::tc::SmallCinCfg<S, TPB, NW, NT>;
+  auto k = conv::tc::conv_small_cin_tc_kernel<T, S, TPB, NW, NT>;
+  a.cap = (int)tiles;
+  const int smem = Cfg::smem(a.g);
+  const int occ = prepare_kernel(k, Cfg::THREADS, smem);
+  const int nb = ceil_div(a.g.Cout, Cfg::BN);
+  const int64_t groups = (tiles + TPB - 1) / TPB;
+  const int64_t gx = std::max<int64_t>(1, std::min<int64_t>(groups, std::max<int64_t>(1, (int64_t)occ * num_sms() / nb)));
+  k<<<dim3((unsigned)gx, (unsigned)nb), Cfg::THREADS, smem, stream>>>(a);
+  DC_LAUNCH_CHECK();
+}
+
+void launch_small_cin_tc(const Tensor& x, const Tensor& m, const ConvWeights& tw, const c10::optional<Tensor>& key,
+                         const Tensor& y, const Tensor& list, const ConvGeom& g, int64_t tiles, cudaStream_t stream) {
+  const conv::tc::TcArgs a = tc_args(x, m, tw.w, tw.b, key, y, list, g, nullptr, 0.f);
+  const bool narrow = g.Cout <= 32;
+  auto run = [&](auto t) {
+    using T = decltype(t);
+    if (g.sh == 1) {
+      if (narrow) run_small_cin_tc<T, 1, 1>(a, tiles, stream); else run_small_cin_tc<T, 1, 2>(a, tiles, stream);
+    } else {
+      if (narrow) run_small_cin_tc<T, 2, 1>(a, tiles, stream); else run_small_cin_tc<T, 2, 2>(a, tiles, stream);
+    }
+  };
+  if (x.scalar_type() == at::kHalf) run(__half()); else run(__nv_bfloat16());
 }
 
 // Depthwise 3x3 / 5x5, stride 1 / 2, dilation 1 / 2 (equal along both axes), channels in whole
@@ -463,6 +513,24 @@ std::tuple<Tensor, Tensor> conv2d_cuda(const Tensor& delta, const Tensor& mask, 
   const bool tc_ok = tc_enabled() && (x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16) &&
                      groups == 1 && Cin % 8 == 0 && Cout % 8 == 0 && Cout * KH * KW * Cin < kIntMax &&
                      reinterpret_cast<uintptr_t>(x.const_data_ptr()) % 16 == 0;
+  // Few input channels (the stems: 3): fp16 / bf16, groups 1, dilation 1, equal strides 1 or 2,
+  // 2..64 taps: two taps per k16 step from the tile's input halo (conv_small_cin_tc.cuh), the
+  // delta padded to 8 channels.
+  const bool small_cin = tc_enabled() && (x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16) &&
+                         groups == 1 && Cin <= conv::tc::kSmallCin && Cout % 8 == 0 && dh == 1 && dw == 1 &&
+                         sh == sw && (sh == 1 || sh == 2) && KH * KW >= 2 && KH * KW <= conv::tc::kSmallCinMaxTaps &&
+                         Cout * KH * KW * conv::tc::kSmallCin < kIntMax;
+  if (small_cin) {
+    const bool aligned = reinterpret_cast<uintptr_t>(x.const_data_ptr()) % 16 == 0;
+    const Tensor xp = Cin == conv::tc::kSmallCin && aligned ? x : pad_channels8(x, m, stream);
+    ConvGeom gp = g;
+    gp.Cin = gp.cin_g = conv::tc::kSmallCin;
+    Tensor list = work_list(delta, tiles, stream);
+    launch_tile_mask<false>(m, key, mask_out, list, g, tiles, stream);
+    launch_small_cin_tc(xp, m, conv_weights(weight, bias, x.scalar_type(), true, conv::tc::kSmallCin), key, y, list,
+                        gp, tiles, stream);
+    return {y, mask_out};
+  }
   const bool use_tc = tc_ok && ((KH == 1 && KW == 1) ||
                                 (KH == 3 && KW == 3 && dh == 1 && dw == 1 && sh == sw && (sh == 1 || sh == 2)));
   if (use_tc && KH == 3) {

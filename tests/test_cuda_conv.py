@@ -125,7 +125,7 @@ CONV_CASES = [
     (32, 64, (1, 1), 1, 0, 1, 2, (13, 17)),      # grouped 1x1
     (3, 17, (1, 1), 1, 1, 1, 1, (13, 17)),       # 1x1 with padding: border outputs read padding
     (96, 3, (1, 1), 1, 0, 1, 1, (31, 45)),
-    (3, 32, (3, 3), 1, 1, 1, 1, (31, 45)),       # 3x3 tile kernel
+    (3, 32, (3, 3), 1, 1, 1, 1, (31, 45)),       # 3x3 tile kernel (fp16 / bf16: small C_in)
     (17, 17, (3, 3), 2, 1, 1, 1, (13, 17)),      # 3x3 stride 2
     (32, 64, (3, 3), 1, 2, 2, 1, (31, 45)),      # 3x3 dilation 2
     (64, 64, (3, 3), 2, 1, 1, 2, (13, 17)),      # 3x3 groups 2
@@ -142,7 +142,7 @@ CONV_CASES = [
     (17, 17, (5, 5), 1, 2, 1, 17, (13, 17)),     # depthwise 5x5
     (64, 64, (5, 5), 2, 2, 1, 64, (31, 45)),     # depthwise 5x5 stride 2 (> 48 KiB smem: opt-in)
     (32, 32, (7, 7), 1, 3, 1, 32, (31, 45)),     # depthwise 7x7 (runtime size)
-    (3, 64, (7, 7), 2, 3, 1, 1, (31, 45)),       # stem 7x7 stride 2 (general)
+    (3, 64, (7, 7), 2, 3, 1, 1, (31, 45)),       # stem 7x7 stride 2 (fp16 / bf16: small C_in)
     (17, 32, (5, 5), 1, 2, 1, 1, (13, 17)),      # general 5x5
     (32, 32, (5, 5), 2, 4, 2, 1, (31, 45)),      # general 5x5 stride 2 dilation 2
     (64, 96, (3, 5), (1, 2), (1, 2), (2, 1), 2, (31, 45)),  # non-square kernel, per-axis args
@@ -155,6 +155,17 @@ CONV_CASES = [
     (64, 32, (3, 3), 3, 1, 1, 1, (31, 45)),      # stride 3
     (24, 16, (3, 3), 1, 6, 6, 1, (31, 45)),      # dilation 6 (ASPP-like)
     (136, 72, (3, 3), (1, 2), 1, 1, 1, (19, 27)),  # unequal strides, 3 chunks of C_in, 2 Cout blocks
+    # fp16 / bf16 small-C_in tensor-core path (C_in <= 8, dilation 1, stride 1 / 2, 2..64 taps;
+    # fp32: tile kernel)
+    (3, 32, (3, 3), 2, 1, 1, 1, (31, 45)),       # MobileNetV2 stem
+    (3, 16, (3, 3), 2, 1, 1, 1, (21, 30)),       # MobileNetV3 stem
+    (3, 64, (7, 7), 2, 3, 1, 1, (135, 240)),     # ResNet stem, many tiles
+    (1, 8, (5, 5), 1, 2, 1, 1, (13, 17)),        # one input channel
+    (8, 24, (3, 3), 1, 1, 1, 1, (31, 45)),       # 8 input channels: no padding copy
+    (4, 16, (8, 8), 1, 3, 1, 1, (21, 30)),       # 64 taps (8 full stages), even kernel
+    (3, 16, (3, 5), 2, (1, 2), 1, 1, (21, 30)),  # non-square kernel, unequal padding
+    (5, 8, (3, 3), 2, 2, 2, 1, (21, 30)),        # dilated: not that path (tile kernel)
+    (3, 16, (9, 9), 1, 4, 1, 1, (21, 30)),       # 81 taps: not that path (tile kernel)
 ]
 
 

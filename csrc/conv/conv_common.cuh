@@ -194,6 +194,30 @@ __global__ void __launch_bounds__(MASK_THREADS) conv_tile_mask_kernel(const bool
         }
       }
       act = (cols | (cols >> 1) | (cols >> 2)) & valid;
+    } else if (!TRANSPOSED && g.dw == 1 && 7 * g.sw + (KS > 0 ? KS : g.KW) <= 32) {
+      // the same with a runtime kernel size / stride (the stems: 7x7 or 3x3, stride 2): bit c of
+      // cols = input column ow0 * sw - pw + c active in any of the KH rows; output e reads bits
+      // [e * sw, e * sw + KW)
+      const int KH = KS > 0 ? KS : g.KH, KW = KS > 0 ? KS : g.KW;
+      const int span = 7 * g.sw + KW;
+      const int iw0 = ow0 * g.sw - g.pw;
+      const bool* mn = mask + (size_t)n * g.H * g.W;
+      unsigned cols = 0;
+      for (int ky = 0; ky < KH; ++ky) {
+        const int ih = oh * g.sh - g.ph + ky * g.dh;
+        if (ih >= 0 && ih < g.H) {
+          const bool* row = mn + (size_t)ih * g.W;
+          for (int c = 0; c < span; ++c) {
+            const int iw = iw0 + c;
+            if (iw >= 0 && iw < g.W && row[iw]) cols |= 1u << c;
+          }
+        }
+      }
+      const unsigned window = KW >= 32 ? 0xFFFFFFFFu : (1u << KW) - 1u;
+#pragma unroll
+      for (int e = 0; e < TILE_W; ++e)
+        if ((cols >> (e * g.sw)) & window) act |= 1u << e;
+      act &= valid;
     } else {
 #pragma unroll
       for (int e = 0; e < TILE_W; ++e) {

@@ -182,6 +182,32 @@ __device__ __forceinline__ void store_pixel(T* yp, const T* bias, bool add_bias,
   }
 }
 
+// Epilogue of the 8x8-tile kernels: a warp's accumulators of output tile `tile` (m16 tile i = tile
+// rows 2i and 2i + 1, n8 tile j = channels c0 + 8j, +8) -> a.y at the tile rows set in `rm` (bit r:
+// row r) that lie inside the output, plus the bias on key streams.
+template <typename T, int NT>
+__device__ __forceinline__ void store_tile(const TcArgs& a, int tile, int rm, int c0, const float (&acc)[4][NT][4]) {
+  const ConvGeom& g = a.g;
+  const int lane = threadIdx.x & 31;
+  const TileAt at = tile_at(tile, g);
+  const bool add_bias = a.bias != nullptr && key_of(a.key, at.n);
+  const T* bias = static_cast<const T*>(a.bias);
+  T* yn = static_cast<T*>(a.y) + (size_t)at.n * g.Ho * g.Wo * g.Cout;
+  const int cbase = c0 + (lane & 3) * 2;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int oh = at.oh0 + 2 * i + h;
+      const int ow = at.ow0 + (lane >> 2);
+      if (((rm >> (2 * i + h)) & 1) && oh < g.Ho && ow < g.Wo) {
+        T* yp = yn + ((size_t)oh * g.Wo + ow) * g.Cout;
+        store_pixel<T, NT>(yp, bias, add_bias, cbase, g.Cout, acc[i], h);
+      }
+    }
+  }
+}
+
 template <int S>
 struct Halo {
   static constexpr int W = 7 * S + 3;  // 8x8 output tile, 3x3 kernel, dilation 1
@@ -485,24 +511,7 @@ __global__ void __launch_bounds__(32 * TPB * NW, 1) conv3x3_tc_kernel(const TcAr
     const int grp = (int)blockIdx.x + c_gi * (int)gridDim.x;
     const int t = grp * TPB + slot;
     if (t < count) {
-      const int tile = list[1 + t];
-      const TileAt at = tile_at(tile, g);
-      const bool add_bias = a.bias != nullptr && key_of(a.key, at.n);
-      const T* bias = static_cast<const T*>(a.bias);
-      T* yn = static_cast<T*>(a.y) + (size_t)at.n * g.Ho * g.Wo * g.Cout;
-      const int cbase = n0 + nw * NT * 8 + (lane & 3) * 2;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int oh = at.oh0 + 2 * i + h;
-          const int ow = at.ow0 + (lane >> 2);
-          if (((rm >> (2 * i + h)) & 1) && oh < g.Ho && ow < g.Wo) {
-            T* yp = yn + ((size_t)oh * g.Wo + ow) * g.Cout;
-            store_pixel<T, NT>(yp, bias, add_bias, cbase, g.Cout, acc[i], h);
-          }
-        }
-      }
+      store_tile<T, NT>(a, list[1 + t], rm, n0 + nw * NT * 8, acc);
     }
     zero_acc(acc);
   }

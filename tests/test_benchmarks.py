@@ -1,0 +1,43 @@
+"""CPU checks of the benchmark scripts' plumbing (the timings themselves need a GPU)."""
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def load(name: str):
+    sys.path.insert(0, str(BENCH))
+    try:
+        spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+def _row(op, changed, speedup):
+    return {"op": op, "dtype": "float16", "channels": 64, "resolution": "1080x1920", "changed": changed,
+            "speedup": speedup, "device": "test", "date": "2026-11-21"}
+
+
+@pytest.mark.parametrize("ops", [["stem7x7"], ["conv3x3", "stem3x3"]], ids=["one op", "two ops"])
+def test_kernel_sweep_plots_the_ops_of_its_rows(tmp_path, ops):
+    pytest.importorskip("matplotlib")
+    ks = load("kernel_sweep")
+    rows = [_row(op, f, s) for op in ops for f, s in [(0.0, 9.0), (0.01, 2.0), (1.0, 0.5)]]
+    out = tmp_path / "k.png"
+    ks.plot(rows, out)
+    assert out.stat().st_size > 0
+
+
+def test_kernel_sweep_ops_are_known_and_stems_have_three_input_channels():
+    ks = load("kernel_sweep")
+    assert set(ks.DEFAULT_OPS) == {"conv3x3", "conv1x1", "dwconv3x3"}
+    for op in ("stem3x3", "stem7x7"):
+        assert ks.OPS[op]["cin"] == 3 and ks.OPS[op]["stride"] == 2
+    with pytest.raises(SystemExit):
+        ks.main(["--ops", "nope"])
