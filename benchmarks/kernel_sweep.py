@@ -10,8 +10,10 @@ warm-up, the median of many runs of
 
 ``--ops`` also takes the stems of the sample models (3 input channels, stride 2, at 1080x1920;
 ``channels`` is then the output channel count): ``stem3x3`` (MobileNetV2, 32 channels) and
-``stem7x7`` (ResNet, 64 channels). ``DELTACONV_TC=0`` in the environment times the CUDA-core kernels
-instead of the tensor-core ones.
+``stem7x7`` (ResNet, 64 channels); and the dilated 3x3 convs of the segmentation backbones at
+their 1080p sizes: ``conv3x3d2`` (C=256 at 135x240, C=64 at 540x960) and ``conv3x3d4`` (C=512 at
+135x240). ``DELTACONV_TC=0`` in the environment times the CUDA-core kernels instead of the
+tensor-core ones; ``--library PATH`` times another build of the extension (an A/B of two builds).
 
 Writes ``benchmarks/results/kernels.csv`` (``--name`` changes the file name) and
 ``kernels_speedup.png``. Run on a CUDA machine::
@@ -37,15 +39,23 @@ FRACTIONS = [0.0, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0]
 OPS = {"conv3x3": dict(k=3, groups=1), "conv1x1": dict(k=1, groups=1), "dwconv3x3": dict(k=3, groups=-1),
        # stems: 3 input channels, stride 2, their own (output channels, resolution)
        "stem3x3": dict(k=3, groups=1, cin=3, stride=2, shapes=[(32, (1080, 1920))]),
-       "stem7x7": dict(k=7, groups=1, cin=3, stride=2, shapes=[(64, (1080, 1920))])}
+       "stem7x7": dict(k=7, groups=1, cin=3, stride=2, shapes=[(64, (1080, 1920))]),
+       # dilated (padding = dilation): fcn_resnet50's layer3 / layer4 at 1080p input
+       "conv3x3d2": dict(k=3, groups=1, dilation=2, shapes=[(256, (135, 240)), (64, (540, 960))]),
+       "conv3x3d4": dict(k=3, groups=1, dilation=4, shapes=[(512, (135, 240))])}
 DEFAULT_OPS = ["conv3x3", "conv1x1", "dwconv3x3"]
 
 
-def sweep(dtypes, shapes, fractions, iters: int, ops=DEFAULT_OPS) -> list[dict]:
-    from deltaconv.backends import cuda as dc
+def sweep(dtypes, shapes, fractions, iters: int, ops=DEFAULT_OPS, library=None) -> list[dict]:
+    if library is not None:  # another build of the extension: its ops only, not deltaconv's backend
+        if not torch.cuda.is_available():
+            raise SystemExit("kernel_sweep: --library needs a CUDA GPU")
+        torch.ops.load_library(str(library))
+    else:
+        from deltaconv.backends import cuda as dc
 
-    if not dc.is_available():
-        raise SystemExit(f"kernel_sweep: the CUDA backend is unavailable: {dc.unavailable_reason()}")
+        if not dc.is_available():
+            raise SystemExit(f"kernel_sweep: the CUDA backend is unavailable: {dc.unavailable_reason()}")
     torch.backends.cudnn.benchmark = True
     info = run_info()
     rows = []
@@ -54,12 +64,12 @@ def sweep(dtypes, shapes, fractions, iters: int, ops=DEFAULT_OPS) -> list[dict]:
         for dtype in dtypes:
             for c, (h, w) in spec.get("shapes", shapes):
                 groups = c if spec["groups"] == -1 else 1
-                k, cin, stride = spec["k"], spec.get("cin", c), spec.get("stride", 1)
+                k, cin, stride, dil = spec["k"], spec.get("cin", c), spec.get("stride", 1), spec.get("dilation", 1)
                 x = torch.randn(1, cin, h, w, device="cuda", dtype=dtype).contiguous(memory_format=torch.channels_last)
                 wt = (torch.randn(c, cin // groups, k, k, device="cuda", dtype=dtype)
                       * (1.0 / (cin // groups * k * k)) ** 0.5)
-                pad = k // 2
-                cudnn = lambda: F.conv2d(x, wt, None, stride, pad, 1, groups)  # noqa: E731
+                pad = k // 2 * dil
+                cudnn = lambda: F.conv2d(x, wt, None, stride, pad, dil, groups)  # noqa: E731
                 cudnn_ms = time_cuda(cudnn, iters=iters)
                 cudnn_graph_ms = time_cuda(capture_graph(cudnn)[0], iters=iters)
                 for frac in fractions:
@@ -67,8 +77,8 @@ def sweep(dtypes, shapes, fractions, iters: int, ops=DEFAULT_OPS) -> list[dict]:
                     delta = (x * mask).contiguous(memory_format=torch.channels_last)
 
                     def delta_conv():
-                        return torch.ops.deltaconv.conv2d(delta, mask, wt, None, [stride, stride], [pad, pad], [1, 1],
-                                                          groups, None)
+                        return torch.ops.deltaconv.conv2d(delta, mask, wt, None, [stride, stride], [pad, pad],
+                                                          [dil, dil], groups, None)
                     dc_ms = time_cuda(delta_conv, iters=iters)
                     dc_graph_ms = time_cuda(capture_graph(delta_conv)[0], iters=iters)
                     rows.append({"op": op, "dtype": str(dtype).replace("torch.", ""), "channels": c,
@@ -119,11 +129,15 @@ def main(argv=None) -> None:
                    help=f"ops to time (default: {' '.join(DEFAULT_OPS)})")
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--name", default="kernels", help="file name stem of the CSV and the plot (default kernels)")
+    p.add_argument("--library", type=Path, default=None, metavar="PATH",
+                   help="time this build of the extension (a _C*.so) instead of deltaconv's")
     args = p.parse_args(argv)
     dtypes = [getattr(torch, d) for d in args.dtypes]
     shapes = SHAPES[:1] if args.quick else SHAPES
     fractions = [0.01, 0.05, 1.0] if args.quick else FRACTIONS
-    rows = sweep(dtypes, shapes, fractions, iters=10 if args.quick else 50, ops=args.ops)
+    if args.library is not None and not args.library.is_file():
+        p.error(f"--library: no such file: {args.library}")
+    rows = sweep(dtypes, shapes, fractions, iters=10 if args.quick else 50, ops=args.ops, library=args.library)
     write_csv(args.out / f"{args.name}.csv", rows)
     plot(rows, args.out / f"{args.name}_speedup.png")
     print(f"wrote {args.out / (args.name + '.csv')} and {args.name}_speedup.png")

@@ -238,14 +238,15 @@ conv::tc::TcArgs tc_args(const Tensor& x, const Tensor& m_or_empty, const Tensor
   return a;
 }
 
-// One 3x3 configuration: (coarse, fine) pair of instantiations for one dtype / stride / width.
-template <typename T, int S, int TPB, int NWc, int NTc, int NWf, int NTf>
+// One 3x3 configuration: (coarse, fine) pair of instantiations for one dtype / stride / width /
+// dilation.
+template <typename T, int S, int TPB, int NWc, int NTc, int NWf, int NTf, int D = 1>
 void run_tc_3x3(conv::tc::TcArgs a, int64_t tiles, cudaStream_t stream) {
-  using CC = conv::tc::Conv3Cfg<S, TPB, NWc, NTc>;
-  using CF = conv::tc::Conv3Cfg<S, 1, NWf, NTf>;
+  using CC = conv::tc::Conv3Cfg<S, TPB, NWc, NTc, D>;
+  using CF = conv::tc::Conv3Cfg<S, 1, NWf, NTf, D>;
   static_assert(CC::BN == CF::BN, "coarse and fine launches must split Cout alike");
-  auto kc = conv::tc::conv3x3_tc_kernel<T, S, TPB, NWc, NTc, false>;
-  auto kf = conv::tc::conv3x3_tc_kernel<T, S, 1, NWf, NTf, true>;
+  auto kc = conv::tc::conv3x3_tc_kernel<T, S, TPB, NWc, NTc, false, D>;
+  auto kf = conv::tc::conv3x3_tc_kernel<T, S, 1, NWf, NTf, true, D>;
   a.cap = (int)tiles;
   const int smem_c = CC::smem(a.prefetch), smem_f = CF::smem(a.prefetch);
   const int occ_c = prepare_kernel(kc, CC::THREADS, smem_c);
@@ -270,9 +271,15 @@ void run_tc_3x3(conv::tc::TcArgs a, int64_t tiles, cudaStream_t stream) {
   }
 }
 
+// dilation 2 and 4 (the dilated backbones of the segmentation models) only with stride 1
 template <typename T>
-void dispatch_tc_3x3(const conv::tc::TcArgs& a, int64_t tiles, bool stride2, bool wide, cudaStream_t stream) {
-  if (stride2) {
+void dispatch_tc_3x3(const conv::tc::TcArgs& a, int64_t tiles, bool stride2, bool wide, int dilation,
+                     cudaStream_t stream) {
+  if (dilation == 2) {
+    if (wide) run_tc_3x3<T, 1, 2, 2, 8, 4, 4, 2>(a, tiles, stream); else run_tc_3x3<T, 1, 2, 2, 4, 2, 4, 2>(a, tiles, stream);
+  } else if (dilation == 4) {
+    if (wide) run_tc_3x3<T, 1, 2, 2, 8, 4, 4, 4>(a, tiles, stream); else run_tc_3x3<T, 1, 2, 2, 4, 2, 4, 4>(a, tiles, stream);
+  } else if (stride2) {
     if (wide) run_tc_3x3<T, 2, 2, 2, 8, 4, 4>(a, tiles, stream); else run_tc_3x3<T, 2, 2, 2, 4, 2, 4>(a, tiles, stream);
   } else {
     if (wide) run_tc_3x3<T, 1, 2, 2, 8, 4, 4>(a, tiles, stream); else run_tc_3x3<T, 1, 2, 2, 4, 2, 4>(a, tiles, stream);
@@ -328,8 +335,8 @@ void launch_tc_3x3(const Tensor& x, const Tensor& m, const ConvWeights& tw, cons
   // coarse launch: 2 tiles per block (two blocks per multiprocessor; 4 tiles per block, one block,
   // was 6-16 % slower at every density on an H200); Cout > 64: 128 channels per block
   const bool wide = g.Cout > 64;
-  if (x.scalar_type() == at::kHalf) dispatch_tc_3x3<__half>(a, tiles, g.sh == 2, wide, stream);
-  else dispatch_tc_3x3<__nv_bfloat16>(a, tiles, g.sh == 2, wide, stream);
+  if (x.scalar_type() == at::kHalf) dispatch_tc_3x3<__half>(a, tiles, g.sh == 2, wide, g.dh, stream);
+  else dispatch_tc_3x3<__nv_bfloat16>(a, tiles, g.sh == 2, wide, g.dh, stream);
 }
 
 // The gathered-rows GEMM kernel (conv_tc.cuh): `items` = the list's capacity in its units (pixels,
@@ -509,7 +516,7 @@ std::tuple<Tensor, Tensor> conv2d_cuda(const Tensor& delta, const Tensor& mask, 
   const bool* kp = key_ptr(key);
 
   // Tensor-core path: fp16 / bf16, groups 1, channels multiple of 8, 16-byte aligned rows;
-  // 1x1 (any stride / padding) and 3x3 (dilation 1, equal strides 1 or 2).
+  // 1x1 (any stride / padding) and 3x3 (dilation 1 with equal strides 1 or 2; dilation 2 or 4, stride 1).
   const bool tc_ok = tc_enabled() && (x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16) &&
                      groups == 1 && Cin % 8 == 0 && Cout % 8 == 0 && Cout * KH * KW * Cin < kIntMax &&
                      reinterpret_cast<uintptr_t>(x.const_data_ptr()) % 16 == 0;
@@ -531,8 +538,9 @@ std::tuple<Tensor, Tensor> conv2d_cuda(const Tensor& delta, const Tensor& mask, 
                         gp, tiles, stream);
     return {y, mask_out};
   }
-  const bool use_tc = tc_ok && ((KH == 1 && KW == 1) ||
-                                (KH == 3 && KW == 3 && dh == 1 && dw == 1 && sh == sw && (sh == 1 || sh == 2)));
+  const bool tile3x3 = KH == 3 && KW == 3 && dh == dw && sh == sw &&
+                       ((dh == 1 && (sh == 1 || sh == 2)) || ((dh == 2 || dh == 4) && sh == 1));
+  const bool use_tc = tc_ok && ((KH == 1 && KW == 1) || tile3x3);
   if (use_tc && KH == 3) {
     // the 3x3 tile kernel, or (decided on the device) gathered taps over the active pixels when
     // partly active tiles would waste more than the gathers cost

@@ -41,3 +41,13 @@ def test_kernel_sweep_ops_are_known_and_stems_have_three_input_channels():
         assert ks.OPS[op]["cin"] == 3 and ks.OPS[op]["stride"] == 2
     with pytest.raises(SystemExit):
         ks.main(["--ops", "nope"])
+
+
+def test_kernel_sweep_dilated_ops_and_missing_library_is_named(tmp_path, capsys):
+    ks = load("kernel_sweep")
+    assert ks.OPS["conv3x3d2"]["dilation"] == 2 and ks.OPS["conv3x3d4"]["dilation"] == 4
+    missing = tmp_path / "nope.so"
+    with pytest.raises(SystemExit):
+        ks.main(["--library", str(missing)])
+    err = capsys.readouterr().err
+    assert "--library" in err and str(missing) in err

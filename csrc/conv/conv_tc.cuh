@@ -1,12 +1,12 @@
 // Tensor-core (mma.sync m16n8k16, fp32 accumulation) sparse convolution for fp16 / bf16 deltas.
 // Consumers of the work lists of conv_common.cuh:
 //
-//   conv3x3_tc_kernel<T, S, TPB, NW, NT, FINE>
-//       3x3 conv, stride S (1 or 2), dilation 1, any padding, groups 1, Cin % 8 == 0,
+//   conv3x3_tc_kernel<T, S, TPB, NW, NT, FINE, D>
+//       3x3 conv, stride S (1 or 2), dilation D (1; 2 or 4 with S = 1), any padding, groups 1, Cin % 8 == 0,
 //       Cout % 8 == 0. Implicit GEMM over the list of active 8x8 output tiles: a block takes TPB
 //       consecutive list entries (a "group"); warp w computes the 64 pixels of tile w / NW for
 //       output channels [n0 + (w % NW) * NT * 8, +NT * 8). K runs over chunks of 64 input
-//       channels x 9 taps. Per chunk the input halo of every tile ((7S+3)^2 pixels x 64 channels,
+//       channels x 9 taps. Per chunk the input halo of every tile ((7S+2D+1)^2 pixels x 64 channels,
 //       inactive / outside pixels zero-filled by cp.async) sits in shared memory (double
 //       buffered); the A fragments of each tap are gathered from it by ldmatrix with per-lane row
 //       addresses. Per (chunk, tap) stage a [BN x 64] weight slice is streamed through a
@@ -208,22 +208,22 @@ __device__ __forceinline__ void store_tile(const TcArgs& a, int tile, int rm, in
   }
 }
 
-template <int S>
+template <int S, int D>
 struct Halo {
-  static constexpr int W = 7 * S + 3;  // 8x8 output tile, 3x3 kernel, dilation 1
+  static constexpr int W = 7 * S + 2 * D + 1;  // 8x8 output tile, 3x3 kernel, dilation D
   static constexpr int PIX = W * W;
   // swizzle key of halo row e (any offset of e keeps 8 consecutive pixels of one output row -
   // stride S apart in e - on 8 distinct keys)
   static __device__ __forceinline__ int swz(int e) { return (S == 1 ? e : (e >> 1)) & 7; }
 };
 
-template <int S, int TPB, int NW, int NT>
+template <int S, int TPB, int NW, int NT, int D = 1>
 struct Conv3Cfg {
   static constexpr int WARPS = TPB * NW;
   static constexpr int THREADS = 32 * WARPS;
   static constexpr int BN = NW * NT * 8;
-  static constexpr int TAB = TPB * Halo<S>::PIX + TPB;  // ints per table: halo sources + row masks
-  static constexpr int HALO_BYTES = TPB * Halo<S>::PIX * 128;  // one buffer
+  static constexpr int TAB = TPB * Halo<S, D>::PIX + TPB;  // ints per table: halo sources + row masks
+  static constexpr int HALO_BYTES = TPB * Halo<S, D>::PIX * 128;  // one buffer
   static constexpr int W_BYTES = BN * 128;
   static constexpr int TAB_BYTES = 2 * TAB * 4;
   static int smem(int prefetch) { return 2 * HALO_BYTES + (prefetch + 1) * W_BYTES + TAB_BYTES; }
@@ -308,10 +308,10 @@ __device__ __forceinline__ void kstep3(float (&acc)[4][NT][4], const uint32_t (&
   }
 }
 
-template <typename T, int S, int TPB, int NW, int NT, bool FINE>
+template <typename T, int S, int TPB, int NW, int NT, bool FINE, int D>
 __global__ void __launch_bounds__(32 * TPB * NW, 1) conv3x3_tc_kernel(const TcArgs a) {
-  using Cfg = Conv3Cfg<S, TPB, NW, NT>;
-  using HL = Halo<S>;
+  using Cfg = Conv3Cfg<S, TPB, NW, NT, D>;
+  using HL = Halo<S, D>;
   constexpr int THREADS = Cfg::THREADS;
   constexpr int PIXT = TPB * HL::PIX;
   constexpr int P = 2;   // prefetch distance in stages
@@ -476,7 +476,7 @@ __global__ void __launch_bounds__(32 * TPB * NW, 1) conv3x3_tc_kernel(const TcAr
 
         if (rp != 0) {
           const int ky = c_tap >= 6 ? 2 : (c_tap >= 3 ? 1 : 0);
-          const int c_toff = ky * (HL::W - 3) + c_tap;  // ky * W + kx
+          const int c_toff = D * (ky * (HL::W - 3) + c_tap);  // (ky * W + kx) * D
           const uint32_t hb = halo_s + c_hpar * Cfg::HALO_BYTES;
           const uint32_t wb = w_s + c_ws * Cfg::W_BYTES + bbase;
           uint32_t arow[4];
