@@ -11,8 +11,9 @@ frame, then delta frames) with :func:`deltaconv.fidelity.compare`. Density =
 ``sum(mean_flops_done) / sum(flops_dense)`` over the held-out delta frames (key frame excluded);
 errors are the logit relative error per frame.
 
-Writes ``benchmarks/results/fidelity.csv`` (one row per video x configuration; ``ms_per_frame`` is
-left empty for GPU speed runs to fill), the calibrated thresholds as
+Writes ``benchmarks/results/fidelity.csv`` (one row per video x configuration; ``ms_per_frame``,
+``dense_ms_per_frame`` and ``speed_frames`` are left empty: ``benchmarks/fidelity_speed.py``
+measures them on a GPU, in float16 with CUDA graphs), the calibrated thresholds as
 ``benchmarks/results/fidelity_thresholds_<video>_<tolerance>.json``, and the plot
 ``benchmarks/results/fidelity.png`` (``--plot-only`` redraws it from the CSV, e.g. where the sweep
 ran without matplotlib).
@@ -64,7 +65,8 @@ RESULTS = ROOT / "benchmarks" / "results"
 VIDEOS = ("vtest.avi", "one-by-one-person-detection.mp4")
 COLUMNS = ["video", "size", "method", "detector", "truncation", "param", "calib_frames", "eval_frames", "density",
            "ideal_speedup", "rel_err_mean", "rel_err_p95", "rel_err_max", "top5_mean", "top1_mean", "cal_error",
-           "cal_density", "calib_evals", "calib_seconds", "ms_per_frame"]
+           "cal_density", "calib_evals", "calib_seconds", "ms_per_frame", "dense_ms_per_frame",
+           "speed_frames"]
 
 
 def load_model(device: str) -> torch.nn.Module:
@@ -189,42 +191,58 @@ def plot(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     videos = list(dict.fromkeys(r["video"] for r in rows))
-    fig, axes = plt.subplots(1, len(videos), figsize=(6.2 * len(videos), 4.6), squeeze=False)
-    for ax, video in zip(axes[0], videos):
+    timed = any(r.get("ms_per_frame") not in (None, "") for r in rows)  # fidelity_speed.py's columns
+    fig, axes = plt.subplots(2 if timed else 1, len(videos), figsize=(6.2 * len(videos), 4.6 * (2 if timed else 1)),
+                             squeeze=False)
+    for col, video in enumerate(videos):
         vr = [r for r in rows if r["video"] == video]
-        groups = {}
-        for r in vr:
-            rms = " (rms)" if r.get("truncation") == "rms" else ""
-            key = (f"calibrated (per-layer){rms}" if r["method"] == "calibrated"
-                   else f"uniform, {_short_det(r['detector'])}{rms}")
-            groups.setdefault(key, []).append(r)
-        styles = {"calibrated (per-layer)": dict(marker="*", ms=12, color="C3"),
-                  "calibrated (per-layer) (rms)": dict(marker="P", ms=11, color="C4")}
-        markers = iter("osD^v<>")
-        for key, rs in groups.items():
-            if key not in styles:
-                styles[key] = dict(marker=next(markers))
-            rs = sorted(rs, key=lambda r: float(r["param"]))
-            x = [float(r["rel_err_mean"]) for r in rs]
-            y = [float(r["density"]) for r in rs]
-            calibrated = rs[0]["method"] == "calibrated"
-            ax.plot(x, y, label=key, linestyle=":" if calibrated else "-", **styles[key])
-            for r, xi, yi in zip(rs, x, y):
-                label = f"tol {float(r['param']):g}" if calibrated else f"t={float(r['param']):g}"
-                ax.annotate(label, (xi, yi), textcoords="offset points", xytext=(4, 3), fontsize=7)
-        ax.axvline(0.02, color="grey", lw=0.8, ls="--")
-        ax.set_xscale("log")
-        ax.set_xlabel("logit relative error vs dense (mean over held-out frames)")
-        ax.set_ylabel("FLOPs-weighted density")
-        ax.set_ylim(0, 1.02)
         r0 = vr[0]
-        ax.set_title(f"MobileNetV2, {video} at {r0['size']}\n{r0['eval_frames']} held-out frames, "
-                     f"calibrated on {r0['calib_frames']}", fontsize=9)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        _panel(axes[0][col], vr, lambda r: float(r["density"]), "FLOPs-weighted density",
+               f"MobileNetV2, {video} at {r0['size']}\n{r0['eval_frames']} held-out frames, calibrated on "
+               f"{r0['calib_frames']}")
+        if timed:
+            ax = axes[1][col]
+            tr = [r for r in vr if r.get("ms_per_frame") not in (None, "")]
+            _panel(ax, tr, lambda r: float(r["dense_ms_per_frame"]) / float(r["ms_per_frame"]),
+                   "measured speedup: dense fp16 CUDA graph ms / deltaconv fp16 CUDA graph ms",
+                   f"speed on the GPU: float16, CUDA graphs, frames {tr[0].get('speed_frames', '?')} "
+                   f"(fidelity_speed.py)")
+            ax.axhline(1.0, color="grey", lw=0.8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     print(f"wrote {path}")
+
+
+def _panel(ax, vr: list[dict], value, ylabel: str, title: str) -> None:
+    """One video's curves: ``value(row)`` against the mean logit error, per configuration group."""
+    groups = {}
+    for r in vr:
+        rms = " (rms)" if r.get("truncation") == "rms" else ""
+        key = (f"calibrated (per-layer){rms}" if r["method"] == "calibrated"
+               else f"uniform, {_short_det(r['detector'])}{rms}")
+        groups.setdefault(key, []).append(r)
+    styles = {"calibrated (per-layer)": dict(marker="*", ms=12, color="C3"),
+              "calibrated (per-layer) (rms)": dict(marker="P", ms=11, color="C4")}
+    markers = iter("osD^v<>")
+    for key, rs in groups.items():
+        if key not in styles:
+            styles[key] = dict(marker=next(markers))
+        rs = sorted(rs, key=lambda r: float(r["param"]))
+        x = [float(r["rel_err_mean"]) for r in rs]
+        y = [value(r) for r in rs]
+        calibrated = rs[0]["method"] == "calibrated"
+        ax.plot(x, y, label=key, linestyle=":" if calibrated else "-", **styles[key])
+        for r, xi, yi in zip(rs, x, y):
+            label = f"tol {float(r['param']):g}" if calibrated else f"t={float(r['param']):g}"
+            ax.annotate(label, (xi, yi), textcoords="offset points", xytext=(4, 3), fontsize=7)
+    ax.axvline(0.02, color="grey", lw=0.8, ls="--")
+    ax.set_xscale("log")
+    ax.set_xlabel("logit relative error vs dense (float32, mean over held-out frames)")
+    ax.set_ylabel(ylabel, fontsize=8)
+    ax.set_ylim(0, max([1.02] + [v * 1.1 for v in (value(r) for r in vr)]))
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
 
 
 def _short_det(label: str) -> str:

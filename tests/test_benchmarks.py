@@ -51,3 +51,26 @@ def test_kernel_sweep_dilated_ops_and_missing_library_is_named(tmp_path, capsys)
         ks.main(["--library", str(missing)])
     err = capsys.readouterr().err
     assert "--library" in err and str(missing) in err
+
+
+def test_fidelity_speed_finds_the_committed_thresholds_files_of_calibrated_rows():
+    fs = load("fidelity_speed")
+    rows = [r for r in fs.read_csv(fs.RESULTS / "fidelity.csv") if r["method"] == "calibrated"]
+    assert len(rows) >= 4
+    for r in rows:
+        path = fs.thresholds_file(r, fs.RESULTS)
+        assert path.is_file(), path
+        assert ("_rms" in path.name) == (r["truncation"] == "rms")
+
+
+def test_fidelity_plot_adds_speed_panels_for_timed_rows(tmp_path):
+    pytest.importorskip("matplotlib")
+    fs = load("fidelity_sweep")
+    rows = fs.read_csv(fs.RESULTS / "fidelity.csv")
+    for i, r in enumerate(rows):
+        r["ms_per_frame"], r["dense_ms_per_frame"] = str(1.0 + 0.1 * i), "1.7"
+    import matplotlib.pyplot as plt
+    fs.plot(rows, tmp_path / "f.png")
+    fig = plt.gcf()
+    assert len(fig.axes) == 4  # density and speed, per video
+    assert (tmp_path / "f.png").stat().st_size > 0
