@@ -237,6 +237,19 @@ def test_conv2d_3x3_tile_and_pixel_paths(case, dtype, path, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("launch", ["coarse", "fine"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("case", TC3_CASES, ids=_case_id)
+def test_conv2d_3x3_coarse_and_fine_launches(case, dtype, launch, monkeypatch):
+    """The two launches of the 3x3 tile kernel (two tiles per block / one tile per block), each
+    forced for every tile count, equal the reference."""
+    monkeypatch.setenv("DELTACONV_TC_PIXEL_RATIO", "0")
+    monkeypatch.setenv("DELTACONV_TC_FINE_MAX", "-1" if launch == "coarse" else str(1 << 30))
+    for i, fracs in enumerate(FRACS):
+        run_conv2d(case, dtype, fracs, KEYS[i % len(KEYS)], seed=20 + i, bias=i % 2 == 0)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("var, value", [("DELTACONV_TC_PIXEL_RATIO", "0.3x"), ("DELTACONV_TC_FINE_MAX", "many"),
                                         ("DELTACONV_TC_FINE_MAX", "2.5"), ("DELTACONV_TC_PREFETCH1", "nan")])
 def test_conv2d_malformed_tuning_variable_names_it(var, value, monkeypatch):
