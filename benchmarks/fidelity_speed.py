@@ -27,7 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import graphed_model, time_frames  # noqa: E402
-from fidelity_sweep import RESULTS, _short, plot, read_csv, write_csv  # noqa: E402
+from fidelity_sweep import RESULTS, plot, read_csv, thresholds_path, write_csv  # noqa: E402
 
 import deltaconv  # noqa: E402
 from deltaconv.fidelity import video_frames  # noqa: E402
@@ -35,9 +35,8 @@ from deltaconv.sparsify import from_spec  # noqa: E402
 
 
 def thresholds_file(row: dict, folder: Path) -> Path:
-    """The calibrated thresholds file of a ``calibrated`` row (as fidelity_sweep.py names it)."""
-    suffix = "" if row.get("truncation", "max") in ("", "max") else f"_{row['truncation']}"
-    return folder / f"fidelity_thresholds_{_short(row['video'])}_{float(row['param']):g}{suffix}.json"
+    """The calibrated thresholds file of a ``calibrated`` row (as fidelity_sweep.py saved it)."""
+    return thresholds_path(folder, row["video"], float(row["param"]), row.get("truncation", "max"))
 
 
 def convert_row(row: dict, model: torch.nn.Module, example: torch.Tensor, folder: Path):
@@ -66,13 +65,13 @@ def measure(rows: list[dict], folder: Path, start: int, n_frames: int, warmup: i
         frames = [f.cuda().half() for f in video_frames(video, (h, w), max_frames=n_frames, start=start)]
         with torch.no_grad():
             dense_ms, _ = time_frames(graphed_model(model, frames[0]), frames, warmup)
-        print(f"{video} {size}: dense CUDA graph {dense_ms:.3f} ms per frame, frames {start}..{start + len(frames) - 1}",
-              flush=True)
+        span = f"{start}..{start + len(frames) - 1}"
+        print(f"{video} {size}: dense CUDA graph {dense_ms:.3f} ms per frame, frames {span}", flush=True)
         for row in (r for r in rows if (r["video"], r["size"]) == key):
             dm = convert_row(row, model, frames[0], folder)
             ms, _ = time_frames(dm, frames, warmup)
             row["ms_per_frame"], row["dense_ms_per_frame"] = round(ms, 4), round(dense_ms, 4)
-            row["speed_frames"] = f"{start}..{start + len(frames) - 1}"
+            row["speed_frames"] = span
             print(f"   {row['method']:<10} {row['detector'][:30]:<30} {row.get('truncation', ''):<4} "
                   f"{row['param']:<6} {ms:.3f} ms ({dense_ms / ms:.2f}x)  error {float(row['rel_err_mean']):.4f}",
                   flush=True)

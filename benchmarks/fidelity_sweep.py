@@ -57,6 +57,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import deltaconv  # noqa: E402
+from deltaconv.backends.reference import MEASURES  # noqa: E402
 from deltaconv.calibrate import calibrate  # noqa: E402
 from deltaconv.fidelity import compare, video_frames  # noqa: E402
 from deltaconv.sparsify import from_spec  # noqa: E402
@@ -83,6 +84,13 @@ def load_model(device: str) -> torch.nn.Module:
 
 def _short(video: str) -> str:
     return Path(video).stem.split("-")[0]
+
+
+def thresholds_path(folder: Path, video: str, tolerance: float, truncation: str) -> Path:
+    """Where the sweep saves the calibrated thresholds of ``video`` at ``tolerance``:
+    ``fidelity_thresholds_<video>_<tolerance>[_<truncation>].json`` (no suffix for ``max``)."""
+    suffix = "" if truncation in ("", "max") else f"_{truncation}"
+    return folder / f"fidelity_thresholds_{_short(video)}_{tolerance:g}{suffix}.json"
 
 
 def detector_label(det) -> str:
@@ -140,8 +148,7 @@ def sweep(args, on_row=None) -> list[dict]:
                             change_detectors=[None if d is None else d.spec() for d in detectors],
                             truncation=args.truncation)
             secs = time.time() - t0
-            suffix = "" if args.truncation == "max" else f"_{args.truncation}"
-            cal.save(Path(args.out).parent / f"fidelity_thresholds_{_short(video)}_{tol:g}{suffix}.json")
+            cal.save(thresholds_path(Path(args.out).parent, video, tol, args.truncation))
             dm = deltaconv.convert(model, thresholds=cal, change_detector=cal.detector(), backend="reference",
                                    example_input=held[0])  # the Calibration also sets its truncation
             row = dict(base, method="calibrated", detector=detector_label(cal.change_detector), param=tol,
@@ -271,7 +278,7 @@ def main(argv=None) -> None:
     p.add_argument("--append", action="store_true", help="add the rows to an existing CSV")
     p.add_argument("--uniform", type=float, nargs="+", default=[0.005, 0.01, 0.02, 0.05])
     p.add_argument("--max-evals", type=int, default=120)
-    p.add_argument("--truncation", default="max", choices=("max", "rms"),
+    p.add_argument("--truncation", default="max", choices=MEASURES,
                    help="change measure of the non-linear layers' thresholds (uniform rows and calibration)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--out", default=str(RESULTS / "fidelity.csv"))

@@ -26,6 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import deltaconv  # noqa: E402
+from deltaconv.backends.reference import MEASURES  # noqa: E402
 from deltaconv.fidelity import compare, video_frames  # noqa: E402
 
 
@@ -55,7 +56,7 @@ def main(argv=None) -> None:
     p.add_argument("--frames", type=int, default=30, help="frames, the key frame included (default 30)")
     p.add_argument("--input-threshold", type=float, default=0.01)
     p.add_argument("--threshold", type=float, default=0.0, help="every non-linear layer (default 0)")
-    p.add_argument("--truncation", default="max", choices=("max", "rms"))
+    p.add_argument("--truncation", default="max", choices=MEASURES)
     p.add_argument("--top", type=int, default=10, help="layers to list (default 10)")
     p.add_argument("--device", default="cpu")
     args = p.parse_args(argv)
