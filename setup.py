@@ -14,7 +14,8 @@ It is built when ``nvcc`` is found, the installed torch has CUDA (``torch.versio
 ``DELTACONV_NO_CUDA`` is unset; otherwise the package installs as pure Python (reference backend
 only) with a printed note. No GPU is needed to build. Environment knobs:
 
-* ``TORCH_CUDA_ARCH_LIST`` (default ``9.0``: H100/H200), ``MAX_JOBS`` (default 2),
+* ``TORCH_CUDA_ARCH_LIST`` (default ``9.0a``: H100/H200 with their wgmma instructions; a list
+  without an ``a`` target builds the mma.sync paths only), ``MAX_JOBS`` (default 2),
 * ``DELTACONV_NO_CUDA=1`` to skip the extension, ``DELTACONV_DEBUG=1`` for ``-O0 -g -G``.
 
 Machines without a system CUDA toolkit beyond ``nvcc`` work too: the CUDA headers that
@@ -32,7 +33,7 @@ import sys
 from setuptools import setup
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
-os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0")
+os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0a")
 os.environ.setdefault("MAX_JOBS", "2")
 
 

@@ -176,6 +176,15 @@ bool tc_enabled() {
   return v == nullptr || std::strcmp(v, "0") != 0;
 }
 
+// DELTACONV_WGMMA=0 makes the gathered-rows GEMM (1x1 convs and gathered taps) use mma.sync where
+// it would use Hopper's wgmma (read on every call; A/B runs and tests of both paths). wgmma needs
+// the sm_90a target in TORCH_CUDA_ARCH_LIST (setup.py's default "9.0a"); a build without it runs
+// mma.sync either way.
+bool wgmma_enabled() {
+  const char* v = std::getenv("DELTACONV_WGMMA");
+  return v == nullptr || std::strcmp(v, "0") != 0;
+}
+
 // Opt-in to the device's maximum dynamic shared memory once per kernel, and the resident blocks
 // per multiprocessor (>= 1) at `smem` bytes, cached per (kernel, device, smem).
 template <typename Kernel>
@@ -341,10 +350,10 @@ void launch_tc_3x3(const Tensor& x, const Tensor& m, const ConvWeights& tw, cons
 
 // The gathered-rows GEMM kernel (conv_tc.cuh): `items` = the list's capacity in its units (pixels,
 // or tiles for kRowsTiles); for kRows1x1 the list's side data holds the input pixels.
-template <typename T, int NW, int NT, int ROWS>
+template <typename T, int NW, int NT, int ROWS, bool WG>
 void run_tc_gather(conv::tc::TcArgs a, int64_t items, cudaStream_t stream) {
-  using Cfg = conv::tc::Conv1Cfg<NW, NT>;
-  auto k = conv::tc::conv_gather_tc_kernel<T, NW, NT, ROWS>;
+  using Cfg = conv::tc::Conv1Cfg<NW, NT, WG>;
+  auto k = conv::tc::conv_gather_tc_kernel<T, NW, NT, ROWS, WG>;
   a.prefetch = (int)std::min<int64_t>(5, std::max<int64_t>(1, env_int("DELTACONV_TC_PREFETCH1", 2)));
   a.cap = (int)items;
   const int smem = Cfg::smem(a.prefetch);
@@ -357,18 +366,24 @@ void run_tc_gather(conv::tc::TcArgs a, int64_t items, cudaStream_t stream) {
   DC_LAUNCH_CHECK();
 }
 
+// 128 output channels per block for Cout > 64 (wide), else 64; wgmma or mma.sync (see wgmma_enabled).
+template <typename T, int ROWS>
+void dispatch_tc_gather(const conv::tc::TcArgs& a, int64_t items, bool wide, bool wg, cudaStream_t stream) {
+  if (wide) {
+    if (wg) run_tc_gather<T, 2, 8, ROWS, true>(a, items, stream); else run_tc_gather<T, 2, 8, ROWS, false>(a, items, stream);
+  } else {
+    if (wg) run_tc_gather<T, 2, 4, ROWS, true>(a, items, stream); else run_tc_gather<T, 2, 4, ROWS, false>(a, items, stream);
+  }
+}
+
 template <int ROWS>
 void launch_tc_gather(const Tensor& x, const Tensor& m, const ConvWeights& tw, const c10::optional<Tensor>& key,
                       const Tensor& y, const Tensor& list, const ConvGeom& g, int64_t items, cudaStream_t stream,
                       const int* alt_count = nullptr, float pixel_ratio = 0.f) {
   const conv::tc::TcArgs a = tc_args(x, m, tw.w, tw.b, key, y, list, g, alt_count, pixel_ratio);
   const bool wide = g.Cout > 64;
-  if (x.scalar_type() == at::kHalf) {
-    if (wide) run_tc_gather<__half, 2, 8, ROWS>(a, items, stream); else run_tc_gather<__half, 2, 4, ROWS>(a, items, stream);
-  } else {
-    if (wide) run_tc_gather<__nv_bfloat16, 2, 8, ROWS>(a, items, stream);
-    else run_tc_gather<__nv_bfloat16, 2, 4, ROWS>(a, items, stream);
-  }
+  if (x.scalar_type() == at::kHalf) dispatch_tc_gather<__half, ROWS>(a, items, wide, wgmma_enabled(), stream);
+  else dispatch_tc_gather<__nv_bfloat16, ROWS>(a, items, wide, wgmma_enabled(), stream);
 }
 
 // The small-Cin kernel's input: x [N, C < 8, H, W] channels_last -> [N, 8, H, W] channels_last,

@@ -249,6 +249,32 @@ def test_conv2d_3x3_coarse_and_fine_launches(case, dtype, launch, monkeypatch):
         run_conv2d(case, dtype, fracs, KEYS[i % len(KEYS)], seed=20 + i, bias=i % 2 == 0)
 
 
+# fp16 / bf16 cases of the gathered-rows GEMM kernel (1x1 convs, gathered taps, pixel rows)
+GEMM_CASES = [
+    (64, 96, (1, 1), 2, 0, 1, 1, (31, 45)),      # stride 2, wide block (Cout > 64), partial
+    (136, 72, (1, 1), 1, 0, 1, 1, (19, 27)),     # 3 chunks of C_in, the last one k16 step
+    (24, 16, (1, 1), 1, 0, 1, 1, (21, 30)),      # C_in 24: 2 k16 steps, narrow block
+    (40, 48, (1, 1), 1, 1, 1, 1, (13, 17)),      # padding: border outputs read padding
+    (256, 256, (1, 1), 1, 0, 1, 1, (45, 67)),    # many 128-row items per block
+    (16, 24, (5, 5), 1, 2, 1, 1, (21, 30)),      # gathered taps
+    (136, 72, (3, 3), (1, 2), 1, 1, 1, (19, 27)),  # gathered taps, unequal strides
+    (96, 136, (3, 3), 1, 1, 1, 1, (13, 17)),     # 3x3: pixel rows when forced
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mma", ["wgmma", "mma.sync"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("case", GEMM_CASES, ids=_case_id)
+def test_conv2d_gemm_wgmma_and_mma_sync(case, dtype, mma, monkeypatch):
+    """The gathered-rows GEMM on Hopper's wgmma (the default on H100 / H200) and on mma.sync
+    (DELTACONV_WGMMA=0) equals the reference at every changed fraction."""
+    monkeypatch.setenv("DELTACONV_WGMMA", "1" if mma == "wgmma" else "0")
+    monkeypatch.setenv("DELTACONV_TC_PIXEL_RATIO", "1e9")  # 3x3: the pixel-row GEMM
+    for i, fracs in enumerate(FRACS):
+        run_conv2d(case, dtype, fracs, KEYS[i % len(KEYS)], seed=30 + i, bias=i % 2 == 0)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("var, value", [("DELTACONV_TC_PIXEL_RATIO", "0.3x"), ("DELTACONV_TC_FINE_MAX", "many"),
                                         ("DELTACONV_TC_FINE_MAX", "2.5"), ("DELTACONV_TC_PREFETCH1", "nan")])

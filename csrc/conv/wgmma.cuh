@@ -1,0 +1,133 @@
+// Hopper warpgroup MMA (wgmma, sm_90a) for the tensor-core convolutions: D[64 x N] += A[64 x 16] *
+// B[16 x N] per instruction, issued by the 4 warps of a warpgroup, A and B read from shared memory
+// through matrix descriptors, the fp32 accumulators in registers.
+//
+// Operand layout: both K-major with the 128-byte swizzle: rows of 64 fp16/bf16 = 128 bytes, the
+// 16-byte chunk j of row r stored at chunk j ^ (r & 7), the tile 1024-byte aligned (the layout the
+// conv kernels already write with cp.async). A k16 step starts 32 bytes further into the rows.
+//
+// Accumulators: warp w of the warpgroup holds rows 16w .. 16w + 15 of the 64; per n8 tile j, lane
+// l holds rows l / 4 and l / 4 + 8 at columns 8j + 2 (l % 4), +1: mma.sync's m16n8 C fragment.
+//
+// Only the sm_90a pass of nvcc sees the instructions (DC_HAS_WGMMA); other passes compile empty
+// bodies, and kernels must not call these there.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cstdint>
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define DC_HAS_WGMMA 1
+#else
+#define DC_HAS_WGMMA 0
+#endif
+
+namespace deltaconv {
+namespace conv {
+namespace tc {
+
+// Descriptor of a K-major, 128-byte-swizzled tile at shared address `addr` (8-row groups 1024
+// bytes apart).
+__device__ __forceinline__ uint64_t wgmma_desc(uint32_t addr) {
+  return (uint64_t)((addr & 0x3FFFF) >> 4) | (1ull << 16) | ((uint64_t)(1024 >> 4) << 32) | (1ull << 62);
+}
+
+// Orders this thread's earlier shared-memory writes (cp.async included) before later reads by the
+// tensor cores' async proxy; a barrier must follow before other threads' wgmma.
+__device__ __forceinline__ void fence_proxy_async() {
+#if DC_HAS_WGMMA
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wgmma_fence() {
+#if DC_HAS_WGMMA
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wgmma_commit() {
+#if DC_HAS_WGMMA
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+// Pins accumulators to their registers across the wgmma sequence (the compiler must not move them
+// between issue and wait: ptxas would serialize the wgmmas), as CUTLASS's warpgroup_fence_operand.
+template <int M, int NT>
+__device__ __forceinline__ void wgmma_fence_operands(float (&acc)[M][NT][4]) {
+#pragma unroll
+  for (int i = 0; i < M; ++i)
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(acc[i][j][e])::"memory");
+}
+// Waits until all committed wgmma groups of this warp are done (accumulators final, smem free).
+__device__ __forceinline__ void wgmma_wait_all() {
+#if DC_HAS_WGMMA
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#endif
+}
+
+// m64n64k16: the 32 f32 accumulators of a lane as asm operands %0..%31 (d0: n8 tiles
+// 0..3 of the instruction, d1: n8 tiles 4..7, each [4][4] as in mma.sync's C fragment)
+#define DC_WGMMA_D64 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15," \
+  " %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define DC_WGMMA_BIND64(d0, d1) \
+  "+f"(d0[0][0]), "+f"(d0[0][1]), "+f"(d0[0][2]), "+f"(d0[0][3]), "+f"(d0[1][0]), "+f"(d0[1][1]), \
+  "+f"(d0[1][2]), "+f"(d0[1][3]), "+f"(d0[2][0]), "+f"(d0[2][1]), "+f"(d0[2][2]), "+f"(d0[2][3]), \
+  "+f"(d0[3][0]), "+f"(d0[3][1]), "+f"(d0[3][2]), "+f"(d0[3][3]), "+f"(d1[0][0]), "+f"(d1[0][1]), \
+  "+f"(d1[0][2]), "+f"(d1[0][3]), "+f"(d1[1][0]), "+f"(d1[1][1]), "+f"(d1[1][2]), "+f"(d1[1][3]), \
+  "+f"(d1[2][0]), "+f"(d1[2][1]), "+f"(d1[2][2]), "+f"(d1[2][3]), "+f"(d1[3][0]), "+f"(d1[3][1]), \
+  "+f"(d1[3][2]), "+f"(d1[3][3])
+
+// m64n128k16: the 64 f32 accumulators of a lane as asm operands %0..%63 (d0: n8 tiles
+// 0..7 of the instruction, d1: n8 tiles 8..15, each [8][4] as in mma.sync's C fragment)
+#define DC_WGMMA_D128 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15," \
+  " %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31," \
+  " %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47," \
+  " %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define DC_WGMMA_BIND128(d0, d1) \
+  "+f"(d0[0][0]), "+f"(d0[0][1]), "+f"(d0[0][2]), "+f"(d0[0][3]), "+f"(d0[1][0]), "+f"(d0[1][1]), \
+  "+f"(d0[1][2]), "+f"(d0[1][3]), "+f"(d0[2][0]), "+f"(d0[2][1]), "+f"(d0[2][2]), "+f"(d0[2][3]), \
+  "+f"(d0[3][0]), "+f"(d0[3][1]), "+f"(d0[3][2]), "+f"(d0[3][3]), "+f"(d0[4][0]), "+f"(d0[4][1]), \
+  "+f"(d0[4][2]), "+f"(d0[4][3]), "+f"(d0[5][0]), "+f"(d0[5][1]), "+f"(d0[5][2]), "+f"(d0[5][3]), \
+  "+f"(d0[6][0]), "+f"(d0[6][1]), "+f"(d0[6][2]), "+f"(d0[6][3]), "+f"(d0[7][0]), "+f"(d0[7][1]), \
+  "+f"(d0[7][2]), "+f"(d0[7][3]), "+f"(d1[0][0]), "+f"(d1[0][1]), "+f"(d1[0][2]), "+f"(d1[0][3]), \
+  "+f"(d1[1][0]), "+f"(d1[1][1]), "+f"(d1[1][2]), "+f"(d1[1][3]), "+f"(d1[2][0]), "+f"(d1[2][1]), \
+  "+f"(d1[2][2]), "+f"(d1[2][3]), "+f"(d1[3][0]), "+f"(d1[3][1]), "+f"(d1[3][2]), "+f"(d1[3][3]), \
+  "+f"(d1[4][0]), "+f"(d1[4][1]), "+f"(d1[4][2]), "+f"(d1[4][3]), "+f"(d1[5][0]), "+f"(d1[5][1]), \
+  "+f"(d1[5][2]), "+f"(d1[5][3]), "+f"(d1[6][0]), "+f"(d1[6][1]), "+f"(d1[6][2]), "+f"(d1[6][3]), \
+  "+f"(d1[7][0]), "+f"(d1[7][1]), "+f"(d1[7][2]), "+f"(d1[7][3])
+template <typename T, int N>
+struct Wgmma;  // run(d0, d1, desc_a, desc_b): D += A * B, m64nNk16, d0 / d1 the two halves of N
+
+#if DC_HAS_WGMMA
+#define DC_WGMMA_RUN(PTX_TYPE, N, DESCS)                                                                        \
+  asm volatile("wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PTX_TYPE "." PTX_TYPE " " DC_WGMMA_D##N ", " \
+               DESCS ", 1, 1, 1, 0, 0;\n"                                                                      \
+               : DC_WGMMA_BIND##N(d0, d1)                                                                      \
+               : "l"(da), "l"(db))
+#else
+#define DC_WGMMA_RUN(PTX_TYPE, N, DESCS) ((void)d0, (void)d1, (void)da, (void)db)
+#endif
+
+#define DC_DEFINE_WGMMA(TYPE, PTX_TYPE, N, DESCS)                                                          \
+  template <>                                                                                              \
+  struct Wgmma<TYPE, N> {                                                                                  \
+    static __device__ __forceinline__ void run(float (&d0)[N / 16][4], float (&d1)[N / 16][4], uint64_t da, \
+                                               uint64_t db) {                                              \
+      DC_WGMMA_RUN(PTX_TYPE, N, DESCS);                                                                    \
+    }                                                                                                      \
+  };
+DC_DEFINE_WGMMA(__half, "f16", 64, "%32, %33")
+DC_DEFINE_WGMMA(__half, "f16", 128, "%64, %65")
+DC_DEFINE_WGMMA(__nv_bfloat16, "bf16", 64, "%32, %33")
+DC_DEFINE_WGMMA(__nv_bfloat16, "bf16", 128, "%64, %65")
+#undef DC_DEFINE_WGMMA
+#undef DC_WGMMA_RUN
+
+}  // namespace tc
+}  // namespace conv
+}  // namespace deltaconv
