@@ -99,6 +99,10 @@ def _extensions_and_cmdclass():
     opt = ["-O0", "-g"] if debug else ["-O3"]
     # no --use_fast_math: the kernels must match the reference backend's float32 arithmetic
     nvcc_flags = opt + ["-std=c++17", "-lineinfo"] + (["-G"] if debug else [])
+    # the host code may launch the wgmma kernels only when the build has their sm_90a machine code
+    arches = os.environ["TORCH_CUDA_ARCH_LIST"].replace(" ", ";").split(";")
+    if any(a.startswith("9.0a") for a in arches):
+        nvcc_flags.append("-DDC_SM90A=1")
     cxx_flags = opt + ["-std=c++17"]
     from torch.utils import cpp_extension
     if not hasattr(cpp_extension, "min_supported_cpython"):

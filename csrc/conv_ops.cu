@@ -176,13 +176,19 @@ bool tc_enabled() {
   return v == nullptr || std::strcmp(v, "0") != 0;
 }
 
-// DELTACONV_WGMMA=0 makes the gathered-rows GEMM (1x1 convs and gathered taps) use mma.sync where
-// it would use Hopper's wgmma (read on every call; A/B runs and tests of both paths). wgmma needs
-// the sm_90a target in TORCH_CUDA_ARCH_LIST (setup.py's default "9.0a"); a build without it runs
-// mma.sync either way.
+// Hopper's wgmma runs the gathered-rows GEMM (1x1 convs, gathered taps) and the stride-1 3x3 tile
+// kernel when the build has the sm_90a target (DC_SM90A: setup.py's default TORCH_CUDA_ARCH_LIST
+// "9.0a") and the device is compute capability 9.0; otherwise they use mma.sync.
+// DELTACONV_WGMMA=0 forces mma.sync (read on every call: A/B runs, tests of both paths).
 bool wgmma_enabled() {
+#if defined(DC_SM90A) && DC_SM90A
   const char* v = std::getenv("DELTACONV_WGMMA");
-  return v == nullptr || std::strcmp(v, "0") != 0;
+  if (v != nullptr && std::strcmp(v, "0") == 0) return false;
+  const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
+  return prop->major == 9 && prop->minor == 0;
+#else
+  return false;
+#endif
 }
 
 // Opt-in to the device's maximum dynamic shared memory once per kernel, and the resident blocks
@@ -249,13 +255,13 @@ conv::tc::TcArgs tc_args(const Tensor& x, const Tensor& m_or_empty, const Tensor
 
 // One 3x3 configuration: (coarse, fine) pair of instantiations for one dtype / stride / width /
 // dilation.
-template <typename T, int S, int TPB, int NWc, int NTc, int NWf, int NTf, int D = 1>
+template <typename T, int S, int TPB, int NWc, int NTc, int NWf, int NTf, int D = 1, bool WG = false>
 void run_tc_3x3(conv::tc::TcArgs a, int64_t tiles, cudaStream_t stream) {
   using CC = conv::tc::Conv3Cfg<S, TPB, NWc, NTc, D>;
   using CF = conv::tc::Conv3Cfg<S, 1, NWf, NTf, D>;
   static_assert(CC::BN == CF::BN, "coarse and fine launches must split Cout alike");
-  auto kc = conv::tc::conv3x3_tc_kernel<T, S, TPB, NWc, NTc, false, D>;
-  auto kf = conv::tc::conv3x3_tc_kernel<T, S, 1, NWf, NTf, true, D>;
+  auto kc = conv::tc::conv3x3_tc_kernel<T, S, TPB, NWc, NTc, false, D, WG>;
+  auto kf = conv::tc::conv3x3_tc_kernel<T, S, 1, NWf, NTf, true, D, WG>;
   a.cap = (int)tiles;
   const int smem_c = CC::smem(a.prefetch), smem_f = CF::smem(a.prefetch);
   const int occ_c = prepare_kernel(kc, CC::THREADS, smem_c);
@@ -280,10 +286,22 @@ void run_tc_3x3(conv::tc::TcArgs a, int64_t tiles, cudaStream_t stream) {
   }
 }
 
-// dilation 2 and 4 (the dilated backbones of the segmentation models) only with stride 1
+// dilation 2 and 4 (the dilated backbones of the segmentation models) only with stride 1;
+// wgmma (stride 1): a warpgroup per tile, 2 tiles per block in the coarse launch, 1 in the fine one
 template <typename T>
 void dispatch_tc_3x3(const conv::tc::TcArgs& a, int64_t tiles, bool stride2, bool wide, int dilation,
                      cudaStream_t stream) {
+  if (!stride2 && wgmma_enabled()) {
+    switch (dilation * 2 + (wide ? 1 : 0)) {
+      case 3: run_tc_3x3<T, 1, 2, 4, 4, 4, 4, 1, true>(a, tiles, stream); break;
+      case 2: run_tc_3x3<T, 1, 2, 4, 2, 4, 2, 1, true>(a, tiles, stream); break;
+      case 5: run_tc_3x3<T, 1, 2, 4, 4, 4, 4, 2, true>(a, tiles, stream); break;
+      case 4: run_tc_3x3<T, 1, 2, 4, 2, 4, 2, 2, true>(a, tiles, stream); break;
+      case 9: run_tc_3x3<T, 1, 2, 4, 4, 4, 4, 4, true>(a, tiles, stream); break;
+      default: run_tc_3x3<T, 1, 2, 4, 2, 4, 2, 4, true>(a, tiles, stream); break;
+    }
+    return;
+  }
   if (dilation == 2) {
     if (wide) run_tc_3x3<T, 1, 2, 2, 8, 4, 4, 2>(a, tiles, stream); else run_tc_3x3<T, 1, 2, 2, 4, 2, 4, 2>(a, tiles, stream);
   } else if (dilation == 4) {

@@ -194,9 +194,17 @@ __device__ __forceinline__ void zero_acc(float (&acc)[M][NT][4]) {
 template <typename T, int NT>
 __device__ __forceinline__ void store_pixel(T* yp, const T* bias, bool add_bias, int c0, int cout,
                                             const float (&acc_i)[NT][4], int h) {
-  static_assert(NT % 4 == 0, "n8 tiles in groups of 4 (one per quad lane)");
   const int q = threadIdx.x & 3;
   add_bias = add_bias && yp != nullptr;
+  if constexpr (NT % 4 != 0) {  // (mma.sync fallback of narrow wgmma configurations) 4-byte stores
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      const int co = c0 + j * 8 + 2 * q;
+      const uint32_t v = pack2<T>(bias, add_bias && co < cout, co, acc_i[j][2 * h], acc_i[j][2 * h + 1]);
+      if (yp != nullptr && co < cout) *reinterpret_cast<uint32_t*>(yp + co) = v;
+    }
+    return;
+  }
 #pragma unroll
   for (int g4 = 0; g4 < NT / 4; ++g4) {
     uint32_t v[4];
@@ -211,11 +219,13 @@ __device__ __forceinline__ void store_pixel(T* yp, const T* bias, bool add_bias,
   }
 }
 
-// Epilogue of the 8x8-tile kernels: a warp's accumulators of output tile `tile` (m16 tile i = tile
-// rows 2i and 2i + 1, n8 tile j = channels c0 + 8j, +8) -> a.y at the tile rows set in `rm` (bit r:
-// row r) that lie inside the output, plus the bias on key streams.
-template <typename T, int NT>
-__device__ __forceinline__ void store_tile(const TcArgs& a, int tile, int rm, int c0, const float (&acc)[4][NT][4]) {
+// Epilogue of the 8x8-tile kernels: a warp's accumulators of output tile `tile` -> a.y at the tile
+// rows set in `rm` (bit r: row r) that lie inside the output, plus the bias on key streams. acc[i]
+// is the m16 tile of tile rows 2 (i0 + i di), +1 (mma.sync: i0 = 0, di = 1; wgmma: the warp's
+// row pair, di = 0), its n8 tile j = channels c0 + i dc + 8j, +8.
+template <typename T, int NT, int M>
+__device__ __forceinline__ void store_tile(const TcArgs& a, int tile, int rm, int c0, const float (&acc)[M][NT][4],
+                                           int i0 = 0, int di = 1, int dc = 0) {
   const ConvGeom& g = a.g;
   const int lane = threadIdx.x & 31;
   const TileAt at = tile_at(tile, g);
@@ -223,13 +233,15 @@ __device__ __forceinline__ void store_tile(const TcArgs& a, int tile, int rm, in
   const T* bias = static_cast<const T*>(a.bias);
   T* yn = static_cast<T*>(a.y) + (size_t)at.n * g.Ho * g.Wo * g.Cout;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < M; ++i) {
+    const int r0 = 2 * (i0 + i * di);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int oh = at.oh0 + 2 * i + h;
+      const int oh = at.oh0 + r0 + h;
       const int ow = at.ow0 + (lane >> 2);
-      const bool store = ((rm >> (2 * i + h)) & 1) && oh < g.Ho && ow < g.Wo;
-      store_pixel<T, NT>(store ? yn + ((size_t)oh * g.Wo + ow) * g.Cout : nullptr, bias, add_bias, c0, g.Cout, acc[i], h);
+      const bool store = ((rm >> (r0 + h)) & 1) && oh < g.Ho && ow < g.Wo;
+      store_pixel<T, NT>(store ? yn + ((size_t)oh * g.Wo + ow) * g.Cout : nullptr, bias, add_bias, c0 + i * dc, g.Cout,
+                         acc[i], h);
     }
   }
 }
@@ -249,10 +261,10 @@ struct Conv3Cfg {
   static constexpr int THREADS = 32 * WARPS;
   static constexpr int BN = NW * NT * 8;
   static constexpr int TAB = TPB * Halo<S, D>::PIX + TPB;  // ints per table: halo sources + row masks
-  static constexpr int HALO_BYTES = TPB * Halo<S, D>::PIX * 128;  // one buffer
+  static constexpr int HALO_BYTES = (TPB * Halo<S, D>::PIX * 128 + 1023) / 1024 * 1024;  // one buffer
   static constexpr int W_BYTES = BN * 128;
   static constexpr int TAB_BYTES = 2 * TAB * 4;
-  static int smem(int prefetch) { return 2 * HALO_BYTES + (prefetch + 1) * W_BYTES + TAB_BYTES; }
+  static int smem(int prefetch) { return 2 * HALO_BYTES + (prefetch + 1) * W_BYTES + TAB_BYTES + 1024; }
 };
 
 __device__ __forceinline__ void cp_async_wait_dyn(int pending) {
@@ -334,10 +346,44 @@ __device__ __forceinline__ void kstep3(float (&acc)[4][NT][4], const uint32_t (&
   }
 }
 
-template <typename T, int S, int TPB, int NW, int NT, bool FINE, int D>
-__global__ void __launch_bounds__(32 * TPB * NW, 1) conv3x3_tc_kernel(const TcArgs a) {
+// K steps 0 .. KS - 1 of one 64-channel chunk by a warpgroup: acc[0] / acc[1] (the two n halves of
+// its m64nNk16) += A[64 x 16 KS] (tile at sa, 8-row groups a_stride bytes apart) * B[16 KS x N]
+// (dense tile at sb), both K-major 128-byte swizzled rows; returns with the wgmmas complete (their
+// shared memory may be overwritten).
+template <typename T, int N, int KS>
+__device__ __forceinline__ void wgmma_chunk(float (&acc)[2][N / 16][4], uint32_t sa, uint32_t a_stride, uint32_t sb) {
+  wgmma_fence_operands(acc);
+  wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < KS; ++ks)
+    Wgmma<T, N>::run(acc[0], acc[1], wgmma_desc(sa + ks * 32, a_stride), wgmma_desc(sb + ks * 32));
+  wgmma_commit();
+  wgmma_wait_all();
+  wgmma_fence_operands(acc);
+}
+
+// wgmma_chunk for a run-time step count 1..4: one straight sequence per count (a run-time bound
+// inside one sequence makes ptxas fence every wgmma).
+template <typename T, int N>
+__device__ __forceinline__ void wgmma_chunk(float (&acc)[2][N / 16][4], int ksteps, uint32_t sa, uint32_t a_stride,
+                                            uint32_t sb) {
+  switch (ksteps) {
+    case 4: wgmma_chunk<T, N, 4>(acc, sa, a_stride, sb); break;
+    case 3: wgmma_chunk<T, N, 3>(acc, sa, a_stride, sb); break;
+    case 2: wgmma_chunk<T, N, 2>(acc, sa, a_stride, sb); break;
+    default: wgmma_chunk<T, N, 1>(acc, sa, a_stride, sb); break;
+  }
+}
+
+template <typename T, int S, int TPB, int NW, int NT, bool FINE, int D, bool WG>
+__global__ void __launch_bounds__(32 * TPB * NW, WG ? 2 : 1) conv3x3_tc_kernel(const TcArgs a) {
   using Cfg = Conv3Cfg<S, TPB, NW, NT, D>;
   using HL = Halo<S, D>;
+  // WG (sm_90a, stride 1): the NW = 4 warps of a tile are a warpgroup issuing m64n(BN)k16 wgmma
+  // with A straight from the halo (the 8 pixels of an output row are consecutive halo rows; rows
+  // HL::W apart); warp w holds tile rows 2w, 2w + 1, acc[h] = channels h * BN / 2 .. + BN / 2.
+  constexpr bool kWg = WG && DC_HAS_WGMMA != 0;
+  static_assert(!WG || (S == 1 && NW == 4), "wgmma: stride 1, a warpgroup per tile");
   constexpr int THREADS = Cfg::THREADS;
   constexpr int PIXT = TPB * HL::PIX;
   constexpr int P = 2;   // prefetch distance in stages
@@ -362,9 +408,9 @@ __global__ void __launch_bounds__(32 * TPB * NW, 1) conv3x3_tc_kernel(const TcAr
   const T* __restrict__ x = static_cast<const T*>(a.x);
   const T* __restrict__ w = static_cast<const T*>(a.w);
   const int* __restrict__ list = a.list;
-  const uint32_t halo_s = smem_u32(smem);
+  const uint32_t halo_s = (smem_u32(smem) + 1023u) & ~1023u;  // wgmma: 1024-byte aligned swizzle
   const uint32_t w_s = halo_s + 2 * Cfg::HALO_BYTES;
-  int* tab_s = reinterpret_cast<int*>(smem + 2 * Cfg::HALO_BYTES + WS * Cfg::W_BYTES);
+  int* tab_s = reinterpret_cast<int*>(smem + (halo_s - smem_u32(smem)) + 2 * Cfg::HALO_BYTES + WS * Cfg::W_BYTES);
 
   const int tid = threadIdx.x;
   const int lane = tid & 31;
@@ -461,7 +507,7 @@ __global__ void __launch_bounds__(32 * TPB * NW, 1) conv3x3_tc_kernel(const TcAr
   const uint32_t bbase = (nw * NT * 8 + (lane & 7) + ((lane >> 4) << 3)) * 128;
   const int bx = ((lane >> 3) & 1) ^ (lane & 7);
 
-  float acc[4][NT][4];
+  float acc[kWg ? 2 : 4][kWg ? 2 * NT : NT][4];
   zero_acc(acc);
 
   prep(0);
@@ -486,6 +532,7 @@ __global__ void __launch_bounds__(32 * TPB * NW, 1) conv3x3_tc_kernel(const TcAr
 #pragma unroll 1
       for (int c_tap = 0; c_tap < 9; ++c_tap, ++s) {
         cp_async_wait<P - 1>();
+        if constexpr (kWg) fence_proxy_async();
         __syncthreads();
         if (s + P < total) {
           // the table of the next group is needed by the stage after this one
@@ -500,7 +547,12 @@ __global__ void __launch_bounds__(32 * TPB * NW, 1) conv3x3_tc_kernel(const TcAr
           rp = ((rm & 0x03) ? 1 : 0) | ((rm & 0x0c) ? 2 : 0) | ((rm & 0x30) ? 4 : 0) | ((rm & 0xc0) ? 8 : 0);
         }
 
-        if (rp != 0) {
+        if constexpr (kWg) {
+          const int ky = c_tap >= 6 ? 2 : (c_tap >= 3 ? 1 : 0);
+          const int c_toff = D * (ky * (HL::W - 3) + c_tap);  // (ky * W + kx) * D
+          const uint32_t sa = halo_s + c_hpar * Cfg::HALO_BYTES + (slot * HL::PIX + c_toff) * 128;
+          wgmma_chunk<T, Cfg::BN>(acc, c_ksteps, sa, HL::W * 128, w_s + c_ws * Cfg::W_BYTES);
+        } else if (rp != 0) {
           const int ky = c_tap >= 6 ? 2 : (c_tap >= 3 ? 1 : 0);
           const int c_toff = D * (ky * (HL::W - 3) + c_tap);  // (ky * W + kx) * D
           const uint32_t hb = halo_s + c_hpar * Cfg::HALO_BYTES;
@@ -537,7 +589,8 @@ __global__ void __launch_bounds__(32 * TPB * NW, 1) conv3x3_tc_kernel(const TcAr
     const int grp = (int)blockIdx.x + c_gi * (int)gridDim.x;
     const int t = grp * TPB + slot;
     if (t < count) {
-      store_tile<T, NT>(a, list[1 + t], rm, n0 + nw * NT * 8, acc);
+      if constexpr (kWg) store_tile<T, 2 * NT>(a, list[1 + t], rm, n0, acc, warp & 3, 0, Cfg::BN / 2);
+      else store_tile<T, NT>(a, list[1 + t], rm, n0 + nw * NT * 8, acc);
     }
     zero_acc(acc);
   }
@@ -588,19 +641,6 @@ struct Conv1Cfg {
   static int smem(int prefetch) { return (prefetch + 1) * STAGE + 1024; }
 };
 
-// K steps 0 .. KS - 1 of one 64-channel chunk by a warpgroup: acc[0] / acc[1] (the two n halves of
-// its m64nNk16) += A[64 x 16 KS] (tile at sa) * B[16 KS x N] (tile at sb), both K-major 128-byte
-// swizzled rows; returns with the wgmmas complete (their shared memory may be overwritten).
-template <typename T, int N, int KS>
-__device__ __forceinline__ void wgmma_chunk(float (&acc)[2][N / 16][4], uint32_t sa, uint32_t sb) {
-  wgmma_fence_operands(acc);
-  wgmma_fence();
-#pragma unroll
-  for (int ks = 0; ks < KS; ++ks) Wgmma<T, N>::run(acc[0], acc[1], wgmma_desc(sa + ks * 32), wgmma_desc(sb + ks * 32));
-  wgmma_commit();
-  wgmma_wait_all();
-  wgmma_fence_operands(acc);
-}
 
 template <typename T, int NW, int NT, int ROWS, bool WG>
 __global__ void __launch_bounds__(Conv1Cfg<NW, NT, WG>::THREADS) conv_gather_tc_kernel(const TcArgs a) {
@@ -797,15 +837,7 @@ __global__ void __launch_bounds__(Conv1Cfg<NW, NT, WG>::THREADS) conv_gather_tc_
     }
 
     if constexpr (kWg) {
-      const uint32_t sa_wg = sa + (warp >> 2) * 64 * 128;
-      // one straight sequence per k16 step count (a run-time bound inside one sequence makes
-      // ptxas fence every wgmma)
-      switch (ksteps) {
-        case 4: wgmma_chunk<T, Cfg::BN, 4>(acc, sa_wg, sb); break;
-        case 3: wgmma_chunk<T, Cfg::BN, 3>(acc, sa_wg, sb); break;
-        case 2: wgmma_chunk<T, Cfg::BN, 2>(acc, sa_wg, sb); break;
-        default: wgmma_chunk<T, Cfg::BN, 1>(acc, sa_wg, sb); break;
-      }
+      wgmma_chunk<T, Cfg::BN>(acc, ksteps, sa + (warp >> 2) * 64 * 128, 1024, sb);
     } else if (rp != 0 && computes) {
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) {

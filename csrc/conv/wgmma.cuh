@@ -27,10 +27,14 @@ namespace deltaconv {
 namespace conv {
 namespace tc {
 
-// Descriptor of a K-major, 128-byte-swizzled tile at shared address `addr` (8-row groups 1024
-// bytes apart).
-__device__ __forceinline__ uint64_t wgmma_desc(uint32_t addr) {
-  return (uint64_t)((addr & 0x3FFFF) >> 4) | (1ull << 16) | ((uint64_t)(1024 >> 4) << 32) | (1ull << 62);
+// Descriptor of a K-major, 128-byte-swizzled tile whose row 0 is at shared address `addr`: rows
+// of 8-row groups are 128 bytes apart, the groups `group_stride` bytes apart (1024: a dense tile).
+// The swizzle is that of the absolute address (chunk j of the row at address r stored at
+// j ^ ((r >> 7) & 7)), so a tile may start at any row of a 1024-byte-aligned buffer with the
+// descriptor's base-offset field 0 (measured on an H200: the 3x3 kernel's taps start at arbitrary
+// halo rows and equal the reference; setting the field to (addr >> 7) & 7 gives wrong results).
+__device__ __forceinline__ uint64_t wgmma_desc(uint32_t addr, uint32_t group_stride = 1024) {
+  return (uint64_t)((addr & 0x3FFFF) >> 4) | (1ull << 16) | ((uint64_t)(group_stride >> 4) << 32) | (1ull << 62);
 }
 
 // Orders this thread's earlier shared-memory writes (cp.async included) before later reads by the
