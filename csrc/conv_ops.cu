@@ -263,7 +263,8 @@ void run_tc_3x3(conv::tc::TcArgs a, int64_t tiles, cudaStream_t stream) {
   auto kc = conv::tc::conv3x3_tc_kernel<T, S, TPB, NWc, NTc, false, D, WG>;
   auto kf = conv::tc::conv3x3_tc_kernel<T, S, 1, NWf, NTf, true, D, WG>;
   a.cap = (int)tiles;
-  const int smem_c = CC::smem(a.prefetch), smem_f = CF::smem(a.prefetch);
+  constexpr int kWeightSlots = 3;  // conv3x3_tc_kernel's WS (mma.sync: prefetch 2; wgmma: prefetch 1)
+  const int smem_c = CC::smem(kWeightSlots), smem_f = CF::smem(kWeightSlots);
   const int occ_c = prepare_kernel(kc, CC::THREADS, smem_c);
   (void)prepare_kernel(kf, CF::THREADS, smem_f);
   const int sms = num_sms();
@@ -372,9 +373,10 @@ template <typename T, int NW, int NT, int ROWS, bool WG>
 void run_tc_gather(conv::tc::TcArgs a, int64_t items, cudaStream_t stream) {
   using Cfg = conv::tc::Conv1Cfg<NW, NT, WG>;
   auto k = conv::tc::conv_gather_tc_kernel<T, NW, NT, ROWS, WG>;
-  a.prefetch = (int)std::min<int64_t>(5, std::max<int64_t>(1, env_int("DELTACONV_TC_PREFETCH1", 2)));
+  // prefetch distance in stages; wgmma keeps one more slot for the group in flight (wgmma_chunk)
+  a.prefetch = (int)std::min<int64_t>(5, std::max<int64_t>(1, env_int("DELTACONV_TC_PREFETCH1", WG ? 1 : 2)));
   a.cap = (int)items;
-  const int smem = Cfg::smem(a.prefetch);
+  const int smem = Cfg::smem(a.prefetch + (WG ? 2 : 1));
   const int occ = prepare_kernel(k, Cfg::THREADS, smem);
   const int nb = ceil_div(a.g.Cout, Cfg::BN);
   const int64_t rows = ROWS == conv::tc::kRowsTiles ? items * conv::TILE_PIX : items;

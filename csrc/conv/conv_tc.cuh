@@ -264,7 +264,7 @@ struct Conv3Cfg {
   static constexpr int HALO_BYTES = (TPB * Halo<S, D>::PIX * 128 + 1023) / 1024 * 1024;  // one buffer
   static constexpr int W_BYTES = BN * 128;
   static constexpr int TAB_BYTES = 2 * TAB * 4;
-  static int smem(int prefetch) { return 2 * HALO_BYTES + (prefetch + 1) * W_BYTES + TAB_BYTES + 1024; }
+  static int smem(int slots) { return 2 * HALO_BYTES + slots * W_BYTES + TAB_BYTES + 1024; }
 };
 
 __device__ __forceinline__ void cp_async_wait_dyn(int pending) {
@@ -346,32 +346,45 @@ __device__ __forceinline__ void kstep3(float (&acc)[4][NT][4], const uint32_t (&
   }
 }
 
-// K steps 0 .. KS - 1 of one 64-channel chunk by a warpgroup: acc[0] / acc[1] (the two n halves of
-// its m64nNk16) += A[64 x 16 KS] (tile at sa, 8-row groups a_stride bytes apart) * B[16 KS x N]
-// (dense tile at sb), both K-major 128-byte swizzled rows; returns with the wgmmas complete (their
-// shared memory may be overwritten).
+// K steps 0 .. KS - 1 of one 64-channel chunk by a warpgroup, committed as one wgmma group:
+// acc[0] / acc[1] (the two n halves of its m64nNk16) += A[64 x 16 KS] (tile at sa, 8-row groups
+// a_stride bytes apart) * B[16 KS x N] (dense tile at sb), both K-major 128-byte swizzled rows.
+// Returns with this group still running and the previous one done (its shared memory free), or,
+// when `drain`, with both done and the accumulators final. Stages therefore need one more
+// shared-memory slot than their prefetch distance + 1: the slot refilled at stage s + 1 is that of
+// stage s - 1.
 template <typename T, int N, int KS>
-__device__ __forceinline__ void wgmma_chunk(float (&acc)[2][N / 16][4], uint32_t sa, uint32_t a_stride, uint32_t sb) {
-  wgmma_fence_operands(acc);
+__device__ __forceinline__ void wgmma_chunk(float (&acc)[2][N / 16][4], uint32_t sa, uint32_t a_stride, uint32_t sb,
+                                            bool drain) {
   wgmma_fence();
 #pragma unroll
   for (int ks = 0; ks < KS; ++ks)
     Wgmma<T, N>::run(acc[0], acc[1], wgmma_desc(sa + ks * 32, a_stride), wgmma_desc(sb + ks * 32));
   wgmma_commit();
-  wgmma_wait_all();
-  wgmma_fence_operands(acc);
+  if (drain) {
+    wgmma_wait<0>();
+    wgmma_fence_operands(acc);
+  } else {
+    wgmma_wait<1>();
+  }
 }
 
-// wgmma_chunk for a run-time step count 1..4: one straight sequence per count (a run-time bound
-// inside one sequence makes ptxas fence every wgmma).
+// wgmma_chunk for a run-time step count 1..4 (one straight sequence per count: a run-time bound
+// inside one sequence makes ptxas fence every wgmma). A whole chunk (full_k: C_in % 64 == 0, so
+// every chunk has 4 steps) keeps one group in flight; partial chunks drain every stage (a group
+// in flight across the branches makes ptxas serialize all wgmmas).
 template <typename T, int N>
-__device__ __forceinline__ void wgmma_chunk(float (&acc)[2][N / 16][4], int ksteps, uint32_t sa, uint32_t a_stride,
-                                            uint32_t sb) {
+__device__ __forceinline__ void wgmma_chunk(float (&acc)[2][N / 16][4], bool full_k, int ksteps, uint32_t sa,
+                                            uint32_t a_stride, uint32_t sb, bool drain) {
+  if (full_k) {
+    wgmma_chunk<T, N, 4>(acc, sa, a_stride, sb, drain);
+    return;
+  }
   switch (ksteps) {
-    case 4: wgmma_chunk<T, N, 4>(acc, sa, a_stride, sb); break;
-    case 3: wgmma_chunk<T, N, 3>(acc, sa, a_stride, sb); break;
-    case 2: wgmma_chunk<T, N, 2>(acc, sa, a_stride, sb); break;
-    default: wgmma_chunk<T, N, 1>(acc, sa, a_stride, sb); break;
+    case 4: wgmma_chunk<T, N, 4>(acc, sa, a_stride, sb, true); break;
+    case 3: wgmma_chunk<T, N, 3>(acc, sa, a_stride, sb, true); break;
+    case 2: wgmma_chunk<T, N, 2>(acc, sa, a_stride, sb, true); break;
+    default: wgmma_chunk<T, N, 1>(acc, sa, a_stride, sb, true); break;
   }
 }
 
@@ -386,8 +399,8 @@ __global__ void __launch_bounds__(32 * TPB * NW, WG ? 2 : 1) conv3x3_tc_kernel(c
   static_assert(!WG || (S == 1 && NW == 4), "wgmma: stride 1, a warpgroup per tile");
   constexpr int THREADS = Cfg::THREADS;
   constexpr int PIXT = TPB * HL::PIX;
-  constexpr int P = 2;   // prefetch distance in stages
-  constexpr int WS = P + 1;
+  constexpr int P = kWg ? 1 : 2;  // prefetch distance in stages
+  constexpr int WS = P + (kWg ? 2 : 1);  // weight slots (wgmma: one group in flight, see wgmma_chunk)
   constexpr int WPT = Cfg::BN * 8 / THREADS;  // 16-byte weight pieces per thread per stage
   constexpr int WROWSTEP = THREADS / 8;
   static_assert(Cfg::BN * 8 % THREADS == 0 && THREADS % 64 == 0, "producer layout");
@@ -551,7 +564,7 @@ __global__ void __launch_bounds__(32 * TPB * NW, WG ? 2 : 1) conv3x3_tc_kernel(c
           const int ky = c_tap >= 6 ? 2 : (c_tap >= 3 ? 1 : 0);
           const int c_toff = D * (ky * (HL::W - 3) + c_tap);  // (ky * W + kx) * D
           const uint32_t sa = halo_s + c_hpar * Cfg::HALO_BYTES + (slot * HL::PIX + c_toff) * 128;
-          wgmma_chunk<T, Cfg::BN>(acc, c_ksteps, sa, HL::W * 128, w_s + c_ws * Cfg::W_BYTES);
+          wgmma_chunk<T, Cfg::BN>(acc, Cin % CK == 0, c_ksteps, sa, HL::W * 128, w_s + c_ws * Cfg::W_BYTES, false);
         } else if (rp != 0) {
           const int ky = c_tap >= 6 ? 2 : (c_tap >= 3 ? 1 : 0);
           const int c_toff = D * (ky * (HL::W - 3) + c_tap);  // (ky * W + kx) * D
@@ -586,6 +599,10 @@ __global__ void __launch_bounds__(32 * TPB * NW, WG ? 2 : 1) conv3x3_tc_kernel(c
     }
 
     // group done: epilogue
+    if constexpr (kWg) {
+      wgmma_wait<0>();
+      wgmma_fence_operands(acc);
+    }
     const int grp = (int)blockIdx.x + c_gi * (int)gridDim.x;
     const int t = grp * TPB + slot;
     if (t < count) {
@@ -638,7 +655,7 @@ struct Conv1Cfg {
   static constexpr int STAGE = A_BYTES + B_BYTES;
   static constexpr int RPT = BM * 8 / THREADS;  // A rows loaded per thread per stage
   // + 1024: the stages start 1024-byte aligned (wgmma's 128-byte swizzle)
-  static int smem(int prefetch) { return (prefetch + 1) * STAGE + 1024; }
+  static int smem(int slots) { return slots * STAGE + 1024; }
 };
 
 
@@ -672,7 +689,7 @@ __global__ void __launch_bounds__(Conv1Cfg<NW, NT, WG>::THREADS) conv_gather_tc_
   const int n0 = blockIdx.y * Cfg::BN;
   const int HWo = g.Ho * g.Wo;
   const int P = a.prefetch;
-  const int wslots = P + 1;
+  const int wslots = P + (kWg ? 2 : 1);  // wgmma: one group in flight (see wgmma_chunk)
 
   const T* __restrict__ x = static_cast<const T*>(a.x);
   const T* __restrict__ w = static_cast<const T*>(a.w);
@@ -837,7 +854,7 @@ __global__ void __launch_bounds__(Conv1Cfg<NW, NT, WG>::THREADS) conv_gather_tc_
     }
 
     if constexpr (kWg) {
-      wgmma_chunk<T, Cfg::BN>(acc, ksteps, sa + (warp >> 2) * 64 * 128, 1024, sb);
+      wgmma_chunk<T, Cfg::BN>(acc, g.Cin % CK == 0, ksteps, sa + (warp >> 2) * 64 * 128, 1024, sb, false);
     } else if (rp != 0 && computes) {
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) {
@@ -851,6 +868,10 @@ __global__ void __launch_bounds__(Conv1Cfg<NW, NT, WG>::THREADS) conv_gather_tc_
     }
 
     if (last) {
+      if constexpr (kWg) {
+        wgmma_wait<0>();
+        wgmma_fence_operands(acc);
+      }
       const T* bias = static_cast<const T*>(a.bias);
 #pragma unroll
       for (int i = 0; i < MI; ++i) {

@@ -65,10 +65,12 @@ __device__ __forceinline__ void wgmma_fence_operands(float (&acc)[M][NT][4]) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(acc[i][j][e])::"memory");
 }
-// Waits until all committed wgmma groups of this warp are done (accumulators final, smem free).
-__device__ __forceinline__ void wgmma_wait_all() {
+// Waits until at most N committed wgmma groups of this warp are pending (N = 0: accumulators
+// final, all their shared memory free).
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
 #if DC_HAS_WGMMA
-  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 #endif
 }
 
