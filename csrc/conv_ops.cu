@@ -314,11 +314,17 @@ void dispatch_tc_3x3(const conv::tc::TcArgs& a, int64_t tiles, bool stride2, boo
   }
 }
 
-// weight [Cout, Cin, 3, 3] (any float dtype) -> [Cout, 3, 3, Cin] in the activation dtype, in one copy.
-Tensor relayout_weight(const Tensor& weight, at::ScalarType dtype) {
-  Tensor w2 = at::empty({weight.size(0), weight.size(2), weight.size(3), weight.size(1)},
-                        weight.options().dtype(dtype));
-  w2.copy_(weight.permute({0, 2, 3, 1}));
+// weight [Cout, Cin, KH, KW] (any float dtype) -> [Cout, KH, KW, Cin] in the activation dtype, in one copy;
+// cin_to > Cin: input channels zero-padded to cin_to ([Cout][3][3][cin_to]), still one copy.
+Tensor relayout_weight(const Tensor& weight, at::ScalarType dtype, int64_t cin_to = 0) {
+  const int64_t cin = weight.size(1);
+  if (cin_to <= cin) {
+    Tensor w2 = at::empty({weight.size(0), weight.size(2), weight.size(3), cin}, weight.options().dtype(dtype));
+    w2.copy_(weight.permute({0, 2, 3, 1}));
+    return w2;
+  }
+  Tensor w2 = at::zeros({weight.size(0), weight.size(2), weight.size(3), cin_to}, weight.options().dtype(dtype));
+  w2.narrow(3, 0, cin).copy_(weight.permute({0, 2, 3, 1}));
   return w2;
 }
 
@@ -333,9 +339,9 @@ struct ConvWeights {
 ConvWeights conv_weights(const Tensor& weight, const c10::optional<Tensor>& bias, at::ScalarType dtype,
                          bool tc_layout = false, int64_t cin_to = 0) {
   ConvWeights t;
-  t.w = tc_layout && weight.size(2) * weight.size(3) != 1 ? relayout_weight(weight, dtype)
-                                                          : weight.to(dtype).contiguous();
-  if (tc_layout && cin_to > t.w.size(-1)) t.w = at::constant_pad_nd(t.w, {0, cin_to - t.w.size(-1)}).contiguous();
+  t.w = tc_layout && (weight.size(2) * weight.size(3) != 1 || cin_to > weight.size(1))
+            ? relayout_weight(weight, dtype, cin_to)
+            : weight.to(dtype).contiguous();
   if (bias.has_value()) t.b = bias->to(dtype).contiguous();
   return t;
 }
@@ -361,7 +367,8 @@ void launch_tc_3x3(const Tensor& x, const Tensor& m, const ConvWeights& tw, cons
                    const int* alt_count, float pixel_ratio) {
   const conv::tc::TcArgs a = tc_args(x, m, tw.w, tw.b, key, y, list, g, alt_count, pixel_ratio);
   // coarse launch: 2 tiles per block (two blocks per multiprocessor; 4 tiles per block, one block,
-  // was 6-16 % slower at every density on an H200); Cout > 64: 128 channels per block
+  // was 6-16 % slower at every density on an H200 with mma.sync, and up to 10 % slower with wgmma
+  // except dilated C=256 at 135x240, scratch A/B 2026-11-21); Cout > 64: 128 channels per block
   const bool wide = g.Cout > 64;
   if (x.scalar_type() == at::kHalf) dispatch_tc_3x3<__half>(a, tiles, g.sh == 2, wide, g.dh, stream);
   else dispatch_tc_3x3<__nv_bfloat16>(a, tiles, g.sh == 2, wide, g.dh, stream);
@@ -552,14 +559,13 @@ std::tuple<Tensor, Tensor> conv2d_cuda(const Tensor& delta, const Tensor& mask, 
 
   // Tensor-core path: fp16 / bf16, groups 1, channels multiple of 8, 16-byte aligned rows;
   // 1x1 (any stride / padding) and 3x3 (dilation 1 with equal strides 1 or 2; dilation 2 or 4, stride 1).
-  const bool tc_ok = tc_enabled() && (x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16) &&
-                     groups == 1 && Cin % 8 == 0 && Cout % 8 == 0 && Cout * KH * KW * Cin < kIntMax &&
+  const bool tc_dtype = tc_enabled() && (x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16);
+  const bool tc_ok = tc_dtype && groups == 1 && Cin % 8 == 0 && Cout % 8 == 0 && Cout * KH * KW * Cin < kIntMax &&
                      reinterpret_cast<uintptr_t>(x.const_data_ptr()) % 16 == 0;
   // Few input channels (the stems: 3): fp16 / bf16, groups 1, dilation 1, equal strides 1 or 2,
   // 2..64 taps: two taps per k16 step from the tile's input halo (conv_small_cin_tc.cuh), the
   // delta padded to 8 channels.
-  const bool small_cin = tc_enabled() && (x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16) &&
-                         groups == 1 && Cin <= conv::tc::kSmallCin && Cout % 8 == 0 && dh == 1 && dw == 1 &&
+  const bool small_cin = tc_dtype && groups == 1 && Cin <= conv::tc::kSmallCin && Cout % 8 == 0 && dh == 1 && dw == 1 &&
                          sh == sw && (sh == 1 || sh == 2) && KH * KW >= 2 && KH * KW <= conv::tc::kSmallCinMaxTaps &&
                          Cout * KH * KW * conv::tc::kSmallCin < kIntMax;
   if (small_cin) {

@@ -16,6 +16,8 @@
 //       FINE selects which of two launches runs: a coarse one (TPB 2) for many tiles and a
 //       fine one (TPB 1) when the device-side tile count is small (count <= fine_max), so that
 //       a few tiles still spread over all multiprocessors. Both are launched; one exits at once.
+//       WG (stride 1, sm_90a): a warpgroup per tile issues wgmma with A straight from the halo,
+//       one wgmma group in flight across stages (prefetch distance 1, a 3-slot weight ring).
 //   conv_gather_tc_kernel<T, NW, NT, ROWS, WG>
 //       groups 1, Cin % 8 == 0: a GEMM over 128 output pixels x BN output channels per item, K in
 //       chunks of 64 channels (x taps), 3-slot cp.async ring over the flattened (item, tap, chunk)
@@ -372,12 +374,14 @@ __device__ __forceinline__ void wgmma_chunk(float (&acc)[2][N / 16][4], uint32_t
 // wgmma_chunk for a run-time step count 1..4 (one straight sequence per count: a run-time bound
 // inside one sequence makes ptxas fence every wgmma). A whole chunk (full_k: C_in % 64 == 0, so
 // every chunk has 4 steps) keeps one group in flight; partial chunks drain every stage (a group
-// in flight across the branches makes ptxas serialize all wgmmas).
+// in flight across the branches makes ptxas serialize all wgmmas). Callers drain (wgmma_wait<0>,
+// wgmma_fence_operands) before reading the accumulators: a drain inside a branch here would
+// also make ptxas serialize them.
 template <typename T, int N>
 __device__ __forceinline__ void wgmma_chunk(float (&acc)[2][N / 16][4], bool full_k, int ksteps, uint32_t sa,
-                                            uint32_t a_stride, uint32_t sb, bool drain) {
+                                            uint32_t a_stride, uint32_t sb) {
   if (full_k) {
-    wgmma_chunk<T, N, 4>(acc, sa, a_stride, sb, drain);
+    wgmma_chunk<T, N, 4>(acc, sa, a_stride, sb, false);
     return;
   }
   switch (ksteps) {
@@ -564,7 +568,7 @@ __global__ void __launch_bounds__(32 * TPB * NW, WG ? 2 : 1) conv3x3_tc_kernel(c
           const int ky = c_tap >= 6 ? 2 : (c_tap >= 3 ? 1 : 0);
           const int c_toff = D * (ky * (HL::W - 3) + c_tap);  // (ky * W + kx) * D
           const uint32_t sa = halo_s + c_hpar * Cfg::HALO_BYTES + (slot * HL::PIX + c_toff) * 128;
-          wgmma_chunk<T, Cfg::BN>(acc, Cin % CK == 0, c_ksteps, sa, HL::W * 128, w_s + c_ws * Cfg::W_BYTES, false);
+          wgmma_chunk<T, Cfg::BN>(acc, Cin % CK == 0, c_ksteps, sa, HL::W * 128, w_s + c_ws * Cfg::W_BYTES);
         } else if (rp != 0) {
           const int ky = c_tap >= 6 ? 2 : (c_tap >= 3 ? 1 : 0);
           const int c_toff = D * (ky * (HL::W - 3) + c_tap);  // (ky * W + kx) * D
@@ -657,7 +661,6 @@ struct Conv1Cfg {
   // + 1024: the stages start 1024-byte aligned (wgmma's 128-byte swizzle)
   static int smem(int slots) { return slots * STAGE + 1024; }
 };
-
 
 template <typename T, int NW, int NT, int ROWS, bool WG>
 __global__ void __launch_bounds__(Conv1Cfg<NW, NT, WG>::THREADS) conv_gather_tc_kernel(const TcArgs a) {
@@ -854,7 +857,7 @@ __global__ void __launch_bounds__(Conv1Cfg<NW, NT, WG>::THREADS) conv_gather_tc_
     }
 
     if constexpr (kWg) {
-      wgmma_chunk<T, Cfg::BN>(acc, g.Cin % CK == 0, ksteps, sa + (warp >> 2) * 64 * 128, 1024, sb, false);
+      wgmma_chunk<T, Cfg::BN>(acc, g.Cin % CK == 0, ksteps, sa + (warp >> 2) * 64 * 128, 1024, sb);
     } else if (rp != 0 && computes) {
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) {
