@@ -315,7 +315,7 @@ void dispatch_tc_3x3(const conv::tc::TcArgs& a, int64_t tiles, bool stride2, boo
 }
 
 // weight [Cout, Cin, KH, KW] (any float dtype) -> [Cout, KH, KW, Cin] in the activation dtype, in one copy;
-// cin_to > Cin: input channels zero-padded to cin_to ([Cout][3][3][cin_to]), still one copy.
+// cin_to > Cin: input channels zero-padded to cin_to ([Cout][KH][KW][cin_to]), still one copy.
 Tensor relayout_weight(const Tensor& weight, at::ScalarType dtype, int64_t cin_to = 0) {
   const int64_t cin = weight.size(1);
   if (cin_to <= cin) {

@@ -3,8 +3,8 @@
 // through matrix descriptors, the fp32 accumulators in registers.
 //
 // Operand layout: both K-major with the 128-byte swizzle: rows of 64 fp16/bf16 = 128 bytes, the
-// 16-byte chunk j of row r stored at chunk j ^ (r & 7), the tile 1024-byte aligned (the layout the
-// conv kernels already write with cp.async). A k16 step starts 32 bytes further into the rows.
+// 16-byte chunk j of row r stored at chunk j ^ (r & 7), r counted from a 1024-byte-aligned buffer
+// start (the layout the conv kernels already write with cp.async). A k16 step starts 32 bytes further into the rows.
 //
 // Accumulators: warp w of the warpgroup holds rows 16w .. 16w + 15 of the 64; per n8 tile j, lane
 // l holds rows l / 4 and l / 4 + 8 at columns 8j + 2 (l % 4), +1: mma.sync's m16n8 C fragment.
