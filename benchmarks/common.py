@@ -93,7 +93,7 @@ def clustered_mask(n: int, h: int, w: int, fraction: float, blob: int = 24, seed
 
 def tile_stats(out_mask: torch.Tensor) -> tuple[float, float, float]:
     """(active pixel fraction, active 8x8 tile fraction, fill) of an ``[N, 1, H, W]`` output mask:
-    fill = active pixels / (64 x active tiles), as the 3x3 tensor-core switch computes it (tiles
+    fill = active pixels / (64 x active tiles), the pixels the 3x3 tensor-core kernel computes (tiles
     that overhang the image count 64 pixels); NaN when no tile is active."""
     m = out_mask.float()
     tiles = F.max_pool2d(m, 8, 8, ceil_mode=True) > 0

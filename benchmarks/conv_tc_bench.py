@@ -10,9 +10,9 @@
    cudnn.benchmark) vs deltaconv.conv2d at clustered change fractions (24x24-pixel blobs).
 3. A torch.profiler breakdown (mask pass vs compute vs weight relayout) for a few cases.
 
-``--paths``: the two device-side paths of the 3x3 conv (tiles / pixel rows, forced through
-DELTACONV_TC_PIXEL_RATIO) against the automatic switch, on clustered and scattered masks, with
-the fill of the active tiles (active output pixels / pixels of active tiles) that the switch reads.
+``--paths``: the two paths of the 3x3 conv, each forced for every tile through DELTACONV_TC_SPLIT
+(0: tile kernel, 64: pixel rows), against the default per-tile split, on clustered and scattered
+masks, with the fill of the active tiles (active output pixels / pixels of active tiles).
 """
 from __future__ import annotations
 
@@ -37,7 +37,8 @@ FRACS = [0.01, 0.05, 0.25, 1.0]
 COARSE, FINE = "-1", str(1 << 30)
 
 
-ENV_KEYS = ("DELTACONV_TC_FINE_MAX", "DELTACONV_TC", "DELTACONV_TC_PREFETCH1", "DELTACONV_TC_PIXEL_RATIO")
+ENV_KEYS = ("DELTACONV_TC_FINE_MAX", "DELTACONV_TC", "DELTACONV_TC_PREFETCH1", "DELTACONV_TC_SPLIT",
+            "DELTACONV_TC_SPLIT_MIN")
 
 
 def set_mode(mode):
@@ -46,7 +47,8 @@ def set_mode(mode):
     for k in ENV_KEYS:
         os.environ.pop(k, None)
     if mode in ("tiles", "pixels"):
-        os.environ["DELTACONV_TC_PIXEL_RATIO"] = "0" if mode == "tiles" else "1e9"
+        os.environ["DELTACONV_TC_SPLIT"] = "0" if mode == "tiles" else "64"
+        os.environ["DELTACONV_TC_SPLIT_MIN"] = "0"
     elif mode in ("p1", "p2", "p4", "p5"):
         os.environ["DELTACONV_TC_PREFETCH1"] = mode[1]
     elif mode == "coarse":

@@ -1,8 +1,9 @@
 """How full are the active 8x8 tiles of the 3x3 tensor-core convolutions on real video?
 
 The 3x3 tensor-core conv computes whole 8x8 output tiles; the opt-in pixel-row path
-(``DELTACONV_TC_PIXEL_RATIO``, see README) computes only the active output pixels and pays off
-when they fill less than about 0.35-0.4 of the active tiles (``results/conv3x3_paths.txt``). This
+(``DELTACONV_TC_SPLIT``, see README: per tile, or for every tile with ``DELTACONV_TC_SPLIT=64``)
+computes only the active output pixels and paid off, for all tiles at once, when they filled less
+than about 0.35-0.4 of the active tiles (``results/conv3x3_paths.txt``, ``mma.sync`` kernels). This
 tool measures that fill per 3x3 convolution of a converted model over video frames, with the
 reference backend (runs on CPU: masks do not depend on the backend), and writes
 ``results/tile_fill.csv``:
@@ -11,8 +12,8 @@ reference backend (runs on CPU: masks do not depend on the backend), and writes
         --videos vtest.avi one-by-one-person-detection.mp4
 
 Columns: layer, stride, channels, threshold, density (active output pixels / output pixels),
-tiles (active tiles / tiles), fill (active output pixels / (64 x active tiles), as the device-side
-switch computes it: tiles that overhang the image count 64 pixels); means over the delta frames
+tiles (active tiles / tiles), fill (active output pixels / (64 x active tiles), the pixels the 3x3
+kernel computes: tiles that overhang the image count 64 pixels); means over the delta frames
 (key frame excluded).
 """
 from __future__ import annotations

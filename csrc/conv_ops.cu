@@ -132,23 +132,25 @@ ConvGeom conv_geom(int64_t N, int64_t Cin, int64_t H, int64_t W, int64_t Cout, i
   return g;
 }
 
-// A work list: [count (zeroed), ids[items], per-id side data[items] (when side)] (see conv_common.cuh).
-Tensor work_list(const Tensor& like, int64_t items, cudaStream_t stream, bool side = true) {
-  Tensor list = at::empty({1 + (side ? 2 : 1) * items}, like.options().dtype(at::kInt));
-  C10_CUDA_CHECK(cudaMemsetAsync(list.data_ptr<int>(), 0, sizeof(int), stream));
-  return list;
+// A work list: [count (zeroed), ids[items], per-id side data[items] (when side)] (see conv_common.cuh);
+// `counters` more zeroed ints right before it (the same memset), at list.data_ptr<int>() - counters.
+Tensor work_list(const Tensor& like, int64_t items, cudaStream_t stream, bool side = true, int counters = 0) {
+  Tensor buf = at::empty({counters + 1 + (side ? 2 : 1) * items}, like.options().dtype(at::kInt));
+  C10_CUDA_CHECK(cudaMemsetAsync(buf.data_ptr<int>(), 0, (counters + 1) * sizeof(int), stream));
+  return counters == 0 ? buf : buf.narrow(0, counters, buf.size(0) - counters);
 }
 
 // Tile mask + direct (fallback / transposed) compute.
 template <bool TRANSPOSED>
 void launch_tile_mask(const Tensor& m, const c10::optional<Tensor>& key, const Tensor& mask_out, const Tensor& list,
-                      const ConvGeom& g, int64_t tiles, cudaStream_t stream, int* plist = nullptr) {
+                      const ConvGeom& g, int64_t tiles, cudaStream_t stream,
+                      const conv::TileSplit& split = conv::TileSplit()) {
   const int64_t blocks = (int64_t)ceil_div(g.tiles_w, conv::MASK_STRIP) * g.tiles_h * g.N;
   TORCH_CHECK(blocks <= kIntMax, "deltaconv::conv: output too large");
   auto kernel = (!TRANSPOSED && g.KH == 3 && g.KW == 3) ? conv::conv_tile_mask_kernel<TRANSPOSED, 3>
                                                          : conv::conv_tile_mask_kernel<TRANSPOSED, 0>;
   kernel<<<static_cast<unsigned>(blocks), conv::MASK_THREADS, 0, stream>>>(
-      m.data_ptr<bool>(), key_ptr(key), mask_out.data_ptr<bool>(), list.data_ptr<int>(), g, (int)tiles, plist);
+      m.data_ptr<bool>(), key_ptr(key), mask_out.data_ptr<bool>(), list.data_ptr<int>(), g, (int)tiles, split);
   DC_LAUNCH_CHECK();
 }
 
@@ -234,8 +236,7 @@ int64_t env_int(const char* name, int64_t def) {
 }
 
 conv::tc::TcArgs tc_args(const Tensor& x, const Tensor& m_or_empty, const Tensor& w, const c10::optional<Tensor>& b,
-                         const c10::optional<Tensor>& key, const Tensor& y, const Tensor& list, const ConvGeom& g,
-                         const int* alt_count, float pixel_ratio) {
+                         const c10::optional<Tensor>& key, const Tensor& y, const Tensor& list, const ConvGeom& g) {
   conv::tc::TcArgs a{};
   a.x = x.const_data_ptr();
   a.mask = m_or_empty.data_ptr<bool>();
@@ -248,8 +249,9 @@ conv::tc::TcArgs tc_args(const Tensor& x, const Tensor& m_or_empty, const Tensor
   a.fine_max = 0;
   a.cap = 0;
   a.prefetch = 2;
-  a.alt_count = alt_count;
-  a.pixel_ratio = pixel_ratio;
+  a.count = nullptr;
+  a.split_counts = nullptr;
+  a.split_min = 0;
   return a;
 }
 
@@ -263,8 +265,8 @@ void run_tc_3x3(conv::tc::TcArgs a, int64_t tiles, cudaStream_t stream) {
   auto kc = conv::tc::conv3x3_tc_kernel<T, S, TPB, NWc, NTc, false, D, WG>;
   auto kf = conv::tc::conv3x3_tc_kernel<T, S, 1, NWf, NTf, true, D, WG>;
   a.cap = (int)tiles;
-  constexpr int kWeightSlots = 3;  // conv3x3_tc_kernel's WS (mma.sync: prefetch 2; wgmma: prefetch 1)
-  const int smem_c = CC::smem(kWeightSlots), smem_f = CF::smem(kWeightSlots);
+  const int smem_c = CC::smem(conv::tc::conv3x3_weight_slots(WG, false));
+  const int smem_f = CF::smem(conv::tc::conv3x3_weight_slots(WG, true));
   const int occ_c = prepare_kernel(kc, CC::THREADS, smem_c);
   (void)prepare_kernel(kf, CF::THREADS, smem_f);
   const int sms = num_sms();
@@ -315,10 +317,14 @@ void dispatch_tc_3x3(const conv::tc::TcArgs& a, int64_t tiles, bool stride2, boo
 }
 
 // weight [Cout, Cin, KH, KW] (any float dtype) -> [Cout, KH, KW, Cin] in the activation dtype, in one copy;
-// cin_to > Cin: input channels zero-padded to cin_to ([Cout][KH][KW][cin_to]), still one copy.
+// none when the weight is that already (channels_last memory format in the activation dtype: the
+// layout DCConv2d keeps for fp16 / bf16 convs). cin_to > Cin: input channels zero-padded to cin_to
+// ([Cout][KH][KW][cin_to]), still one copy.
 Tensor relayout_weight(const Tensor& weight, at::ScalarType dtype, int64_t cin_to = 0) {
   const int64_t cin = weight.size(1);
   if (cin_to <= cin) {
+    const Tensor view = weight.permute({0, 2, 3, 1});
+    if (weight.scalar_type() == dtype && view.is_contiguous()) return view;
     Tensor w2 = at::empty({weight.size(0), weight.size(2), weight.size(3), cin}, weight.options().dtype(dtype));
     w2.copy_(weight.permute({0, 2, 3, 1}));
     return w2;
@@ -346,26 +352,38 @@ ConvWeights conv_weights(const Tensor& weight, const c10::optional<Tensor>& bias
   return t;
 }
 
-// The device-side switch between the 3x3 tile path and the pixel-row path (conv_tc.cuh,
-// use_pixel_rows): with ratio r > 0, pixel rows run when the active pixels fill less than r of
-// the active tiles. Off by default. Measured on an H200 (2026-11-21, fp16, C 64 / 256,
-// benchmarks/conv_tc_bench.py --paths, results/conv3x3_paths.txt): pixel rows are 2.3-2.6x faster
-// at the 0.14 fill of 1 % scattered (noise-like) changes and 1.1-1.3x at 0.37, but 1.2-2x slower
-// at the 0.43-0.55 fill of clustered ones; with the switch on (r = 0.35), building the pixel list
-// cost every 3x3 conv 4-18 us (3-16 %) on clustered changes; resnet50's 3x3 convs see fills of
-// 0.45-1.00 on the sample videos (benchmarks/tile_fill.py, results/tile_fill.csv).
-constexpr float kPixelRowsRatio = 0.f;
-// DELTACONV_TC_PIXEL_RATIO=<r> sets it (0.35 is the measured crossover; a huge value: pixel rows
-// only).
-float pixel_rows_ratio() {
-  return (float)env_number("DELTACONV_TC_PIXEL_RATIO", kPixelRowsRatio);
+// The per-tile split of the 3x3 tensor-core conv (conv::TileSplit), opt-in: an active output tile
+// with at most DELTACONV_TC_SPLIT active pixels (of 64; 16 is a good value) is sparse; the sparse
+// tiles run as pixel rows of the gathered-taps GEMM when they have at least 64 pixels per
+// multiprocessor (half the machine's worth of 128-row items; with fewer the GEMM is latency-bound),
+// else with the others on the 3x3 kernel. Measured on an H200 (2026-11-21, fp16, CUDA graphs;
+// benchmarks/results/tile_split_ab.txt): 1.2-1.35x faster at 5-25 % changed in 24-pixel blobs for
+// C=64 / 128, 2.5-3 us slower per conv where the pixel rows do not run (one more launch); on the
+// sample videos resnet50 and fcn_resnet50 ran 0.6-1.5 % slower per frame with it, so it is off by
+// default.
+constexpr int kSplitPixels = 0;
+// DELTACONV_TC_SPLIT=<pixels> sets the sparse-tile bound (0: no split, 64: every tile sparse) and
+// DELTACONV_TC_SPLIT_MIN=<pixel rows> the count from which the pixel rows run (0: always), both
+// read on every call (A/B runs, tests of both paths).
+int tile_split_pixels() {
+  const int64_t v = env_int("DELTACONV_TC_SPLIT", kSplitPixels);
+  TORCH_CHECK(v >= 0 && v <= conv::TILE_PIX, "deltaconv: environment variable DELTACONV_TC_SPLIT must be an integer "
+              "from 0 to ", conv::TILE_PIX, ", got '", std::getenv("DELTACONV_TC_SPLIT"), "'");
+  return (int)v;
+}
+int split_min_pixels() {
+  const int64_t v = env_int("DELTACONV_TC_SPLIT_MIN", (int64_t)64 * num_sms());
+  TORCH_CHECK(v >= 0, "deltaconv: environment variable DELTACONV_TC_SPLIT_MIN must be an integer >= 0, got '",
+              std::getenv("DELTACONV_TC_SPLIT_MIN"), "'");
+  return (int)std::min<int64_t>(v, kIntMax);
 }
 
-// alt_count / pixel_ratio: the pixel-row launch that may run instead (see use_pixel_rows).
 void launch_tc_3x3(const Tensor& x, const Tensor& m, const ConvWeights& tw, const c10::optional<Tensor>& key,
                    const Tensor& y, const Tensor& list, const ConvGeom& g, int64_t tiles, cudaStream_t stream,
-                   const int* alt_count, float pixel_ratio) {
-  const conv::tc::TcArgs a = tc_args(x, m, tw.w, tw.b, key, y, list, g, alt_count, pixel_ratio);
+                   const conv::TileSplit& split) {
+  conv::tc::TcArgs a = tc_args(x, m, tw.w, tw.b, key, y, list, g);
+  a.split_counts = split.counts;
+  a.split_min = split.min_pixels;
   // coarse launch: 2 tiles per block (two blocks per multiprocessor; 4 tiles per block, one block,
   // was 6-16 % slower at every density on an H200 with mma.sync, and up to 10 % slower with wgmma
   // except dilated C=256 at 135x240, scratch A/B 2026-11-21); Cout > 64: 128 channels per block
@@ -406,8 +424,12 @@ void dispatch_tc_gather(const conv::tc::TcArgs& a, int64_t items, bool wide, boo
 template <int ROWS>
 void launch_tc_gather(const Tensor& x, const Tensor& m, const ConvWeights& tw, const c10::optional<Tensor>& key,
                       const Tensor& y, const Tensor& list, const ConvGeom& g, int64_t items, cudaStream_t stream,
-                      const int* alt_count = nullptr, float pixel_ratio = 0.f) {
-  const conv::tc::TcArgs a = tc_args(x, m, tw.w, tw.b, key, y, list, g, alt_count, pixel_ratio);
+                      const conv::TileSplit* split = nullptr) {
+  conv::tc::TcArgs a = tc_args(x, m, tw.w, tw.b, key, y, list, g);
+  if (split != nullptr) {  // kRowsPixels: the pixel rows of a 3x3 split
+    a.count = split->counts + 1;
+    a.split_min = split->min_pixels;
+  }
   const bool wide = g.Cout > 64;
   if (x.scalar_type() == at::kHalf) dispatch_tc_gather<__half, ROWS>(a, items, wide, wgmma_enabled(), stream);
   else dispatch_tc_gather<__nv_bfloat16, ROWS>(a, items, wide, wgmma_enabled(), stream);
@@ -447,7 +469,7 @@ void run_small_cin_tc(conv::tc::TcArgs a, int64_t tiles, cudaStream_t stream) {
 
 void launch_small_cin_tc(const Tensor& x, const Tensor& m, const ConvWeights& tw, const c10::optional<Tensor>& key,
                          const Tensor& y, const Tensor& list, const ConvGeom& g, int64_t tiles, cudaStream_t stream) {
-  const conv::tc::TcArgs a = tc_args(x, m, tw.w, tw.b, key, y, list, g, nullptr, 0.f);
+  const conv::tc::TcArgs a = tc_args(x, m, tw.w, tw.b, key, y, list, g);
   const bool narrow = g.Cout <= 32;
   auto run = [&](auto t) {
     using T = decltype(t);
@@ -583,18 +605,24 @@ std::tuple<Tensor, Tensor> conv2d_cuda(const Tensor& delta, const Tensor& mask, 
                        ((dh == 1 && (sh == 1 || sh == 2)) || ((dh == 2 || dh == 4) && sh == 1));
   const bool use_tc = tc_ok && ((KH == 1 && KW == 1) || tile3x3);
   if (use_tc && KH == 3) {
-    // the 3x3 tile kernel, or (decided on the device) gathered taps over the active pixels when
-    // partly active tiles would waste more than the gathers cost
+    // the 3x3 tile kernel, and gathered taps on the active pixels of the sparse tiles when they are
+    // enough (split on the device, see kSplitPixels)
     const ConvWeights tw = conv_weights(weight, bias, x.scalar_type(), true);
-    const float ratio = pixel_rows_ratio();
+    conv::TileSplit split;
+    split.max_pixels = tile_split_pixels();
     const int64_t pixels = N * Ho * Wo;
-    Tensor list = work_list(delta, tiles, stream);
-    Tensor plist = ratio > 0 ? work_list(delta, pixels, stream, false) : Tensor();
-    int* pl = ratio > 0 ? plist.data_ptr<int>() : nullptr;
-    launch_tile_mask<false>(m, key, mask_out, list, g, tiles, stream, pl);
-    launch_tc_3x3(x, m, tw, key, y, list, g, tiles, stream, pl, ratio);
-    if (ratio > 0)
-      launch_tc_gather<conv::tc::kRowsPixels>(x, m, tw, key, y, plist, g, pixels, stream, list.data_ptr<int>(), ratio);
+    Tensor list = work_list(delta, tiles, stream, true, split.max_pixels > 0 ? 2 : 0);
+    Tensor pixel_ids;
+    if (split.max_pixels > 0) {
+      pixel_ids = at::empty({1 + pixels}, delta.options().dtype(at::kInt));
+      split.counts = list.data_ptr<int>() - 2;
+      split.pixels = pixel_ids.data_ptr<int>();
+      split.min_pixels = split_min_pixels();
+    }
+    launch_tile_mask<false>(m, key, mask_out, list, g, tiles, stream, split);
+    launch_tc_3x3(x, m, tw, key, y, list, g, tiles, stream, split);
+    if (split.max_pixels > 0)
+      launch_tc_gather<conv::tc::kRowsPixels>(x, m, tw, key, y, pixel_ids, g, pixels, stream, &split);
     return {y, mask_out};
   }
   // any other kernel of at most 32 taps (dilated, 5x5, 2x2, strides 3+ or unequal): gathered taps

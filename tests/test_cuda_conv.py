@@ -207,8 +207,9 @@ def test_conv2d(case, dtype):
             run_conv2d(case, dtype, fracs, key, seed=i, bias=(i % 2 == 0) or key is not None)
 
 
-# 3x3 tensor-core cases (fp16 / bf16, Cin and Cout multiples of 8): the tile kernel or the
-# pixel-row gathered-taps kernel, chosen on the device by DELTACONV_TC_PIXEL_RATIO
+# 3x3 tensor-core cases (fp16 / bf16, Cin and Cout multiples of 8): the tile kernel, and the
+# pixel-row gathered-taps kernel on the pixels of the sparse tiles (at most DELTACONV_TC_SPLIT active
+# pixels) when they number at least DELTACONV_TC_SPLIT_MIN (decided on the device)
 TC3_CASES = [
     (64, 64, (3, 3), 1, 1, 1, 1, (31, 45)),
     (96, 136, (3, 3), 1, 1, 1, 1, (13, 17)),     # 2 chunks of C_in, 2 C_out blocks, partial
@@ -223,14 +224,18 @@ TC3_CASES = [
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("path", ["tiles", "pixels", "auto"])
+@pytest.mark.parametrize("split", ["0", "64/0", "40/0", "40/huge", "default"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("case", TC3_CASES, ids=_case_id)
-def test_conv2d_3x3_tile_and_pixel_paths(case, dtype, path, monkeypatch):
-    """Both device-side paths of the 3x3 tensor-core conv (forced, and the default switch) equal the
-    reference at every changed fraction, with and without key streams."""
-    if path != "auto":
-        monkeypatch.setenv("DELTACONV_TC_PIXEL_RATIO", "0" if path == "tiles" else "1e9")
+def test_conv2d_3x3_tile_and_pixel_paths(case, dtype, split, monkeypatch):
+    """The 3x3 tensor-core conv equals the reference at every changed fraction, with and without
+    key streams: every tile on the tile kernel (split 0), every pixel on the pixel-row kernel
+    (64/0), both in one call (40/0), the sparse tiles listed apart but run by the tile kernel
+    (40/huge: too few pixel rows), and the default."""
+    if split != "default":
+        bound, _, least = split.partition("/")
+        monkeypatch.setenv("DELTACONV_TC_SPLIT", bound)
+        monkeypatch.setenv("DELTACONV_TC_SPLIT_MIN", str(1 << 30) if least == "huge" else least or "0")
     for i, fracs in enumerate(FRACS):
         for key in KEYS:
             run_conv2d(case, dtype, fracs, key, seed=10 + i, bias=(i % 2 == 0) or key is not None)
@@ -243,7 +248,7 @@ def test_conv2d_3x3_tile_and_pixel_paths(case, dtype, path, monkeypatch):
 def test_conv2d_3x3_coarse_and_fine_launches(case, dtype, launch, monkeypatch):
     """The two launches of the 3x3 tile kernel (two tiles per block / one tile per block), each
     forced for every tile count, equal the reference."""
-    monkeypatch.setenv("DELTACONV_TC_PIXEL_RATIO", "0")
+    monkeypatch.setenv("DELTACONV_TC_SPLIT", "0")
     monkeypatch.setenv("DELTACONV_TC_FINE_MAX", "-1" if launch == "coarse" else str(1 << 30))
     for i, fracs in enumerate(FRACS):
         run_conv2d(case, dtype, fracs, KEYS[i % len(KEYS)], seed=20 + i, bias=i % 2 == 0)
@@ -270,17 +275,23 @@ def test_conv2d_gemm_wgmma_and_mma_sync(case, dtype, mma, monkeypatch):
     """The gathered-rows GEMM on Hopper's wgmma (the default on H100 / H200) and on mma.sync
     (DELTACONV_WGMMA=0) equals the reference at every changed fraction."""
     monkeypatch.setenv("DELTACONV_WGMMA", "1" if mma == "wgmma" else "0")
-    monkeypatch.setenv("DELTACONV_TC_PIXEL_RATIO", "1e9")  # 3x3: the pixel-row GEMM
+    monkeypatch.setenv("DELTACONV_TC_SPLIT", "64")  # 3x3: the pixel-row GEMM
+    monkeypatch.setenv("DELTACONV_TC_SPLIT_MIN", "0")
     for i, fracs in enumerate(FRACS):
         run_conv2d(case, dtype, fracs, KEYS[i % len(KEYS)], seed=30 + i, bias=i % 2 == 0)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("var, value", [("DELTACONV_TC_PIXEL_RATIO", "0.3x"), ("DELTACONV_TC_FINE_MAX", "many"),
-                                        ("DELTACONV_TC_FINE_MAX", "2.5"), ("DELTACONV_TC_PREFETCH1", "nan")])
+@pytest.mark.parametrize("var, value", [("DELTACONV_TC_SPLIT", "0.3x"), ("DELTACONV_TC_SPLIT", "65"),
+                                        ("DELTACONV_TC_SPLIT", "-1"), ("DELTACONV_TC_SPLIT_MIN", "-5"),
+                                        ("DELTACONV_TC_FINE_MAX", "many"), ("DELTACONV_TC_FINE_MAX", "2.5"),
+                                        ("DELTACONV_TC_PREFETCH1", "nan")])
 def test_conv2d_malformed_tuning_variable_names_it(var, value, monkeypatch):
-    """A tuning variable that is not a number is an error naming it and its value (not silently 0)."""
+    """A tuning variable that is not a number, or out of its range, is an error naming it and its
+    value (not silently a default)."""
     monkeypatch.setenv(var, value)
+    if var == "DELTACONV_TC_SPLIT_MIN":  # read only when the split is on
+        monkeypatch.setenv("DELTACONV_TC_SPLIT", "16")
     gen = torch.Generator().manual_seed(0)
     mask = make_mask((0.3, 0.3), 17, 23, gen)
     delta = make_delta(2, 64, 17, 23, mask, torch.float16, gen)
@@ -288,6 +299,30 @@ def test_conv2d_malformed_tuning_variable_names_it(var, value, monkeypatch):
     w = (torch.randn(64, 64, kernel, kernel, generator=gen) / 20).cuda()
     with pytest.raises(RuntimeError, match=f"environment variable {var} must be an? .*, got '{value}'"):
         ops().conv2d(delta, mask.cuda(), w, None, [1, 1], [kernel // 2] * 2, [1, 1], 1, None)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [TC3_CASES[1], TC3_CASES[2], GEMM_CASES[0], GEMM_CASES[5],
+                                  (3, 32, (3, 3), 2, 1, 1, 1, (31, 45)),      # the small-C_in stem path
+                                  (24, 24, (3, 3), 1, 1, 1, 3, (21, 30))],    # grouped: CUDA cores
+                         ids=_case_id)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=str)
+def test_conv2d_weight_in_either_memory_format(case, dtype):
+    """A weight in channels_last memory format (the tensor-core layout, read without a relayout
+    copy) gives exactly the output of the same weight in the dense layout, on every path."""
+    cin, cout, k, s, p, d, g, (H, W) = case
+    gen = torch.Generator().manual_seed(5)
+    mask = make_mask((0.02, 0.5, 1.0), H, W, gen)
+    delta = make_delta(3, cin, H, W, mask, dtype, gen)
+    weight = (torch.randn(cout, cin // g, *k, generator=gen) / math.sqrt(cin // g * k[0] * k[1])).to(dtype).cuda()
+    b = torch.randn(cout, generator=gen).to(dtype).cuda()
+    key = torch.tensor([True, False, False]).cuda()
+    args = (list(_pair(s)), list(_pair(p)), list(_pair(d)), g, key)
+    out, mo = ops().conv2d(delta, mask.cuda(), weight, b, *args)
+    out_cl, mo_cl = ops().conv2d(delta, mask.cuda(), weight.contiguous(memory_format=torch.channels_last), b, *args)
+    assert torch.equal(mo, mo_cl)
+    m = mo.expand_as(out)
+    assert torch.equal(out[m], out_cl[m])
 
 
 @pytest.mark.gpu

@@ -47,6 +47,19 @@ struct ConvGeom {
   int tiles_h, tiles_w;
 };
 
+// The per-tile split of a 3x3 tensor-core conv (conv_tile_mask_kernel): the sparse active tiles
+// (at most max_pixels active output pixels) are listed both as tiles (from the back of the tile
+// list) and as pixel rows. On the device, the gathered-taps kernel runs the pixel rows when there
+// are at least min_pixels of them (enough 128-row items to fill the machine), and the 3x3 kernel
+// then takes only the other tiles; otherwise the 3x3 kernel takes all of them and the pixel rows
+// are left.
+struct TileSplit {
+  int* counts = nullptr;  // [2] zeroed: sparse tiles, their active pixels (nullptr: no split)
+  int* pixels = nullptr;  // [1 + N * Ho * Wo]: pixel ids from index 1 (index 0 unused)
+  int max_pixels = 0;
+  int min_pixels = 0;
+};
+
 // A work-list tile id (n * tiles_h + th) * tiles_w + tw: stream n, first output row / column.
 struct TileAt {
   int n, oh0, ow0;
@@ -147,8 +160,12 @@ __device__ __forceinline__ int block_append(int cnt, int* counter) {
 // and appends the ids (n * tiles_h + th) * tiles_w + tw of the strip's active tiles to `list` (in
 // x order, one atomic per block); list[1 + cap + slot] gets the tile's row mask (bit r: output
 // row r of the tile has an active pixel). Grid: strips_w * tiles_h * N blocks (1-D).
-// plist (optional, nullptr: none): [count (zeroed), ids...] also receives every active output
-// pixel, (n * Ho + oh) * Wo + ow, one atomic per block (the pixel rows of the gathered-taps kernel).
+// split (optional, split.counts == nullptr: none): the tiles with at most split.max_pixels active
+// output pixels are "sparse": listed from the back of `list` (the k-th at list[cap - k], its row
+// mask at list[2 cap - k], k counted by split.counts[0]), and their active pixels
+// (n * Ho + oh) * Wo + ow appended to split.pixels[1 + slot] (counted by split.counts[1], one
+// atomic per block): the pixel rows of the gathered-taps kernel, which runs them instead of the 3x3
+// kernel when there are enough of them (see TileSplit).
 // KS: 3 = non-transposed 3x3 (unrolled; stride 1 / dilation 1 along x reads each input byte
 // once), 0 = any geometry.
 constexpr int MASK_STRIP = 32;
@@ -160,8 +177,11 @@ __global__ void __launch_bounds__(MASK_THREADS) conv_tile_mask_kernel(const bool
                                                                       const bool* __restrict__ key,
                                                                       bool* __restrict__ mask_out,
                                                                       int* __restrict__ list, ConvGeom g, int cap,
-                                                                      int* __restrict__ plist) {
+                                                                      TileSplit split) {
   __shared__ unsigned rowbits[TILE_H];  // per tile row r: bit l = tile l of the strip has an active pixel in row r
+  __shared__ int tile_pixels[MASK_STRIP];  // split: active output pixels of tile l of the strip
+  const bool splits = split.counts != nullptr;
+  if (splits && threadIdx.x < MASK_STRIP) tile_pixels[threadIdx.x] = 0;
   const int strips_w = (g.tiles_w + MASK_STRIP - 1) / MASK_STRIP;
   int b = blockIdx.x;
   const int sx = b % strips_w;
@@ -241,12 +261,18 @@ __global__ void __launch_bounds__(MASK_THREADS) conv_tile_mask_kernel(const bool
         if ((valid >> e) & 1u) mo[e] = (act >> e) & 1u;
     }
   }
-  if (plist != nullptr) {  // uniform over the block: its barriers are safe
-    int pos = block_append<MASK_THREADS / 32>(__popc(act), plist);
+  bool sparse = false;  // this thread's tile is sparse (see split)
+  if (splits) {  // uniform over the block: its barriers are safe
+    __syncthreads();  // tile_pixels zeroed
+    if (act != 0) atomicAdd(&tile_pixels[lane], __popc(act));
+    __syncthreads();
+    sparse = tile_pixels[lane] <= split.max_pixels;
+    const unsigned mine = sparse ? act : 0u;
+    int pos = block_append<MASK_THREADS / 32>(__popc(mine), split.counts + 1);
     const int pix0 = (n * g.Ho + oh) * g.Wo + ow0;
 #pragma unroll
     for (int e = 0; e < TILE_W; ++e)
-      if ((act >> e) & 1u) plist[1 + pos++] = pix0 + e;
+      if ((mine >> e) & 1u) split.pixels[1 + pos++] = pix0 + e;
   }
   const unsigned bal = __ballot_sync(0xffffffffu, act != 0);
   if (lane == 0) rowbits[r] = bal;
@@ -255,15 +281,26 @@ __global__ void __launch_bounds__(MASK_THREADS) conv_tile_mask_kernel(const bool
     int rows = 0;
 #pragma unroll
     for (int k = 0; k < TILE_H; ++k) rows |= (int)((rowbits[k] >> lane) & 1u) << k;
-    const unsigned tiles = __ballot_sync(0xffffffffu, rows != 0);
+    const unsigned tiles = __ballot_sync(0xffffffffu, rows != 0 && !sparse);
     if (tiles != 0) {
       int base = 0;
       if (lane == 0) base = atomicAdd(list, __popc(tiles));
       base = __shfl_sync(0xffffffffu, base, 0);
-      if (rows != 0) {
+      if (rows != 0 && !sparse) {
         const int pos = base + __popc(tiles & ((1u << lane) - 1u));
         list[1 + pos] = (n * g.tiles_h + th) * g.tiles_w + tw;
         list[1 + cap + pos] = rows;
+      }
+    }
+    const unsigned sparse_tiles = __ballot_sync(0xffffffffu, rows != 0 && sparse);
+    if (sparse_tiles != 0) {
+      int base = 0;
+      if (lane == 0) base = atomicAdd(split.counts, __popc(sparse_tiles));
+      base = __shfl_sync(0xffffffffu, base, 0);
+      if (rows != 0 && sparse) {
+        const int k = base + __popc(sparse_tiles & ((1u << lane) - 1u));
+        list[cap - k] = (n * g.tiles_h + th) * g.tiles_w + tw;
+        list[2 * cap - k] = rows;
       }
     }
   }

@@ -31,9 +31,9 @@
 //       halo kernel does not take: dilated, 5x5, unequal or > 2 strides, even kernels); rows =
 //       the 64 pixels of two listed 8x8 output tiles per item, each tap a shifted gather of them.
 //       ROWS = kRowsPixels: the same taps over the listed active output pixels (the pixel list of
-//       conv_tile_mask_kernel): no work on the inactive pixels of partly active tiles, at the cost
-//       of one gather per tap instead of a shared halo. The 3x3 kernel and this one are both
-//       launched; use_pixel_rows() on the two device-side counts picks one, the other exits.
+//       conv_tile_mask_kernel: the pixels of the 3x3 conv's sparsely active tiles): no work on the
+//       inactive pixels of partly active tiles, at the cost of one gather per tap instead of a
+//       shared halo. It runs beside the 3x3 kernel, which takes the fuller tiles.
 //       Weights: [Cout][KH][KW][Cin].
 //
 // Shared-memory rows are 64 channels = 128 bytes = 8 chunks of 16 bytes; chunk j of row r is
@@ -63,14 +63,21 @@ struct TcArgs {
   int fine_max;         // 3x3: the fine launch runs iff count <= fine_max, the coarse iff count > fine_max
   int cap;              // capacity of the list (its side data starts at list + 1 + cap)
   int prefetch;         // cp.async prefetch distance in stages (1..5); prefetch + 1 smem slots
-  const int* alt_count;  // 3x3 tiles / pixel rows: the other path's list count (nullptr: no other path)
-  float pixel_ratio;     // see use_pixel_rows
+  const int* count;     // gathered rows: the list's item count (nullptr: list[0])
+  const int* split_counts;  // 3x3: TileSplit::counts (nullptr: no split)
+  int split_min;            // 3x3 and its pixel rows: TileSplit::min_pixels
 };
 
-// The pixel-row path runs instead of the 3x3 tile path iff the active pixels are fewer than
-// `ratio` times the pixels of the active tiles (ratio <= 0: never).
-__device__ __forceinline__ bool use_pixel_rows(int pixels, int tiles, float ratio) {
-  return ratio > 0.f && (float)pixels < ratio * (float)tiles * (float)TILE_PIX;
+// The tiles the 3x3 kernel computes: the listed ones, and the sparse ones of a split when its
+// pixel rows do not run (see TileSplit).
+__device__ __forceinline__ int split_tile_count(const TcArgs& a) {
+  int c = a.list[0];
+  if (a.split_counts != nullptr && a.split_counts[1] < a.split_min) c += a.split_counts[0];
+  return c;
+}
+// Entry t of those tiles (`listed` = a.list[0]): side 0 its tile id, side 1 its row mask.
+__device__ __forceinline__ int split_tile_entry(const TcArgs& a, int listed, int t, int side) {
+  return t < listed ? a.list[1 + side * a.cap + t] : a.list[(side + 1) * a.cap - (t - listed)];
 }
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -197,16 +204,8 @@ template <typename T, int NT>
 __device__ __forceinline__ void store_pixel(T* yp, const T* bias, bool add_bias, int c0, int cout,
                                             const float (&acc_i)[NT][4], int h) {
   const int q = threadIdx.x & 3;
+  static_assert(NT % 4 == 0, "whole 16-byte vectors per lane");
   add_bias = add_bias && yp != nullptr;
-  if constexpr (NT % 4 != 0) {  // (mma.sync fallback of narrow wgmma configurations) 4-byte stores
-#pragma unroll
-    for (int j = 0; j < NT; ++j) {
-      const int co = c0 + j * 8 + 2 * q;
-      const uint32_t v = pack2<T>(bias, add_bias && co < cout, co, acc_i[j][2 * h], acc_i[j][2 * h + 1]);
-      if (yp != nullptr && co < cout) *reinterpret_cast<uint32_t*>(yp + co) = v;
-    }
-    return;
-  }
 #pragma unroll
   for (int g4 = 0; g4 < NT / 4; ++g4) {
     uint32_t v[4];
@@ -268,6 +267,13 @@ struct Conv3Cfg {
   static constexpr int TAB_BYTES = 2 * TAB * 4;
   static int smem(int slots) { return 2 * HALO_BYTES + slots * W_BYTES + TAB_BYTES + 1024; }
 };
+
+// Prefetch distance in stages of conv3x3_tc_kernel: mma.sync 2; wgmma 1 in the coarse launch (two
+// blocks of two tiles per multiprocessor), 3 in the fine one (one tile per block: few tiles, whose
+// stages would otherwise each wait for their weight slice). Weight slots: prefetch + 1, and one more
+// for wgmma's group in flight (see wgmma_chunk).
+constexpr int conv3x3_prefetch(bool wg, bool fine) { return wg ? (fine ? 3 : 1) : 2; }
+constexpr int conv3x3_weight_slots(bool wg, bool fine) { return conv3x3_prefetch(wg, fine) + (wg ? 2 : 1); }
 
 __device__ __forceinline__ void cp_async_wait_dyn(int pending) {
   switch (pending) {
@@ -401,18 +407,19 @@ __global__ void __launch_bounds__(32 * TPB * NW, WG ? 2 : 1) conv3x3_tc_kernel(c
   // HL::W apart); warp w holds tile rows 2w, 2w + 1, acc[h] = channels h * BN / 2 .. + BN / 2.
   constexpr bool kWg = WG && DC_HAS_WGMMA != 0;
   static_assert(!WG || (S == 1 && NW == 4), "wgmma: stride 1, a warpgroup per tile");
+  if constexpr (WG && !kWg) __trap();  // a pass without wgmma: the host launches WG only on sm_90a builds
   constexpr int THREADS = Cfg::THREADS;
   constexpr int PIXT = TPB * HL::PIX;
-  constexpr int P = kWg ? 1 : 2;  // prefetch distance in stages
-  constexpr int WS = P + (kWg ? 2 : 1);  // weight slots (wgmma: one group in flight, see wgmma_chunk)
+  constexpr int P = conv3x3_prefetch(kWg, FINE);  // prefetch distance in stages
+  constexpr int WS = conv3x3_weight_slots(kWg, FINE);
   constexpr int WPT = Cfg::BN * 8 / THREADS;  // 16-byte weight pieces per thread per stage
   constexpr int WROWSTEP = THREADS / 8;
   static_assert(Cfg::BN * 8 % THREADS == 0 && THREADS % 64 == 0, "producer layout");
   extern __shared__ __align__(128) unsigned char smem[];
 
-  const int count = a.list[0];
+  const int listed = a.list[0];
+  const int count = split_tile_count(a);
   if (FINE ? count > a.fine_max : count <= a.fine_max) return;
-  if (a.alt_count != nullptr && use_pixel_rows(*a.alt_count, count, a.pixel_ratio)) return;
   const ConvGeom& g = a.g;
   const int ngroups = (count + TPB - 1) / TPB;
   if ((int)blockIdx.x >= ngroups) return;
@@ -424,7 +431,6 @@ __global__ void __launch_bounds__(32 * TPB * NW, WG ? 2 : 1) conv3x3_tc_kernel(c
 
   const T* __restrict__ x = static_cast<const T*>(a.x);
   const T* __restrict__ w = static_cast<const T*>(a.w);
-  const int* __restrict__ list = a.list;
   const uint32_t halo_s = (smem_u32(smem) + 1023u) & ~1023u;  // wgmma: 1024-byte aligned swizzle
   const uint32_t w_s = halo_s + 2 * Cfg::HALO_BYTES;
   int* tab_s = reinterpret_cast<int*>(smem + (halo_s - smem_u32(smem)) + 2 * Cfg::HALO_BYTES + WS * Cfg::W_BYTES);
@@ -448,7 +454,7 @@ __global__ void __launch_bounds__(32 * TPB * NW, WG ? 2 : 1) conv3x3_tc_kernel(c
         const int t = grp * TPB + sl;
         int p = -1;
         if (t < count) {
-          const int tile = list[1 + t];
+          const int tile = split_tile_entry(a, listed, t, 0);
           const TileAt at = tile_at(tile, g);
           const int hy = q / HL::W;
           const int ih = at.oh0 * S - g.ph + hy;
@@ -463,7 +469,7 @@ __global__ void __launch_bounds__(32 * TPB * NW, WG ? 2 : 1) conv3x3_tc_kernel(c
     }
     if (tid < TPB) {
       const int t = grp * TPB + tid;
-      tab[PIXT + tid] = t < count ? list[1 + a.cap + t] : 0;
+      tab[PIXT + tid] = t < count ? split_tile_entry(a, listed, t, 1) : 0;
     }
   };
 
@@ -610,8 +616,9 @@ __global__ void __launch_bounds__(32 * TPB * NW, WG ? 2 : 1) conv3x3_tc_kernel(c
     const int grp = (int)blockIdx.x + c_gi * (int)gridDim.x;
     const int t = grp * TPB + slot;
     if (t < count) {
-      if constexpr (kWg) store_tile<T, 2 * NT>(a, list[1 + t], rm, n0, acc, warp & 3, 0, Cfg::BN / 2);
-      else store_tile<T, NT>(a, list[1 + t], rm, n0 + nw * NT * 8, acc);
+      const int tile = split_tile_entry(a, listed, t, 0);
+      if constexpr (kWg) store_tile<T, 2 * NT>(a, tile, rm, n0, acc, warp & 3, 0, Cfg::BN / 2);
+      else if constexpr (!WG) store_tile<T, NT>(a, tile, rm, n0 + nw * NT * 8, acc);
     }
     zero_acc(acc);
   }
@@ -666,20 +673,21 @@ template <typename T, int NW, int NT, int ROWS, bool WG>
 __global__ void __launch_bounds__(Conv1Cfg<NW, NT, WG>::THREADS) conv_gather_tc_kernel(const TcArgs a) {
   constexpr bool TAPS = ROWS != kRows1x1;
   using Cfg = Conv1Cfg<NW, NT, WG>;
-  // WG (in sm_90a passes; elsewhere the mma.sync code with 8 warps): warpgroup wg = warp / 4
-  // computes rows wg * 64 .. + 63 of the item, one m64n(BN)k16 per k16 step; warp w holds rows
-  // 16 w .. 16 w + 15 of the item, acc[i][j] = channels i * NT * 8 + 8 j (i: the two n halves).
-  // Otherwise warp (wm, nw) computes rows wm * 64 + 16 i (i < 4), channels nw * NT * 8 + 8 j.
+  // WG (sm_90a): warpgroup wg = warp / 4 computes rows wg * 64 .. + 63 of the item, one
+  // m64n(BN)k16 per k16 step; warp w holds rows 16 w .. 16 w + 15 of the item, acc[i][j] =
+  // channels i * NT * 8 + 8 j (i: the two n halves). Otherwise (mma.sync) warp (wm, nw) computes
+  // rows wm * 64 + 16 i (i < 4), channels nw * NT * 8 + 8 j.
   constexpr bool kWg = WG && DC_HAS_WGMMA != 0;
   constexpr int MI = kWg ? 2 : 4;
   static_assert(!WG || NW == 2, "wgmma: BN = 2 * NT * 8 = one instruction's N");
+  if constexpr (WG && !kWg) __trap();  // a pass without wgmma: the host launches WG only on sm_90a builds
   constexpr int BM = Cfg::BM;
   constexpr int THREADS = Cfg::THREADS;
   constexpr int RSTEP = THREADS / 8;
   extern __shared__ __align__(128) unsigned char smem[];
 
-  const int count = a.list[0];  // listed pixels or tiles (kRowsTiles)
-  if (ROWS == kRowsPixels && !use_pixel_rows(count, *a.alt_count, a.pixel_ratio)) return;
+  const int count = a.count != nullptr ? *a.count : a.list[0];  // listed pixels or tiles (kRowsTiles)
+  if (ROWS == kRowsPixels && count < a.split_min) return;  // the 3x3 kernel takes these tiles
   const int rows = ROWS == kRowsTiles ? count * TILE_PIX : count;  // GEMM rows
   const int items = (rows + BM - 1) / BM;
   if ((int)blockIdx.x >= items) return;
@@ -705,9 +713,6 @@ __global__ void __launch_bounds__(Conv1Cfg<NW, NT, WG>::THREADS) conv_gather_tc_
   const int warp = tid >> 5;
   const int wm = warp / NW;
   const int nw = warp % NW;
-  // WG in a pass without wgmma: warps 2 * NW .. 7 only load (correct, not fast; the host asks for
-  // WG on Hopper only, whose sm_90a build has wgmma)
-  const bool computes = kWg || warp < 2 * NW;
   const int jl = tid & 7;   // the 16-byte chunk this thread loads
   const int r0 = tid >> 3;  // first A row this thread loads
 
@@ -844,7 +849,7 @@ __global__ void __launch_bounds__(Conv1Cfg<NW, NT, WG>::THREADS) conv_gather_tc_
       for (int h = 0; h < 2; ++h) {
         const int l = item * BM + (kWg ? warp * 16 : wm * 64 + i * 16) + (lane >> 2) + 8 * h;
         int pix = -1;
-        if (last && computes) {
+        if (last) {
           if constexpr (ROWS == kRowsTiles) {
             int n, oh, ow;
             if (gather_row<ROWS>(list, count, g, l, n, oh, ow)) pix = (n * g.Ho + oh) * g.Wo + ow;
@@ -858,7 +863,7 @@ __global__ void __launch_bounds__(Conv1Cfg<NW, NT, WG>::THREADS) conv_gather_tc_
 
     if constexpr (kWg) {
       wgmma_chunk<T, Cfg::BN>(acc, g.Cin % CK == 0, ksteps, sa + (warp >> 2) * 64 * 128, 1024, sb);
-    } else if (rp != 0 && computes) {
+    } else if (rp != 0) {
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) {
         if (ks < ksteps) {

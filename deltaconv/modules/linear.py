@@ -43,17 +43,32 @@ def _versions(*tensors) -> tuple:
     return tuple((id(t), t._version, t.device, t.dtype) if t is not None else None for t in tensors)
 
 
+#: weight dtypes of the tensor-core convolutions of the CUDA backend
+_TC_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def kernel_weight_layout(weight: torch.Tensor, groups: int) -> Optional[torch.memory_format]:
+    """The memory format in which the CUDA kernels read a conv weight without a copy per call:
+    channels_last (``[C_out][KH][KW][C_in]``) for the tensor-core convolutions (groups 1, channels
+    multiples of 8, fp16 / bf16), the dense layout for the others; ``None`` (as it is) off the GPU."""
+    if not weight.is_cuda or weight.dim() != 4:
+        return None
+    tc = weight.dtype in _TC_DTYPES and groups == 1 and weight.shape[0] % 8 == 0 and weight.shape[1] % 8 == 0
+    return torch.channels_last if tc else torch.contiguous_format
+
+
 class _FoldedWeights:
     """Weight and bias with an optional BatchNorm folded in, recomputed when any source changes
-    (in-place updates such as ``load_state_dict`` bump the tensors' versions)."""
+    (in-place updates such as ``load_state_dict`` bump the tensors' versions); with a ``layout``,
+    the weight in that memory format (one copy if needed, kept until a source changes)."""
 
     def __init__(self) -> None:
         self._key = None
         self._value = None
 
-    def get(self, weight, bias, bn, out_dim: int):
+    def get(self, weight, bias, bn, out_dim: int, layout: Optional[torch.memory_format] = None):
         srcs = (weight, bias) + ((bn.weight, bn.bias, bn.running_mean, bn.running_var) if bn is not None else ())
-        key = _versions(*srcs)
+        key = _versions(*srcs) + (layout,)
         if key != self._key:
             with torch.no_grad():
                 if bn is None:
@@ -65,6 +80,8 @@ class _FoldedWeights:
                     w = (weight.to(scale.dtype) * scale.view(shape)).to(weight.dtype)
                     b = shift if bias is None else bias.to(scale.dtype) * scale + shift
                     b = b.to(weight.dtype)
+                if layout is not None:
+                    w = w.contiguous(memory_format=layout)
             self._key, self._value = key, (w, b)
         return self._value
 
@@ -108,7 +125,10 @@ class DCConv2d(DCModule):
         return m
 
     def folded_weight_bias(self) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-        return self._folded.get(self.weight, self.bias, self.folded_bn, out_dim=0)
+        """Weight and bias with the BatchNorm folded in; on a GPU the weight in the memory format
+        that the CUDA kernels read (channels_last for tensor-core convs, see kernel_weight_layout)."""
+        return self._folded.get(self.weight, self.bias, self.folded_bn, out_dim=0,
+                                layout=kernel_weight_layout(self.weight, self.groups))
 
     def forward(self, x: Delta) -> Delta:
         w, b = self.folded_weight_bias()
