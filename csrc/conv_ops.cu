@@ -357,8 +357,8 @@ ConvWeights conv_weights(const Tensor& weight, const c10::optional<Tensor>& bias
 // tiles run as pixel rows of the gathered-taps GEMM when they have at least 64 pixels per
 // multiprocessor (half the machine's worth of 128-row items; with fewer the GEMM is latency-bound),
 // else with the others on the 3x3 kernel. Measured on an H200 (2026-11-21, fp16, CUDA graphs;
-// benchmarks/results/tile_split_ab.txt): 1.2-1.35x faster at 5-25 % changed in 24-pixel blobs for
-// C=64 / 128, 2.5-3 us slower per conv where the pixel rows do not run (one more launch); on the
+// benchmarks/results/tile_split_ab.txt): 1.17-1.34x faster at 5-25 % changed in 24-pixel blobs for
+// C=64 / 128, 2-3 us slower per conv where the pixel rows do not run (one more launch); on the
 // sample videos resnet50 and fcn_resnet50 ran 0.6-1.5 % slower per frame with it, so it is off by
 // default.
 constexpr int kSplitPixels = 0;
