@@ -67,9 +67,8 @@ def main(names) -> None:
                 if least is not None:
                     os.environ["DELTACONV_TC_SPLIT_MIN"] = least
                 weight = wcl if channels_last else wt
-                fn = lambda: torch.ops.deltaconv.conv2d(delta, mask, weight, None, [1, 1], [d, d], [d, d], 1,  # noqa: E731
-                                                        None)
-                res[name] = time_cuda(capture_graph(fn)[0], iters=100)
+                args = (delta, mask, weight, None, [1, 1], [d, d], [d, d], 1, None)
+                res[name] = time_cuda(capture_graph(lambda: torch.ops.deltaconv.conv2d(*args))[0], iters=100)
             best = min(res, key=res.get)
             line = (f"  f={frac:<5} tiles {tiles:.3f} fill {fill:.2f} | "
                     + " ".join(f"{k} {v*1e3:6.1f}" for k, v in res.items())

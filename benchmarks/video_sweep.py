@@ -117,7 +117,8 @@ def sweep(models, resolutions, dtypes, thresholds, n_frames: int, warmup: int, v
                             rows.append({
                                 "model": name, "resolution": f"{h}x{w}", "dtype": str(dtype).replace("torch.", ""),
                                 "baseline": baseline, "deltaconv_mode": "cudagraph" if use_graph else "eager",
-                                "threshold": t.name if per_layer else t, "dense_ms": round(dense_ms, 3), "deltaconv_ms": round(ms, 3),
+                                "threshold": t.name if per_layer else t, "dense_ms": round(dense_ms, 3),
+                                "deltaconv_ms": round(ms, 3),
                                 "speedup": round(dense_ms / ms, 3), "rel_err": f"{statistics.mean(errs):.3e}",
                                 "max_rel_err": f"{max(errs):.3e}", "dense_rel_err_vs_fp32": f"{dense_err:.3e}",
                                 "mean_density": round(mean_density, 4),

@@ -450,10 +450,11 @@ def threshold_sweep(model: torch.nn.Module, frames: Sequence[torch.Tensor], thre
     (measured with :func:`deltaconv.fidelity.compare` against dense outputs computed once).
 
     One conversion serves all uniform thresholds; ``calibrated`` (per-layer thresholds, e.g. a
-    :class:`deltaconv.calibrate.Calibration`, with its ``change_detector`` and ``truncation``) adds one row whose
-    ``threshold`` is ``None``; ``truncation`` is the measure of the uniform rows. Each row: ``threshold``, ``rel_error`` (mean relative error of the
-    primary output over the non-key frames), ``max_rel_error``, ``top1_agreement`` (classifiers,
-    else ``None``), ``density`` (input sparsifier, mean) and ``work`` (FLOPs-weighted density).
+    :class:`deltaconv.calibrate.Calibration`, with its ``change_detector`` and ``truncation``) adds
+    one row whose ``threshold`` is ``None``; ``truncation`` is the measure of the uniform rows. Each
+    row: ``threshold``, ``rel_error`` (mean relative error of the primary output over the non-key
+    frames), ``max_rel_error``, ``top1_agreement`` (classifiers, else ``None``), ``density`` (input
+    sparsifier, mean) and ``work`` (FLOPs-weighted density).
     """
     from .convert import convert
 

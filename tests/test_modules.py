@@ -744,7 +744,8 @@ def test_conv_weight_layout_follows_the_kernels(device, dtype, groups, channels_
         bn = randomize_bn(nn.BatchNorm2d(24)).eval().to(device, dtype)
         for layer in (DCConv2d.from_dense(c), DCConv2d.from_dense(c, bn)):
             w, _ = layer.folded_weight_bias()
-            want = dense_format if device == "cpu" else (torch.channels_last if channels_last else torch.contiguous_format)
+            kernel_format = torch.channels_last if channels_last else torch.contiguous_format
+            want = dense_format if device == "cpu" else kernel_format
             assert w.is_contiguous(memory_format=want)
             assert layer.folded_weight_bias()[0] is w  # cached
     with torch.no_grad():
