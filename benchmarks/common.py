@@ -60,18 +60,24 @@ def graphed_model(model, example: torch.Tensor) -> Callable[[torch.Tensor], obje
     return run
 
 
+def timed_call(fn, *args) -> tuple[float, object]:
+    """Milliseconds of one ``fn(*args)`` on the current stream (CUDA events, synchronised), and its result."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    y = fn(*args)
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end), y
+
+
 def time_frames(fn, frames, warmup: int) -> tuple[float, list]:
     """Median ms per frame of ``fn(frame)`` over ``frames`` (after ``warmup`` frames), timed with
     CUDA events, and copies of the outputs."""
     times, outs = [], []
     for i, f in enumerate(frames):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        y = fn(f)
-        end.record()
-        end.synchronize()
+        ms, y = timed_call(fn, f)
         if i >= warmup:
-            times.append(start.elapsed_time(end))
+            times.append(ms)
         outs.append({k: v.clone() for k, v in y.items()} if isinstance(y, dict) else y.clone())
     return statistics.median(times), outs
 

@@ -1,5 +1,5 @@
 // Shared helpers for the deltaconv CUDA launchers: argument checks that name the argument and the
-// value received, dtype dispatch over the activation dtypes, and the launch check.
+// value received, dtype dispatch over the activation dtypes, and the kernel launch (with its check).
 // Kernel templates (the *.cuh files under csrc/kernels and csrc/conv) stay free of ATen; only
 // launchers (*.cu) include this header.
 #pragma once
@@ -11,7 +11,12 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
 #include <string>
+#include <utility>
 
 namespace deltaconv {
 
@@ -56,8 +61,49 @@ inline bool is_activation_dtype(at::ScalarType t) {
     }                                                                                                \
   }()
 
-// After every kernel launch.
-#define DC_LAUNCH_CHECK() C10_CUDA_KERNEL_LAUNCH_CHECK()
+// Whether `kernel` may start before the previous kernel in the stream has finished (programmatic
+// dependent launch, see kernels/grid_dependency.cuh), opt-in: DELTACONV_PDL set and not 0 (read on
+// every launch, so a CUDA graph keeps what was set when it was captured), the device Hopper or
+// newer, and the kernel's code compiled for sm_90 or newer (so that its grid_dependency_sync()
+// waits; code JIT-compiled from older PTX would not). Cached per (kernel, device). Off by default:
+// on an H200 (2026-11-21, benchmarks/results/launch_ab.txt) it made mobilenet_v2 2-3 % faster per
+// frame, deeplabv3_mobilenet_v3_large 1 % slower and resnet50 no faster.
+template <typename... KArgs>
+bool pdl_enabled(void (*kernel)(KArgs...)) {
+  const char* v = std::getenv("DELTACONV_PDL");
+  if (v == nullptr || *v == 0 || std::strcmp(v, "0") == 0) return false;
+  static std::mutex mu;
+  static std::map<std::pair<const void*, int>, bool> cache;
+  int dev = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&dev));
+  const auto key = std::make_pair(reinterpret_cast<const void*>(kernel), dev);
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  cudaFuncAttributes attr{};
+  C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(kernel)));
+  const bool ok = at::cuda::getCurrentDeviceProperties()->major >= 9 && attr.binaryVersion >= 90;
+  cache[key] = ok;
+  return ok;
+}
+
+// Launch `kernel` on `stream` (programmatic dependent launch where pdl_enabled) and check the launch.
+// Every deltaconv kernel opens with grid_dependency_sync() and is launched through here.
+template <typename... KArgs, typename... Args>
+void launch_kernel(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                   Args&&... args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_enabled(kernel) ? 1 : 0;
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
 
 inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
 

@@ -133,10 +133,12 @@ ConvGeom conv_geom(int64_t N, int64_t Cin, int64_t H, int64_t W, int64_t Cout, i
 }
 
 // A work list: [count (zeroed), ids[items], per-id side data[items] (when side)] (see conv_common.cuh);
-// `counters` more zeroed ints right before it (the same memset), at list.data_ptr<int>() - counters.
+// `counters` more zeroed ints right before it, at list.data_ptr<int>() - counters. The zeroing is a
+// one-block kernel, not a memset: in a CUDA graph a memset node between kernel nodes cost 2.1 us
+// against 1.1 us for a small kernel (H200, 2026-11-21; benchmarks/results/launch_ab.txt).
 Tensor work_list(const Tensor& like, int64_t items, cudaStream_t stream, bool side = true, int counters = 0) {
   Tensor buf = at::empty({counters + 1 + (side ? 2 : 1) * items}, like.options().dtype(at::kInt));
-  C10_CUDA_CHECK(cudaMemsetAsync(buf.data_ptr<int>(), 0, (counters + 1) * sizeof(int), stream));
+  launch_kernel(conv::clear_counters_kernel, 1, 32, 0, stream, buf.data_ptr<int>(), counters + 1);
   return counters == 0 ? buf : buf.narrow(0, counters, buf.size(0) - counters);
 }
 
@@ -149,9 +151,8 @@ void launch_tile_mask(const Tensor& m, const c10::optional<Tensor>& key, const T
   TORCH_CHECK(blocks <= kIntMax, "deltaconv::conv: output too large");
   auto kernel = (!TRANSPOSED && g.KH == 3 && g.KW == 3) ? conv::conv_tile_mask_kernel<TRANSPOSED, 3>
                                                          : conv::conv_tile_mask_kernel<TRANSPOSED, 0>;
-  kernel<<<static_cast<unsigned>(blocks), conv::MASK_THREADS, 0, stream>>>(
-      m.data_ptr<bool>(), key_ptr(key), mask_out.data_ptr<bool>(), list.data_ptr<int>(), g, (int)tiles, split);
-  DC_LAUNCH_CHECK();
+  launch_kernel(kernel, static_cast<unsigned>(blocks), conv::MASK_THREADS, 0, stream, m.data_ptr<bool>(), key_ptr(key),
+                mask_out.data_ptr<bool>(), list.data_ptr<int>(), g, (int)tiles, split);
 }
 
 template <bool TRANSPOSED>
@@ -159,12 +160,11 @@ void launch_direct(const Tensor& x, const Tensor& m, const Tensor& w, const c10:
                    const c10::optional<Tensor>& key, const Tensor& y, const Tensor& list, const ConvGeom& g,
                    int64_t tiles, cudaStream_t stream) {
   DC_DISPATCH_ACTIVATION_TYPES(x.scalar_type(), "deltaconv::conv (direct)", [&] {
-    conv::conv_direct_kernel<scalar_t, TRANSPOSED><<<list_grid(tiles), conv::CONV_THREADS, 0, stream>>>(
-        reinterpret_cast<const scalar_t*>(x.const_data_ptr()), m.data_ptr<bool>(),
-        reinterpret_cast<const scalar_t*>(w.const_data_ptr()),
-        b.has_value() ? reinterpret_cast<const scalar_t*>(b->const_data_ptr()) : nullptr, key_ptr(key),
-        reinterpret_cast<scalar_t*>(y.data_ptr()), list.data_ptr<int>(), g);
-    DC_LAUNCH_CHECK();
+    launch_kernel(conv::conv_direct_kernel<scalar_t, TRANSPOSED>, list_grid(tiles), conv::CONV_THREADS, 0, stream,
+                  reinterpret_cast<const scalar_t*>(x.const_data_ptr()), m.data_ptr<bool>(),
+                  reinterpret_cast<const scalar_t*>(w.const_data_ptr()),
+                  b.has_value() ? reinterpret_cast<const scalar_t*>(b->const_data_ptr()) : nullptr, key_ptr(key),
+                  reinterpret_cast<scalar_t*>(y.data_ptr()), list.data_ptr<int>(), g);
   });
 }
 
@@ -280,12 +280,10 @@ void run_tc_3x3(conv::tc::TcArgs a, int64_t tiles, cudaStream_t stream) {
   const int64_t gx_c = std::max<int64_t>(1, std::min<int64_t>(groups_c, std::max<int64_t>(1, (int64_t)occ_c * sms / nb)));
   const int64_t gx_f = std::max<int64_t>(1, std::min<int64_t>(tiles, std::max<int64_t>(a.fine_max, 1)));
   if (a.fine_max < tiles) {  // the coarse launch can have work
-    kc<<<dim3((unsigned)gx_c, (unsigned)nb), CC::THREADS, smem_c, stream>>>(a);
-    DC_LAUNCH_CHECK();
+    launch_kernel(kc, dim3((unsigned)gx_c, (unsigned)nb), CC::THREADS, smem_c, stream, a);
   }
   if (a.fine_max >= 0) {  // the fine launch can have work
-    kf<<<dim3((unsigned)gx_f, (unsigned)nb), CF::THREADS, smem_f, stream>>>(a);
-    DC_LAUNCH_CHECK();
+    launch_kernel(kf, dim3((unsigned)gx_f, (unsigned)nb), CF::THREADS, smem_f, stream, a);
   }
 }
 
@@ -407,8 +405,7 @@ void run_tc_gather(conv::tc::TcArgs a, int64_t items, cudaStream_t stream) {
   const int64_t rows = ROWS == conv::tc::kRowsTiles ? items * conv::TILE_PIX : items;
   const int64_t blocks = (rows + Cfg::BM - 1) / Cfg::BM;
   const int64_t gx = std::max<int64_t>(1, std::min<int64_t>(blocks, std::max<int64_t>(1, (int64_t)occ * num_sms() / nb)));
-  k<<<dim3((unsigned)gx, (unsigned)nb), Cfg::THREADS, smem, stream>>>(a);
-  DC_LAUNCH_CHECK();
+  launch_kernel(k, dim3((unsigned)gx, (unsigned)nb), Cfg::THREADS, smem, stream, a);
 }
 
 // 128 output channels per block for Cout > 64 (wide), else 64; wgmma or mma.sync (see wgmma_enabled).
@@ -443,10 +440,9 @@ Tensor pad_channels8(const Tensor& x, const Tensor& m, cudaStream_t stream) {
   const int64_t pixels = N * H * W;
   if (pixels == 0) return out;
   constexpr int threads = 256;
-  conv::tc::pad_channels8_kernel<<<(unsigned)((pixels + threads - 1) / threads), threads, 0, stream>>>(
-      reinterpret_cast<const uint16_t*>(x.const_data_ptr()), m.data_ptr<bool>(), reinterpret_cast<uint4*>(out.data_ptr()),
-      pixels, (int)C);
-  DC_LAUNCH_CHECK();
+  launch_kernel(conv::tc::pad_channels8_kernel, (unsigned)((pixels + threads - 1) / threads), threads, 0, stream,
+                reinterpret_cast<const uint16_t*>(x.const_data_ptr()), m.data_ptr<bool>(),
+                reinterpret_cast<uint4*>(out.data_ptr()), pixels, (int)C);
   return out;
 }
 
@@ -463,8 +459,7 @@ void run_small_cin_tc(conv::tc::TcArgs a, int64_t tiles, cudaStream_t stream) {
   const int nb = ceil_div(a.g.Cout, Cfg::BN);
   const int64_t groups = (tiles + TPB - 1) / TPB;
   const int64_t gx = std::max<int64_t>(1, std::min<int64_t>(groups, std::max<int64_t>(1, (int64_t)occ * num_sms() / nb)));
-  k<<<dim3((unsigned)gx, (unsigned)nb), Cfg::THREADS, smem, stream>>>(a);
-  DC_LAUNCH_CHECK();
+  launch_kernel(k, dim3((unsigned)gx, (unsigned)nb), Cfg::THREADS, smem, stream, a);
 }
 
 void launch_small_cin_tc(const Tensor& x, const Tensor& m, const ConvWeights& tw, const c10::optional<Tensor>& key,
@@ -494,11 +489,10 @@ void run_dwconv_vec(const Tensor& x, const Tensor& m, const Tensor& w, const c10
   TORCH_CHECK(allow_smem(kernel, Cfg::SMEM), "deltaconv::conv2d: depthwise kernel needs ", Cfg::SMEM,
               " bytes of shared memory");
   const dim3 grid(list_grid(tiles), (unsigned)ceil_div(g.Cout, Cfg::CB));
-  kernel<<<grid, conv::CONV_THREADS, Cfg::SMEM, stream>>>(
-      reinterpret_cast<const T*>(x.const_data_ptr()), m.data_ptr<bool>(), reinterpret_cast<const T*>(w.const_data_ptr()),
-      b.has_value() ? reinterpret_cast<const T*>(b->const_data_ptr()) : nullptr, key_ptr(key),
-      reinterpret_cast<T*>(y.data_ptr()), list.data_ptr<int>(), g);
-  DC_LAUNCH_CHECK();
+  launch_kernel(kernel, grid, conv::CONV_THREADS, Cfg::SMEM, stream, reinterpret_cast<const T*>(x.const_data_ptr()),
+                m.data_ptr<bool>(), reinterpret_cast<const T*>(w.const_data_ptr()),
+                b.has_value() ? reinterpret_cast<const T*>(b->const_data_ptr()) : nullptr, key_ptr(key),
+                reinterpret_cast<T*>(y.data_ptr()), list.data_ptr<int>(), g);
 }
 
 template <typename T>
@@ -638,9 +632,8 @@ std::tuple<Tensor, Tensor> conv2d_cuda(const Tensor& delta, const Tensor& mask, 
     const int64_t total = N * Ho * Wo;
     Tensor list = work_list(delta, total, stream);
     constexpr int64_t per_block = conv::MASK1_THREADS * conv::MASK1_PPT;
-    conv::conv1x1_mask_kernel<<<(unsigned)((total + per_block - 1) / per_block), conv::MASK1_THREADS, 0, stream>>>(
-        m.data_ptr<bool>(), kp, mask_out.data_ptr<bool>(), list.data_ptr<int>(), g, (int)total);
-    DC_LAUNCH_CHECK();
+    launch_kernel(conv::conv1x1_mask_kernel, (unsigned)((total + per_block - 1) / per_block), conv::MASK1_THREADS, 0,
+                  stream, m.data_ptr<bool>(), kp, mask_out.data_ptr<bool>(), list.data_ptr<int>(), g, (int)total);
     if (use_tc) {
       launch_tc_gather<conv::tc::kRows1x1>(x, m, conv_weights(weight, bias, x.scalar_type(), true), key, y, list, g, total,
                                            stream);
@@ -651,12 +644,11 @@ std::tuple<Tensor, Tensor> conv2d_cuda(const Tensor& delta, const Tensor& mask, 
     const c10::optional<Tensor>& b = cw.b;
     const dim3 grid(list_grid((total + conv::TILE_PIX - 1) / conv::TILE_PIX), (unsigned)cob);
     DC_DISPATCH_ACTIVATION_TYPES(x.scalar_type(), "deltaconv::conv2d", [&] {
-      conv::conv1x1_kernel<scalar_t><<<grid, conv::CONV_THREADS, 0, stream>>>(
-          reinterpret_cast<const scalar_t*>(x.const_data_ptr()), m.data_ptr<bool>(),
-          reinterpret_cast<const scalar_t*>(w.const_data_ptr()),
-          b.has_value() ? reinterpret_cast<const scalar_t*>(b->const_data_ptr()) : nullptr, kp,
-          reinterpret_cast<scalar_t*>(y.data_ptr()), list.data_ptr<int>(), g);
-      DC_LAUNCH_CHECK();
+      launch_kernel(conv::conv1x1_kernel<scalar_t>, grid, conv::CONV_THREADS, 0, stream,
+                    reinterpret_cast<const scalar_t*>(x.const_data_ptr()), m.data_ptr<bool>(),
+                    reinterpret_cast<const scalar_t*>(w.const_data_ptr()),
+                    b.has_value() ? reinterpret_cast<const scalar_t*>(b->const_data_ptr()) : nullptr, kp,
+                    reinterpret_cast<scalar_t*>(y.data_ptr()), list.data_ptr<int>(), g);
     });
     return {y, mask_out};
   }
@@ -677,12 +669,11 @@ std::tuple<Tensor, Tensor> conv2d_cuda(const Tensor& delta, const Tensor& mask, 
                     : KH == 5 && KW == 5 ? conv::dwconv_kernel<scalar_t, 5>
                                          : conv::dwconv_kernel<scalar_t, 0>;
       if (!allow_smem(kernel, smem)) return;
-      kernel<<<grid, conv::CONV_THREADS, smem, stream>>>(
-          reinterpret_cast<const scalar_t*>(x.const_data_ptr()), m.data_ptr<bool>(),
-          reinterpret_cast<const scalar_t*>(w.const_data_ptr()),
-          b.has_value() ? reinterpret_cast<const scalar_t*>(b->const_data_ptr()) : nullptr, kp,
-          reinterpret_cast<scalar_t*>(y.data_ptr()), list.data_ptr<int>(), g);
-      DC_LAUNCH_CHECK();
+      launch_kernel(kernel, grid, conv::CONV_THREADS, smem, stream,
+                    reinterpret_cast<const scalar_t*>(x.const_data_ptr()), m.data_ptr<bool>(),
+                    reinterpret_cast<const scalar_t*>(w.const_data_ptr()),
+                    b.has_value() ? reinterpret_cast<const scalar_t*>(b->const_data_ptr()) : nullptr, kp,
+                    reinterpret_cast<scalar_t*>(y.data_ptr()), list.data_ptr<int>(), g);
       done = true;
     });
     if (!done) launch_direct<false>(x, m, w, b, key, y, list, g, tiles, stream);
@@ -701,12 +692,11 @@ std::tuple<Tensor, Tensor> conv2d_cuda(const Tensor& delta, const Tensor& mask, 
     DC_DISPATCH_ACTIVATION_TYPES(x.scalar_type(), "deltaconv::conv2d", [&] {
       auto kernel = KH == 3 && KW == 3 ? conv::conv_tile_kernel<scalar_t, 3, 3> : conv::conv_tile_kernel<scalar_t, 0, 0>;
       if (!allow_smem(kernel, smem)) return;
-      kernel<<<grid, conv::CONV_THREADS, smem, stream>>>(
-          reinterpret_cast<const scalar_t*>(x.const_data_ptr()), m.data_ptr<bool>(),
-          reinterpret_cast<const scalar_t*>(w.const_data_ptr()),
-          b.has_value() ? reinterpret_cast<const scalar_t*>(b->const_data_ptr()) : nullptr, kp,
-          reinterpret_cast<scalar_t*>(y.data_ptr()), list.data_ptr<int>(), g, cib);
-      DC_LAUNCH_CHECK();
+      launch_kernel(kernel, grid, conv::CONV_THREADS, smem, stream,
+                    reinterpret_cast<const scalar_t*>(x.const_data_ptr()), m.data_ptr<bool>(),
+                    reinterpret_cast<const scalar_t*>(w.const_data_ptr()),
+                    b.has_value() ? reinterpret_cast<const scalar_t*>(b->const_data_ptr()) : nullptr, kp,
+                    reinterpret_cast<scalar_t*>(y.data_ptr()), list.data_ptr<int>(), g, cib);
       done = true;
     });
   }
@@ -823,16 +813,14 @@ std::tuple<Tensor, Tensor> max_pool2d_cuda(const Tensor& delta, const Tensor& ma
   DC_DISPATCH_ACTIVATION_TYPES(x.scalar_type(), "deltaconv::max_pool2d", [&] {
     const int64_t total = x.numel();
     if (total > 0) {
-      conv::maxpool_acc_kernel<scalar_t><<<elem_grid(total, 256), 256, 0, stream>>>(
-          reinterpret_cast<const scalar_t*>(x.const_data_ptr()), m.data_ptr<bool>(), acc.data_ptr<float>(), as,
-          (int)C, (int)H, (int)W, total);
-      DC_LAUNCH_CHECK();
+      launch_kernel(conv::maxpool_acc_kernel<scalar_t>, elem_grid(total, 256), 256, 0, stream,
+                    reinterpret_cast<const scalar_t*>(x.const_data_ptr()), m.data_ptr<bool>(), acc.data_ptr<float>(),
+                    as, (int)C, (int)H, (int)W, total);
     }
-    conv::maxpool_out_kernel<scalar_t><<<elem_grid(total_pix * 32, 256), 256, 0, stream>>>(
-        m.data_ptr<bool>(), acc.data_ptr<float>(), as, reinterpret_cast<scalar_t*>(sent.data_ptr()), ss, key_ptr(key),
-        reinterpret_cast<scalar_t*>(y.data_ptr()), mask_out.data_ptr<bool>(), g, static_cast<float>(threshold),
-        rms_limit(rms, threshold, C), total_pix);
-    DC_LAUNCH_CHECK();
+    launch_kernel(conv::maxpool_out_kernel<scalar_t>, elem_grid(total_pix * 32, 256), 256, 0, stream,
+                  m.data_ptr<bool>(), acc.data_ptr<float>(), as, reinterpret_cast<scalar_t*>(sent.data_ptr()), ss,
+                  key_ptr(key), reinterpret_cast<scalar_t*>(y.data_ptr()), mask_out.data_ptr<bool>(), g,
+                  static_cast<float>(threshold), rms_limit(rms, threshold, C), total_pix);
   });
   return {y, mask_out};
 }
@@ -867,11 +855,10 @@ std::tuple<Tensor, Tensor> avg_pool2d_cuda(const Tensor& delta, const Tensor& ma
   const Tensor m = mask.contiguous();
   PoolGeom g{(int)N, (int)C, (int)H, (int)W, (int)Ho, (int)Wo, kh, kw, sh, sw, ph, pw, 1, 1};
   DC_DISPATCH_ACTIVATION_TYPES(x.scalar_type(), "deltaconv::avg_pool2d", [&] {
-    conv::avgpool_kernel<scalar_t><<<elem_grid(total, 256), 256, 0, stream>>>(
-        reinterpret_cast<const scalar_t*>(x.const_data_ptr()), m.data_ptr<bool>(),
-        reinterpret_cast<scalar_t*>(y.data_ptr()), mask_out.data_ptr<bool>(), g, count_include_pad,
-        divisor_override.has_value() ? (int)*divisor_override : 0, divisor_override.has_value(), total);
-    DC_LAUNCH_CHECK();
+    launch_kernel(conv::avgpool_kernel<scalar_t>, elem_grid(total, 256), 256, 0, stream,
+                  reinterpret_cast<const scalar_t*>(x.const_data_ptr()), m.data_ptr<bool>(),
+                  reinterpret_cast<scalar_t*>(y.data_ptr()), mask_out.data_ptr<bool>(), g, count_include_pad,
+                  divisor_override.has_value() ? (int)*divisor_override : 0, divisor_override.has_value(), total);
   });
   return {y, mask_out};
 }
@@ -896,10 +883,9 @@ std::tuple<Tensor, Tensor> adaptive_avg_pool2d_cuda(const Tensor& delta, const T
   PoolGeom g{(int)N, (int)C, (int)H, (int)W, Ho, Wo, 1, 1, 1, 1, 0, 0, 1, 1};
   const dim3 grid((unsigned)pix, (unsigned)std::max<int64_t>(1, (C + 31) / 32));
   DC_DISPATCH_ACTIVATION_TYPES(x.scalar_type(), "deltaconv::adaptive_avg_pool2d", [&] {
-    conv::adaptive_avgpool_kernel<scalar_t><<<grid, 256, 0, stream>>>(
-        reinterpret_cast<const scalar_t*>(x.const_data_ptr()), m.data_ptr<bool>(),
-        reinterpret_cast<scalar_t*>(y.data_ptr()), mask_out.data_ptr<bool>(), g);
-    DC_LAUNCH_CHECK();
+    launch_kernel(conv::adaptive_avgpool_kernel<scalar_t>, grid, 256, 0, stream,
+                  reinterpret_cast<const scalar_t*>(x.const_data_ptr()), m.data_ptr<bool>(),
+                  reinterpret_cast<scalar_t*>(y.data_ptr()), mask_out.data_ptr<bool>(), g);
   });
   return {y, mask_out};
 }
@@ -949,12 +935,11 @@ std::tuple<Tensor, Tensor> linear_cuda(const Tensor& delta, const Tensor& mask, 
   const c10::optional<Tensor>& b = cw.b;
   const int64_t blocks = (N * M + 7) / 8;
   DC_DISPATCH_ACTIVATION_TYPES(x.scalar_type(), "deltaconv::linear", [&] {
-    conv::linear_kernel<scalar_t><<<(unsigned)blocks, 256, 0, stream>>>(
-        reinterpret_cast<const scalar_t*>(x.const_data_ptr()), m.data_ptr<bool>(),
-        reinterpret_cast<const scalar_t*>(w.const_data_ptr()),
-        b.has_value() ? reinterpret_cast<const scalar_t*>(b->const_data_ptr()) : nullptr, key_ptr(key),
-        reinterpret_cast<scalar_t*>(y.data_ptr()), mask_out.data_ptr<bool>(), (int)N, (int)K, (int)M);
-    DC_LAUNCH_CHECK();
+    launch_kernel(conv::linear_kernel<scalar_t>, (unsigned)blocks, 256, 0, stream,
+                  reinterpret_cast<const scalar_t*>(x.const_data_ptr()), m.data_ptr<bool>(),
+                  reinterpret_cast<const scalar_t*>(w.const_data_ptr()),
+                  b.has_value() ? reinterpret_cast<const scalar_t*>(b->const_data_ptr()) : nullptr, key_ptr(key),
+                  reinterpret_cast<scalar_t*>(y.data_ptr()), mask_out.data_ptr<bool>(), (int)N, (int)K, (int)M);
   });
   return {y, mask_out};
 }

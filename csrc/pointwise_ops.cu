@@ -146,13 +146,12 @@ Tensor empty_mask(const Tensor& like, int64_t n, int64_t h, int64_t w) {
     if (pixels > 0) {                                                                            \
       if (vec_ok) {                                                                              \
         params.log2_lanes = log2_lanes_for(channels, kVec<scalar_t>);                           \
-        KERNEL<scalar_t, kVec<scalar_t>><<<grid_for(pixels, params.log2_lanes), pw::kThreads, 0, \
-                                            stream()>>>(params);                                 \
+        launch_kernel(KERNEL<scalar_t, kVec<scalar_t>>, grid_for(pixels, params.log2_lanes), pw::kThreads, 0, \
+                      stream(), params);                                                         \
       } else {                                                                                   \
         params.log2_lanes = log2_lanes_for(channels, 1);                                        \
-        KERNEL<scalar_t, 1><<<grid_for(pixels, params.log2_lanes), pw::kThreads, 0, stream()>>>(params); \
+        launch_kernel(KERNEL<scalar_t, 1>, grid_for(pixels, params.log2_lanes), pw::kThreads, 0, stream(), params); \
       }                                                                                          \
-      DC_LAUNCH_CHECK();                                                                         \
     }                                                                                            \
   } while (0)
 
@@ -203,12 +202,11 @@ void launch_densify(pw::DensifyParams<Tin, Tout> p, bool vec_ok) {
   constexpr int V = kVec<Tin>;
   if (vec_ok) {
     p.log2_lanes = log2_lanes_for(p.channels, V);
-    pw::densify_kernel<Tin, Tout, V><<<grid_for(p.pixels, p.log2_lanes), pw::kThreads, 0, stream()>>>(p);
+    launch_kernel(pw::densify_kernel<Tin, Tout, V>, grid_for(p.pixels, p.log2_lanes), pw::kThreads, 0, stream(), p);
   } else {
     p.log2_lanes = log2_lanes_for(p.channels, 1);
-    pw::densify_kernel<Tin, Tout, 1><<<grid_for(p.pixels, p.log2_lanes), pw::kThreads, 0, stream()>>>(p);
+    launch_kernel(pw::densify_kernel<Tin, Tout, 1>, grid_for(p.pixels, p.log2_lanes), pw::kThreads, 0, stream(), p);
   }
-  DC_LAUNCH_CHECK();
 }
 
 Tensor densify(const Tensor& delta, const Tensor& mask, Tensor& acc, at::ScalarType out_dtype) {
@@ -361,10 +359,9 @@ std::tuple<Tensor, Tensor> mul(const Tensor& delta_a, const Tensor& mask_a, Tens
       const Tensor& small_m = a_bcast ? mask_a : mask_b;
       Tensor& small_acc = a_bcast ? acc_a : acc_b;
       const int64_t total = N * C;
-      pw::accumulate_rows_kernel<scalar_t><<<static_cast<unsigned>((total + pw::kThreads - 1) / pw::kThreads),
-                                             pw::kThreads, 0, stream()>>>(
-          cptr<scalar_t>(*small_d), cptr<bool>(small_m), ptr<float>(small_acc), N, C);
-      DC_LAUNCH_CHECK();
+      launch_kernel(pw::accumulate_rows_kernel<scalar_t>,
+                    static_cast<unsigned>((total + pw::kThreads - 1) / pw::kThreads), pw::kThreads, 0, stream(),
+                    cptr<scalar_t>(*small_d), cptr<bool>(small_m), ptr<float>(small_acc), N, C);
     }
     pw::MulParams<scalar_t> p{cptr<scalar_t>(delta_a), cptr<bool>(mask_a), ptr<float>(acc_a),
                               cptr<scalar_t>(delta_b), cptr<bool>(mask_b), ptr<float>(acc_b),
@@ -522,8 +519,8 @@ void count_active(at::TensorList masks, at::TensorList stats) {
                                                                  2 * sms));
       max_blocks = std::max(max_blocks, b.blocks[k]);
     }
-    stats::count_active_kernel<<<dim3((unsigned)max_blocks, (unsigned)b.count), stats::kCountThreads, 0, stream()>>>(b);
-    DC_LAUNCH_CHECK();
+    launch_kernel(stats::count_active_kernel, dim3((unsigned)max_blocks, (unsigned)b.count), stats::kCountThreads, 0,
+                  stream(), b);
   }
 }
 

@@ -1,5 +1,6 @@
 """CPU checks of the benchmark scripts' plumbing (the timings themselves need a GPU)."""
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -74,3 +75,26 @@ def test_fidelity_plot_adds_speed_panels_for_timed_rows(tmp_path):
     fig = plt.gcf()
     assert len(fig.axes) == 4  # density and speed, per video
     assert (tmp_path / "f.png").stat().st_size > 0
+
+
+def test_launch_ab_sets_the_variable_only_inside_a_variant(monkeypatch):
+    ab = load("launch_ab")
+    monkeypatch.setenv("DELTACONV_PDL", "7")
+    seen = {v: ab.with_variant(v, lambda: os.environ["DELTACONV_PDL"]) for v in ab.VARIANTS}
+    assert seen == {"pdl": "1", "plain": "0"}
+    assert os.environ["DELTACONV_PDL"] == "7"
+    monkeypatch.delenv("DELTACONV_PDL")
+    with pytest.raises(RuntimeError):
+        ab.with_variant("pdl", lambda: (_ for _ in ()).throw(RuntimeError("boom")))
+    assert "DELTACONV_PDL" not in os.environ
+
+
+def test_launch_ab_rejects_unknown_ops_and_needs_the_cuda_backend(capsys):
+    ab = load("launch_ab")
+    with pytest.raises(SystemExit):
+        ab.main(["--ops", "nope"])
+    assert "nope" in capsys.readouterr().err
+    from deltaconv.backends import cuda as dc
+    if not dc.is_available():
+        with pytest.raises(SystemExit, match="CUDA backend is unavailable"):
+            ab.main(["--models"])

@@ -20,6 +20,8 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include "../kernels/grid_dependency.cuh"
+
 namespace deltaconv {
 namespace conv {
 
@@ -125,6 +127,13 @@ __device__ __forceinline__ bool out_pixel_any(const bool* __restrict__ mask, con
   return any;
 }
 
+// Zeroes a work list's counters (`n` ints) before the mask kernel appends to it: one small kernel
+// rather than a memset, a slower node in a CUDA graph (conv_ops.cu: work_list).
+__global__ void clear_counters_kernel(int* __restrict__ counters, int n) {
+  grid_dependency_sync();
+  for (int i = threadIdx.x; i < n; i += blockDim.x) counters[i] = 0;
+}
+
 // Appends `cnt` items of every thread of the block to a device list whose item count is
 // *counter, with one atomic per block; returns the thread's first slot (slots in thread order).
 // Every thread of the block (WARPS warps) must call it: it has barriers.
@@ -178,6 +187,7 @@ __global__ void __launch_bounds__(MASK_THREADS) conv_tile_mask_kernel(const bool
                                                                       bool* __restrict__ mask_out,
                                                                       int* __restrict__ list, ConvGeom g, int cap,
                                                                       TileSplit split) {
+  grid_dependency_sync();
   __shared__ unsigned rowbits[TILE_H];  // per tile row r: bit l = tile l of the strip has an active pixel in row r
   __shared__ int tile_pixels[MASK_STRIP];  // split: active output pixels of tile l of the strip
   const bool splits = split.counts != nullptr;
@@ -315,6 +325,7 @@ __global__ void __launch_bounds__(MASK1_THREADS) conv1x1_mask_kernel(const bool*
                                                                     const bool* __restrict__ key,
                                                                     bool* __restrict__ mask_out,
                                                                     int* __restrict__ list, ConvGeom g, int total) {
+  grid_dependency_sync();
   const int base = (blockIdx.x * MASK1_THREADS + threadIdx.x) * MASK1_PPT;
   unsigned bits = 0;
   int src[MASK1_PPT];

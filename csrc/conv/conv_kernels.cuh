@@ -39,6 +39,7 @@ __global__ void __launch_bounds__(CONV_THREADS)
     conv_tile_kernel(const T* __restrict__ x, const bool* __restrict__ mask, const T* __restrict__ w,
                      const T* __restrict__ bias, const bool* __restrict__ key, T* __restrict__ y,
                      const int* __restrict__ list, ConvGeom g, int cib) {
+  grid_dependency_sync();
   extern __shared__ float4 smem4[];
   float* smem = reinterpret_cast<float*>(smem4);
   const int KH = KH_ > 0 ? KH_ : g.KH;
@@ -153,6 +154,7 @@ __global__ void __launch_bounds__(CONV_THREADS)
     conv1x1_kernel(const T* __restrict__ x, const bool* __restrict__ mask, const T* __restrict__ w,
                    const T* __restrict__ bias, const bool* __restrict__ key, T* __restrict__ y,
                    const int* __restrict__ list, ConvGeom g) {
+  grid_dependency_sync();
   __shared__ __align__(16) float in_s[C1_CIB * C1_PLANE];  // [c][pixel]
   __shared__ __align__(16) float w_s[C1_CIB * CONV_COB];   // [c][co]
   __shared__ long long in_off[TILE_PIX];                   // element offset of the input pixel, -1: zero
@@ -261,6 +263,7 @@ __global__ void __launch_bounds__(CONV_THREADS)
     dwconv_kernel(const T* __restrict__ x, const bool* __restrict__ mask, const T* __restrict__ w,
                   const T* __restrict__ bias, const bool* __restrict__ key, T* __restrict__ y,
                   const int* __restrict__ list, ConvGeom g) {
+  grid_dependency_sync();
   extern __shared__ float4 smem4[];
   float* smem = reinterpret_cast<float*>(smem4);
   const int KH = KS > 0 ? KS : g.KH;
@@ -373,6 +376,7 @@ __global__ void __launch_bounds__(CONV_THREADS)
     dwconv_vec_kernel(const T* __restrict__ x, const bool* __restrict__ mask, const T* __restrict__ w,
                       const T* __restrict__ bias, const bool* __restrict__ key, T* __restrict__ y,
                       const int* __restrict__ list, ConvGeom g) {
+  grid_dependency_sync();
   using Cfg = DwVecCfg<T, KS, S, D>;
   constexpr int VEC = Cfg::VEC, CB = Cfg::CB, FW = Cfg::FW, KK = KS * KS;
   extern __shared__ float4 smem4[];
@@ -475,6 +479,7 @@ __global__ void __launch_bounds__(CONV_THREADS)
     conv_direct_kernel(const T* __restrict__ x, const bool* __restrict__ mask, const T* __restrict__ w,
                        const T* __restrict__ bias, const bool* __restrict__ key, T* __restrict__ y,
                        const int* __restrict__ list, ConvGeom g) {
+  grid_dependency_sync();
   const int count = list[0];
   const int per_tile = TILE_PIX * g.Cout;
   for (int item = blockIdx.x; item < count; item += gridDim.x) {

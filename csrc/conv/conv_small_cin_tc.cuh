@@ -32,6 +32,7 @@ constexpr int kSmallCinMaxTaps = 64;
 
 __global__ void pad_channels8_kernel(const uint16_t* __restrict__ x, const bool* __restrict__ mask,
                                      uint4* __restrict__ out, int64_t pixels, int C) {
+  grid_dependency_sync();
   const int64_t p = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (p >= pixels || !mask[p]) return;
   union {
@@ -61,6 +62,7 @@ struct SmallCinCfg {
 
 template <typename T, int S, int TPB, int NW, int NT>
 __global__ void __launch_bounds__(32 * TPB * NW) conv_small_cin_tc_kernel(const TcArgs a) {
+  grid_dependency_sync();
   using Cfg = SmallCinCfg<S, TPB, NW, NT>;
   constexpr int THREADS = Cfg::THREADS;
   extern __shared__ __align__(128) unsigned char smem[];

@@ -400,6 +400,7 @@ __device__ __forceinline__ void wgmma_chunk(float (&acc)[2][N / 16][4], bool ful
 
 template <typename T, int S, int TPB, int NW, int NT, bool FINE, int D, bool WG>
 __global__ void __launch_bounds__(32 * TPB * NW, WG ? 2 : 1) conv3x3_tc_kernel(const TcArgs a) {
+  grid_dependency_sync();
   using Cfg = Conv3Cfg<S, TPB, NW, NT, D>;
   using HL = Halo<S, D>;
   // WG (sm_90a, stride 1): the NW = 4 warps of a tile are a warpgroup issuing m64n(BN)k16 wgmma
@@ -671,6 +672,7 @@ struct Conv1Cfg {
 
 template <typename T, int NW, int NT, int ROWS, bool WG>
 __global__ void __launch_bounds__(Conv1Cfg<NW, NT, WG>::THREADS) conv_gather_tc_kernel(const TcArgs a) {
+  grid_dependency_sync();
   constexpr bool TAPS = ROWS != kRows1x1;
   using Cfg = Conv1Cfg<NW, NT, WG>;
   // WG (sm_90a): warpgroup wg = warp / 4 computes rows wg * 64 .. + 63 of the item, one

@@ -31,6 +31,7 @@ struct Strides4 {
 template <typename T>
 __global__ void maxpool_acc_kernel(const T* __restrict__ x, const bool* __restrict__ mask, float* __restrict__ acc,
                                    Strides4 as, int C, int H, int W, long long total) {
+  grid_dependency_sync();
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
        i += (long long)gridDim.x * blockDim.x) {
     const int c = (int)(i % C);
@@ -67,6 +68,7 @@ __global__ void __launch_bounds__(256)
                        T* __restrict__ sent, Strides4 ss, const bool* __restrict__ key, T* __restrict__ y,
                        bool* __restrict__ mask_out, PoolGeom g, float threshold, float rms_limit,
                        long long total_pix) {
+  grid_dependency_sync();
   const int lane = threadIdx.x & 31;
   const long long warps = (long long)gridDim.x * (blockDim.x / 32);
   for (long long pix = blockIdx.x * (long long)(blockDim.x / 32) + threadIdx.x / 32; pix < total_pix;
@@ -111,6 +113,7 @@ template <typename T>
 __global__ void avgpool_kernel(const T* __restrict__ x, const bool* __restrict__ mask, T* __restrict__ y,
                                bool* __restrict__ mask_out, PoolGeom g, bool count_include_pad, int divisor_override,
                                bool has_divisor, long long total) {
+  grid_dependency_sync();
   const int cs = max(g.C, 1);  // channel slots: one even when C == 0, for the mask
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
        i += (long long)gridDim.x * blockDim.x) {
@@ -157,6 +160,7 @@ template <typename T>
 __global__ void __launch_bounds__(256)
     adaptive_avgpool_kernel(const T* __restrict__ x, const bool* __restrict__ mask, T* __restrict__ y,
                             bool* __restrict__ mask_out, PoolGeom g) {
+  grid_dependency_sync();
   __shared__ float part[8][33];
   const long long pix = blockIdx.x;
   const int ow = (int)(pix % g.Wo);
@@ -198,6 +202,7 @@ __global__ void __launch_bounds__(256)
     linear_kernel(const T* __restrict__ x, const bool* __restrict__ mask, const T* __restrict__ w,
                   const T* __restrict__ bias, const bool* __restrict__ key, T* __restrict__ y,
                   bool* __restrict__ mask_out, int N, int K, int M) {
+  grid_dependency_sync();
   const long long wid = blockIdx.x * (long long)(blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x & 31;
   if (wid >= (long long)N * M) return;

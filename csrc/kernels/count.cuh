@@ -14,6 +14,8 @@
 
 #include <stdint.h>
 
+#include "grid_dependency.cuh"
+
 namespace deltaconv {
 namespace stats {
 
@@ -30,6 +32,7 @@ struct CountBatch {
 };
 
 __global__ void __launch_bounds__(kCountThreads) count_active_kernel(const CountBatch b) {
+  grid_dependency_sync();
   __shared__ unsigned long long warp_sums[kCountThreads / 32];
   const int i = blockIdx.y;
   if ((int)blockIdx.x >= b.blocks[i]) return;  // a smaller mask than the largest of the batch

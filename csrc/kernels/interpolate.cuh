@@ -45,6 +45,7 @@ __device__ __forceinline__ float linear_source(float scale, int dst, bool align_
 
 template <typename T, int VEC>
 __global__ void __launch_bounds__(kThreads) interpolate_kernel(const InterpolateParams<T> p) {
+  grid_dependency_sync();
   const PixelGroup g = pixel_group(p.log2_lanes);
   if (g.pixel >= p.pixels) return;
   const int ow = static_cast<int>(g.pixel % p.out_w);

@@ -16,6 +16,8 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include "grid_dependency.cuh"
+
 namespace deltaconv {
 namespace pw {
 

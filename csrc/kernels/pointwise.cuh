@@ -40,6 +40,7 @@ struct SparsifyParams {
 
 template <typename T, int VEC>
 __global__ void __launch_bounds__(kThreads) sparsify_kernel(const SparsifyParams<T> p) {
+  grid_dependency_sync();
   const PixelGroup g = pixel_group(p.log2_lanes);
   if (g.pixel >= p.pixels) return;
   const int C = p.channels;
@@ -87,6 +88,7 @@ struct DensifyParams {
 
 template <typename Tin, typename Tout, int VEC>
 __global__ void __launch_bounds__(kThreads) densify_kernel(const DensifyParams<Tin, Tout> p) {
+  grid_dependency_sync();
   const PixelGroup g = pixel_group(p.log2_lanes);
   if (g.pixel >= p.pixels) return;
   const int C = p.channels;
@@ -128,6 +130,7 @@ struct ActivationParams {
 
 template <typename T, int VEC>
 __global__ void __launch_bounds__(kThreads) activation_kernel(const ActivationParams<T> p) {
+  grid_dependency_sync();
   const PixelGroup g = pixel_group(p.log2_lanes);
   if (g.pixel >= p.pixels) return;
   if (!p.mask[g.pixel]) {
@@ -184,6 +187,7 @@ struct AffineParams {
 
 template <typename T, int VEC>
 __global__ void __launch_bounds__(kThreads) affine_channel_kernel(const AffineParams<T> p) {
+  grid_dependency_sync();
   const PixelGroup g = pixel_group(p.log2_lanes);
   if (g.pixel >= p.pixels) return;
   const bool m = p.mask[g.pixel];
@@ -228,6 +232,7 @@ struct AddParams {
 
 template <typename T, int VEC>
 __global__ void __launch_bounds__(kThreads) add_kernel(const AddParams<T> p) {
+  grid_dependency_sync();
   const PixelGroup g = pixel_group(p.log2_lanes);
   if (g.pixel >= p.pixels) return;
   const bool ma = p.mask_a[g.pixel];
@@ -276,6 +281,7 @@ __global__ void __launch_bounds__(kThreads) accumulate_rows_kernel(const T* __re
                                                                    const bool* __restrict__ mask,
                                                                    float* __restrict__ acc, int64_t rows,
                                                                    int channels) {
+  grid_dependency_sync();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= rows * channels) return;
   if (mask[i / channels]) acc[i] += to_f<T>(delta[i]);
@@ -300,6 +306,7 @@ __device__ __forceinline__ void mul_operand(const T* d, float* acc, bool bcast, 
 
 template <typename T, int VEC>
 __global__ void __launch_bounds__(kThreads) mul_kernel(const MulParams<T> p) {
+  grid_dependency_sync();
   const PixelGroup g = pixel_group(p.log2_lanes);
   if (g.pixel >= p.pixels) return;
   const int64_t n = g.pixel / p.hw;
@@ -355,6 +362,7 @@ struct ConcatParams {
 
 template <typename T, int VEC>
 __global__ void __launch_bounds__(kThreads) concatenate_kernel(const ConcatParams<T> p) {
+  grid_dependency_sync();
   const PixelGroup g = pixel_group(p.log2_lanes);
   if (g.pixel >= p.pixels) return;
   bool any = false;
