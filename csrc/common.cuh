@@ -65,9 +65,9 @@ inline bool is_activation_dtype(at::ScalarType t) {
 // dependent launch, see kernels/grid_dependency.cuh), opt-in: DELTACONV_PDL set and not 0 (read on
 // every launch, so a CUDA graph keeps what was set when it was captured), the device Hopper or
 // newer, and the kernel's code compiled for sm_90 or newer (so that its grid_dependency_sync()
-// waits; code JIT-compiled from older PTX would not). Cached per (kernel, device). Off by default:
-// on an H200 (2026-11-21, benchmarks/results/launch_ab.txt) it made mobilenet_v2 2-3 % faster per
-// frame, deeplabv3_mobilenet_v3_large 1 % slower and resnet50 no faster.
+// waits; code JIT-compiled from older PTX would not). Cached per (kernel, device). Off by default
+// until a full GPU test run on it: on an H200 (2026-11-21, benchmarks/results/launch_ab.txt
+// section 4) it saved 0.3-1.3 us per conv call and 0-1.3 % per model frame.
 template <typename... KArgs>
 bool pdl_enabled(void (*kernel)(KArgs...)) {
   const char* v = std::getenv("DELTACONV_PDL");
