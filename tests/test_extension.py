@@ -32,3 +32,38 @@ def test_cuda_backend_says_why_it_is_unavailable_on_cpu():
     auto = deltaconv.convert(model, backend="auto", example_input=torch.randn(1, 3, 16, 16))
     x = torch.randn(1, 3, 16, 16)
     torch.testing.assert_close(auto(x), model(x), rtol=1e-5, atol=1e-6)  # auto falls back to the reference
+
+
+def _kernel_bodies(source: str):
+    """(name, body text) of every ``__global__`` function defined in a CUDA source."""
+    import re
+    for m in re.finditer(r"__global__\b", source):
+        head = source[m.end():]
+        lb = re.match(r"\s*void\s+(__launch_bounds__\((?:[^()]|\([^()]*\))*\)\s*)?(\w+)\s*\(", head)
+        assert lb, head[:120]
+        depth, i = 0, m.end() + lb.end() - 1
+        while True:  # skip the parameter list
+            depth += {"(": 1, ")": -1}.get(source[i], 0)
+            i += 1
+            if depth == 0:
+                break
+        brace = source.index("{", i)
+        yield lb.group(2), source[brace + 1:brace + 400]
+
+
+def test_every_kernel_waits_for_the_previous_kernel_first_and_is_launched_by_launch_kernel():
+    """Programmatic dependent launch (DELTACONV_PDL=1) is only safe if every kernel calls
+    grid_dependency_sync() before touching global memory and every launch goes through
+    launch_kernel (csrc/kernels/grid_dependency.cuh)."""
+    from pathlib import Path
+    csrc = Path(__file__).resolve().parent.parent / "csrc"
+    names = []
+    for path in sorted(csrc.rglob("*.cu*")):
+        text = path.read_text()
+        assert "<<<" not in text, f"{path.name}: launch with <<<...>>> instead of launch_kernel"
+        for name, body in _kernel_bodies(text):
+            first = body.strip().split(";")[0].strip()
+            assert first == "grid_dependency_sync()", f"{path.name}: {name} starts with {first!r}"
+            names.append(name)
+    assert {"conv3x3_tc_kernel", "conv_gather_tc_kernel", "activation_kernel", "clear_counters_kernel"} <= set(names)
+    assert len(names) >= 24
