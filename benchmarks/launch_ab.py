@@ -2,9 +2,9 @@
 
     PYTHONPATH=. python benchmarks/launch_ab.py [--models mobilenet_v2 resnet50] [--frames 24]
 
-With ``DELTACONV_PDL=1`` (opt-in) every deltaconv kernel may start while the kernel before it in the
-stream finishes (``csrc/kernels/grid_dependency.cuh``); with ``DELTACONV_PDL=0`` (the default) kernels
-launch plainly. The variable is read when a graph is captured, so both variants are captured in one
+With ``DELTACONV_PDL=1`` (opt-in) every deltaconv kernel is launched as the blocks of the kernel before
+it in the stream exit, and waits there for its results (programmatic dependent launch,
+``csrc/kernels/grid_dependency.cuh``); with ``DELTACONV_PDL=0`` (the default) kernels launch plainly. The variable is read when a graph is captured, so both variants are captured in one
 process and replayed in alternating rounds on the same inputs:
 
 * kernels: ``torch.ops.deltaconv.conv2d`` (fp16) as in ``kernel_sweep.py`` (3x3, 1x1 and depthwise
