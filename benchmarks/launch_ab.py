@@ -4,7 +4,8 @@
 
 With ``DELTACONV_PDL=1`` (opt-in) every deltaconv kernel is launched as the blocks of the kernel before
 it in the stream exit, and waits there for its results (programmatic dependent launch,
-``csrc/kernels/grid_dependency.cuh``); with ``DELTACONV_PDL=0`` (the default) kernels launch plainly. The variable is read when a graph is captured, so both variants are captured in one
+``csrc/kernels/grid_dependency.cuh``); with ``DELTACONV_PDL=0`` (the default) kernels launch plainly.
+The variable is read when a graph is captured, so both variants are captured in one
 process and replayed in alternating rounds on the same inputs:
 
 * kernels: ``torch.ops.deltaconv.conv2d`` (fp16) as in ``kernel_sweep.py`` (3x3, 1x1 and depthwise
@@ -31,8 +32,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import capture_graph, clustered_mask, run_info, time_cuda, timed_call  # noqa: E402
+from kernel_sweep import SHAPES  # noqa: E402  (channels, (H, W)): the kernel sweep's shapes
 
-SHAPES = [(64, (1080, 1920)), (128, (540, 960)), (256, (270, 480))]
 OPS = {"conv3x3": (3, False), "conv1x1": (1, False), "dwconv3x3": (3, True)}
 VARIANTS = {"pdl": "1", "plain": "0"}
 
