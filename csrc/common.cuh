@@ -16,6 +16,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <utility>
 
 namespace deltaconv {
@@ -103,6 +104,32 @@ void launch_kernel(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
   cfg.attrs = attr;
   cfg.numAttrs = pdl_enabled(kernel) ? 1 : 0;
   C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+
+// Blocks of `threads` threads (no dynamic shared memory) of `kernel` resident at once on the
+// current device: the grid of a persistent kernel (pw::for_each_active_pixel). Cached per (kernel,
+// device, threads).
+template <typename... KArgs>
+int resident_blocks(void (*kernel)(KArgs...), int threads) {
+  static std::mutex mu;
+  static std::map<std::tuple<const void*, int, int>, int> cache;
+  int dev = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&dev));
+  const auto key = std::make_tuple(reinterpret_cast<const void*>(kernel), dev, threads);
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  int per_sm = 0;
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0));
+  const int blocks = std::max(1, per_sm) * at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  cache[key] = blocks;
+  return blocks;
+}
+
+// The grid of a persistent kernel that needs `wanted` blocks: at most the resident ones.
+template <typename... KArgs>
+unsigned persistent_grid(void (*kernel)(KArgs...), int threads, int64_t wanted) {
+  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(wanted, resident_blocks(kernel, threads))));
 }
 
 inline int ceil_div(int a, int b) { return (a + b - 1) / b; }

@@ -811,13 +811,15 @@ std::tuple<Tensor, Tensor> max_pool2d_cuda(const Tensor& delta, const Tensor& ma
   PoolGeom g{(int)N, (int)C, (int)H, (int)W, (int)Ho, (int)Wo, kh, kw, sh, sw, ph, pw, dh, dw};
   const Strides4 as = strides_of(acc), ss = strides_of(sent);
   DC_DISPATCH_ACTIVATION_TYPES(x.scalar_type(), "deltaconv::max_pool2d", [&] {
-    const int64_t total = x.numel();
-    if (total > 0) {
-      launch_kernel(conv::maxpool_acc_kernel<scalar_t>, elem_grid(total, 256), 256, 0, stream,
+    const int64_t in_pix = N * H * W;
+    if (in_pix > 0 && C > 0) {
+      launch_kernel(conv::maxpool_acc_kernel<scalar_t>,
+                    persistent_grid(conv::maxpool_acc_kernel<scalar_t>, 256, (in_pix * 32 + 255) / 256), 256, 0, stream,
                     reinterpret_cast<const scalar_t*>(x.const_data_ptr()), m.data_ptr<bool>(), acc.data_ptr<float>(),
-                    as, (int)C, (int)H, (int)W, total);
+                    as, (int)C, (int)H, (int)W, in_pix);
     }
-    launch_kernel(conv::maxpool_out_kernel<scalar_t>, elem_grid(total_pix * 32, 256), 256, 0, stream,
+    launch_kernel(conv::maxpool_out_kernel<scalar_t>,
+                  persistent_grid(conv::maxpool_out_kernel<scalar_t>, 256, (total_pix * 32 + 255) / 256), 256, 0, stream,
                   m.data_ptr<bool>(), acc.data_ptr<float>(), as, reinterpret_cast<scalar_t*>(sent.data_ptr()), ss,
                   key_ptr(key), reinterpret_cast<scalar_t*>(y.data_ptr()), mask_out.data_ptr<bool>(), g,
                   static_cast<float>(threshold), rms_limit(rms, threshold, C), total_pix);
@@ -881,11 +883,26 @@ std::tuple<Tensor, Tensor> adaptive_avg_pool2d_cuda(const Tensor& delta, const T
   const Tensor x = delta.contiguous(at::MemoryFormat::ChannelsLast);
   const Tensor m = mask.contiguous();
   PoolGeom g{(int)N, (int)C, (int)H, (int)W, Ho, Wo, 1, 1, 1, 1, 0, 0, 1, 1};
-  const dim3 grid((unsigned)pix, (unsigned)std::max<int64_t>(1, (C + 31) / 32));
+  // the largest window (adaptive windows differ by at most one row / column) in chunks
+  auto longest = [](int64_t in, int64_t out) {
+    int64_t most = 0;
+    for (int64_t o = 0; o < out; ++o) most = std::max(most, ((o + 1) * in + out - 1) / out - (o * in) / out);
+    return most;
+  };
+  const int64_t chunks = (longest(H, Ho) * longest(W, Wo) + conv::kPoolChunk - 1) / conv::kPoolChunk;
+  TORCH_CHECK(chunks <= 65535, "deltaconv::adaptive_avg_pool2d: pooling windows of ", chunks * conv::kPoolChunk,
+              " pixels are too large");
+  Tensor part = at::empty({chunks, pix, C}, delta.options().dtype(at::kFloat));
+  Tensor any = at::empty({chunks, pix}, mask.options().dtype(at::kBool));
+  const dim3 grid((unsigned)pix, (unsigned)std::max<int64_t>(1, (C + 31) / 32), (unsigned)chunks);
+  const int64_t total = pix * std::max<int64_t>(C, 1);
   DC_DISPATCH_ACTIVATION_TYPES(x.scalar_type(), "deltaconv::adaptive_avg_pool2d", [&] {
     launch_kernel(conv::adaptive_avgpool_kernel<scalar_t>, grid, 256, 0, stream,
-                  reinterpret_cast<const scalar_t*>(x.const_data_ptr()), m.data_ptr<bool>(),
-                  reinterpret_cast<scalar_t*>(y.data_ptr()), mask_out.data_ptr<bool>(), g);
+                  reinterpret_cast<const scalar_t*>(x.const_data_ptr()), m.data_ptr<bool>(), part.data_ptr<float>(),
+                  any.data_ptr<bool>(), g);
+    launch_kernel(conv::adaptive_avgpool_finish_kernel<scalar_t>, (unsigned)((total + 255) / 256), 256, 0, stream,
+                  part.data_ptr<float>(), any.data_ptr<bool>(), reinterpret_cast<scalar_t*>(y.data_ptr()),
+                  mask_out.data_ptr<bool>(), g, (int)chunks, pix);
   });
   return {y, mask_out};
 }

@@ -117,8 +117,11 @@ bool all_aligned(std::initializer_list<const void*> ptrs) {
 }
 
 // log2 of the threads per pixel: the smallest power of two covering C / vec packs, at most 32.
+// Unvectorised kernels (vec 1) give each lane at least 4 channels: a 3-channel input frame then
+// takes one thread per pixel, not four (a quarter of the blocks to schedule).
 int log2_lanes_for(int64_t channels, int vec) {
-  const int64_t packs = (channels + vec - 1) / vec;
+  const int per_lane = vec == 1 ? 4 : vec;
+  const int64_t packs = (channels + per_lane - 1) / per_lane;
   int l = 0;
   while (l < 5 && (int64_t{1} << l) < packs) ++l;
   return l;
@@ -140,18 +143,17 @@ Tensor empty_mask(const Tensor& like, int64_t n, int64_t h, int64_t w) {
 }
 
 // Launch KERNEL<scalar_t, VEC> with VEC = kVec<scalar_t> when `vec_ok`, else 1; the pixel group
-// size follows from C and VEC. `params` must have a log2_lanes member.
-#define DC_LAUNCH_VEC(KERNEL, params, vec_ok, pixels, channels)                                  \
+// size follows from C and VEC. `params` must have a log2_lanes member. `persistent`: the kernel
+// walks its pixels with pw::for_each_active_pixel, so its grid is capped at the resident blocks.
+#define DC_LAUNCH_VEC(KERNEL, params, vec_ok, pixels, channels, persistent)                      \
   do {                                                                                           \
     if (pixels > 0) {                                                                            \
-      if (vec_ok) {                                                                              \
-        params.log2_lanes = log2_lanes_for(channels, kVec<scalar_t>);                           \
-        launch_kernel(KERNEL<scalar_t, kVec<scalar_t>>, grid_for(pixels, params.log2_lanes), pw::kThreads, 0, \
-                      stream(), params);                                                         \
-      } else {                                                                                   \
-        params.log2_lanes = log2_lanes_for(channels, 1);                                        \
-        launch_kernel(KERNEL<scalar_t, 1>, grid_for(pixels, params.log2_lanes), pw::kThreads, 0, stream(), params); \
-      }                                                                                          \
+      const int vec_ = (vec_ok) ? kVec<scalar_t> : 1;                                            \
+      params.log2_lanes = log2_lanes_for(channels, vec_);                                        \
+      const auto kernel_ = (vec_ok) ? KERNEL<scalar_t, kVec<scalar_t>> : KERNEL<scalar_t, 1>;    \
+      dim3 grid_ = grid_for(pixels, params.log2_lanes);                                          \
+      if (persistent) grid_.x = persistent_grid(kernel_, pw::kThreads, grid_.x);                 \
+      launch_kernel(kernel_, grid_, pw::kThreads, 0, stream(), params);                          \
     }                                                                                            \
   } while (0)
 
@@ -191,7 +193,7 @@ std::tuple<Tensor, Tensor> sparsify(const Tensor& x, Tensor& sent, double thresh
                                    ptr<scalar_t>(out), ptr<bool>(mask_out), static_cast<float>(threshold),
                                    pixels, H * W, C, 0};
     const bool vec_ok = C % kVec<scalar_t> == 0 && all_aligned({p.x, p.sent, p.out});
-    DC_LAUNCH_VEC(pw::sparsify_kernel, p, vec_ok, pixels, C);
+    DC_LAUNCH_VEC(pw::sparsify_kernel, p, vec_ok, pixels, C, false);
   });
   return {out, mask_out};
 }
@@ -270,7 +272,7 @@ std::tuple<Tensor, Tensor> activation(const Tensor& delta, const Tensor& mask, T
                                      static_cast<float>(param), static_cast<float>(threshold),
                                      rms_limit(rms, threshold, C), pixels, H * W, C, 0};
     const bool vec_ok = C % kVec<scalar_t> == 0 && all_aligned({p.delta, p.acc, p.sent, p.out});
-    DC_LAUNCH_VEC(pw::activation_kernel, p, vec_ok, pixels, C);
+    DC_LAUNCH_VEC(pw::activation_kernel, p, vec_ok, pixels, C, true);
   });
   return {out, mask_out};
 }
@@ -294,7 +296,7 @@ std::tuple<Tensor, Tensor> affine_channel(const Tensor& delta, const Tensor& mas
     pw::AffineParams<scalar_t> p{cptr<scalar_t>(delta), cptr<bool>(mask), scale_ptr, shift_ptr, key_ptr,
                                  ptr<scalar_t>(out), ptr<bool>(mask_out), pixels, H * W, C, 0};
     const bool vec_ok = C % kVec<scalar_t> == 0 && all_aligned({p.delta, p.out});
-    DC_LAUNCH_VEC(pw::affine_channel_kernel, p, vec_ok, pixels, C);
+    DC_LAUNCH_VEC(pw::affine_channel_kernel, p, vec_ok, pixels, C, true);
   });
   return {out, mask_out};
 }
@@ -319,7 +321,7 @@ std::tuple<Tensor, Tensor> add(const Tensor& delta_a, const Tensor& mask_a, cons
     pw::AddParams<scalar_t> p{cptr<scalar_t>(delta_a), cptr<bool>(mask_a), cptr<scalar_t>(delta_b), cptr<bool>(mask_b),
                               ptr<scalar_t>(out), ptr<bool>(mask_out), static_cast<float>(alpha), pixels, C, 0};
     const bool vec_ok = C % kVec<scalar_t> == 0 && all_aligned({p.a, p.b, p.out});
-    DC_LAUNCH_VEC(pw::add_kernel, p, vec_ok, pixels, C);
+    DC_LAUNCH_VEC(pw::add_kernel, p, vec_ok, pixels, C, true);
   });
   return {out, mask_out};
 }
@@ -369,7 +371,7 @@ std::tuple<Tensor, Tensor> mul(const Tensor& delta_a, const Tensor& mask_a, Tens
                               static_cast<float>(threshold), rms_limit(rms, threshold, C), pixels, H * W, C, 0,
                               a_bcast, b_bcast};
     const bool vec_ok = C % kVec<scalar_t> == 0 && all_aligned({p.a, p.acc_a, p.b, p.acc_b, p.sent, p.out});
-    DC_LAUNCH_VEC(pw::mul_kernel, p, vec_ok, pixels, C);
+    DC_LAUNCH_VEC(pw::mul_kernel, p, vec_ok, pixels, C, true);
   });
   return {out, mask_out};
 }
@@ -421,7 +423,7 @@ std::tuple<Tensor, Tensor> concatenate(at::TensorList deltas, at::TensorList mas
       max_c = std::max<int64_t>(max_c, deltas[i].size(1));
       vec_ok = vec_ok && p.channels[i] % kVec<scalar_t> == 0 && aligned16(p.in[i]);
     }
-    DC_LAUNCH_VEC(pw::concatenate_kernel, p, vec_ok, pixels, max_c);
+    DC_LAUNCH_VEC(pw::concatenate_kernel, p, vec_ok, pixels, max_c, true);
   });
   return {out, mask_out};
 }
@@ -478,7 +480,7 @@ std::tuple<Tensor, Tensor> interpolate(const Tensor& delta, const Tensor& mask, 
                                       static_cast<int>(H), static_cast<int>(W), static_cast<int>(OH),
                                       static_cast<int>(OW), C, 0, mode_id, align_corners};
     const bool vec_ok = C % kVec<scalar_t> == 0 && all_aligned({p.delta, p.out});
-    DC_LAUNCH_VEC(pw::interpolate_kernel, p, vec_ok, pixels, C);
+    DC_LAUNCH_VEC(pw::interpolate_kernel, p, vec_ok, pixels, C, false);
   });
   return {out, mask_out};
 }

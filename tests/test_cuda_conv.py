@@ -392,6 +392,7 @@ MAXPOOL_CASES = [
     (17, 3, 2, 1, 2, True, (13, 17)),
     (96, 5, 3, 2, 1, True, (31, 45)),
     (33, (3, 2), (2, 1), (1, 0), (1, 2), True, (13, 17)),
+    (8, 3, 1, 1, 1, False, (600, 640)),  # more pixels than the persistent kernels' resident threads
 ]
 
 

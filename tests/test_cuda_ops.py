@@ -191,9 +191,9 @@ def test_densify(dtype, c, frac, out_dtype):
 
 
 # ----------------------------------------------------------------------------- activation
-def _run_activation(fn, dtype, c, frac, key, threshold, seed=3, n=2, measure="max"):
+def _run_activation(fn, dtype, c, frac, key, threshold, seed=3, n=2, measure="max", size=None):
     g = gen(seed)
-    h, w = spatial(c)
+    h, w = size or spatial(c)
     mask = make_mask(n, h, w, frac, g)
     delta = make_delta((n, c, h, w), dtype, mask, g, scale=0.2)
     acc = make_state((n, c, h, w), g, scale=2.0)
@@ -343,6 +343,37 @@ def test_add(dtype, c, frac, alpha):
     assert_masks(m_c, m_r)
     sel = m_r.expand_as(out_r)
     assert torch.equal(out_c[sel], out_r[sel])
+
+
+# More pixels than the resident threads of a persistent grid (pw::for_each_active_pixel): each group
+# walks several batches of pixels. 2 x 600 x 640 pixels.
+LARGE = (600, 640)
+
+
+@pytest.mark.parametrize("frac", [0.01, 0.3])
+@pytest.mark.parametrize("c", [3, 64, 130])
+def test_persistent_kernels_on_large_frames(c, frac):
+    """activation, add, affine_channel and concatenate on a frame larger than their grid."""
+    dtype = torch.float16
+    _run_activation(Activation("relu6"), dtype, c, frac, "partial", 0.05, seed=21, size=LARGE)
+    g = gen(22)
+    n, (h, w) = 2, LARGE
+    ma, mb = make_mask(n, h, w, frac, g), make_mask(n, h, w, PARTNER[frac], g)
+    da, db = make_delta((n, c, h, w), dtype, ma, g), make_delta((n, c, h, w), dtype, mb, g)
+    out_c, m_c = dcc.add(da, ma, db, mb, 1.0)
+    out_r, m_r = ref.add(da, ma, db, mb, 1.0)
+    assert_masks(m_c, m_r)
+    assert_active(out_c, out_r, m_r, dtype)
+    scale, shift = torch.randn(c, generator=g, device=DEV), torch.randn(c, generator=g, device=DEV)
+    key = make_key("partial", n)
+    out_c, m_c = dcc.affine_channel(da, ma, scale, shift, key)
+    out_r, m_r = ref.affine_channel(da, ma, scale, shift, key)
+    assert_masks(m_c, m_r)
+    assert_active(out_c, out_r, m_r, dtype)
+    out_c, m_c = dcc.concatenate([da, db], [ma, mb], 1)
+    out_r, m_r = ref.concatenate([da, db], [ma, mb], 1)
+    assert_masks(m_c, m_r)
+    assert_active(out_c, out_r, m_r, dtype)
 
 
 def test_add_broadcast_falls_back():

@@ -281,6 +281,7 @@ __global__ void __launch_bounds__(CONV_THREADS)
   const int row = tid / DW_CB;
   const int c = c0 + cl;
   const int count = list[0];
+  if ((int)blockIdx.x >= count) return;  // no tile for this block: skip staging the weights
 
   for (int idx = tid; idx < KK * DW_CB; idx += CONV_THREADS) {
     const int cc = idx % DW_CB;
@@ -391,6 +392,7 @@ __global__ void __launch_bounds__(CONV_THREADS)
   const int row = pp >> 2, col = (pp & 3) * 2;
   const bool vok = v0 + v < cvecs;
   const int count = list[0];
+  if ((int)blockIdx.x >= count) return;  // no tile for this block: skip staging the weights
 
   for (int idx = tid; idx < KK * CB; idx += CONV_THREADS) {
     const int cc = idx % CB, k = idx / CB;

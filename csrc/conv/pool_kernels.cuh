@@ -2,11 +2,12 @@
 //
 //   maxpool_acc_kernel     acc += delta on active input pixels (first of two launches: the pooling
 //                          pass reads neighbours' acc, so the update must be complete before it)
-//   maxpool_out_kernel     one warp per output pixel: region = window holds an active pixel;
+//   maxpool_out_kernel     a warp per output pixel: region = window holds an active pixel;
 //                          y = max(acc) over the window; send y - sent when its size (max or rms
 //                          over the channels, pw::PendingSize) > thr (or key): pw::send_element
 //   avgpool_kernel         one thread per output element; mask = window holds an active pixel
-//   adaptive_avgpool_kernel one block per output pixel x 32 channels (global pooling included)
+//   adaptive_avgpool_kernel one block per (output pixel, 32 channels, chunk of 64 window pixels),
+//     adaptive_avgpool_finish_kernel  then one thread per output element sums the chunks in order
 //   linear_kernel          one warp per output element of an active (or key) row
 #pragma once
 
@@ -28,21 +29,23 @@ struct Strides4 {
   long long n, c, h, w;
 };
 
+// Persistent warps (pw::for_each_active_pixel): a warp per active input pixel, its 32 lanes
+// striding over the channels.
 template <typename T>
-__global__ void maxpool_acc_kernel(const T* __restrict__ x, const bool* __restrict__ mask, float* __restrict__ acc,
-                                   Strides4 as, int C, int H, int W, long long total) {
+__global__ void __launch_bounds__(256)
+    maxpool_acc_kernel(const T* __restrict__ x, const bool* __restrict__ mask, float* __restrict__ acc, Strides4 as,
+                       int C, int H, int W, long long pixels) {
   grid_dependency_sync();
-  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
-       i += (long long)gridDim.x * blockDim.x) {
-    const int c = (int)(i % C);
-    const long long pix = i / C;
-    if (!mask[pix]) continue;
-    const int w = (int)(pix % W);
-    const long long t = pix / W;
+  const auto settle = [&](int64_t pixel) { return mask[pixel]; };
+  pw::for_each_active_pixel(pixels, 5, settle, [&](const pw::PixelGroup& g) {
+    const int w = (int)(g.pixel % W);
+    const long long t = g.pixel / W;
     const int h = (int)(t % H);
     const long long n = t / H;
-    acc[n * as.n + c * as.c + h * as.h + w * as.w] += to_f(x[i]);
-  }
+    float* ap = acc + n * as.n + h * as.h + w * as.w;
+    const T* xp = x + g.pixel * C;
+    for (int c = g.lane; c < C; c += 32) ap[c * as.c] += to_f(xp[c]);
+  });
 }
 
 __device__ __forceinline__ float maxpool_window(const float* __restrict__ acc, const Strides4& as, const PoolGeom& g,
@@ -62,6 +65,9 @@ __device__ __forceinline__ float maxpool_window(const float* __restrict__ acc, c
   return y;
 }
 
+// Persistent warps (pw::for_each_active_pixel): one lane tests an output pixel's window for an
+// active input pixel; a warp per output pixel whose window has one, its 32 lanes striding over the
+// channels.
 template <typename T>
 __global__ void __launch_bounds__(256)
     maxpool_out_kernel(const bool* __restrict__ mask, const float* __restrict__ acc, Strides4 as,
@@ -69,34 +75,39 @@ __global__ void __launch_bounds__(256)
                        bool* __restrict__ mask_out, PoolGeom g, float threshold, float rms_limit,
                        long long total_pix) {
   grid_dependency_sync();
-  const int lane = threadIdx.x & 31;
-  const long long warps = (long long)gridDim.x * (blockDim.x / 32);
-  for (long long pix = blockIdx.x * (long long)(blockDim.x / 32) + threadIdx.x / 32; pix < total_pix;
-       pix += warps) {
+  const auto settle = [&](int64_t pix) {
+    const int ow = (int)(pix % g.Wo);
+    const long long t = pix / g.Wo;
+    const int oh = (int)(t % g.Ho);
+    const bool* mn = mask + (t / g.Ho) * g.H * g.W;
+    const int hs = oh * g.sh - g.ph, ws = ow * g.sw - g.pw;
+    for (int ky = 0; ky < g.KH; ++ky) {
+      const int ih = hs + ky * g.dh;
+      if (ih < 0 || ih >= g.H) continue;
+      for (int kx = 0; kx < g.KW; ++kx) {
+        const int iw = ws + kx * g.dw;
+        if (iw >= 0 && iw < g.W && mn[ih * g.W + iw]) return true;
+      }
+    }
+    mask_out[pix] = false;
+    return false;
+  };
+  pw::for_each_active_pixel(total_pix, 5, settle, [&](const pw::PixelGroup& warp) {
+    const long long pix = warp.pixel;
+    const int lane = warp.lane;
     const int ow = (int)(pix % g.Wo);
     const long long t = pix / g.Wo;
     const int oh = (int)(t % g.Ho);
     const long long n = t / g.Ho;
     const int hs = oh * g.sh - g.ph, ws = ow * g.sw - g.pw;
-    const bool* mn = mask + n * g.H * g.W;
-    bool r = false;
-    for (int k = lane; k < g.KH * g.KW; k += 32) {
-      const int ih = hs + (k / g.KW) * g.dh, iw = ws + (k % g.KW) * g.dw;
-      if (ih >= 0 && ih < g.H && iw >= 0 && iw < g.W && mn[ih * g.W + iw]) r = true;
-    }
-    if (!__any_sync(0xffffffffu, r)) {
-      if (lane == 0) mask_out[pix] = false;
-      continue;
-    }
     const long long sbase = n * ss.n + oh * ss.h + ow * ss.w;
     pw::PendingSize size;
     for (int c = lane; c < g.C; c += 32)
       size.add(pw::pending_change<T>(maxpool_window(acc, as, g, n, c, hs, ws), to_f(sent[sbase + c * ss.c])),
                threshold);
-    const pw::PixelGroup warp{pix, lane, 32, 0xffffffffu};  // the warp handles this output pixel
     const bool send = pw::group_exceeds(warp, size, rms_limit) || key_of(key, (int)n);
     if (lane == 0) mask_out[pix] = send;
-    if (!send) continue;
+    if (!send) return;
     T* yp = y + pix * g.C;
     for (int c = lane; c < g.C; c += 32) {
       T* sp = sent + sbase + c * ss.c;
@@ -104,7 +115,7 @@ __global__ void __launch_bounds__(256)
       yp[c] = from_f<T>(pw::send_element<T>(maxpool_window(acc, as, g, n, c, hs, ws), s));
       *sp = from_f<T>(s);
     }
-  }
+  });
 }
 
 // has_divisor: divisor_override given (non-zero; a negative one gives an empty footprint, as in
@@ -155,45 +166,89 @@ __device__ __forceinline__ int adaptive_end(int o, int out, int in) {
   return (int)(((long long)(o + 1) * in + out - 1) / out);
 }
 
-// grid: (N * Ho * Wo, ceil(C / 32)); block: 256 = 32 channels x 8 pixel lanes.
-template <typename T>
-__global__ void __launch_bounds__(256)
-    adaptive_avgpool_kernel(const T* __restrict__ x, const bool* __restrict__ mask, T* __restrict__ y,
-                            bool* __restrict__ mask_out, PoolGeom g) {
-  grid_dependency_sync();
-  __shared__ float part[8][33];
-  const long long pix = blockIdx.x;
+// Adaptive average pooling in two launches, so that a large window (global pooling of a whole
+// feature map) spreads over many blocks and the sum stays deterministic:
+//   adaptive_avgpool_kernel        grid (N * Ho * Wo, ceil(C / 32), chunks); block 256 = 32
+//                                  channels x 8 pixel rows. Block z sums the window's pixels
+//                                  [z * kPoolChunk, (z + 1) * kPoolChunk) (row-major in the
+//                                  window) into part[z][pix][c] (float32) and whether one of them is
+//                                  active into any[z][pix].
+//   adaptive_avgpool_finish_kernel one thread per (pix, c): sums part over z in order; mask =
+//                                  some chunk active; y = sum / window size.
+constexpr int kPoolChunk = 64;
+
+__device__ __forceinline__ void adaptive_window(const PoolGeom& g, long long pix, long long& n, int& hs, int& ws,
+                                                int& wl, int& cnt) {
   const int ow = (int)(pix % g.Wo);
   const long long t = pix / g.Wo;
   const int oh = (int)(t % g.Ho);
-  const long long n = t / g.Ho;
-  const int hs = adaptive_start(oh, g.Ho, g.H), he = adaptive_end(oh, g.Ho, g.H);
-  const int ws = adaptive_start(ow, g.Wo, g.W), we = adaptive_end(ow, g.Wo, g.W);
-  const int wl = we - ws;
-  const int cnt = (he - hs) * wl;
+  n = t / g.Ho;
+  hs = adaptive_start(oh, g.Ho, g.H);
+  ws = adaptive_start(ow, g.Wo, g.W);
+  wl = adaptive_end(ow, g.Wo, g.W) - ws;
+  cnt = (adaptive_end(oh, g.Ho, g.H) - hs) * wl;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(256)
+    adaptive_avgpool_kernel(const T* __restrict__ x, const bool* __restrict__ mask, float* __restrict__ part,
+                            bool* __restrict__ any_out, PoolGeom g) {
+  grid_dependency_sync();
+  __shared__ float partial[8][33];
+  const long long pix = blockIdx.x;
+  const long long npix = gridDim.x;
+  long long n;
+  int hs, ws, wl, cnt;
+  adaptive_window(g, pix, n, hs, ws, wl, cnt);
+  const int q0 = blockIdx.z * kPoolChunk;
+  const int q1 = min(cnt, q0 + kPoolChunk);
   const int cl = threadIdx.x % 32, r = threadIdx.x / 32;
   const int c = blockIdx.y * 32 + cl;
   const long long base = n * g.H * g.W;
   float sum = 0.f;
   bool any = false;
-  for (int q = r; q < cnt; q += 8) {
+  for (int q = q0 + r; q < q1; q += 8) {
     const long long p = base + (hs + q / wl) * (long long)g.W + ws + q % wl;
     if (mask[p]) {
       any = true;
       if (c < g.C) sum += to_f(x[p * g.C + c]);
     }
   }
-  part[r][cl] = sum;
+  partial[r][cl] = sum;
   const bool act = __syncthreads_or(any);
   if (r == 0) {
-    if (blockIdx.y == 0 && cl == 0) mask_out[pix] = act;
-    if (act && c < g.C) {
-      float s = 0.f;
+    if (blockIdx.y == 0 && cl == 0) any_out[blockIdx.z * npix + pix] = act;
+    if (c < g.C) {
+      float t = 0.f;
 #pragma unroll
-      for (int k = 0; k < 8; ++k) s += part[k][cl];
-      y[pix * g.C + c] = from_f<T>(s / (float)cnt);
+      for (int k = 0; k < 8; ++k) t += partial[k][cl];
+      part[(blockIdx.z * npix + pix) * g.C + c] = t;
     }
   }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(256)
+    adaptive_avgpool_finish_kernel(const float* __restrict__ part, const bool* __restrict__ any_in,
+                                   T* __restrict__ y, bool* __restrict__ mask_out, PoolGeom g, int chunks,
+                                   long long npix) {
+  grid_dependency_sync();
+  const int cs = max(g.C, 1);  // channel slots: one even when C == 0, for the mask
+  const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (i >= npix * cs) return;
+  const int c = (int)(i % cs);
+  const long long pix = i / cs;
+  bool act = false;
+  for (int z = 0; z < chunks; ++z) act = act || any_in[z * npix + pix];
+  if (c == 0) mask_out[pix] = act;
+  if (!act || c >= g.C) return;
+  long long n;
+  int hs, ws, wl, cnt;
+  adaptive_window(g, pix, n, hs, ws, wl, cnt);
+  const int used = (cnt + kPoolChunk - 1) / kPoolChunk;  // chunks of this window
+  float s = 0.f;
+  for (int z = 0; z < used; ++z) s += part[(z * npix + pix) * g.C + c];
+  y[pix * g.C + c] = from_f<T>(s / (float)cnt);
 }
 
 // One warp per (row n, output feature m); x [N, K], w [M, K], y [N, M]; mask / key per row.

@@ -60,7 +60,7 @@ __global__ void __launch_bounds__(kThreads) sparsify_kernel(const SparsifyParams
     }
     send = group_nan_max(g, m) > p.threshold;
   }
-  send = send || flag(p.key, g.pixel / p.hw);
+  send = send || key_flag(p.key, g.pixel, p.hw);
   if (g.lane == 0) p.mask_out[g.pixel] = send;
   if (!send) return;
   for (int c = g.lane * VEC; c < C; c += step) {
@@ -131,41 +131,42 @@ struct ActivationParams {
 template <typename T, int VEC>
 __global__ void __launch_bounds__(kThreads) activation_kernel(const ActivationParams<T> p) {
   grid_dependency_sync();
-  const PixelGroup g = pixel_group(p.log2_lanes);
-  if (g.pixel >= p.pixels) return;
-  if (!p.mask[g.pixel]) {
-    if (g.lane == 0) p.mask_out[g.pixel] = false;
-    return;
-  }
-  const int C = p.channels;
-  const int64_t row = g.pixel * C;
-  const int step = g.lanes * VEC;
-  PendingSize size;
-  for (int c = g.lane * VEC; c < C; c += step) {
-    float d[VEC], a[VEC], s[VEC];
-    load_f<VEC>(p.delta + row + c, d);
-    load_f<VEC>(p.acc + row + c, a);
-    load_f<VEC>(p.sent + row + c, s);
+  const auto settle = [&](int64_t pixel) {
+    const bool m = p.mask[pixel];
+    if (!m) p.mask_out[pixel] = false;
+    return m;
+  };
+  for_each_active_pixel(p.pixels, p.log2_lanes, settle, [&](const PixelGroup& g) {
+    const int C = p.channels;
+    const int64_t row = g.pixel * C;
+    const int step = g.lanes * VEC;
+    PendingSize size;
+    for (int c = g.lane * VEC; c < C; c += step) {
+      float d[VEC], a[VEC], s[VEC];
+      load_f<VEC>(p.delta + row + c, d);
+      load_f<VEC>(p.acc + row + c, a);
+      load_f<VEC>(p.sent + row + c, s);
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) {
-      a[i] += d[i];
-      size.add(pending_change<T>(apply_activation(p.kind, p.param, a[i]), s[i]), p.threshold);
+      for (int i = 0; i < VEC; ++i) {
+        a[i] += d[i];
+        size.add(pending_change<T>(apply_activation(p.kind, p.param, a[i]), s[i]), p.threshold);
+      }
+      store_f<VEC>(p.acc + row + c, a);
     }
-    store_f<VEC>(p.acc + row + c, a);
-  }
-  const bool send = group_exceeds(g, size, p.rms_limit) || flag(p.key, g.pixel / p.hw);
-  if (g.lane == 0) p.mask_out[g.pixel] = send;
-  if (!send) return;
-  // second pass over this lane's own channels (acc as just written by this thread)
-  for (int c = g.lane * VEC; c < C; c += step) {
-    float a[VEC], s[VEC];
-    load_f<VEC>(p.acc + row + c, a);
-    load_f<VEC>(p.sent + row + c, s);
+    const bool send = group_exceeds(g, size, p.rms_limit) || key_flag(p.key, g.pixel, p.hw);
+    if (g.lane == 0) p.mask_out[g.pixel] = send;
+    if (!send) return;
+    // second pass over this lane's own channels (acc as just written by this thread)
+    for (int c = g.lane * VEC; c < C; c += step) {
+      float a[VEC], s[VEC];
+      load_f<VEC>(p.acc + row + c, a);
+      load_f<VEC>(p.sent + row + c, s);
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) a[i] = send_element<T>(apply_activation(p.kind, p.param, a[i]), s[i]);
-    store_f<VEC>(p.out + row + c, a);
-    store_f<VEC>(p.sent + row + c, s);
-  }
+      for (int i = 0; i < VEC; ++i) a[i] = send_element<T>(apply_activation(p.kind, p.param, a[i]), s[i]);
+      store_f<VEC>(p.out + row + c, a);
+      store_f<VEC>(p.sent + row + c, s);
+    }
+  });
 }
 
 // ================================================================ affine_channel
@@ -188,31 +189,33 @@ struct AffineParams {
 template <typename T, int VEC>
 __global__ void __launch_bounds__(kThreads) affine_channel_kernel(const AffineParams<T> p) {
   grid_dependency_sync();
-  const PixelGroup g = pixel_group(p.log2_lanes);
-  if (g.pixel >= p.pixels) return;
-  const bool m = p.mask[g.pixel];
-  const bool k = flag(p.key, g.pixel / p.hw);
-  if (g.lane == 0) p.mask_out[g.pixel] = m || k;
-  if (!(m || k)) return;
-  const int C = p.channels;
-  const int64_t row = g.pixel * C;
-  for (int c = g.lane * VEC; c < C; c += g.lanes * VEC) {
-    float v[VEC];
-    if (m) {
-      load_f<VEC>(p.delta + row + c, v);
-    } else {
-      fill(v, 0.f);
-    }
-    if (p.scale != nullptr) {
+  const auto settle = [&](int64_t pixel) {
+    const bool active = p.mask[pixel] || key_flag(p.key, pixel, p.hw);
+    p.mask_out[pixel] = active;
+    return active;
+  };
+  for_each_active_pixel(p.pixels, p.log2_lanes, settle, [&](const PixelGroup& g) {
+    const bool m = p.mask[g.pixel], k = key_flag(p.key, g.pixel, p.hw);
+    const int C = p.channels;
+    const int64_t row = g.pixel * C;
+    for (int c = g.lane * VEC; c < C; c += g.lanes * VEC) {
+      float v[VEC];
+      if (m) {
+        load_f<VEC>(p.delta + row + c, v);
+      } else {
+        fill(v, 0.f);
+      }
+      if (p.scale != nullptr) {
 #pragma unroll
-      for (int i = 0; i < VEC; ++i) v[i] = round_to<T>(__fmul_rn(v[i], round_to<T>(p.scale[c + i])));
-    }
-    if (k && p.shift != nullptr) {
+        for (int i = 0; i < VEC; ++i) v[i] = round_to<T>(__fmul_rn(v[i], round_to<T>(p.scale[c + i])));
+      }
+      if (k && p.shift != nullptr) {
 #pragma unroll
-      for (int i = 0; i < VEC; ++i) v[i] = __fadd_rn(v[i], round_to<T>(p.shift[c + i]));
+        for (int i = 0; i < VEC; ++i) v[i] = __fadd_rn(v[i], round_to<T>(p.shift[c + i]));
+      }
+      store_f<VEC>(p.out + row + c, v);
     }
-    store_f<VEC>(p.out + row + c, v);
-  }
+  });
 }
 
 // ================================================================ add
@@ -233,22 +236,24 @@ struct AddParams {
 template <typename T, int VEC>
 __global__ void __launch_bounds__(kThreads) add_kernel(const AddParams<T> p) {
   grid_dependency_sync();
-  const PixelGroup g = pixel_group(p.log2_lanes);
-  if (g.pixel >= p.pixels) return;
-  const bool ma = p.mask_a[g.pixel];
-  const bool mb = p.mask_b[g.pixel];
-  if (g.lane == 0) p.mask_out[g.pixel] = ma || mb;
-  if (!(ma || mb)) return;
-  const int C = p.channels;
-  const int64_t row = g.pixel * C;
-  for (int c = g.lane * VEC; c < C; c += g.lanes * VEC) {
-    float va[VEC], vb[VEC];
-    if (ma) load_f<VEC>(p.a + row + c, va); else fill(va, 0.f);
-    if (mb) load_f<VEC>(p.b + row + c, vb); else fill(vb, 0.f);
+  const auto settle = [&](int64_t pixel) {
+    const bool active = p.mask_a[pixel] || p.mask_b[pixel];
+    p.mask_out[pixel] = active;
+    return active;
+  };
+  for_each_active_pixel(p.pixels, p.log2_lanes, settle, [&](const PixelGroup& g) {
+    const bool ma = p.mask_a[g.pixel], mb = p.mask_b[g.pixel];
+    const int C = p.channels;
+    const int64_t row = g.pixel * C;
+    for (int c = g.lane * VEC; c < C; c += g.lanes * VEC) {
+      float va[VEC], vb[VEC];
+      if (ma) load_f<VEC>(p.a + row + c, va); else fill(va, 0.f);
+      if (mb) load_f<VEC>(p.b + row + c, vb); else fill(vb, 0.f);
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) va[i] = __fadd_rn(va[i], round_to<T>(__fmul_rn(p.alpha, vb[i])));
-    store_f<VEC>(p.out + row + c, va);
-  }
+      for (int i = 0; i < VEC; ++i) va[i] = __fadd_rn(va[i], round_to<T>(__fmul_rn(p.alpha, vb[i])));
+      store_f<VEC>(p.out + row + c, va);
+    }
+  });
 }
 
 // ================================================================ mul
@@ -307,41 +312,43 @@ __device__ __forceinline__ void mul_operand(const T* d, float* acc, bool bcast, 
 template <typename T, int VEC>
 __global__ void __launch_bounds__(kThreads) mul_kernel(const MulParams<T> p) {
   grid_dependency_sync();
-  const PixelGroup g = pixel_group(p.log2_lanes);
-  if (g.pixel >= p.pixels) return;
-  const int64_t n = g.pixel / p.hw;
-  const bool ma = p.mask_a[p.a_bcast ? n : g.pixel];
-  const bool mb = p.mask_b[p.b_bcast ? n : g.pixel];
-  if (!(ma || mb)) {
-    if (g.lane == 0) p.mask_out[g.pixel] = false;
-    return;
-  }
-  const int C = p.channels;
-  const int64_t row = g.pixel * C;
-  const int64_t brow = n * C;
-  const int step = g.lanes * VEC;
-  PendingSize size;
-  for (int c = g.lane * VEC; c < C; c += step) {
-    float va[VEC], vb[VEC], s[VEC];
-    mul_operand<T, VEC>(p.a, p.acc_a, p.a_bcast, ma, row, brow, c, va);
-    mul_operand<T, VEC>(p.b, p.acc_b, p.b_bcast, mb, row, brow, c, vb);
-    load_f<VEC>(p.sent + row + c, s);
+  const auto mask_a = [&](int64_t pixel) { return p.mask_a[p.a_bcast ? pixel / p.hw : pixel]; };
+  const auto mask_b = [&](int64_t pixel) { return p.mask_b[p.b_bcast ? pixel / p.hw : pixel]; };
+  const auto settle = [&](int64_t pixel) {
+    const bool active = mask_a(pixel) || mask_b(pixel);
+    if (!active) p.mask_out[pixel] = false;
+    return active;
+  };
+  for_each_active_pixel(p.pixels, p.log2_lanes, settle, [&](const PixelGroup& g) {
+    const bool ma = mask_a(g.pixel), mb = mask_b(g.pixel);
+    const int64_t n = g.pixel / p.hw;
+    const int C = p.channels;
+    const int64_t row = g.pixel * C;
+    const int64_t brow = n * C;
+    const int step = g.lanes * VEC;
+    PendingSize size;
+    for (int c = g.lane * VEC; c < C; c += step) {
+      float va[VEC], vb[VEC], s[VEC];
+      mul_operand<T, VEC>(p.a, p.acc_a, p.a_bcast, ma, row, brow, c, va);
+      mul_operand<T, VEC>(p.b, p.acc_b, p.b_bcast, mb, row, brow, c, vb);
+      load_f<VEC>(p.sent + row + c, s);
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) size.add(pending_change<T>(__fmul_rn(va[i], vb[i]), s[i]), p.threshold);
-  }
-  const bool send = group_exceeds(g, size, p.rms_limit) || flag(p.key, n);
-  if (g.lane == 0) p.mask_out[g.pixel] = send;
-  if (!send) return;
-  for (int c = g.lane * VEC; c < C; c += step) {
-    float va[VEC], vb[VEC], s[VEC];
-    load_f<VEC>(p.acc_a + (p.a_bcast ? brow : row) + c, va);
-    load_f<VEC>(p.acc_b + (p.b_bcast ? brow : row) + c, vb);
-    load_f<VEC>(p.sent + row + c, s);
+      for (int i = 0; i < VEC; ++i) size.add(pending_change<T>(__fmul_rn(va[i], vb[i]), s[i]), p.threshold);
+    }
+    const bool send = group_exceeds(g, size, p.rms_limit) || flag(p.key, n);
+    if (g.lane == 0) p.mask_out[g.pixel] = send;
+    if (!send) return;
+    for (int c = g.lane * VEC; c < C; c += step) {
+      float va[VEC], vb[VEC], s[VEC];
+      load_f<VEC>(p.acc_a + (p.a_bcast ? brow : row) + c, va);
+      load_f<VEC>(p.acc_b + (p.b_bcast ? brow : row) + c, vb);
+      load_f<VEC>(p.sent + row + c, s);
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) va[i] = send_element<T>(__fmul_rn(va[i], vb[i]), s[i]);
-    store_f<VEC>(p.out + row + c, va);
-    store_f<VEC>(p.sent + row + c, s);
-  }
+      for (int i = 0; i < VEC; ++i) va[i] = send_element<T>(__fmul_rn(va[i], vb[i]), s[i]);
+      store_f<VEC>(p.out + row + c, va);
+      store_f<VEC>(p.sent + row + c, s);
+    }
+  });
 }
 
 // ================================================================ concatenate (channels)
@@ -363,23 +370,25 @@ struct ConcatParams {
 template <typename T, int VEC>
 __global__ void __launch_bounds__(kThreads) concatenate_kernel(const ConcatParams<T> p) {
   grid_dependency_sync();
-  const PixelGroup g = pixel_group(p.log2_lanes);
-  if (g.pixel >= p.pixels) return;
-  bool any = false;
-  for (int i = 0; i < p.count; ++i) any = any || p.mask[i][g.pixel];
-  if (g.lane == 0) p.mask_out[g.pixel] = any;
-  if (!any) return;
-  T* out_row = p.out + g.pixel * p.total_channels;
-  for (int i = 0; i < p.count; ++i) {
-    const int C = p.channels[i];
-    const bool m = p.mask[i][g.pixel];
-    const T* in_row = p.in[i] + g.pixel * C;
-    for (int c = g.lane * VEC; c < C; c += g.lanes * VEC) {
-      float v[VEC];
-      if (m) load_f<VEC>(in_row + c, v); else fill(v, 0.f);
-      store_f<VEC>(out_row + p.offset[i] + c, v);
+  const auto settle = [&](int64_t pixel) {
+    bool any = false;
+    for (int i = 0; i < p.count; ++i) any = any || p.mask[i][pixel];
+    p.mask_out[pixel] = any;
+    return any;
+  };
+  for_each_active_pixel(p.pixels, p.log2_lanes, settle, [&](const PixelGroup& g) {
+    T* out_row = p.out + g.pixel * p.total_channels;
+    for (int i = 0; i < p.count; ++i) {
+      const int C = p.channels[i];
+      const bool m = p.mask[i][g.pixel];
+      const T* in_row = p.in[i] + g.pixel * C;
+      for (int c = g.lane * VEC; c < C; c += g.lanes * VEC) {
+        float v[VEC];
+        if (m) load_f<VEC>(in_row + c, v); else fill(v, 0.f);
+        store_f<VEC>(out_row + p.offset[i] + c, v);
+      }
     }
-  }
+  });
 }
 
 }  // namespace pw
