@@ -106,21 +106,21 @@ void launch_kernel(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
   C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 
-// Blocks of `threads` threads (no dynamic shared memory) of `kernel` resident at once on the
-// current device: the grid of a persistent kernel (pw::for_each_active_pixel). Cached per (kernel,
-// device, threads).
+// Blocks of `threads` threads with `smem` bytes of dynamic shared memory of `kernel` resident at
+// once on the current device: the grid of a persistent kernel (pw::for_each_active_pixel). Cached
+// per (kernel, device, threads, smem).
 template <typename... KArgs>
-int resident_blocks(void (*kernel)(KArgs...), int threads) {
+int resident_blocks(void (*kernel)(KArgs...), int threads, size_t smem = 0) {
   static std::mutex mu;
-  static std::map<std::tuple<const void*, int, int>, int> cache;
+  static std::map<std::tuple<const void*, int, int, size_t>, int> cache;
   int dev = 0;
   C10_CUDA_CHECK(cudaGetDevice(&dev));
-  const auto key = std::make_tuple(reinterpret_cast<const void*>(kernel), dev, threads);
+  const auto key = std::make_tuple(reinterpret_cast<const void*>(kernel), dev, threads, smem);
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
   int per_sm = 0;
-  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0));
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
   const int blocks = std::max(1, per_sm) * at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   cache[key] = blocks;
   return blocks;

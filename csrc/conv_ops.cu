@@ -488,7 +488,11 @@ void run_dwconv_vec(const Tensor& x, const Tensor& m, const Tensor& w, const c10
   auto kernel = conv::dwconv_vec_kernel<T, KS, S, D>;
   TORCH_CHECK(allow_smem(kernel, Cfg::SMEM), "deltaconv::conv2d: depthwise kernel needs ", Cfg::SMEM,
               " bytes of shared memory");
-  const dim3 grid(list_grid(tiles), (unsigned)ceil_div(g.Cout, Cfg::CB));
+  // tiles are walked grid-stride: two waves of resident blocks are enough, and a frame with no tile
+  // then launches a few hundred blocks instead of up to 16 per multiprocessor per channel block
+  const int cblocks = ceil_div(g.Cout, Cfg::CB);
+  const int waves2 = std::max(1, 2 * resident_blocks(kernel, conv::CONV_THREADS, Cfg::SMEM) / cblocks);
+  const dim3 grid((unsigned)std::min(list_grid(tiles), waves2), (unsigned)cblocks);
   launch_kernel(kernel, grid, conv::CONV_THREADS, Cfg::SMEM, stream, reinterpret_cast<const T*>(x.const_data_ptr()),
                 m.data_ptr<bool>(), reinterpret_cast<const T*>(w.const_data_ptr()),
                 b.has_value() ? reinterpret_cast<const T*>(b->const_data_ptr()) : nullptr, key_ptr(key),
