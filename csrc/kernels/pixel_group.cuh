@@ -6,10 +6,13 @@
 // Feature maps are channels_last: pixel p = (n * H + h) * W + w owns the C consecutive elements
 // [p * C, (p + 1) * C). One group of `lanes` threads (a power of two <= 32, chosen by the launcher
 // from C so that small channel counts do not leave most of a warp idle; 32 = one warp per pixel)
-// handles one pixel; lane l handles channels l*VEC, l*VEC + lanes*VEC, ... in packs of VEC.
-// VEC = 16 bytes / sizeof(activation element) when C % VEC == 0 and every pointer is 16-byte
-// aligned, else 1. Groups never straddle a warp (blocks are multiples of 32 threads), so a group
-// exits as a whole (inactive pixel, past the end) and its reductions use only its own lanes.
+// handles one pixel at a time (pixel_group: one pixel per group, for kernels that touch every
+// pixel; for_each_active_pixel: a persistent grid whose groups walk the pixels and skip the
+// inactive ones, for kernels that only work on active pixels); lane l handles channels l*VEC,
+// l*VEC + lanes*VEC, ... in packs of VEC. VEC = 16 bytes / sizeof(activation element) when
+// C % VEC == 0 and every pointer is 16-byte aligned, else 1. Groups never straddle a warp (blocks
+// are multiples of 32 threads), so a group exits as a whole (inactive pixel, past the end) and its
+// reductions use only its own lanes.
 #pragma once
 
 #include <cuda_bf16.h>
