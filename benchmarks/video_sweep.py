@@ -11,8 +11,10 @@ relative error vs the dense model at the same dtype (and, for scale, the dense m
 that dtype against float32: ``dense_rel_err_vs_fp32``), the mean fraction of updated pixels per layer
 and the FLOPs-weighted density, and the converted model's state memory against the dense model's
 activation memory: its peak, and the sum of all layer outputs (what a stateful method has to
-keep). Writes ``benchmarks/results/video.csv`` and ``video_density.png`` (per-layer density of one
-configuration). Run on a CUDA machine with the sample videos reachable (see
+keep). Writes ``benchmarks/results/video.csv`` (rewritten after every threshold, so a run cut short
+by a time limit keeps the rows it finished) and ``video_density.png`` (per-layer density of one
+configuration). A threshold of ``1e6`` sends nothing after the key frame: the time of such a frame is
+the converted model's fixed cost per frame (its output drifts from dense). Run on a CUDA machine with the sample videos reachable (see
 ``deltaconv.video.video_dirs``)::
 
     PYTHONPATH=. python benchmarks/video_sweep.py [--models resnet50 ...] [--frames 60] [--quick]
@@ -76,7 +78,9 @@ def rel_err(a, b) -> float:
 
 
 def sweep(models, resolutions, dtypes, thresholds, n_frames: int, warmup: int, video: Path, detector=None,
-          start: int = 0):
+          start: int = 0, on_rows=None):
+    """The rows of the sweep, and the per-layer density of one configuration; ``on_rows(rows)`` (if
+    given) receives the rows so far after every threshold."""
     torch.backends.cudnn.benchmark = True
     info = run_info()
     rows, density_profile = [], None
@@ -137,6 +141,8 @@ def sweep(models, resolutions, dtypes, thresholds, n_frames: int, warmup: int, v
                                                [(s["name"], s["mean_density"]) for s in stats])
                         del dm
                         torch.cuda.empty_cache()
+                    if on_rows is not None:
+                        on_rows(rows)
                 del model, frames
                 torch.cuda.empty_cache()
     return rows, density_profile
@@ -192,7 +198,10 @@ def main(argv=None) -> None:
         resolutions = [tuple(int(v) for v in r.lower().split("x")) for r in args.resolutions]
     n = 20 if args.quick else args.frames
     rows, profile = sweep(args.models, resolutions, [getattr(torch, d) for d in args.dtypes], args.thresholds, n,
-                          min(args.warmup, n // 2), video, args.detector, args.start)
+                          min(args.warmup, n // 2), video, args.detector, args.start,
+                          on_rows=lambda so_far: write_csv(args.out / "video.csv", so_far))
+    if not rows:
+        raise SystemExit("video_sweep: no rows (no model, resolution, dtype or threshold given)")
     write_csv(args.out / "video.csv", rows)
     if profile is not None:
         plot_density(profile, args.out / "video_density.png", run_info())

@@ -98,3 +98,32 @@ def test_launch_ab_rejects_unknown_ops_and_needs_the_cuda_backend(capsys):
     if not dc.is_available():
         with pytest.raises(SystemExit, match="CUDA backend is unavailable"):
             ab.main(["--models"])
+
+
+def test_video_sweep_keeps_finished_rows_when_cut_short(tmp_path, monkeypatch):
+    """video.csv is rewritten after every threshold: a run stopped midway (a time limit) keeps the
+    rows it finished."""
+    vs = load("video_sweep")
+    row = {"model": "m", "resolution": "8x8", "threshold": 0.02, "deltaconv_ms": 1.0}
+
+    def cut_short(*args, on_rows=None, **kwargs):
+        rows = [row]
+        on_rows(rows)
+        raise KeyboardInterrupt  # killed before the next threshold
+
+    monkeypatch.setattr(vs, "sweep", cut_short)
+    video = tmp_path / "v.avi"
+    video.write_bytes(b"")
+    with pytest.raises(KeyboardInterrupt):
+        vs.main(["--models", "m", "--video", str(video), "--out", str(tmp_path)])
+    lines = (tmp_path / "video.csv").read_text().splitlines()
+    assert lines == ["model,resolution,threshold,deltaconv_ms", "m,8x8,0.02,1.0"]
+
+
+def test_video_sweep_without_rows_says_so(tmp_path, monkeypatch):
+    vs = load("video_sweep")
+    monkeypatch.setattr(vs, "sweep", lambda *a, **k: ([], None))
+    video = tmp_path / "v.avi"
+    video.write_bytes(b"")
+    with pytest.raises(SystemExit, match="no rows"):
+        vs.main(["--models", "m", "--video", str(video), "--out", str(tmp_path)])
