@@ -13,9 +13,9 @@ and the FLOPs-weighted density, and the converted model's state memory against t
 activation memory: its peak, and the sum of all layer outputs (what a stateful method has to
 keep). Writes ``benchmarks/results/video.csv`` (rewritten after every threshold, so a run cut short
 by a time limit keeps the rows it finished) and ``video_density.png`` (per-layer density of one
-configuration). A threshold of ``1e6`` sends nothing after the key frame: the time of such a frame is
-the converted model's fixed cost per frame (its output drifts from dense). Run on a CUDA machine with the sample videos reachable (see
-``deltaconv.video.video_dirs``)::
+configuration). A threshold of ``1e6`` sends nothing after the key frame: the time of such a frame
+is the converted model's fixed cost per frame (its output drifts from dense). Run on a CUDA machine
+with the sample videos reachable (see ``deltaconv.video.video_dirs``)::
 
     PYTHONPATH=. python benchmarks/video_sweep.py [--models resnet50 ...] [--frames 60] [--quick]
 """
@@ -200,9 +200,8 @@ def main(argv=None) -> None:
     rows, profile = sweep(args.models, resolutions, [getattr(torch, d) for d in args.dtypes], args.thresholds, n,
                           min(args.warmup, n // 2), video, args.detector, args.start,
                           on_rows=lambda so_far: write_csv(args.out / "video.csv", so_far))
-    if not rows:
+    if not rows:  # else on_rows has written them all, after the last threshold
         raise SystemExit("video_sweep: no rows (no model, resolution, dtype or threshold given)")
-    write_csv(args.out / "video.csv", rows)
     if profile is not None:
         plot_density(profile, args.out / "video_density.png", run_info())
     print(f"wrote {args.out / 'video.csv'}")
