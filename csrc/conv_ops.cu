@@ -480,12 +480,12 @@ void launch_small_cin_tc(const Tensor& x, const Tensor& m, const ConvWeights& tw
 // Depthwise 3x3 / 5x5, stride 1 / 2, dilation 1 / 2 (equal along both axes), channels in whole
 // 16-byte vectors: the vectorised kernel. launch_dwconv_vec returns false (nothing launched) for
 // any other case.
-template <typename T, int KS, int S, int D>
-void run_dwconv_vec(const Tensor& x, const Tensor& m, const Tensor& w, const c10::optional<Tensor>& b,
-                    const c10::optional<Tensor>& key, const Tensor& y, const Tensor& list, const ConvGeom& g,
-                    int64_t tiles, cudaStream_t stream) {
-  using Cfg = conv::DwVecCfg<T, KS, S, D>;
-  auto kernel = conv::dwconv_vec_kernel<T, KS, S, D>;
+template <typename T, int KS, int S, int D, int NV>
+void run_dwconv_vec_nv(const Tensor& x, const Tensor& m, const Tensor& w, const c10::optional<Tensor>& b,
+                       const c10::optional<Tensor>& key, const Tensor& y, const Tensor& list, const ConvGeom& g,
+                       int64_t tiles, cudaStream_t stream) {
+  using Cfg = conv::DwVecCfg<T, KS, S, D, NV>;
+  auto kernel = conv::dwconv_vec_kernel<T, KS, S, D, NV>;
   TORCH_CHECK(allow_smem(kernel, Cfg::SMEM), "deltaconv::conv2d: depthwise kernel needs ", Cfg::SMEM,
               " bytes of shared memory");
   // tiles are walked grid-stride: two waves of resident blocks are enough, and a frame with no tile
@@ -497,6 +497,23 @@ void run_dwconv_vec(const Tensor& x, const Tensor& m, const Tensor& w, const c10
                 m.data_ptr<bool>(), reinterpret_cast<const T*>(w.const_data_ptr()),
                 b.has_value() ? reinterpret_cast<const T*>(b->const_data_ptr()) : nullptr, key_ptr(key),
                 reinterpret_cast<T*>(y.data_ptr()), list.data_ptr<int>(), g);
+}
+
+// Channel blocks of 4 vectors where they leave fewer vectors idle than blocks of 8 (32 or 96
+// channels of fp16: 8-vector blocks would be half or three quarters full), else 8.
+inline bool dwconv_narrow_blocks(int cvecs) {
+  const int idle8 = ceil_div(cvecs, 8) * 8 - cvecs, idle4 = ceil_div(cvecs, 4) * 4 - cvecs;
+  return idle4 < idle8;
+}
+
+template <typename T, int KS, int S, int D>
+void run_dwconv_vec(const Tensor& x, const Tensor& m, const Tensor& w, const c10::optional<Tensor>& b,
+                    const c10::optional<Tensor>& key, const Tensor& y, const Tensor& list, const ConvGeom& g,
+                    int64_t tiles, cudaStream_t stream) {
+  if (dwconv_narrow_blocks(g.Cout / conv::Vec16<T>::N))
+    run_dwconv_vec_nv<T, KS, S, D, 4>(x, m, w, b, key, y, list, g, tiles, stream);
+  else
+    run_dwconv_vec_nv<T, KS, S, D, 8>(x, m, w, b, key, y, list, g, tiles, stream);
 }
 
 template <typename T>

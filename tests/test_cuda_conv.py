@@ -340,6 +340,28 @@ def test_conv2d_large_sparse_frame():
         run_conv2d(case, torch.float16, (0.01, 0.001), (False, False))
 
 
+# depthwise cases of the vectorised kernel on a frame of 2 x 300 x 640 pixels (6,080 8x8 tiles at
+# stride 1): more tiles than its grid (at most two waves of resident blocks), so blocks walk several
+DEPTHWISE_LARGE = [
+    (64, 64, (3, 3), 1, 1, 1, 64, (300, 640)),
+    (96, 96, (3, 3), 2, 1, 1, 96, (300, 640)),   # fp16: blocks of 4 vectors
+    (40, 40, (5, 5), 1, 2, 1, 40, (300, 640)),   # partial channel block
+    (64, 64, (5, 5), 2, 2, 1, 64, (300, 640)),
+    (32, 32, (3, 3), 1, 2, 2, 32, (300, 640)),   # fp16: blocks of 4 vectors
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("case", DEPTHWISE_LARGE, ids=_case_id)
+def test_depthwise_on_frames_larger_than_its_grid(case, dtype):
+    """The vectorised depthwise kernel stages the next tile's halo while it computes the current
+    one: equal to the reference when each block walks several tiles (scattered, clustered and full
+    masks; a key stream; NaN at inactive input pixels, which the halo copies read and must zero)."""
+    run_conv2d(case, dtype, (0.3, 1.0), (False, True), seed=31)
+    run_conv2d(case, dtype, (0.02, 0.6), None, seed=32, bias=False)
+
+
 # ----------------------------------------------------------------------------- conv_transpose2d
 # (C_in, C_out, kernel, stride, padding, output_padding, groups, dilation, (H, W))
 CONVT_CASES = [

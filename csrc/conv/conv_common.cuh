@@ -127,6 +127,24 @@ __device__ __forceinline__ bool out_pixel_any(const bool* __restrict__ mask, con
   return any;
 }
 
+// Shared-memory address of a generic pointer into shared memory (for cp.async / ldmatrix / wgmma).
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte global -> shared copy (sm_80+); zero-fills the destination when !valid (src is not read
+// then).
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
+  const int n = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// Waits until at most N of this thread's committed cp.async groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
 // Zeroes a work list's counters (`n` ints) before the mask kernel appends to it: one small kernel
 // rather than a memset, a slower node in a CUDA graph (conv_ops.cu: work_list).
 __global__ void clear_counters_kernel(int* __restrict__ counters, int n) {

@@ -6,7 +6,7 @@
 //                                memory per chunk of input channels. KH = KW = 0: runtime size.
 //   conv1x1_kernel<T>            1x1 conv: a GEMM over groups of 64 listed active pixels.
 //   dwconv_kernel<T, KS>         depthwise (groups == Cin == Cout): 8x8 tile x 32 channels.
-//   dwconv_vec_kernel<T,KS,S,D> depthwise 3x3 / 5x5, stride 1 / 2, dilation 1 / 2, 16-byte vectors.
+//   dwconv_vec_kernel<T,KS,S,D,NV> depthwise 3x3 / 5x5, stride 1 / 2, dilation 1 / 2, 16-byte vectors.
 //   conv_direct_kernel<T, TR>    smem-free fallback for any geometry and the transposed conv.
 #pragma once
 
@@ -355,44 +355,83 @@ struct Vec16 {
 };
 
 // Depthwise KS x KS, stride S, dilation D, C % Vec16<T>::N == 0, 16-byte aligned rows: the
-// vectorised path. A block owns a channel block of DWV_NV 16-byte vectors (64 channels of fp16 /
-// bf16, 32 of fp32) and walks the tile list; per tile the (7S+KS)^2 input halo is staged in shared
-// memory as raw 16-byte vectors (inactive / outside pixels zero), all loads of a thread in flight
-// at once. The halo is (7S + (KS-1)D + 1)^2 pixels. Thread t computes output pixels (row r, columns 2j, 2j+1) of the 8x8 tile for vector
-// t % DWV_NV, r = (t / DWV_NV) / 4, j = (t / DWV_NV) % 4; fp32 accumulation, weights as fp32
+// vectorised path. A block owns a channel block of NV 16-byte vectors (NV = 8: 64 channels of
+// fp16 / bf16, 32 of fp32; NV = 4: half that, for channel counts that would leave half of an
+// 8-vector block idle) and walks the tile list; per tile the input halo of (7S + (KS-1)D + 1)^2
+// pixels is staged in shared memory as raw 16-byte vectors by cp.async, double-buffered: the next
+// tile's halo is in flight while the block computes the current one (one barrier per tile). The
+// halo is copied whatever the mask (outside the image and past the channels zero-filled); the
+// mask byte of each copied vector is loaded with it and inactive pixels are zeroed in shared memory
+// once the copy has landed, so no load waits on the mask. Thread t computes PPT = NV / 4 adjacent
+// output pixels of one row of the 8x8 tile for vector t % NV; fp32 accumulation, weights as fp32
 // [KS*KS][channels of the block] in shared memory.
-constexpr int DWV_NV = 8;
-template <typename T, int KS, int S, int D>
+template <typename T, int KS, int S, int D, int NV_>
 struct DwVecCfg {
+  static_assert(NV_ == 4 || NV_ == 8, "depthwise channel block: 4 or 8 vectors");
+  static constexpr int NV = NV_;                           // 16-byte vectors per block
+  static constexpr int STRIDE = S;
   static constexpr int VEC = Vec16<T>::N;
-  static constexpr int CB = DWV_NV * VEC;                  // channels per block
+  static constexpr int CB = NV * VEC;                      // channels per block
+  static constexpr int PPT = NV / 4;                       // output pixels per thread (one row)
+  static constexpr int GPR = TILE_W / PPT;                 // thread groups per tile row
+  static_assert(CONV_THREADS == NV * TILE_PIX / PPT, "one thread per vector and PPT pixels");
   static constexpr int FW = (TILE_W - 1) * S + (KS - 1) * D + 1;  // halo width (= height)
-  static constexpr int HALO = FW * FW * DWV_NV;            // 16-byte vectors
-  static constexpr int LOADS = (HALO + CONV_THREADS - 1) / CONV_THREADS;
-  static constexpr int SMEM = HALO * 16 + KS * KS * CB * 4;  // bytes
+  static constexpr int HALO = FW * FW * NV;                // 16-byte vectors per halo buffer
+  static constexpr int LOADS = (HALO + CONV_THREADS - 1) / CONV_THREADS;  // vectors per thread
+  static constexpr int SMEM = 2 * HALO * 16 + KS * KS * CB * 4;  // bytes: two halo buffers, weights
 };
 
-template <typename T, int KS, int S, int D>
+// Issues the cp.async copies of tile `tile`'s input halo (channel vectors [v0, v0 + NV)) into
+// `buf` ([FW * FW][NV] 16-byte vectors; outside the image / past the channels zero-filled) and
+// loads into `active[l]` the mask of the pixel of this thread's l-th vector (false outside).
+template <typename Cfg>
+__device__ __forceinline__ void dwv_stage_halo(uint4* buf, bool (&active)[Cfg::LOADS], const uint4* xv,
+                                               const bool* mask, int tile, const ConvGeom& g, int v0, int cvecs) {
+  const TileAt at = tile_at(tile, g);
+  const int ih0 = at.oh0 * Cfg::STRIDE - g.ph, iw0 = at.ow0 * Cfg::STRIDE - g.pw;
+  const bool* mn = mask + (size_t)at.n * g.H * g.W;
+  const uint4* xn = xv + (size_t)at.n * g.H * g.W * cvecs;
+#pragma unroll
+  for (int l = 0; l < Cfg::LOADS; ++l) {
+    const int idx = threadIdx.x + l * CONV_THREADS;
+    active[l] = false;
+    if (idx < Cfg::HALO) {
+      const int q = idx / Cfg::NV, vv = idx % Cfg::NV;
+      const int ih = ih0 + q / Cfg::FW, iw = iw0 + q % Cfg::FW;
+      const bool inside = v0 + vv < cvecs && ih >= 0 && ih < g.H && iw >= 0 && iw < g.W;
+      const int pix = inside ? ih * g.W + iw : 0;
+      cp_async16(smem_u32(buf + idx), inside ? xn + (size_t)pix * cvecs + v0 + vv : xv, inside);
+      if (inside) active[l] = mn[pix];
+    }
+  }
+  cp_async_commit();
+}
+
+template <typename T, int KS, int S, int D, int NV>
 __global__ void __launch_bounds__(CONV_THREADS)
     dwconv_vec_kernel(const T* __restrict__ x, const bool* __restrict__ mask, const T* __restrict__ w,
                       const T* __restrict__ bias, const bool* __restrict__ key, T* __restrict__ y,
                       const int* __restrict__ list, ConvGeom g) {
   grid_dependency_sync();
-  using Cfg = DwVecCfg<T, KS, S, D>;
-  constexpr int VEC = Cfg::VEC, CB = Cfg::CB, FW = Cfg::FW, KK = KS * KS;
+  using Cfg = DwVecCfg<T, KS, S, D, NV>;
+  constexpr int VEC = Cfg::VEC, CB = Cfg::CB, FW = Cfg::FW, KK = KS * KS, PPT = Cfg::PPT;
   extern __shared__ float4 smem4[];
-  uint4* in_s = reinterpret_cast<uint4*>(smem4);                       // [FW * FW][DWV_NV]
-  float* w_s = reinterpret_cast<float*>(smem4) + Cfg::HALO * 4;        // [KK][CB]
+  uint4* halo_s = reinterpret_cast<uint4*>(smem4);                     // [2][FW * FW][NV]
+  float* w_s = reinterpret_cast<float*>(smem4) + 2 * Cfg::HALO * 4;    // [KK][CB]
   const int C = g.Cout;
   const int cvecs = C / VEC;
-  const int v0 = blockIdx.y * DWV_NV;  // first vector of this block
+  const int v0 = blockIdx.y * NV;  // first vector of this block
   const int tid = threadIdx.x;
-  const int v = tid % DWV_NV;
-  const int pp = tid / DWV_NV;
-  const int row = pp >> 2, col = (pp & 3) * 2;
+  const int v = tid % NV;
+  const int pp = tid / NV;
+  const int row = pp / Cfg::GPR, col = (pp % Cfg::GPR) * PPT;
   const bool vok = v0 + v < cvecs;
   const int count = list[0];
   if ((int)blockIdx.x >= count) return;  // no tile for this block: skip staging the weights
+  const uint4* xv = reinterpret_cast<const uint4*>(x);
+  uint4* yv = reinterpret_cast<uint4*>(y);
+  bool active[Cfg::LOADS];
+  dwv_stage_halo<Cfg>(halo_s, active, xv, mask, list[1 + blockIdx.x], g, v0, cvecs);
 
   for (int idx = tid; idx < KK * CB; idx += CONV_THREADS) {
     const int cc = idx % CB, k = idx / CB;
@@ -402,38 +441,27 @@ __global__ void __launch_bounds__(CONV_THREADS)
   float b[VEC];
 #pragma unroll
   for (int i = 0; i < VEC; ++i) b[i] = (bias != nullptr && vok) ? to_f(bias[(v0 + v) * VEC + i]) : 0.f;
-  const uint4* xv = reinterpret_cast<const uint4*>(x);
-  uint4* yv = reinterpret_cast<uint4*>(y);
 
-  for (int item = blockIdx.x; item < count; item += gridDim.x) {
+  int buf = 0;
+  for (int item = blockIdx.x; item < count; item += gridDim.x, buf ^= 1) {
+    uint4* in_s = halo_s + buf * Cfg::HALO;
+    cp_async_wait<0>();  // this thread's copies of the item's halo have landed: zero its inactive pixels
+#pragma unroll
+    for (int l = 0; l < Cfg::LOADS; ++l) {
+      const int idx = tid + l * CONV_THREADS;
+      if (idx < Cfg::HALO && !active[l]) in_s[idx] = make_uint4(0, 0, 0, 0);
+    }
+    // the halo (and, first time, w_s) is complete; every thread is done with the other buffer
+    __syncthreads();
     const int tile = list[1 + item];
+    const int next = item + gridDim.x;
+    if (next < count)
+      dwv_stage_halo<Cfg>(halo_s + (buf ^ 1) * Cfg::HALO, active, xv, mask, list[1 + next], g, v0, cvecs);
     const TileAt at = tile_at(tile, g);
     const int n = at.n, oh0 = at.oh0, ow0 = at.ow0;
-    const int ih0 = oh0 * S - g.ph, iw0 = ow0 * S - g.pw;
-    const bool* mn = mask + (size_t)n * g.H * g.W;
-    const uint4* xn = xv + (size_t)n * g.H * g.W * cvecs;
-    uint4 r[Cfg::LOADS];
+    float acc[PPT][VEC];
 #pragma unroll
-    for (int l = 0; l < Cfg::LOADS; ++l) {
-      const int idx = tid + l * CONV_THREADS;
-      const int q = idx / DWV_NV, vv = idx % DWV_NV;
-      const int ih = ih0 + q / FW, iw = iw0 + q % FW;
-      r[l] = make_uint4(0, 0, 0, 0);
-      if (idx < Cfg::HALO && v0 + vv < cvecs && ih >= 0 && ih < g.H && iw >= 0 && iw < g.W) {
-        const int pix = ih * g.W + iw;
-        if (mn[pix]) r[l] = __ldg(xn + (size_t)pix * cvecs + v0 + vv);
-      }
-    }
-    __syncthreads();  // the previous item is done with in_s (and w_s is written)
-#pragma unroll
-    for (int l = 0; l < Cfg::LOADS; ++l) {
-      const int idx = tid + l * CONV_THREADS;
-      if (idx < Cfg::HALO) in_s[idx] = r[l];
-    }
-    __syncthreads();
-    float acc[2][VEC];
-#pragma unroll
-    for (int j = 0; j < 2; ++j)
+    for (int j = 0; j < PPT; ++j)
 #pragma unroll
       for (int i = 0; i < VEC; ++i) acc[j][i] = 0.f;
 #pragma unroll
@@ -448,9 +476,9 @@ __global__ void __launch_bounds__(CONV_THREADS)
           wv[4 * i] = t.x; wv[4 * i + 1] = t.y; wv[4 * i + 2] = t.z; wv[4 * i + 3] = t.w;
         }
 #pragma unroll
-        for (int j = 0; j < 2; ++j) {
+        for (int j = 0; j < PPT; ++j) {
           float xf[VEC];
-          Vec16<T>::to_f(in_s[((row * S + ky * D) * FW + (col + j) * S + kx * D) * DWV_NV + v], xf);
+          Vec16<T>::to_f(in_s[((row * S + ky * D) * FW + (col + j) * S + kx * D) * NV + v], xf);
 #pragma unroll
           for (int i = 0; i < VEC; ++i) acc[j][i] = fmaf(xf[i], wv[i], acc[j][i]);
         }
@@ -460,7 +488,7 @@ __global__ void __launch_bounds__(CONV_THREADS)
     if (vok && oh < g.Ho) {
       const bool kn = key_of(key, n);
 #pragma unroll
-      for (int j = 0; j < 2; ++j) {
+      for (int j = 0; j < PPT; ++j) {
         const int ow = ow0 + col + j;
         if (ow < g.Wo) {
           if (kn) {
