@@ -92,16 +92,19 @@ class Calibration(dict):
         return from_spec(self.change_detector)
 
     def to_json(self) -> dict:
+        """The JSON object :meth:`save` writes: thresholds, change detector, truncation and results."""
         return {"thresholds": dict(self), "change_detector": self.change_detector, "truncation": self.truncation,
                 "density": self.density,
                 "error": self.error, "tolerance": self.tolerance, "metric": self.metric, "evals": self.evals}
 
     def save(self, path: Union[str, os.PathLike]) -> None:
+        """Write :meth:`to_json` to ``path`` (what ``convert(model, thresholds=path)`` reads)."""
         with open(path, "w") as f:
             json.dump(self.to_json(), f, indent=1, sort_keys=True)
 
     @classmethod
     def load(cls, path: Union[str, os.PathLike]) -> "Calibration":
+        """Read a file written by :meth:`save`, or a plain ``{layer name: threshold}`` JSON object."""
         with open(path) as f:
             d = json.load(f)
         th = d.pop("thresholds", None)

@@ -47,27 +47,34 @@ class Delta:
     # --- shape queries, so traced shape arithmetic runs on deltas unchanged ---
     @property
     def shape(self) -> torch.Size:
+        """Shape of the value."""
         return self.value.shape
 
     def size(self, dim: int | None = None):
+        """``value.size()`` or ``value.size(dim)``."""
         return self.value.size() if dim is None else self.value.size(dim)
 
     def dim(self) -> int:
+        """Number of dimensions of the value."""
         return self.value.dim()
 
     @property
     def ndim(self) -> int:
+        """Number of dimensions of the value."""
         return self.value.dim()
 
     @property
     def dtype(self) -> torch.dtype:
+        """dtype of the value (the mask is bool)."""
         return self.value.dtype
 
     @property
     def device(self) -> torch.device:
+        """Device of the value and the mask."""
         return self.value.device
 
     def numel(self) -> int:
+        """Number of elements of the value."""
         return self.value.numel()
 
     def masked_value(self) -> torch.Tensor:

@@ -140,18 +140,22 @@ class FidelityReport:
     layers: list[dict] = field(default_factory=list)
 
     def mean(self, metric: str) -> float:
+        """Mean of ``metric`` over the compared frames (NaN when none)."""
         v = self.per_frame[metric]
         return sum(v) / len(v) if v else float("nan")
 
     def max(self, metric: str) -> float:
+        """Largest per-frame value of ``metric`` (NaN when no frame)."""
         v = self.per_frame[metric]
         return max(v) if v else float("nan")
 
     def min(self, metric: str) -> float:
+        """Smallest per-frame value of ``metric`` (NaN when no frame)."""
         v = self.per_frame[metric]
         return min(v) if v else float("nan")
 
     def quantile(self, metric: str, q: float) -> float:
+        """The ``q`` quantile (0..1) of the per-frame values of ``metric`` (NaN when no frame)."""
         v = self.per_frame[metric]
         return float(torch.tensor(v, dtype=torch.float64).quantile(q)) if v else float("nan")
 

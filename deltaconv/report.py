@@ -39,6 +39,7 @@ class ConversionReport:
 
     @property
     def converted(self) -> list[NodeReport]:
+        """Nodes replaced by a delta layer."""
         return [n for n in self.nodes if n.status == "converted"]
 
     def counts(self) -> dict[str, int]:
@@ -46,6 +47,7 @@ class ConversionReport:
         return dict(Counter(n.status for n in self.nodes))
 
     def as_dicts(self) -> list[dict]:
+        """One plain dict per node (its fields), for JSON or a DataFrame."""
         return [vars(n).copy() for n in self.nodes]
 
     def __str__(self) -> str:

@@ -34,16 +34,20 @@ class Site:
 
     @property
     def args(self) -> tuple:
+        """Positional arguments of the call (graph nodes or literals)."""
         return self.node.args
 
     @property
     def kwargs(self) -> dict:
+        """Keyword arguments of the call."""
         return dict(self.node.kwargs)
 
     def is_delta(self, a: Any) -> bool:
+        """Whether argument ``a`` is a node that carries deltas."""
         return isinstance(a, fx.Node) and a in self.delta_nodes
 
     def is_delta_tensor(self, a: Any) -> bool:
+        """Whether argument ``a`` carries a delta tensor (not a tuple or a shape)."""
         return self.is_delta(a) and _is_tensor_node(a)
 
     def literal(self, *values) -> bool:

@@ -129,6 +129,7 @@ class DCModule(nn.Module):
 
     # ------------------------------------------------------------------ statistics
     def reset_stats(self) -> None:
+        """Zero this layer's statistics (frames counted, active pixels) in place."""
         if self._stats is not None:
             self._stats.zero_()  # in place: a captured CUDA graph keeps writing here
 
@@ -182,10 +183,12 @@ class DCModule(nn.Module):
     # ------------------------------------------------------------------ helpers
     @property
     def ops(self) -> ModuleType:
+        """The backend module running the current frame (``reference`` or ``cuda``)."""
         return self.context.ops
 
     @property
     def key(self) -> Optional[torch.Tensor]:
+        """``[N]`` bool marking the streams that start a key frame in the current frame, or None."""
         return self.context.key
 
     def extra_repr(self) -> str:

@@ -186,6 +186,7 @@ class DCConvTranspose2d(DCModule):
 
     @classmethod
     def from_dense(cls, conv: nn.ConvTranspose2d) -> "DCConvTranspose2d":
+        """Build from a dense ``nn.ConvTranspose2d`` (sharing its parameters)."""
         m = cls()
         for a in ("in_channels", "out_channels", "kernel_size", "stride", "padding", "output_padding", "groups",
                   "dilation"):
@@ -212,6 +213,7 @@ class DCLinear(DCModule):
 
     @classmethod
     def from_dense(cls, lin: nn.Linear) -> "DCLinear":
+        """Build from a dense ``nn.Linear`` (sharing its parameters)."""
         m = cls()
         m.in_features, m.out_features = lin.in_features, lin.out_features
         _adopt(m, lin, ["weight", "bias"])
@@ -238,6 +240,7 @@ class DCBatchNorm2d(DCModule):
 
     @classmethod
     def from_dense(cls, bn: nn.modules.batchnorm._BatchNorm) -> "DCBatchNorm2d":
+        """Build from a BatchNorm layer in eval mode (its running statistics and affine parameters)."""
         m = cls()
         m.eps = bn.eps
         _adopt(m, bn, cls._names)
@@ -270,6 +273,7 @@ class DCAvgPool2d(DCModule):
 
     @classmethod
     def from_dense(cls, pool: nn.AvgPool2d) -> "DCAvgPool2d":
+        """Build from a dense ``nn.AvgPool2d`` (same window, stride, padding and divisor)."""
         return cls(pool.kernel_size, pool.stride, pool.padding, pool.ceil_mode, pool.count_include_pad,
                    pool.divisor_override)
 
@@ -294,6 +298,7 @@ class DCAdaptiveAvgPool2d(DCModule):
 
     @classmethod
     def from_dense(cls, pool: nn.AdaptiveAvgPool2d) -> "DCAdaptiveAvgPool2d":
+        """Build from a dense ``nn.AdaptiveAvgPool2d`` (same output size)."""
         return cls(pool.output_size)
 
     def _resolved_size(self, x: Delta) -> tuple[int, int]:
@@ -320,6 +325,7 @@ class DCUpsample(DCModule):
 
     @classmethod
     def from_dense(cls, up: nn.Upsample) -> "DCUpsample":
+        """Build from a dense ``nn.Upsample`` (same size or scale, mode and corner alignment)."""
         return cls(up.size, up.scale_factor, up.mode, up.align_corners)
 
     def forward(self, x: Delta, size=None, scale_factor=None) -> Delta:

@@ -31,6 +31,7 @@ class DCActivation(DCModule):
 
     @classmethod
     def from_dense(cls, module: nn.Module) -> Optional["DCActivation"]:
+        """Build from a pointwise activation module, or ``None`` when ``module`` is not one deltaconv knows."""
         fn = activations.from_module(module)
         return None if fn is None else cls(fn)
 
@@ -82,6 +83,7 @@ class DCMaxPool2d(DCModule):
 
     @classmethod
     def from_dense(cls, pool: nn.MaxPool2d) -> Optional["DCMaxPool2d"]:
+        """Build from a dense ``nn.MaxPool2d``, or ``None`` when it returns indices (not supported)."""
         if pool.return_indices:
             return None
         return cls(pool.kernel_size, pool.stride, pool.padding, pool.dilation, pool.ceil_mode)
