@@ -11,8 +11,8 @@ import deltaconv
 
 
 def _modules():
-    names = ["deltaconv"] + [f"deltaconv.{m.name}" for m in pkgutil.walk_packages(deltaconv.__path__)
-                             if not m.name.startswith("_")]
+    names = ["deltaconv"] + [m.name for m in pkgutil.walk_packages(deltaconv.__path__, prefix="deltaconv.")
+                             if not any(part.startswith("_") for part in m.name.split("."))]
     return [importlib.import_module(n) for n in names]
 
 
