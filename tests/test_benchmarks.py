@@ -127,3 +127,40 @@ def test_video_sweep_without_rows_says_so(tmp_path, monkeypatch):
     video.write_bytes(b"")
     with pytest.raises(SystemExit, match="no rows"):
         vs.main(["--models", "m", "--video", str(video), "--out", str(tmp_path)])
+
+
+def test_work_density_counts_tiles_for_tiled_convs_and_input_pixels_for_activations():
+    """One changed input pixel in a corner of a 16x16 frame: the 3x3 conv's output changes on 2x2
+    pixels (4 of 256) inside one of its four 8x8 tiles, so its work is 0.25 of its tiles; the
+    activation after it works on those 4 input pixels whatever it sends."""
+    import torch
+
+    wd = load("work_density")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
+                                torch.nn.Conv2d(8, 8, 3, padding=1, groups=8), torch.nn.ReLU(),
+                                torch.nn.Conv2d(8, 4, 1)).eval()
+    key = torch.randn(1, 3, 16, 16)
+    changed = key.clone()
+    changed[0, :, 0, 0] += 1.0
+    summary, rows = wd.measure(model, [key, changed], 0.0)
+    by_kind = {r["kind"]: r for r in rows}
+    assert set(by_kind) == {"sparsify", "conv", "activation", "depthwise", "1x1 conv"}
+    assert by_kind["conv"]["pixel_density"] == pytest.approx(4 / 256, abs=1e-4)  # rounded to 4 digits
+    assert by_kind["conv"]["work_density"] == pytest.approx(0.25)
+    assert by_kind["activation"]["layers"] == 2
+    assert by_kind["activation"]["work_density"] >= by_kind["activation"]["pixel_density"] > 0
+    assert by_kind["depthwise"]["work_density"] > by_kind["depthwise"]["pixel_density"]
+    assert summary["frames"] == 1 and summary["rel_err"] < 1e-5
+    assert 0 < summary["element_density"] < summary["work_density"] <= 1
+
+
+def test_work_density_layer_kinds():
+    import torch
+
+    wd = load("work_density")
+    from deltaconv.modules.linear import DCConv2d
+    assert wd.layer_kind(DCConv2d.from_dense(torch.nn.Conv2d(8, 8, 1))) == "1x1 conv"
+    assert wd.layer_kind(DCConv2d.from_dense(torch.nn.Conv2d(8, 8, 3, groups=8))) == "depthwise"
+    assert wd.layer_kind(DCConv2d.from_dense(torch.nn.Conv2d(8, 16, 3, groups=2))) == "conv"
+    assert wd.is_tiled("depthwise") and wd.is_tiled("conv") and not wd.is_tiled("1x1 conv")
