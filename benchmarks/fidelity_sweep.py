@@ -59,7 +59,7 @@ sys.path.insert(0, str(ROOT))
 import deltaconv  # noqa: E402
 from deltaconv.backends.reference import MEASURES  # noqa: E402
 from deltaconv.calibrate import calibrate  # noqa: E402
-from deltaconv.fidelity import compare, video_frames  # noqa: E402
+from deltaconv.fidelity import COSTS, compare, element_density, video_frames  # noqa: E402
 from deltaconv.sparsify import from_spec  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -67,7 +67,7 @@ VIDEOS = ("vtest.avi", "one-by-one-person-detection.mp4")
 COLUMNS = ["video", "size", "method", "detector", "truncation", "param", "calib_frames", "eval_frames", "density",
            "ideal_speedup", "rel_err_mean", "rel_err_p95", "rel_err_max", "top5_mean", "top1_mean", "cal_error",
            "cal_density", "calib_evals", "calib_seconds", "ms_per_frame", "dense_ms_per_frame",
-           "speed_frames"]
+           "speed_frames", "cost", "element_density"]
 
 
 def load_model(device: str) -> torch.nn.Module:
@@ -86,10 +86,12 @@ def _short(video: str) -> str:
     return Path(video).stem.split("-")[0]
 
 
-def thresholds_path(folder: Path, video: str, tolerance: float, truncation: str) -> Path:
+def thresholds_path(folder: Path, video: str, tolerance: float, truncation: str, cost: str = "flops") -> Path:
     """Where the sweep saves the calibrated thresholds of ``video`` at ``tolerance``:
-    ``fidelity_thresholds_<video>_<tolerance>[_<truncation>].json`` (no suffix for ``max``)."""
+    ``fidelity_thresholds_<video>_<tolerance>[_<truncation>][_<cost>].json`` (no suffix for ``max``
+    and ``flops``)."""
     suffix = "" if truncation in ("", "max") else f"_{truncation}"
+    suffix += "" if cost in ("", "flops") else f"_{cost}"
     return folder / f"fidelity_thresholds_{_short(video)}_{tolerance:g}{suffix}.json"
 
 
@@ -129,7 +131,8 @@ def sweep(args, on_row=None) -> list[dict]:
 
         def measure(dm):
             rep = compare(model, dm, held, dense_outputs=dense_held)
-            return dict(eval_frames=rep.frames, density=rep.density, ideal_speedup=1.0 / max(rep.density, 1e-9),
+            return dict(eval_frames=rep.frames, density=rep.density, element_density=element_density(rep.layers),
+                        ideal_speedup=1.0 / max(rep.density, 1e-9),
                         rel_err_mean=rep.mean("rel_err"), rel_err_p95=rep.quantile("rel_err", 0.95),
                         rel_err_max=rep.max("rel_err"), top5_mean=rep.mean("top5"), top1_mean=rep.mean("top1"))
 
@@ -146,12 +149,12 @@ def sweep(args, on_row=None) -> list[dict]:
             t0 = time.time()
             cal = calibrate(model, clips, tol, max_evals=args.max_evals, progress=not args.quiet,
                             change_detectors=[None if d is None else d.spec() for d in detectors],
-                            truncation=args.truncation)
+                            truncation=args.truncation, cost=args.cost)
             secs = time.time() - t0
-            cal.save(thresholds_path(Path(args.out).parent, video, tol, args.truncation))
+            cal.save(thresholds_path(Path(args.out).parent, video, tol, args.truncation, args.cost))
             dm = deltaconv.convert(model, thresholds=cal, change_detector=cal.detector(), backend="reference",
                                    example_input=held[0])  # the Calibration also sets its truncation
-            row = dict(base, method="calibrated", detector=detector_label(cal.change_detector), param=tol,
+            row = dict(base, method="calibrated", cost=args.cost, detector=detector_label(cal.change_detector), param=tol,
                        cal_error=cal.error, cal_density=cal.density, calib_evals=cal.evals, calib_seconds=secs,
                        **measure(dm))
             rows.append(row)
@@ -280,6 +283,8 @@ def main(argv=None) -> None:
     p.add_argument("--max-evals", type=int, default=120)
     p.add_argument("--truncation", default="max", choices=MEASURES,
                    help="change measure of the non-linear layers' thresholds (uniform rows and calibration)")
+    p.add_argument("--cost", default="flops", choices=COSTS,
+                   help="what the calibration minimises: FLOPs-weighted or element-weighted density (default flops)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--out", default=str(RESULTS / "fidelity.csv"))
     p.add_argument("--plot", default=None, help="PNG path (default: the CSV's with .png)")
@@ -296,6 +301,8 @@ def main(argv=None) -> None:
     before = read_csv(out) if args.append and out.is_file() else []
     for r in before:
         r.setdefault("truncation", "max")  # rows written before the column existed
+        if r.get("method") == "calibrated":
+            r.setdefault("cost", "flops")
     rows = sweep(args, on_row=lambda rows: write_csv(before + rows, out))  # rows so far survive a kill
     write_csv(before + rows, out)
     print(f"wrote {out}")

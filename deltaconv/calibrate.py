@@ -1,10 +1,12 @@
-"""Per-layer threshold calibration: the most FLOPs saved within a fidelity tolerance.
+"""Per-layer threshold calibration: the most FLOPs (or memory traffic) saved within a fidelity tolerance.
 
 ``calibrate(model, frames, tolerance)`` returns ``{layer name: threshold}`` for the input
 sparsifier and every non-linear layer of ``deltaconv.convert(model)`` (the names of
 ``DeltaModel.thresholds()``), chosen so that the converted model's FLOPs-weighted density
-(:func:`deltaconv.fidelity.flops_density`) over ``frames`` is as low as the search finds while
-its fidelity ``metric`` against the dense model over the same frames stays within ``tolerance``::
+(:func:`deltaconv.fidelity.flops_density`; with ``cost="elements"`` the element-weighted one,
+:func:`deltaconv.fidelity.element_density`, closer to what a GPU frame pays) over ``frames`` is as
+low as the search finds while its fidelity ``metric`` against the dense model over the same frames
+stays within ``tolerance``::
 
     clips = [frames[0:32], frames[168:200]]  # long clips spread over the video's start
     cal = deltaconv.calibrate.calibrate(model, clips, tolerance=2e-2)
@@ -22,7 +24,7 @@ dense outputs computed once; clips of equal length run together as the streams o
 2. Global bisection on ``log s`` for each (change detector, base) candidate, within
    ``tolerance * first_share``; the candidate with the lowest density is kept.
 3. Greedy per-layer refinement, in rounds: probe each layer alone one ``step`` up, rank the
-   layers by FLOPs saved per error added, accept the raises in that order while the error stays
+   layers by density saved per error added, accept the raises in that order while the error stays
    within ``tolerance * margin``.
 4. Final global rescale: the largest multiple (up to 4x) of all thresholds still within
    ``tolerance * margin``.
@@ -56,7 +58,7 @@ from typing import Callable, Optional, Sequence, Union
 import torch
 import torch.nn as nn
 
-from .fidelity import METRICS, flops_totals, primary_output
+from .fidelity import COSTS, METRICS, cost_totals, primary_output
 from .backends.reference import check_measure
 from .sparsify import ChangeDetector, default_detector, from_spec
 
@@ -70,7 +72,8 @@ class Calibration(dict):
 
     Attributes: ``change_detector`` (spec dict or ``None``), ``truncation`` (the non-linear
     layers' change measure the thresholds apply to, ``"max"`` or ``"rms"``), ``density`` and ``error`` on the
-    calibration frames, ``tolerance``, ``metric``, ``evals`` (model runs spent), ``history``
+    calibration frames, ``cost`` (what ``density`` weights: ``"flops"`` or ``"elements"``),
+    ``tolerance``, ``metric``, ``evals`` (model runs spent), ``history``
     (one dict per evaluation). Pass it to ``convert(model, thresholds=cal,
     change_detector=cal.detector())``; :meth:`save` writes JSON that ``convert`` and
     ``DeltaModel.load_thresholds`` read directly (:meth:`load` reads it back with the detector).
@@ -81,6 +84,7 @@ class Calibration(dict):
         self.change_detector = change_detector
         self.truncation = info.get("truncation", "max")
         self.density = info.get("density", float("nan"))
+        self.cost = info.get("cost", "flops")
         self.error = info.get("error", float("nan"))
         self.tolerance = info.get("tolerance", float("nan"))
         self.metric = info.get("metric", "rel_err")
@@ -94,7 +98,7 @@ class Calibration(dict):
     def to_json(self) -> dict:
         """The JSON object :meth:`save` writes: thresholds, change detector, truncation and results."""
         return {"thresholds": dict(self), "change_detector": self.change_detector, "truncation": self.truncation,
-                "density": self.density,
+                "density": self.density, "cost": self.cost,
                 "error": self.error, "tolerance": self.tolerance, "metric": self.metric, "evals": self.evals}
 
     def save(self, path: Union[str, os.PathLike]) -> None:
@@ -159,13 +163,18 @@ class Evaluator:
 
     ``__call__(thresholds, detector) -> (error, density)``: error is the per-frame metric reduced
     over the non-key frames (``reduce``: ``"mean"``, ``"max"`` or ``"p95"``), density the
-    FLOPs-weighted density over the same frames.
+    ``cost``-weighted density over the same frames (``"flops"`` or ``"elements"``, see
+    :data:`deltaconv.fidelity.COSTS`).
     """
 
     def __init__(self, model: nn.Module, frames, metric="rel_err", reduce: str = "mean",
-                 output_fn: Callable = primary_output, backend: str = "reference", truncation: str = "max") -> None:
+                 output_fn: Callable = primary_output, backend: str = "reference", truncation: str = "max",
+                 cost: str = "flops") -> None:
         from .convert import convert
 
+        if cost not in COSTS:
+            raise ValueError(f"calibrate: cost must be one of {COSTS}, got {cost!r}")
+        self.cost = cost
         self.clips = _stack_clips(_as_clips(frames))
         self.frames = self.clips[0]
         if reduce not in ("mean", "max", "p95"):
@@ -196,7 +205,7 @@ class Evaluator:
                         continue
                     errors.append(self.error_fn(y, ref))
                 # density over all delta frames of all clips: weight each clip by its frame count
-                done, dense_total = flops_totals(dm.stats())
+                done, dense_total = cost_totals(dm.stats(), self.cost)
                 flops_done += done * (len(clip) - 1)
                 flops_dense += dense_total * (len(clip) - 1)
         self.evals += 1
@@ -259,7 +268,7 @@ def calibrate(model: nn.Module, frames, tolerance: float = 2e-2, metric: Union[s
               step: int = 2, max_steps: int = 8, max_evals: int = 120, bisect_steps: int = 7,
               final_steps: int = 5, s_range: tuple[float, float] = (1e-3, 2.0),
               output_fn: Callable = primary_output, backend: str = "reference", truncation: str = "max",
-              progress: bool = True) -> Calibration:
+              cost: str = "flops", progress: bool = True) -> Calibration:
     """Per-layer thresholds for ``deltaconv.convert(model)`` within a fidelity tolerance.
 
     Args:
@@ -293,6 +302,10 @@ def calibrate(model: nn.Module, frames, tolerance: float = 2e-2, metric: Union[s
         truncation: the change measure of the non-linear layers' thresholds (``"max"`` or
             ``"rms"``, see ``deltaconv.convert``); the result records it and ``convert`` /
             ``load_thresholds`` apply it with the thresholds.
+        cost: what the search minimises: ``"flops"``, the FLOPs-weighted density, or
+            ``"elements"``, each layer's updated pixels weighted by its output elements (the
+            memory traffic that most of a GPU frame pays for, see
+            ``benchmarks/work_density.py``). The result's ``density`` is in that measure.
         progress: show a tqdm progress bar.
 
     Returns:
@@ -306,7 +319,7 @@ def calibrate(model: nn.Module, frames, tolerance: float = 2e-2, metric: Union[s
     bad = [b for b in bases if b not in ("uniform", "rms")]
     if bad or not bases:
         raise ValueError(f"calibrate: bases must be a non-empty list of 'uniform' / 'rms', got {list(bases)!r}")
-    ev = Evaluator(model, frames, metric, reduce, output_fn, backend, truncation)
+    ev = Evaluator(model, frames, metric, reduce, output_fn, backend, truncation, cost)
     names = ev.names
     rms = layer_scales(ev) if "rms" in bases else {}
     base_scales = {"uniform": {n: 1.0 for n in names}, "rms": rms}
@@ -400,7 +413,7 @@ def calibrate(model: nn.Module, frames, tolerance: float = 2e-2, metric: Union[s
     bar.close()
     return Calibration(thresholds_of(s, k, base), spec, density=dens, error=err, tolerance=tolerance,
                        metric=metric if isinstance(metric, str) else getattr(metric, "__name__", "custom"),
-                       evals=ev.evals, history=history, truncation=truncation)
+                       evals=ev.evals, history=history, truncation=truncation, cost=cost)
 
 
 # ``deltaconv/__init__.py`` may re-export the function as ``deltaconv.calibrate``, which hides this

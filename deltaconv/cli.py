@@ -139,6 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--truncation", default="max", choices=("max", "rms"),
                    help="change measure of the layer thresholds: max_c |change| or sqrt(mean_c change^2) "
                         "(default max)")
+    k.add_argument("--cost", default="flops", choices=("flops", "elements"),
+                   help="what the calibration minimises: the FLOPs-weighted density, or updated pixels weighted by "
+                        "each layer's output elements (memory traffic, most of a GPU frame) (default flops)")
     k.add_argument("--out", default="thresholds.json", metavar="thresholds.json")
     k.add_argument("--frames", type=_positive_int, default=8, metavar="N", help="frames to calibrate on (default 8)")
     k.add_argument("--size", type=parse_size, metavar="HxW", help="model input size (default: the video's)")
@@ -288,6 +291,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     video = args.video if args.video is not None else str(find_sample_video())
     frames = _load_frames(video, args.frames, args.size)
     kwargs = {} if args.max_evals is None else {"max_evals": args.max_evals}
+    if args.cost != "flops":
+        kwargs["cost"] = args.cost
     result = calibrate(entry.model, frames, args.tolerance, metric=args.metric, truncation=args.truncation, **kwargs)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -31,7 +31,7 @@ import torch
 Tensor = torch.Tensor
 
 __all__ = ["relative_error", "topk_contains", "top1_agrees", "mask_iou", "label_iou", "flops_density", "flops_totals",
-           "primary_output", "METRICS", "TASK_METRICS", "FidelityReport", "compare", "video_frames"]
+           "element_density", "cost_totals", "COSTS", "primary_output", "METRICS", "TASK_METRICS", "FidelityReport", "compare", "video_frames"]
 
 
 # ----------------------------------------------------------------------------- per-frame metrics
@@ -98,17 +98,41 @@ METRICS: dict[str, tuple[Callable[[Tensor, Tensor], Tensor], bool]] = {
 TASK_METRICS = {"classification": ("rel_err", "top5", "top1"), "dense": ("rel_err", "iou")}
 
 
+#: what a density weights each layer by: ``"flops"`` (its dense multiply-adds x2: what
+#: compute-bound kernels pay) or ``"elements"`` (its output elements: what memory-bound kernels,
+#: activations, depthwise convs and mask passes, pay; on the GPU most of a frame goes to those,
+#: see ``benchmarks/work_density.py``)
+COSTS = ("flops", "elements")
+
+
+def cost_totals(stats: Sequence[dict], cost: str = "flops") -> tuple[float, float]:
+    """``(sum(mean_<cost>_done), sum(<cost>_dense))`` over the layers of ``DeltaModel.stats()``
+    that have that cost and frames (per frame, since the statistics were reset); ``cost`` is one
+    of :data:`COSTS`."""
+    if cost not in COSTS:
+        raise ValueError(f"cost must be one of {COSTS}, got {cost!r}")
+    dense_key, done_key = f"{cost}_dense", f"mean_{cost}_done"
+    rows = [s for s in stats if _finite(s.get(dense_key)) and _finite(s.get(done_key))]
+    return sum(s[done_key] for s in rows), sum(s[dense_key] for s in rows)
+
+
 def flops_totals(stats: Sequence[dict]) -> tuple[float, float]:
     """``(sum(mean_flops_done), sum(flops_dense))`` over the layers of ``DeltaModel.stats()`` that
     have FLOPs and frames (per frame, since the statistics were reset)."""
-    rows = [s for s in stats if _finite(s["flops_dense"]) and _finite(s["mean_flops_done"])]
-    return sum(s["mean_flops_done"] for s in rows), sum(s["flops_dense"] for s in rows)
+    return cost_totals(stats, "flops")
 
 
 def flops_density(stats: Sequence[dict]) -> float:
     """FLOPs-weighted density of a converted model: ``sum(mean_flops_done) / sum(flops_dense)``
     over the layers of ``DeltaModel.stats()`` (layers without FLOPs or without frames count 0)."""
     done, dense = flops_totals(stats)
+    return done / dense if dense > 0 else float("nan")
+
+
+def element_density(stats: Sequence[dict]) -> float:
+    """Element-weighted density of a converted model: each layer's updated output pixels weighted
+    by its output elements, ``sum(mean_elements_done) / sum(elements_dense)``."""
+    done, dense = cost_totals(stats, "elements")
     return done / dense if dense > 0 else float("nan")
 
 

@@ -258,8 +258,9 @@ class DeltaModel(nn.Module):
     def stats(self) -> list[dict]:
         """One dict per DC layer in execution order: ``name``, ``kind``, ``density`` (fraction of
         output pixels updated in the last frame), ``mean_density`` since reset, ``frames``,
-        ``flops_dense`` / ``flops_done`` / ``mean_flops_done`` (per frame), ``state_bytes`` and,
-        for truncating layers, ``threshold``."""
+        ``flops_dense`` / ``flops_done`` / ``mean_flops_done`` (per frame), ``elements_dense`` (output
+        elements per frame) / ``mean_elements_done`` (of those, on updated pixels), ``state_bytes``
+        and, for truncating layers, ``threshold``."""
         return [layer.stats() for layer in self.delta_layers()]
 
     @property

@@ -164,3 +164,17 @@ def test_work_density_layer_kinds():
     assert wd.layer_kind(DCConv2d.from_dense(torch.nn.Conv2d(8, 8, 3, groups=8))) == "depthwise"
     assert wd.layer_kind(DCConv2d.from_dense(torch.nn.Conv2d(8, 16, 3, groups=2))) == "conv"
     assert wd.is_tiled("depthwise") and wd.is_tiled("conv") and not wd.is_tiled("1x1 conv")
+
+
+def test_fidelity_sweep_names_thresholds_files_by_truncation_and_cost(tmp_path):
+    fs = load("fidelity_sweep")
+    assert fs.thresholds_path(tmp_path, "vtest.avi", 0.02, "max").name == "fidelity_thresholds_vtest_0.02.json"
+    assert fs.thresholds_path(tmp_path, "vtest.avi", 0.02, "rms", "elements").name == \
+        "fidelity_thresholds_vtest_0.02_rms_elements.json"
+    speed = load("fidelity_speed")
+    row = {"video": "vtest.avi", "param": "0.02", "truncation": "rms", "cost": "elements"}
+    assert speed.thresholds_file(row, tmp_path).name == "fidelity_thresholds_vtest_0.02_rms_elements.json"
+    row.pop("cost")  # rows written before the column existed: FLOPs
+    assert speed.thresholds_file(row, tmp_path).name == "fidelity_thresholds_vtest_0.02_rms.json"
+    with pytest.raises(SystemExit):
+        fs.main(["--cost", "time"])

@@ -130,3 +130,23 @@ def test_clips_run_as_streams_and_match_compare():
     ev2 = Evaluator(model, [frames[0:4], frames[6:9]])
     assert len(ev2.clips) == 2
     assert ev2(th, None)[0] >= 0
+
+
+def test_cost_elements_minimises_the_element_weighted_density(tmp_path):
+    """cost="elements": the result's density is the element-weighted density of what convert
+    makes of it, the file records the cost, and a bad cost names itself."""
+    from deltaconv.fidelity import element_density
+
+    model = _model()
+    frames = _video(10)
+    cal = calibrate(model, frames, TOL, max_evals=20, progress=False, change_detectors=None, cost="elements")
+    assert cal.cost == "elements" and cal.error <= TOL
+    dm = deltaconv.convert(model, thresholds=cal, backend="reference", example_input=frames[0])
+    rep = compare(model, dm, frames)
+    assert element_density(rep.layers) == pytest.approx(cal.density, rel=1e-6)
+    assert rep.density != pytest.approx(cal.density, rel=1e-3)  # not the FLOPs density
+    path = tmp_path / "th.json"
+    cal.save(path)
+    assert json.loads(path.read_text())["cost"] == "elements" and Calibration.load(path).cost == "elements"
+    with pytest.raises(ValueError, match="cost must be one of .*'time'"):
+        calibrate(model, frames, TOL, progress=False, cost="time")

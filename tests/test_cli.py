@@ -168,7 +168,8 @@ def test_python_dash_m(tmp_path):
 
 
 def test_calibrate_truncation_option(capsys, tmp_path, monkeypatch):
-    """--truncation rms reaches calibrate() and the sweep's uniform rows; a bad value is refused."""
+    """--truncation rms reaches calibrate() and the sweep's uniform rows, --cost reaches calibrate();
+    a bad value is refused."""
     import deltaconv
     from deltaconv import demo
 
@@ -188,9 +189,12 @@ def test_calibrate_truncation_option(capsys, tmp_path, monkeypatch):
     monkeypatch.setattr(demo, "threshold_sweep", spy_sweep)
     out = tmp_path / "thresholds.json"
     status, _, err = run(capsys, "calibrate", "--tolerance", "0.05", "--frames", "3", "--size", "32x48",
-                         "--out", str(out), "--sweep", "0.1", "--truncation", "rms")
+                         "--out", str(out), "--sweep", "0.1", "--truncation", "rms", "--cost", "elements")
     assert status == 0, err
-    assert calls["truncation"] == "rms" and sweeps["truncation"] == "rms"
+    assert calls["truncation"] == "rms" and sweeps["truncation"] == "rms" and calls["cost"] == "elements"
     with pytest.raises(SystemExit):
         cli.main(["calibrate", "--tolerance", "0.05", "--truncation", "l1"])
     assert "invalid choice: 'l1'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["calibrate", "--tolerance", "0.05", "--cost", "time"])
+    assert "invalid choice: 'time'" in capsys.readouterr().err

@@ -190,3 +190,38 @@ def test_flops_of_linear_over_the_last_dim_of_a_feature_map():
     with torch.no_grad():
         dm(x)
     assert _by_kind(dm, "linear")[0]["flops_dense"] == 2 * 16 * (2 * 4 * 6 * 5)
+
+
+def test_element_density_weights_layers_by_their_output_elements():
+    stats = [{"elements_dense": 100.0, "mean_elements_done": 10.0, "flops_dense": 900.0, "mean_flops_done": 90.0},
+             {"elements_dense": 300.0, "mean_elements_done": 270.0, "flops_dense": 100.0, "mean_flops_done": 90.0},
+             {"flops_dense": 5.0, "mean_flops_done": 5.0}]  # a layer from before elements were counted
+    assert F_.element_density(stats) == pytest.approx(280 / 400)
+    assert F_.flops_density(stats) == pytest.approx(185 / 1005)
+    assert F_.cost_totals(stats, "elements") == (280.0, 400.0)
+    with pytest.raises(ValueError, match="cost must be one of .*'bytes'"):
+        F_.cost_totals(stats, "bytes")
+
+
+def test_stats_count_output_elements_on_updated_pixels():
+    """elements_dense is a layer's output elements per frame (all channels and streams) and
+    mean_elements_done its share on updated pixels, so element_density matches the masks."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
+                                torch.nn.Conv2d(8, 4, 1)).eval()
+    key = torch.randn(2, 3, 16, 16)
+    frame = key.clone()
+    frame[0, :, 4, 4] += 1.0  # stream 0: one pixel; stream 1: nothing
+    dm = deltaconv.convert(model, backend="reference", example_input=key)
+    dm(key)
+    dm.reset_stats()
+    dm(frame)
+    by_name = {s["name"]: s for s in dm.stats()}
+    conv = [s for s in dm.stats() if s["kind"] == "conv2d"][0]
+    assert conv["elements_dense"] == 2 * 8 * 16 * 16
+    assert conv["mean_elements_done"] == pytest.approx(9 / (2 * 256) * conv["elements_dense"])
+    counted = [s for s in by_name.values() if math.isfinite(s["mean_elements_done"])]  # not the output densifier
+    assert len(counted) >= 4
+    done = sum(s["mean_elements_done"] for s in counted)
+    dense = sum(s["elements_dense"] for s in counted)
+    assert F_.element_density(dm.stats()) == pytest.approx(done / dense)

@@ -83,6 +83,7 @@ class DCModule(nn.Module):
         self._stats: Optional[torch.Tensor] = None
         self._flops_dense = 0.0
         self._pixels = 0
+        self._elements = 0
 
     # ------------------------------------------------------------------ state
     def state(self, name: str, shape, device: torch.device, dtype: torch.dtype = torch.float32,
@@ -154,6 +155,7 @@ class DCModule(nn.Module):
         else:
             ctx.pending_stats.append((mask, self._stats))
         self._pixels = mask.numel()
+        self._elements = out.value.numel()
         self._flops_dense = self.flops_per_output_pixel(out) * self._pixels
         return out
 
@@ -173,6 +175,8 @@ class DCModule(nn.Module):
             "flops_dense": float(self._flops_dense),
             "flops_done": last_density * self._flops_dense,
             "mean_flops_done": mean_density * self._flops_dense,
+            "elements_dense": float(getattr(self, "_elements", 0)),  # layers pickled before it: 0
+            "mean_elements_done": mean_density * getattr(self, "_elements", 0),
             "state_bytes": self.state_bytes(),
         }
         if self.truncates:
