@@ -192,7 +192,7 @@ class Evaluator:
         for layer in dm.delta_layers():
             if layer.kind == "sparsify":
                 layer.change_detector = detector
-        errors, flops_done, flops_dense = [], 0.0, 0.0
+        errors, cost_done, cost_dense = [], 0.0, 0.0
         with torch.no_grad():
             for clip, dense in zip(self.clips, self.dense):
                 dm.reset()
@@ -206,12 +206,12 @@ class Evaluator:
                     errors.append(self.error_fn(y, ref))
                 # density over all delta frames of all clips: weight each clip by its frame count
                 done, dense_total = cost_totals(dm.stats(), self.cost)
-                flops_done += done * (len(clip) - 1)
-                flops_dense += dense_total * (len(clip) - 1)
+                cost_done += done * (len(clip) - 1)
+                cost_dense += dense_total * (len(clip) - 1)
         self.evals += 1
         e = torch.cat(errors)
         err = float(e.mean() if self.reduce == "mean" else e.max() if self.reduce == "max" else e.quantile(0.95))
-        return err, flops_done / flops_dense if flops_dense > 0 else float("nan")
+        return err, cost_done / cost_dense if cost_dense > 0 else float("nan")
 
 
 def layer_scales(ev: Evaluator) -> dict[str, float]:
