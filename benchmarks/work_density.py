@@ -62,12 +62,11 @@ def _hook(seen: dict):
     def hook(module, inputs, out):
         if not (isinstance(out, Delta) and out.mask.dim() == 4):
             return  # the classifier head: no spatial mask
-        touched = out
+        out_pixels, out_tiles, _ = tile_stats(out.mask)
+        touched = out_pixels
         if module.kind == "activation" and inputs and isinstance(inputs[0], Delta):
-            touched = inputs[0]
-        _, out_tiles, _ = tile_stats(out.mask)
-        seen.setdefault(module, []).append((out.value.numel(), float(out.mask.float().mean()),
-                                           tile_stats(touched.mask)[0], out_tiles))
+            touched = tile_stats(inputs[0].mask)[0]
+        seen.setdefault(module, []).append((out.value.numel(), out_pixels, touched, out_tiles))
     return hook
 
 
