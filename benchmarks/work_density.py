@@ -70,10 +70,11 @@ def _hook(seen: dict):
     return hook
 
 
-def measure(model: torch.nn.Module, frames: list, thresholds) -> tuple[dict, list[dict]]:
+def measure(model: torch.nn.Module, frames: list, thresholds, progress: bool = False) -> tuple[dict, list[dict]]:
     """Run ``model`` converted with ``thresholds`` (a number or a JSON path) over ``frames`` (the
     first is the key frame, left out). Returns the summary (logit error, densities) and one row per
-    layer kind: ``elements`` (share of output elements), ``pixel_density``, ``work_density``."""
+    layer kind: ``elements`` (share of output elements), ``pixel_density``, ``work_density``.
+    ``progress``: a progress bar over the frames."""
     if isinstance(thresholds, Path):
         dm = deltaconv.convert(model, thresholds=str(thresholds), backend="reference", example_input=frames[0])
     else:
@@ -81,7 +82,7 @@ def measure(model: torch.nn.Module, frames: list, thresholds) -> tuple[dict, lis
     seen: dict = {}
     hooks = [layer.register_forward_hook(_hook(seen)) for layer in dm.delta_layers()]
     try:
-        rep = compare(model, dm, frames)
+        rep = compare(model, dm, frames, progress=progress)
     finally:
         for h in hooks:
             h.remove()
@@ -129,7 +130,7 @@ def main(argv=None) -> None:
     out = []
     for t in args.thresholds:
         t0 = time.time()
-        summary, rows = measure(model, frames, t)
+        summary, rows = measure(model, frames, t, progress=True)
         setting = t.name if isinstance(t, Path) else f"{t:g}"
         print(f"{setting}: logit rel. error {summary['rel_err']:.4f}, FLOPs density {summary['flops_density']:.3f}, "
               f"element-weighted {summary['element_density']:.3f}, work {summary['work_density']:.3f} "
