@@ -250,6 +250,14 @@ int activation_kind(const std::string& kind) {
   return 0;
 }
 
+// activation_kernel_of<KIND>::kernel<T, VEC>: the kernel with its activation fixed (DC_LAUNCH_VEC
+// takes a kernel template of <T, VEC>).
+template <int KIND>
+struct activation_kernel_of {
+  template <typename T, int VEC>
+  static constexpr auto kernel = pw::activation_kernel<T, VEC, KIND>;
+};
+
 std::tuple<Tensor, Tensor> activation(const Tensor& delta, const Tensor& mask, Tensor& acc, Tensor& sent,
                                       c10::string_view kind, double param, double threshold,
                                       const std::optional<Tensor>& key, bool rms) {
@@ -272,7 +280,19 @@ std::tuple<Tensor, Tensor> activation(const Tensor& delta, const Tensor& mask, T
                                      static_cast<float>(param), static_cast<float>(threshold),
                                      rms_limit(rms, threshold, C), pixels, H * W, C, 0};
     const bool vec_ok = C % kVec<scalar_t> == 0 && all_aligned({p.delta, p.acc, p.sent, p.out});
-    DC_LAUNCH_VEC(pw::activation_kernel, p, vec_ok, pixels, C, true);
+    switch (kind_id) {  // the common kinds with the activation fixed at compile time
+      case pw::kRelu:
+        DC_LAUNCH_VEC(activation_kernel_of<pw::kRelu>::kernel, p, vec_ok, pixels, C, true);
+        break;
+      case pw::kRelu6:
+        DC_LAUNCH_VEC(activation_kernel_of<pw::kRelu6>::kernel, p, vec_ok, pixels, C, true);
+        break;
+      case pw::kHardswish:
+        DC_LAUNCH_VEC(activation_kernel_of<pw::kHardswish>::kernel, p, vec_ok, pixels, C, true);
+        break;
+      default:
+        DC_LAUNCH_VEC(activation_kernel_of<pw::kAnyKind>::kernel, p, vec_ok, pixels, C, true);
+    }
   });
   return {out, mask_out};
 }

@@ -128,9 +128,16 @@ struct ActivationParams {
   int channels, log2_lanes;
 };
 
-template <typename T, int VEC>
+// KIND: the activation fixed at compile time (an ActKind: the launcher does so for ReLU, ReLU6 and
+// hardswish), or kAnyKind to switch on p.kind per element. The switch inside the unrolled loops
+// cost 19 % of this kernel's time on mobilenet_v2 and resnet50 at 1080p (H200, 2026-11-21;
+// benchmarks/results/activation_kernel_experiments.txt).
+constexpr int kAnyKind = -1;
+
+template <typename T, int VEC, int KIND>
 __global__ void __launch_bounds__(kThreads) activation_kernel(const ActivationParams<T> p) {
   grid_dependency_sync();
+  const int kind = KIND == kAnyKind ? p.kind : KIND;
   const auto settle = [&](int64_t pixel) {
     const bool m = p.mask[pixel];
     if (!m) p.mask_out[pixel] = false;
@@ -149,7 +156,7 @@ __global__ void __launch_bounds__(kThreads) activation_kernel(const ActivationPa
 #pragma unroll
       for (int i = 0; i < VEC; ++i) {
         a[i] += d[i];
-        size.add(pending_change<T>(apply_activation(p.kind, p.param, a[i]), s[i]), p.threshold);
+        size.add(pending_change<T>(apply_activation(kind, p.param, a[i]), s[i]), p.threshold);
       }
       store_f<VEC>(p.acc + row + c, a);
     }
@@ -162,7 +169,7 @@ __global__ void __launch_bounds__(kThreads) activation_kernel(const ActivationPa
       load_f<VEC>(p.acc + row + c, a);
       load_f<VEC>(p.sent + row + c, s);
 #pragma unroll
-      for (int i = 0; i < VEC; ++i) a[i] = send_element<T>(apply_activation(p.kind, p.param, a[i]), s[i]);
+      for (int i = 0; i < VEC; ++i) a[i] = send_element<T>(apply_activation(kind, p.param, a[i]), s[i]);
       store_f<VEC>(p.out + row + c, a);
       store_f<VEC>(p.sent + row + c, s);
     }
