@@ -279,7 +279,8 @@ def main(argv=None) -> None:
                    help="input change detectors: 'none' or JSON specs (uniform rows and calibration candidates)")
     p.add_argument("--tolerances", type=float, nargs="+", default=[0.02])
     p.add_argument("--append", action="store_true", help="add the rows to an existing CSV")
-    p.add_argument("--uniform", type=float, nargs="+", default=[0.005, 0.01, 0.02, 0.05])
+    p.add_argument("--uniform", type=float, nargs="*", default=[0.005, 0.01, 0.02, 0.05],
+                   help="uniform thresholds to measure (none: only the calibrated rows)")
     p.add_argument("--max-evals", type=int, default=120)
     p.add_argument("--truncation", default="max", choices=MEASURES,
                    help="change measure of the non-linear layers' thresholds (uniform rows and calibration)")
@@ -298,6 +299,7 @@ def main(argv=None) -> None:
         return
     if args.device == "cpu":
         torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    out.parent.mkdir(parents=True, exist_ok=True)  # the thresholds files go beside the CSV
     before = read_csv(out) if args.append and out.is_file() else []
     for r in before:
         r.setdefault("truncation", "max")  # rows written before the column existed

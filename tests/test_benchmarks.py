@@ -178,3 +178,24 @@ def test_fidelity_sweep_names_thresholds_files_by_truncation_and_cost(tmp_path):
     assert speed.thresholds_file(row, tmp_path).name == "fidelity_thresholds_vtest_0.02_rms.json"
     with pytest.raises(SystemExit):
         fs.main(["--cost", "time"])
+
+
+def test_fidelity_sweep_calibrates_alone_into_a_new_folder(tmp_path, monkeypatch):
+    """``--uniform`` with no values runs only the calibration, and its thresholds file is written
+    even where the CSV's folder does not exist yet (a small model on random frames)."""
+    import torch
+
+    fs = load("fidelity_sweep")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1),
+                                torch.nn.Flatten(), torch.nn.Linear(8, 5)).eval()
+    frames = [torch.rand(1, 3, 16, 16) for _ in range(6)]
+    monkeypatch.setattr(fs, "load_model", lambda device: model)
+    monkeypatch.setattr(fs, "video_frames", lambda video, size, n: frames[:n])
+    out = tmp_path / "new" / "f.csv"
+    fs.main(["--videos", "vtest.avi", "--size", "16", "16", "--device", "cpu", "--uniform", "--detectors", "none",
+             "--calib-clips", "1", "--calib-frames", "3", "--calib-span", "3", "--eval-frames", "3",
+             "--max-evals", "4", "--out", str(out), "--quiet"])
+    rows = fs.read_csv(out)
+    assert [r["method"] for r in rows] == ["calibrated"]
+    assert (out.parent / "fidelity_thresholds_vtest_0.02.json").is_file()
