@@ -62,6 +62,25 @@ inline bool is_activation_dtype(at::ScalarType t) {
     }                                                                                                \
   }()
 
+// compute(), run once per (kernel, current device, extra) and cached: the driver queries of the
+// launchers (attributes, occupancy) would otherwise run on every launch. Each call site (each
+// `Compute` type) has its own cache; compute() runs under that cache's lock.
+template <typename Extra, typename Compute>
+auto cached_per_kernel(const void* kernel, const Extra& extra, Compute&& compute) -> decltype(compute()) {
+  using Value = decltype(compute());
+  static std::mutex mu;
+  static std::map<std::tuple<const void*, int, Extra>, Value> cache;
+  int dev = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&dev));
+  const auto key = std::make_tuple(kernel, dev, extra);
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  const Value value = compute();
+  cache.emplace(key, value);
+  return value;
+}
+
 // Whether `kernel` may start before the previous kernel in the stream has finished (programmatic
 // dependent launch, see kernels/grid_dependency.cuh), opt-in: DELTACONV_PDL set and not 0 (read on
 // every launch, so a CUDA graph keeps what was set when it was captured), the device Hopper or
@@ -73,19 +92,11 @@ template <typename... KArgs>
 bool pdl_enabled(void (*kernel)(KArgs...)) {
   const char* v = std::getenv("DELTACONV_PDL");
   if (v == nullptr || *v == 0 || std::strcmp(v, "0") == 0) return false;
-  static std::mutex mu;
-  static std::map<std::pair<const void*, int>, bool> cache;
-  int dev = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&dev));
-  const auto key = std::make_pair(reinterpret_cast<const void*>(kernel), dev);
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
-  cudaFuncAttributes attr{};
-  C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(kernel)));
-  const bool ok = at::cuda::getCurrentDeviceProperties()->major >= 9 && attr.binaryVersion >= 90;
-  cache[key] = ok;
-  return ok;
+  return cached_per_kernel(reinterpret_cast<const void*>(kernel), 0, [&] {
+    cudaFuncAttributes attr{};
+    C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(kernel)));
+    return at::cuda::getCurrentDeviceProperties()->major >= 9 && attr.binaryVersion >= 90;
+  });
 }
 
 // Launch `kernel` on `stream` (programmatic dependent launch where pdl_enabled) and check the launch.
@@ -111,19 +122,11 @@ void launch_kernel(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
 // per (kernel, device, threads, smem).
 template <typename... KArgs>
 int resident_blocks(void (*kernel)(KArgs...), int threads, size_t smem = 0) {
-  static std::mutex mu;
-  static std::map<std::tuple<const void*, int, int, size_t>, int> cache;
-  int dev = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&dev));
-  const auto key = std::make_tuple(reinterpret_cast<const void*>(kernel), dev, threads, smem);
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
-  int per_sm = 0;
-  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
-  const int blocks = std::max(1, per_sm) * at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  cache[key] = blocks;
-  return blocks;
+  return cached_per_kernel(reinterpret_cast<const void*>(kernel), std::make_pair(threads, smem), [&] {
+    int per_sm = 0;
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+    return std::max(1, per_sm) * at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  });
 }
 
 // The grid of a persistent kernel that needs `wanted` blocks: at most the resident ones.

@@ -197,23 +197,15 @@ bool wgmma_enabled() {
 // per multiprocessor (>= 1) at `smem` bytes, cached per (kernel, device, smem).
 template <typename Kernel>
 int prepare_kernel(Kernel kernel, int threads, int smem) {
-  static std::mutex mu;
-  static std::map<std::tuple<const void*, int, int>, int> cache;
-  int dev = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&dev));
-  const auto k = std::make_tuple(reinterpret_cast<const void*>(kernel), dev, smem);
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = cache.find(k);
-  if (it != cache.end()) return it->second;
-  const int optin = (int)at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin;
-  TORCH_CHECK(smem <= optin, "deltaconv: tensor-core kernel needs ", smem, " bytes of shared memory, the device has ",
-              optin);
-  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
-  int occ = 0;
-  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, threads, smem));
-  occ = std::max(occ, 1);
-  cache[k] = occ;
-  return occ;
+  return cached_per_kernel(reinterpret_cast<const void*>(kernel), std::make_pair(threads, smem), [&] {
+    const int optin = (int)at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin;
+    TORCH_CHECK(smem <= optin, "deltaconv: tensor-core kernel needs ", smem, " bytes of shared memory, the device has ",
+                optin);
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
+    int occ = 0;
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, threads, smem));
+    return std::max(occ, 1);
+  });
 }
 
 // The value of the tuning variable `name` (unset or empty: `def`); a value that is not a whole
@@ -320,15 +312,13 @@ void dispatch_tc_3x3(const conv::tc::TcArgs& a, int64_t tiles, bool stride2, boo
 // ([Cout][KH][KW][cin_to]), still one copy.
 Tensor relayout_weight(const Tensor& weight, at::ScalarType dtype, int64_t cin_to = 0) {
   const int64_t cin = weight.size(1);
-  if (cin_to <= cin) {
-    const Tensor view = weight.permute({0, 2, 3, 1});
-    if (weight.scalar_type() == dtype && view.is_contiguous()) return view;
-    Tensor w2 = at::empty({weight.size(0), weight.size(2), weight.size(3), cin}, weight.options().dtype(dtype));
-    w2.copy_(weight.permute({0, 2, 3, 1}));
-    return w2;
-  }
-  Tensor w2 = at::zeros({weight.size(0), weight.size(2), weight.size(3), cin_to}, weight.options().dtype(dtype));
-  w2.narrow(3, 0, cin).copy_(weight.permute({0, 2, 3, 1}));
+  const Tensor view = weight.permute({0, 2, 3, 1});  // [Cout][KH][KW][Cin]
+  if (cin_to <= cin && weight.scalar_type() == dtype && view.is_contiguous()) return view;
+  const bool pad = cin_to > cin;  // the padding channels must be zero
+  const auto opts = weight.options().dtype(dtype);
+  const std::vector<int64_t> sizes{weight.size(0), weight.size(2), weight.size(3), pad ? cin_to : cin};
+  Tensor w2 = pad ? at::zeros(sizes, opts) : at::empty(sizes, opts);
+  w2.narrow(3, 0, cin).copy_(view);
   return w2;
 }
 

@@ -287,9 +287,6 @@ std::tuple<Tensor, Tensor> activation(const Tensor& delta, const Tensor& mask, T
       case pw::kRelu6:
         DC_LAUNCH_VEC(activation_kernel_of<pw::kRelu6>::kernel, p, vec_ok, pixels, C, true);
         break;
-      case pw::kHardswish:
-        DC_LAUNCH_VEC(activation_kernel_of<pw::kHardswish>::kernel, p, vec_ok, pixels, C, true);
-        break;
       default:
         DC_LAUNCH_VEC(activation_kernel_of<pw::kAnyKind>::kernel, p, vec_ok, pixels, C, true);
     }

@@ -253,8 +253,9 @@ def test_activation_rms_measure(dtype, c, frac, threshold):
 @pytest.mark.parametrize("fn", [Activation("relu"), Activation("relu6"), Activation("hardswish")], ids=repr)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_activation_fixed_kinds_rms_measure(dtype, fn):
-    """The kinds whose kernel has the activation fixed at compile time (ReLU, ReLU6, hardswish),
-    with the rms measure too, on both the 16-byte (64 channels) and the scalar (17) paths."""
+    """The kinds whose kernel has the activation fixed at compile time (ReLU, ReLU6) and one that
+    switches per element (hardswish), with the rms measure too, on both the 16-byte (64 channels)
+    and the scalar (17) paths."""
     for c in (17, 64):
         _run_activation(fn, dtype, c, 0.3, "partial", 0.15, seed=9, measure="rms")
 

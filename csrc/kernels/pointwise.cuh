@@ -63,15 +63,7 @@ __global__ void __launch_bounds__(kThreads) sparsify_kernel(const SparsifyParams
   send = send || key_flag(p.key, g.pixel, p.hw);
   if (g.lane == 0) p.mask_out[g.pixel] = send;
   if (!send) return;
-  for (int c = g.lane * VEC; c < C; c += step) {
-    float xv[VEC], sv[VEC];
-    load_f<VEC>(p.x + row + c, xv);
-    load_f<VEC>(p.sent + row + c, sv);
-#pragma unroll
-    for (int i = 0; i < VEC; ++i) xv[i] = send_element<T>(xv[i], sv[i]);
-    store_f<VEC>(p.out + row + c, xv);
-    store_f<VEC>(p.sent + row + c, sv);
-  }
+  send_row<T, VEC>(g, C, row, p.x, p.sent, p.out, [](float x) { return x; });
 }
 
 // ================================================================ densify
@@ -128,9 +120,10 @@ struct ActivationParams {
   int channels, log2_lanes;
 };
 
-// KIND: the activation fixed at compile time (an ActKind: the launcher does so for ReLU, ReLU6 and
-// hardswish), or kAnyKind to switch on p.kind per element. The switch inside the unrolled loops
-// cost 19 % of this kernel's time on mobilenet_v2 and resnet50 at 1080p (H200, 2026-11-21;
+// KIND: the activation fixed at compile time (an ActKind: the launcher does so for ReLU and
+// ReLU6), or kAnyKind to switch on p.kind per element. The switch inside the unrolled loops cost
+// 19 % of this kernel's time on mobilenet_v2 and resnet50 at 1080p; hardswish fixed made
+// deeplabv3_mobilenet_v3_large 1.5 % slower, so it switches (H200, 2026-11-21;
 // benchmarks/results/activation_kernel_experiments.txt).
 constexpr int kAnyKind = -1;
 
@@ -164,15 +157,7 @@ __global__ void __launch_bounds__(kThreads) activation_kernel(const ActivationPa
     if (g.lane == 0) p.mask_out[g.pixel] = send;
     if (!send) return;
     // second pass over this lane's own channels (acc as just written by this thread)
-    for (int c = g.lane * VEC; c < C; c += step) {
-      float a[VEC], s[VEC];
-      load_f<VEC>(p.acc + row + c, a);
-      load_f<VEC>(p.sent + row + c, s);
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) a[i] = send_element<T>(apply_activation(kind, p.param, a[i]), s[i]);
-      store_f<VEC>(p.out + row + c, a);
-      store_f<VEC>(p.sent + row + c, s);
-    }
+    send_row<T, VEC>(g, C, row, p.acc, p.sent, p.out, [&](float a) { return apply_activation(kind, p.param, a); });
   });
 }
 

@@ -55,5 +55,22 @@ __device__ __forceinline__ float send_element(float y, float& sent) {
   return out;
 }
 
+// The send pass of a truncating pointwise kernel over the channels of group `g`'s lane in pixel
+// row `row` (element offset p * C): out = send_element(value(v), sent) with `sent` updated in
+// place, v loaded from `src` ([N, C, H, W] channels_last, T or float32).
+template <typename T, int VEC, typename Src, typename Value>
+__device__ __forceinline__ void send_row(const PixelGroup& g, int C, int64_t row, const Src* src, T* sent, T* out,
+                                         Value&& value) {
+  for (int c = g.lane * VEC; c < C; c += g.lanes * VEC) {
+    float v[VEC], s[VEC];
+    load_f<VEC>(src + row + c, v);
+    load_f<VEC>(sent + row + c, s);
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) v[i] = send_element<T>(value(v[i]), s[i]);
+    store_f<VEC>(out + row + c, v);
+    store_f<VEC>(sent + row + c, s);
+  }
+}
+
 }  // namespace pw
 }  // namespace deltaconv
