@@ -194,7 +194,8 @@ bool wgmma_enabled() {
 }
 
 // Opt-in to the device's maximum dynamic shared memory once per kernel, and the resident blocks
-// per multiprocessor (>= 1) at `smem` bytes, cached per (kernel, device, smem).
+// per multiprocessor (>= 1) at `threads` threads and `smem` bytes, cached per (kernel, device,
+// threads, smem).
 template <typename Kernel>
 int prepare_kernel(Kernel kernel, int threads, int smem) {
   return cached_per_kernel(reinterpret_cast<const void*>(kernel), std::make_pair(threads, smem), [&] {
