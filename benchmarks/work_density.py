@@ -75,10 +75,8 @@ def measure(model: torch.nn.Module, frames: list, thresholds, progress: bool = F
     first is the key frame, left out). Returns the summary (logit error, densities) and one row per
     layer kind: ``elements`` (share of output elements), ``pixel_density``, ``work_density``.
     ``progress``: a progress bar over the frames."""
-    if isinstance(thresholds, Path):
-        dm = deltaconv.convert(model, thresholds=str(thresholds), backend="reference", example_input=frames[0])
-    else:
-        dm = deltaconv.convert(model, threshold=thresholds, backend="reference", example_input=frames[0])
+    setting = {"thresholds": str(thresholds)} if isinstance(thresholds, Path) else {"threshold": thresholds}
+    dm = deltaconv.convert(model, backend="reference", example_input=frames[0], **setting)
     seen: dict = {}
     hooks = [layer.register_forward_hook(_hook(seen)) for layer in dm.delta_layers()]
     try:
