@@ -132,19 +132,51 @@ ConvGeom conv_geom(int64_t N, int64_t Cin, int64_t H, int64_t W, int64_t Cout, i
   return g;
 }
 
-// A work list: [count (zeroed), ids[items], per-id side data[items] (when side)] (see conv_common.cuh);
-// `counters` more zeroed ints right before it, at list.data_ptr<int>() - counters. The zeroing is a
-// one-block kernel, not a memset: in a CUDA graph a memset node between kernel nodes cost 2.1 us
-// against 1.1 us for a small kernel (H200, 2026-11-21; benchmarks/results/launch_ab.txt).
-Tensor work_list(const Tensor& like, int64_t items, cudaStream_t stream, bool side = true, int counters = 0) {
-  Tensor buf = at::empty({counters + 1 + (side ? 2 : 1) * items}, like.options().dtype(at::kInt));
-  launch_kernel(conv::clear_counters_kernel, 1, 32, 0, stream, buf.data_ptr<int>(), counters + 1);
-  return counters == 0 ? buf : buf.narrow(0, counters, buf.size(0) - counters);
+// A work list: list[1 + i] = id i, list[1 + cap + i] = its side data (when side), and its item
+// count: count[0], with `extra` more counters after it (TileSplit::counts), all zero before the
+// mask kernel appends. `counters` (when given): those ints, zeroed by the caller (a converted
+// model zeroes the counters of all its convolutions with one kernel per frame); else they are the
+// first ints of the list's own buffer, zeroed here by a one-block kernel, not a memset: in a CUDA
+// graph a memset node between kernel nodes cost 2.1 us against 1.1 us for a small kernel (H200,
+// 2026-11-21; benchmarks/results/launch_ab.txt).
+struct WorkList {
+  Tensor buf;  // owns the list (and the local counters)
+  int* list;   // list[1 + i]: id i
+  int* count;  // count[0]: items; count[1 .. extra]: the extra counters
+};
+
+WorkList work_list(const Tensor& like, int64_t items, cudaStream_t stream, const c10::optional<Tensor>& counters,
+                   bool side = true, int extra = 0) {
+  const int64_t ids = 1 + (side ? 2 : 1) * items;
+  if (counters.has_value()) {
+    Tensor buf = at::empty({ids}, like.options().dtype(at::kInt));
+    return {buf, buf.data_ptr<int>(), counters->data_ptr<int>()};
+  }
+  Tensor buf = at::empty({extra + ids}, like.options().dtype(at::kInt));
+  int* base = buf.data_ptr<int>();
+  launch_kernel(conv::clear_counters_kernel, 1, 32, 0, stream, base, extra + 1);
+  return {buf, base + extra, base};  // list[0] (= base[extra]) is the last counter, never an id
 }
+
+// The optional `counters` argument of conv2d / conv_transpose2d: int32, contiguous, 1-D, on the
+// device of `delta`, with at least kConvCounters elements (what any path of one call uses).
+constexpr int64_t kConvCounters = 3;
+#define DC_CHECK_COUNTERS(OP, counters, delta)                                                              \
+  do {                                                                                                      \
+    if (counters.has_value()) {                                                                             \
+      DC_CHECK_CUDA(OP, "counters", (*counters));                                                           \
+      DC_CHECK_SAME_DEVICE(OP, "counters", (*counters), delta);                                             \
+      DC_CHECK_DTYPE(OP, "counters", (*counters), at::kInt);                                                \
+      TORCH_CHECK(counters->dim() == 1 && counters->is_contiguous() && counters->numel() >= kConvCounters,  \
+                  "deltaconv::" OP ": argument 'counters' must be a contiguous 1-D tensor of at least ",     \
+                  kConvCounters, " elements, got shape ", counters->sizes(), " and strides ",                \
+                  counters->strides());                                                                     \
+    }                                                                                                       \
+  } while (0)
 
 // Tile mask + direct (fallback / transposed) compute.
 template <bool TRANSPOSED>
-void launch_tile_mask(const Tensor& m, const c10::optional<Tensor>& key, const Tensor& mask_out, const Tensor& list,
+void launch_tile_mask(const Tensor& m, const c10::optional<Tensor>& key, const Tensor& mask_out, const WorkList& wl,
                       const ConvGeom& g, int64_t tiles, cudaStream_t stream,
                       const conv::TileSplit& split = conv::TileSplit()) {
   const int64_t blocks = (int64_t)ceil_div(g.tiles_w, conv::MASK_STRIP) * g.tiles_h * g.N;
@@ -152,19 +184,19 @@ void launch_tile_mask(const Tensor& m, const c10::optional<Tensor>& key, const T
   auto kernel = (!TRANSPOSED && g.KH == 3 && g.KW == 3) ? conv::conv_tile_mask_kernel<TRANSPOSED, 3>
                                                          : conv::conv_tile_mask_kernel<TRANSPOSED, 0>;
   launch_kernel(kernel, static_cast<unsigned>(blocks), conv::MASK_THREADS, 0, stream, m.data_ptr<bool>(), key_ptr(key),
-                mask_out.data_ptr<bool>(), list.data_ptr<int>(), g, (int)tiles, split);
+                mask_out.data_ptr<bool>(), wl.list, wl.count, g, (int)tiles, split);
 }
 
 template <bool TRANSPOSED>
 void launch_direct(const Tensor& x, const Tensor& m, const Tensor& w, const c10::optional<Tensor>& b,
-                   const c10::optional<Tensor>& key, const Tensor& y, const Tensor& list, const ConvGeom& g,
+                   const c10::optional<Tensor>& key, const Tensor& y, const WorkList& wl, const ConvGeom& g,
                    int64_t tiles, cudaStream_t stream) {
   DC_DISPATCH_ACTIVATION_TYPES(x.scalar_type(), "deltaconv::conv (direct)", [&] {
     launch_kernel(conv::conv_direct_kernel<scalar_t, TRANSPOSED>, list_grid(tiles), conv::CONV_THREADS, 0, stream,
                   reinterpret_cast<const scalar_t*>(x.const_data_ptr()), m.data_ptr<bool>(),
                   reinterpret_cast<const scalar_t*>(w.const_data_ptr()),
                   b.has_value() ? reinterpret_cast<const scalar_t*>(b->const_data_ptr()) : nullptr, key_ptr(key),
-                  reinterpret_cast<scalar_t*>(y.data_ptr()), list.data_ptr<int>(), g);
+                  reinterpret_cast<scalar_t*>(y.data_ptr()), wl.list, wl.count, g);
   });
 }
 
@@ -229,7 +261,7 @@ int64_t env_int(const char* name, int64_t def) {
 }
 
 conv::tc::TcArgs tc_args(const Tensor& x, const Tensor& m_or_empty, const Tensor& w, const c10::optional<Tensor>& b,
-                         const c10::optional<Tensor>& key, const Tensor& y, const Tensor& list, const ConvGeom& g) {
+                         const c10::optional<Tensor>& key, const Tensor& y, const WorkList& wl, const ConvGeom& g) {
   conv::tc::TcArgs a{};
   a.x = x.const_data_ptr();
   a.mask = m_or_empty.data_ptr<bool>();
@@ -237,12 +269,12 @@ conv::tc::TcArgs tc_args(const Tensor& x, const Tensor& m_or_empty, const Tensor
   a.bias = b.has_value() ? b->const_data_ptr() : nullptr;
   a.key = key_ptr(key);
   a.y = y.data_ptr();
-  a.list = list.data_ptr<int>();
+  a.list = wl.list;
+  a.count = wl.count;
   a.g = g;
   a.fine_max = 0;
   a.cap = 0;
   a.prefetch = 2;
-  a.count = nullptr;
   a.split_counts = nullptr;
   a.split_min = 0;
   return a;
@@ -368,9 +400,9 @@ int split_min_pixels() {
 }
 
 void launch_tc_3x3(const Tensor& x, const Tensor& m, const ConvWeights& tw, const c10::optional<Tensor>& key,
-                   const Tensor& y, const Tensor& list, const ConvGeom& g, int64_t tiles, cudaStream_t stream,
+                   const Tensor& y, const WorkList& wl, const ConvGeom& g, int64_t tiles, cudaStream_t stream,
                    const conv::TileSplit& split) {
-  conv::tc::TcArgs a = tc_args(x, m, tw.w, tw.b, key, y, list, g);
+  conv::tc::TcArgs a = tc_args(x, m, tw.w, tw.b, key, y, wl, g);
   a.split_counts = split.counts;
   a.split_min = split.min_pixels;
   // coarse launch: 2 tiles per block (two blocks per multiprocessor; 4 tiles per block, one block,
@@ -411,13 +443,10 @@ void dispatch_tc_gather(const conv::tc::TcArgs& a, int64_t items, bool wide, boo
 
 template <int ROWS>
 void launch_tc_gather(const Tensor& x, const Tensor& m, const ConvWeights& tw, const c10::optional<Tensor>& key,
-                      const Tensor& y, const Tensor& list, const ConvGeom& g, int64_t items, cudaStream_t stream,
+                      const Tensor& y, const WorkList& wl, const ConvGeom& g, int64_t items, cudaStream_t stream,
                       const conv::TileSplit* split = nullptr) {
-  conv::tc::TcArgs a = tc_args(x, m, tw.w, tw.b, key, y, list, g);
-  if (split != nullptr) {  // kRowsPixels: the pixel rows of a 3x3 split
-    a.count = split->counts + 1;
-    a.split_min = split->min_pixels;
-  }
+  conv::tc::TcArgs a = tc_args(x, m, tw.w, tw.b, key, y, wl, g);
+  if (split != nullptr) a.split_min = split->min_pixels;  // kRowsPixels: the pixel rows of a 3x3 split
   const bool wide = g.Cout > 64;
   if (x.scalar_type() == at::kHalf) dispatch_tc_gather<__half, ROWS>(a, items, wide, wgmma_enabled(), stream);
   else dispatch_tc_gather<__nv_bfloat16, ROWS>(a, items, wide, wgmma_enabled(), stream);
@@ -454,8 +483,8 @@ void run_small_cin_tc(conv::tc::TcArgs a, int64_t tiles, cudaStream_t stream) {
 }
 
 void launch_small_cin_tc(const Tensor& x, const Tensor& m, const ConvWeights& tw, const c10::optional<Tensor>& key,
-                         const Tensor& y, const Tensor& list, const ConvGeom& g, int64_t tiles, cudaStream_t stream) {
-  const conv::tc::TcArgs a = tc_args(x, m, tw.w, tw.b, key, y, list, g);
+                         const Tensor& y, const WorkList& wl, const ConvGeom& g, int64_t tiles, cudaStream_t stream) {
+  const conv::tc::TcArgs a = tc_args(x, m, tw.w, tw.b, key, y, wl, g);
   const bool narrow = g.Cout <= 32;
   auto run = [&](auto t) {
     using T = decltype(t);
@@ -473,7 +502,7 @@ void launch_small_cin_tc(const Tensor& x, const Tensor& m, const ConvWeights& tw
 // any other case.
 template <typename T, int KS, int S, int D, int NV>
 void run_dwconv_vec_nv(const Tensor& x, const Tensor& m, const Tensor& w, const c10::optional<Tensor>& b,
-                       const c10::optional<Tensor>& key, const Tensor& y, const Tensor& list, const ConvGeom& g,
+                       const c10::optional<Tensor>& key, const Tensor& y, const WorkList& wl, const ConvGeom& g,
                        int64_t tiles, cudaStream_t stream) {
   using Cfg = conv::DwVecCfg<T, KS, S, D, NV>;
   auto kernel = conv::dwconv_vec_kernel<T, KS, S, D, NV>;
@@ -487,7 +516,7 @@ void run_dwconv_vec_nv(const Tensor& x, const Tensor& m, const Tensor& w, const 
   launch_kernel(kernel, grid, conv::CONV_THREADS, Cfg::SMEM, stream, reinterpret_cast<const T*>(x.const_data_ptr()),
                 m.data_ptr<bool>(), reinterpret_cast<const T*>(w.const_data_ptr()),
                 b.has_value() ? reinterpret_cast<const T*>(b->const_data_ptr()) : nullptr, key_ptr(key),
-                reinterpret_cast<T*>(y.data_ptr()), list.data_ptr<int>(), g);
+                reinterpret_cast<T*>(y.data_ptr()), wl.list, wl.count, g);
 }
 
 // Channel blocks of 4 vectors where they leave fewer vectors idle than blocks of 8 (32 or 96
@@ -499,22 +528,22 @@ inline bool dwconv_narrow_blocks(int cvecs) {
 
 template <typename T, int KS, int S, int D>
 void run_dwconv_vec(const Tensor& x, const Tensor& m, const Tensor& w, const c10::optional<Tensor>& b,
-                    const c10::optional<Tensor>& key, const Tensor& y, const Tensor& list, const ConvGeom& g,
+                    const c10::optional<Tensor>& key, const Tensor& y, const WorkList& wl, const ConvGeom& g,
                     int64_t tiles, cudaStream_t stream) {
   if (dwconv_narrow_blocks(g.Cout / conv::Vec16<T>::N))
-    run_dwconv_vec_nv<T, KS, S, D, 4>(x, m, w, b, key, y, list, g, tiles, stream);
+    run_dwconv_vec_nv<T, KS, S, D, 4>(x, m, w, b, key, y, wl, g, tiles, stream);
   else
-    run_dwconv_vec_nv<T, KS, S, D, 8>(x, m, w, b, key, y, list, g, tiles, stream);
+    run_dwconv_vec_nv<T, KS, S, D, 8>(x, m, w, b, key, y, wl, g, tiles, stream);
 }
 
 template <typename T>
 bool dispatch_dwconv_vec(const Tensor& x, const Tensor& m, const Tensor& w, const c10::optional<Tensor>& b,
-                         const c10::optional<Tensor>& key, const Tensor& y, const Tensor& list, const ConvGeom& g,
+                         const c10::optional<Tensor>& key, const Tensor& y, const WorkList& wl, const ConvGeom& g,
                          int64_t tiles, cudaStream_t stream) {
   const int ks = g.KH, s = g.sh, d = g.dh;
 #define DC_DWV(KS, S, D)                                                                  \
   if (ks == KS && s == S && d == D) {                                                     \
-    run_dwconv_vec<T, KS, S, D>(x, m, w, b, key, y, list, g, tiles, stream);              \
+    run_dwconv_vec<T, KS, S, D>(x, m, w, b, key, y, wl, g, tiles, stream);              \
     return true;                                                                          \
   }
   DC_DWV(3, 1, 1) DC_DWV(3, 2, 1) DC_DWV(5, 1, 1) DC_DWV(5, 2, 1) DC_DWV(3, 1, 2) DC_DWV(5, 1, 2)
@@ -523,7 +552,7 @@ bool dispatch_dwconv_vec(const Tensor& x, const Tensor& m, const Tensor& w, cons
 }
 
 bool launch_dwconv_vec(const Tensor& x, const Tensor& m, const Tensor& w, const c10::optional<Tensor>& b,
-                       const c10::optional<Tensor>& key, const Tensor& y, const Tensor& list, const ConvGeom& g,
+                       const c10::optional<Tensor>& key, const Tensor& y, const WorkList& wl, const ConvGeom& g,
                        int64_t tiles, cudaStream_t stream) {
   const int64_t vec = 16 / x.element_size();
   const bool ok = g.KH == g.KW && g.sh == g.sw && g.dh == g.dw && g.Cout % vec == 0 &&
@@ -531,9 +560,9 @@ bool launch_dwconv_vec(const Tensor& x, const Tensor& m, const Tensor& w, const 
                   reinterpret_cast<uintptr_t>(y.data_ptr()) % 16 == 0;
   if (!ok || !tc_enabled()) return false;
   switch (x.scalar_type()) {
-    case at::kFloat: return dispatch_dwconv_vec<float>(x, m, w, b, key, y, list, g, tiles, stream);
-    case at::kHalf: return dispatch_dwconv_vec<__half>(x, m, w, b, key, y, list, g, tiles, stream);
-    case at::kBFloat16: return dispatch_dwconv_vec<__nv_bfloat16>(x, m, w, b, key, y, list, g, tiles, stream);
+    case at::kFloat: return dispatch_dwconv_vec<float>(x, m, w, b, key, y, wl, g, tiles, stream);
+    case at::kHalf: return dispatch_dwconv_vec<__half>(x, m, w, b, key, y, wl, g, tiles, stream);
+    case at::kBFloat16: return dispatch_dwconv_vec<__nv_bfloat16>(x, m, w, b, key, y, wl, g, tiles, stream);
     default: return false;
   }
 }
@@ -541,10 +570,12 @@ bool launch_dwconv_vec(const Tensor& x, const Tensor& m, const Tensor& w, const 
 // ------------------------------------------------------------------------------------- conv2d
 std::tuple<Tensor, Tensor> conv2d_cuda(const Tensor& delta, const Tensor& mask, const Tensor& weight,
                                        const c10::optional<Tensor>& bias, IntArrayRef stride, IntArrayRef padding,
-                                       IntArrayRef dilation, int64_t groups, const c10::optional<Tensor>& key_in) {
+                                       IntArrayRef dilation, int64_t groups, const c10::optional<Tensor>& key_in,
+                                       const c10::optional<Tensor>& counters) {
   const c10::optional<Tensor> key = contiguous_key(key_in);
   DC_CHECK_DELTA_MASK("conv2d", delta, mask);
   DC_CHECK_KEY("conv2d", key, delta);
+  DC_CHECK_COUNTERS("conv2d", counters, delta);
   DC_CHECK_FLOAT_PARAM("conv2d", "weight", weight, delta);
   DC_CHECK_DIM("conv2d", "weight", weight, 4);
   const int64_t N = delta.size(0), Cin = delta.size(1), H = delta.size(2), W = delta.size(3);
@@ -601,9 +632,9 @@ std::tuple<Tensor, Tensor> conv2d_cuda(const Tensor& delta, const Tensor& mask, 
     const Tensor xp = Cin == conv::tc::kSmallCin && aligned ? x : pad_channels8(x, m, stream);
     ConvGeom gp = g;
     gp.Cin = gp.cin_g = conv::tc::kSmallCin;
-    Tensor list = work_list(delta, tiles, stream);
-    launch_tile_mask<false>(m, key, mask_out, list, g, tiles, stream);
-    launch_small_cin_tc(xp, m, conv_weights(weight, bias, x.scalar_type(), true, conv::tc::kSmallCin), key, y, list,
+    const WorkList wl = work_list(delta, tiles, stream, counters);
+    launch_tile_mask<false>(m, key, mask_out, wl, g, tiles, stream);
+    launch_small_cin_tc(xp, m, conv_weights(weight, bias, x.scalar_type(), true, conv::tc::kSmallCin), key, y, wl,
                         gp, tiles, stream);
     return {y, mask_out};
   }
@@ -617,37 +648,39 @@ std::tuple<Tensor, Tensor> conv2d_cuda(const Tensor& delta, const Tensor& mask, 
     conv::TileSplit split;
     split.max_pixels = tile_split_pixels();
     const int64_t pixels = N * Ho * Wo;
-    Tensor list = work_list(delta, tiles, stream, true, split.max_pixels > 0 ? 2 : 0);
-    Tensor pixel_ids;
+    const WorkList wl = work_list(delta, tiles, stream, counters, true, split.max_pixels > 0 ? 2 : 0);
+    WorkList pixel_rows;  // the gathered kernel's list: the pixels of the sparse tiles, counted by counts[1]
     if (split.max_pixels > 0) {
-      pixel_ids = at::empty({1 + pixels}, delta.options().dtype(at::kInt));
-      split.counts = list.data_ptr<int>() - 2;
-      split.pixels = pixel_ids.data_ptr<int>();
+      pixel_rows.buf = at::empty({1 + pixels}, delta.options().dtype(at::kInt));
+      pixel_rows.list = pixel_rows.buf.data_ptr<int>();
+      split.counts = wl.count + 1;
+      pixel_rows.count = split.counts + 1;
+      split.pixels = pixel_rows.list;
       split.min_pixels = split_min_pixels();
     }
-    launch_tile_mask<false>(m, key, mask_out, list, g, tiles, stream, split);
-    launch_tc_3x3(x, m, tw, key, y, list, g, tiles, stream, split);
+    launch_tile_mask<false>(m, key, mask_out, wl, g, tiles, stream, split);
+    launch_tc_3x3(x, m, tw, key, y, wl, g, tiles, stream, split);
     if (split.max_pixels > 0)
-      launch_tc_gather<conv::tc::kRowsPixels>(x, m, tw, key, y, pixel_ids, g, pixels, stream, &split);
+      launch_tc_gather<conv::tc::kRowsPixels>(x, m, tw, key, y, pixel_rows, g, pixels, stream, &split);
     return {y, mask_out};
   }
   // any other kernel of at most 32 taps (dilated, 5x5, 2x2, strides 3+ or unequal): gathered taps
   if (tc_ok && !use_tc && KH * KW <= conv::tc::kMaxTaps) {
-    Tensor list = work_list(delta, tiles, stream);
-    launch_tile_mask<false>(m, key, mask_out, list, g, tiles, stream);
-    launch_tc_gather<conv::tc::kRowsTiles>(x, m, conv_weights(weight, bias, x.scalar_type(), true), key, y, list, g, tiles,
+    const WorkList wl = work_list(delta, tiles, stream, counters);
+    launch_tile_mask<false>(m, key, mask_out, wl, g, tiles, stream);
+    launch_tc_gather<conv::tc::kRowsTiles>(x, m, conv_weights(weight, bias, x.scalar_type(), true), key, y, wl, g, tiles,
                                            stream);
     return {y, mask_out};
   }
 
   if (KH == 1 && KW == 1 && !depthwise) {
     const int64_t total = N * Ho * Wo;
-    Tensor list = work_list(delta, total, stream);
+    const WorkList wl = work_list(delta, total, stream, counters);
     constexpr int64_t per_block = conv::MASK1_THREADS * conv::MASK1_PPT;
     launch_kernel(conv::conv1x1_mask_kernel, (unsigned)((total + per_block - 1) / per_block), conv::MASK1_THREADS, 0,
-                  stream, m.data_ptr<bool>(), kp, mask_out.data_ptr<bool>(), list.data_ptr<int>(), g, (int)total);
+                  stream, m.data_ptr<bool>(), kp, mask_out.data_ptr<bool>(), wl.list, wl.count, g, (int)total);
     if (use_tc) {
-      launch_tc_gather<conv::tc::kRows1x1>(x, m, conv_weights(weight, bias, x.scalar_type(), true), key, y, list, g, total,
+      launch_tc_gather<conv::tc::kRows1x1>(x, m, conv_weights(weight, bias, x.scalar_type(), true), key, y, wl, g, total,
                                            stream);
       return {y, mask_out};
     }
@@ -660,7 +693,7 @@ std::tuple<Tensor, Tensor> conv2d_cuda(const Tensor& delta, const Tensor& mask, 
                     reinterpret_cast<const scalar_t*>(x.const_data_ptr()), m.data_ptr<bool>(),
                     reinterpret_cast<const scalar_t*>(w.const_data_ptr()),
                     b.has_value() ? reinterpret_cast<const scalar_t*>(b->const_data_ptr()) : nullptr, kp,
-                    reinterpret_cast<scalar_t*>(y.data_ptr()), list.data_ptr<int>(), g);
+                    reinterpret_cast<scalar_t*>(y.data_ptr()), wl.list, wl.count, g);
     });
     return {y, mask_out};
   }
@@ -668,10 +701,10 @@ std::tuple<Tensor, Tensor> conv2d_cuda(const Tensor& delta, const Tensor& mask, 
   const ConvWeights cw = conv_weights(weight, bias, delta.scalar_type());
   const Tensor& w = cw.w;
   const c10::optional<Tensor>& b = cw.b;
-  Tensor list = work_list(delta, tiles, stream);
-  launch_tile_mask<false>(m, key, mask_out, list, g, tiles, stream);
+  const WorkList wl = work_list(delta, tiles, stream, counters);
+  launch_tile_mask<false>(m, key, mask_out, wl, g, tiles, stream);
 
-  if (depthwise && launch_dwconv_vec(x, m, w, b, key, y, list, g, tiles, stream)) return {y, mask_out};
+  if (depthwise && launch_dwconv_vec(x, m, w, b, key, y, wl, g, tiles, stream)) return {y, mask_out};
   if (depthwise) {
     const size_t smem = (size_t)conv::dwconv_smem_floats(g) * sizeof(float);
     const dim3 grid(list_grid(tiles), (unsigned)ceil_div((int)Cout, conv::DW_CB));
@@ -685,10 +718,10 @@ std::tuple<Tensor, Tensor> conv2d_cuda(const Tensor& delta, const Tensor& mask, 
                     reinterpret_cast<const scalar_t*>(x.const_data_ptr()), m.data_ptr<bool>(),
                     reinterpret_cast<const scalar_t*>(w.const_data_ptr()),
                     b.has_value() ? reinterpret_cast<const scalar_t*>(b->const_data_ptr()) : nullptr, kp,
-                    reinterpret_cast<scalar_t*>(y.data_ptr()), list.data_ptr<int>(), g);
+                    reinterpret_cast<scalar_t*>(y.data_ptr()), wl.list, wl.count, g);
       done = true;
     });
-    if (!done) launch_direct<false>(x, m, w, b, key, y, list, g, tiles, stream);
+    if (!done) launch_direct<false>(x, m, w, b, key, y, wl, g, tiles, stream);
     return {y, mask_out};
   }
 
@@ -708,11 +741,11 @@ std::tuple<Tensor, Tensor> conv2d_cuda(const Tensor& delta, const Tensor& mask, 
                     reinterpret_cast<const scalar_t*>(x.const_data_ptr()), m.data_ptr<bool>(),
                     reinterpret_cast<const scalar_t*>(w.const_data_ptr()),
                     b.has_value() ? reinterpret_cast<const scalar_t*>(b->const_data_ptr()) : nullptr, kp,
-                    reinterpret_cast<scalar_t*>(y.data_ptr()), list.data_ptr<int>(), g, cib);
+                    reinterpret_cast<scalar_t*>(y.data_ptr()), wl.list, wl.count, g, cib);
       done = true;
     });
   }
-  if (!done) launch_direct<false>(x, m, w, b, key, y, list, g, tiles, stream);
+  if (!done) launch_direct<false>(x, m, w, b, key, y, wl, g, tiles, stream);
   return {y, mask_out};
 }
 
@@ -720,10 +753,12 @@ std::tuple<Tensor, Tensor> conv2d_cuda(const Tensor& delta, const Tensor& mask, 
 std::tuple<Tensor, Tensor> conv_transpose2d_cuda(const Tensor& delta, const Tensor& mask, const Tensor& weight,
                                                  const c10::optional<Tensor>& bias, IntArrayRef stride,
                                                  IntArrayRef padding, IntArrayRef output_padding, int64_t groups,
-                                                 IntArrayRef dilation, const c10::optional<Tensor>& key_in) {
+                                                 IntArrayRef dilation, const c10::optional<Tensor>& key_in,
+                                                 const c10::optional<Tensor>& counters) {
   const c10::optional<Tensor> key = contiguous_key(key_in);
   DC_CHECK_DELTA_MASK("conv_transpose2d", delta, mask);
   DC_CHECK_KEY("conv_transpose2d", key, delta);
+  DC_CHECK_COUNTERS("conv_transpose2d", counters, delta);
   DC_CHECK_FLOAT_PARAM("conv_transpose2d", "weight", weight, delta);
   DC_CHECK_DIM("conv_transpose2d", "weight", weight, 4);
   const int64_t N = delta.size(0), Cin = delta.size(1), H = delta.size(2), W = delta.size(3);
@@ -765,9 +800,9 @@ std::tuple<Tensor, Tensor> conv_transpose2d_cuda(const Tensor& delta, const Tens
 
   const ConvGeom g = conv_geom(N, Cin, H, W, Cout, Ho, Wo, KH, KW, sh, sw, ph, pw, dh, dw, groups);
   const int64_t tiles = N * g.tiles_h * g.tiles_w;
-  Tensor list = work_list(delta, tiles, stream);
-  launch_tile_mask<true>(m, key, mask_out, list, g, tiles, stream);
-  launch_direct<true>(x, m, w, b, key, y, list, g, tiles, stream);
+  const WorkList wl = work_list(delta, tiles, stream, counters);
+  launch_tile_mask<true>(m, key, mask_out, wl, g, tiles, stream);
+  launch_direct<true>(x, m, w, b, key, y, wl, g, tiles, stream);
   return {y, mask_out};
 }
 

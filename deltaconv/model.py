@@ -124,14 +124,17 @@ class DeltaModel(nn.Module):
         return out
 
     def _run_layers(self, frames: tuple) -> object:
-        """The converted graph on one frame, then the frame's statistics in one backend call."""
+        """The converted graph on one frame, then the frame's statistics in one backend call; the
+        convolutions' work-list counters are zeroed once for the whole frame."""
         ctx = self._context
         ctx.pending_stats = []
+        ctx.work_counters.begin_frame()
         try:
             out = self._runner(*frames)
             ctx.flush_stats()
         finally:
             ctx.pending_stats = None
+            ctx.work_counters.end_frame()
         return out
 
     # ------------------------------------------------------------------ CUDA graphs

@@ -17,6 +17,7 @@ import os
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from deltaconv.backends import reference as ref
 
@@ -404,6 +405,77 @@ def test_conv_transpose2d(case, dtype):
             assert_active_close(out, r_out, r_mask, dtype, f"conv_transpose2d (fracs {fracs}, key {key})")
 
 
+# ----------------------------------------------------------------------------- counters argument
+def _active_tiles(mask_out: torch.Tensor) -> int:
+    """8x8 output tiles (per stream) holding an active pixel."""
+    return int((F.max_pool2d(mask_out.float(), 8, 8, ceil_mode=True) > 0).sum())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("split", ["default", "40/0"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("case", CONV_CASES + TC3_CASES[4:6], ids=_case_id)
+def test_conv2d_counters_argument(case, dtype, split, monkeypatch):
+    """With zeroed ``counters`` given (what a DeltaModel passes, instead of the op zeroing its own)
+    conv2d gives bit-identical outputs and masks, and counts its work list there: the listed
+    pixels (1x1 convs) or tiles (tile paths; a 3x3 split counts its sparse tiles in counters[1]
+    and their pixels in counters[2]); the fourth int is never touched."""
+    if split != "default":
+        monkeypatch.setenv("DELTACONV_TC_SPLIT", "40")
+        monkeypatch.setenv("DELTACONV_TC_SPLIT_MIN", "0")
+    cin, cout, k, s, p, d, g, (H, W) = case
+    s, p, d = list(_pair(s)), list(_pair(p)), list(_pair(d))
+    gen = torch.Generator().manual_seed(3)
+    for fracs, key in [((0.01, 0.3), None), ((0.0, 0.0), None), ((1.0, 0.01), (False, True))]:
+        mask = make_mask(fracs, H, W, gen).cuda()
+        delta = make_delta(2, cin, H, W, mask.cpu(), dtype, gen)
+        weight = (torch.randn(cout, cin // g, *k, generator=gen) / math.sqrt(cin // g * k[0] * k[1])).cuda()
+        kt = cuda_or_none(make_key(key, 2))
+        out, mo = ops().conv2d(delta, mask, weight, None, s, p, d, g, kt)
+        counters = torch.zeros(4, dtype=torch.int32, device="cuda")
+        out2, mo2 = ops().conv2d(delta, mask, weight, None, s, p, d, g, kt, counters)
+        assert torch.equal(mo2, mo), f"mask differs with counters (fracs {fracs})"
+        active = mo.expand_as(out)
+        assert torch.equal(out2[active], out[active]), f"values differ with counters (fracs {fracs})"
+        c = counters.tolist()
+        assert c[3] == 0
+        depthwise = g > 1 and g == cin and cout == cin
+        pixels = k == (1, 1) and not depthwise  # the 1x1 path lists pixels, the others tiles
+        expected = int(mo.sum()) if pixels else _active_tiles(mo)
+        assert c[0] + c[1] == expected, f"counters {c}, expected {expected} listed items (fracs {fracs})"
+
+
+@pytest.mark.gpu
+def test_conv_transpose2d_counters_argument():
+    """conv_transpose2d with zeroed ``counters``: the same outputs, its tiles counted there."""
+    gen = torch.Generator().manual_seed(4)
+    mask = make_mask((0.01, 0.3), 13, 17, gen).cuda()
+    delta = make_delta(2, 16, 13, 17, mask.cpu(), torch.float16, gen)
+    w = (torch.randn(16, 8, 4, 4, generator=gen) / 8).cuda()
+    args = (delta, mask, w, None, [2, 2], [1, 1], [0, 0], 1, [1, 1], None)
+    out, mo = ops().conv_transpose2d(*args)
+    counters = torch.zeros(4, dtype=torch.int32, device="cuda")
+    out2, mo2 = ops().conv_transpose2d(*args, counters)
+    assert torch.equal(mo2, mo) and torch.equal(out2[mo.expand_as(out)], out[mo.expand_as(out)])
+    assert counters.tolist() == [_active_tiles(mo), 0, 0, 0]
+
+
+@pytest.mark.gpu
+def test_counters_argument_errors_name_it():
+    d = torch.zeros(1, 4, 8, 8, device="cuda").contiguous(memory_format=torch.channels_last)
+    m = torch.ones(1, 1, 8, 8, dtype=torch.bool, device="cuda")
+    w = torch.zeros(4, 4, 3, 3, device="cuda")
+    wt = torch.zeros(4, 4, 2, 2, device="cuda")
+    good = torch.zeros(4, dtype=torch.int32, device="cuda")
+    for bad, what in [(good.long(), "dtype"), (good[:2], "at least 3"), (good.cpu(), "CUDA"),
+                      (torch.zeros(8, dtype=torch.int32, device="cuda")[::2], "contiguous"),
+                      (good.view(2, 2), "1-D")]:
+        with pytest.raises(RuntimeError, match="'counters'"):
+            ops().conv2d(d, m, w, None, [1, 1], [1, 1], [1, 1], 1, None, bad)
+        with pytest.raises(RuntimeError, match="'counters'"):
+            ops().conv_transpose2d(d, m, wt, None, [2, 2], [0, 0], [0, 0], 1, [1, 1], None, bad)
+
+
 # ----------------------------------------------------------------------------- max_pool2d
 # (C, kernel, stride, padding, dilation, ceil_mode, (H, W))
 MAXPOOL_CASES = [
@@ -726,13 +798,14 @@ def _fake_pair(delta, C, Ho, Wo):
     return out, torch.empty((N, 1, Ho, Wo), dtype=torch.bool, device=delta.device)
 
 
-def _fake_conv2d(delta, mask, weight, bias, stride, padding, dilation, groups, key):
+def _fake_conv2d(delta, mask, weight, bias, stride, padding, dilation, groups, key, counters=None):
     H, W = delta.shape[2:]
     return _fake_pair(delta, weight.shape[0], _conv_out(H, weight.shape[2], stride[0], padding[0], dilation[0]),
                       _conv_out(W, weight.shape[3], stride[1], padding[1], dilation[1]))
 
 
-def _fake_conv_transpose2d(delta, mask, weight, bias, stride, padding, output_padding, groups, dilation, key):
+def _fake_conv_transpose2d(delta, mask, weight, bias, stride, padding, output_padding, groups, dilation, key,
+                           counters=None):
     H, W = delta.shape[2:]
     Ho = (H - 1) * stride[0] - 2 * padding[0] + dilation[0] * (weight.shape[2] - 1) + output_padding[0] + 1
     Wo = (W - 1) * stride[1] - 2 * padding[1] + dilation[1] * (weight.shape[3] - 1) + output_padding[1] + 1
@@ -815,3 +888,6 @@ def test_opcheck(name, fakes):
         a = list(args)
         a[3], a[8] = None, None
         torch.library.opcheck(ops().conv2d.default, tuple(a))
+    if name in ("conv2d", "conv_transpose2d"):  # with the counters they write
+        torch.library.opcheck(getattr(ops(), name).default,
+                              tuple(args) + (torch.zeros(4, dtype=torch.int32, device="cuda"),))

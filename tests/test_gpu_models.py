@@ -148,3 +148,37 @@ def test_torch_compile_of_converted_model_runs():
         dm._context.ops = deltaconv.backends.select("cuda", frames[1].device)
         y = compiled(frames[1])
         assert rel(y, model(frames[1])) <= 1e-4
+
+
+def test_frame_zeroes_the_convolutions_work_counters_once():
+    """Within a DeltaModel frame every convolution counts its work list in the model's
+    WorkCounters (one slice per conv call, all zeroed by one kernel per frame): no per-conv
+    counter-clearing kernel runs, eager or replayed, while a conv called on its own still clears
+    its own (so the profiler would see them)."""
+    from torch.profiler import ProfilerActivity, profile
+    from deltaconv.modules import DCConv2d
+    model = build("resnet18").cuda().half()
+    frames = [f.cuda().half() for f in video_frames(4, (64, 96))]
+    convs = sum(isinstance(m, torch.nn.Conv2d) for m in model.modules())
+
+    def kernels(fn):
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+    for cuda_graph in (False, True):
+        dm = deltaconv.convert(model, threshold=0.02, backend="cuda", example_input=frames[0],
+                               cuda_graph=cuda_graph, check_finite=False)
+        with torch.no_grad():
+            dm(frames[0])
+            dm(frames[1])  # captures when cuda_graph
+            names = kernels(lambda: dm(frames[2]))
+        assert not any("clear_counters" in n for n in names), cuda_graph
+        assert dm._context.work_counters.taken == convs
+        assert sum(isinstance(m, DCConv2d) for m in dm.modules()) == convs
+    x = torch.zeros(1, 64, 16, 16, device="cuda", dtype=torch.half).contiguous(memory_format=torch.channels_last)
+    m = torch.ones(1, 1, 16, 16, dtype=torch.bool, device="cuda")
+    w = torch.zeros(64, 64, 3, 3, device="cuda", dtype=torch.half)
+    alone = kernels(lambda: torch.ops.deltaconv.conv2d(x, m, w, None, [1, 1], [1, 1], [1, 1], 1, None))
+    assert any("clear_counters" in n for n in alone), alone

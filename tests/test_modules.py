@@ -754,3 +754,85 @@ def test_conv_weight_layout_follows_the_kernels(device, dtype, groups, channels_
     assert w2 is not w and w2.is_contiguous(memory_format=want)
     expected = (c.weight.float() * (bn.weight.float() / torch.sqrt(bn.running_var.float() + bn.eps)).view(-1, 1, 1, 1))
     torch.testing.assert_close(w2.float(), expected, rtol=1e-2, atol=1e-3)
+
+
+# ----------------------------------------------------------------------------- work-list counters
+def test_work_counters_hand_out_distinct_zeroed_slices_per_frame():
+    """WorkCounters (the CUDA convolutions' work-list counters, device-agnostic here): a slice per
+    call within a frame, distinct, of PER_CALL zeroed ints; begin_frame zeroes them all and starts
+    again from the first; more calls than a chunk holds open a second chunk; outside a frame
+    take() gives None."""
+    from deltaconv.modules import WorkCounters
+    wc = WorkCounters()
+    dev = torch.device("cpu")
+    assert wc.take(dev) is None
+    wc.begin_frame()
+    per_chunk = WorkCounters.CHUNK // WorkCounters.PER_CALL
+    first = [wc.take(dev) for _ in range(per_chunk + 3)]
+    assert all(c.dtype == torch.int32 and c.shape == (WorkCounters.PER_CALL,) and c.is_contiguous() for c in first)
+    assert len({c.data_ptr() for c in first}) == len(first)  # distinct
+    assert all(int(c.abs().sum()) == 0 for c in first)
+    assert wc.nbytes() == 2 * WorkCounters.CHUNK * 4
+    for i, c in enumerate(first):
+        c.fill_(i + 1)  # what a convolution's kernels leave behind
+    wc.end_frame()
+    assert wc.take(dev) is None
+    wc.begin_frame()
+    again = [wc.take(dev) for _ in range(per_chunk + 3)]
+    assert [c.data_ptr() for c in again] == [c.data_ptr() for c in first]  # same addresses every frame
+    assert all(int(c.abs().sum()) == 0 for c in again)
+    assert wc.nbytes() == 2 * WorkCounters.CHUNK * 4
+
+
+def test_work_counters_across_inference_mode_copies_and_pickles():
+    """Counters made inside torch.inference_mode are normal tensors, so the next frame outside it
+    zeroes and hands them out again (an inference tensor could not be updated there); a deepcopy
+    or a pickled copy of a context starts with counters of its own."""
+    import pickle
+    from deltaconv.modules import WorkCounters
+    wc = WorkCounters()
+    dev = torch.device("cpu")
+    with torch.inference_mode():
+        wc.begin_frame()
+        c = wc.take(dev)
+        c.add_(5)
+        wc.end_frame()
+    assert not c.is_inference()
+    wc.begin_frame()
+    c2 = wc.take(dev)
+    assert c2.data_ptr() == c.data_ptr() and int(c2.sum()) == 0
+    c2.add_(1)
+    ctx = FrameContext()
+    ctx.work_counters = wc
+    for twin in (copy.deepcopy(ctx), pickle.loads(pickle.dumps(ctx))):
+        assert twin.work_counters is not wc and twin.work_counters.nbytes() == 0
+        assert twin.work_counters.take(dev) is None  # not in a frame
+    wc.end_frame()
+
+
+def test_work_counters_only_within_a_frame_on_cuda():
+    """A DC convolution takes counters only for CUDA tensors within a DeltaModel frame: called on its
+    own or on the CPU it passes None (the op zeroes its own counters then)."""
+    conv = nn.Conv2d(3, 4, 3, padding=1)
+    layer = DCConv2d.from_dense(conv)
+    x = Delta(torch.randn(1, 3, 8, 8), torch.ones(1, 1, 8, 8, dtype=torch.bool))
+    assert layer.work_counters(x) is None
+    layer.context.work_counters.begin_frame()
+    assert layer.work_counters(x) is None  # a CPU tensor
+    layer.context.work_counters.end_frame()
+    dm = deltaconv.convert(nn.Sequential(conv, nn.ReLU()), example_input=torch.randn(1, 3, 8, 8))
+    dm(torch.randn(1, 3, 8, 8))
+    dm(torch.randn(1, 3, 8, 8))
+    assert dm._context.work_counters.nbytes() == 0  # the CPU: none made
+
+
+def test_work_counters_can_be_switched_off_for_ab_runs(monkeypatch):
+    """DELTACONV_WORK_COUNTERS=0 (read per frame): no slices, each convolution zeroes its own."""
+    from deltaconv.modules import WorkCounters
+    wc = WorkCounters()
+    monkeypatch.setenv("DELTACONV_WORK_COUNTERS", "0")
+    wc.begin_frame()
+    assert wc.take(torch.device("cpu")) is None and wc.taken == 0
+    monkeypatch.setenv("DELTACONV_WORK_COUNTERS", "1")
+    wc.begin_frame()
+    assert wc.take(torch.device("cpu")) is not None and wc.taken == 1

@@ -7,7 +7,8 @@
 //    receptive field, or scatter through the footprint for transposed convs; all true for key
 //    streams) and appends every output tile (TILE_H x TILE_W pixels) -- or, for 1x1 convs, every
 //    output pixel -- that holds an active output pixel to a compact work list
-//    (`list[0]` = count, `list[1..]` = ids; order unspecified).
+//    (`list[1..]` = ids, order unspecified; the item count in an int of its own, `count`, zero
+//    before the mask kernel: see work_list in conv_ops.cu).
 // 2. A compute kernel, launched with a host-side upper bound of blocks, walks the list with a
 //    grid-stride loop (the count is read on the device: no host sync, CUDA-graph capturable) and
 //    computes each listed item densely, reading input features only at active input pixels
@@ -185,7 +186,7 @@ __device__ __forceinline__ int block_append(int cnt, int* counter) {
 // Tile list: one block of 256 threads per strip of MASK_STRIP = 32 tiles of one tile row; thread
 // (warp r, lane l) computes row r (8 output pixels) of tile l of the strip. Writes the output mask
 // and appends the ids (n * tiles_h + th) * tiles_w + tw of the strip's active tiles to `list` (in
-// x order, one atomic per block); list[1 + cap + slot] gets the tile's row mask (bit r: output
+// x order, one atomic per block on *count); list[1 + cap + slot] gets the tile's row mask (bit r: output
 // row r of the tile has an active pixel). Grid: strips_w * tiles_h * N blocks (1-D).
 // split (optional, split.counts == nullptr: none): the tiles with at most split.max_pixels active
 // output pixels are "sparse": listed from the back of `list` (the k-th at list[cap - k], its row
@@ -203,7 +204,8 @@ template <bool TRANSPOSED, int KS>
 __global__ void __launch_bounds__(MASK_THREADS) conv_tile_mask_kernel(const bool* __restrict__ mask,
                                                                       const bool* __restrict__ key,
                                                                       bool* __restrict__ mask_out,
-                                                                      int* __restrict__ list, ConvGeom g, int cap,
+                                                                      int* __restrict__ list,
+                                                                      int* __restrict__ count, ConvGeom g, int cap,
                                                                       TileSplit split) {
   grid_dependency_sync();
   __shared__ unsigned rowbits[TILE_H];  // per tile row r: bit l = tile l of the strip has an active pixel in row r
@@ -312,7 +314,7 @@ __global__ void __launch_bounds__(MASK_THREADS) conv_tile_mask_kernel(const bool
     const unsigned tiles = __ballot_sync(0xffffffffu, rows != 0 && !sparse);
     if (tiles != 0) {
       int base = 0;
-      if (lane == 0) base = atomicAdd(list, __popc(tiles));
+      if (lane == 0) base = atomicAdd(count, __popc(tiles));
       base = __shfl_sync(0xffffffffu, base, 0);
       if (rows != 0 && !sparse) {
         const int pos = base + __popc(tiles & ((1u << lane) - 1u));
@@ -335,14 +337,16 @@ __global__ void __launch_bounds__(MASK_THREADS) conv_tile_mask_kernel(const bool
 }
 
 // 1x1 convolutions: each thread 4 consecutive output pixels, 1024 per block; appends the active
-// ones (linear index (n * Ho + oh) * Wo + ow) to `list` in pixel order with one atomic per block;
-// list[1 + total + slot] gets the input pixel ((n * H + ih) * W + iw) when it is active, else -1.
+// ones (linear index (n * Ho + oh) * Wo + ow) to `list` in pixel order with one atomic per block on
+// *count; list[1 + total + slot] gets the input pixel ((n * H + ih) * W + iw) when it is active,
+// else -1.
 constexpr int MASK1_THREADS = 256;
 constexpr int MASK1_PPT = 4;
 __global__ void __launch_bounds__(MASK1_THREADS) conv1x1_mask_kernel(const bool* __restrict__ mask,
                                                                     const bool* __restrict__ key,
                                                                     bool* __restrict__ mask_out,
-                                                                    int* __restrict__ list, ConvGeom g, int total) {
+                                                                    int* __restrict__ list,
+                                                                    int* __restrict__ count, ConvGeom g, int total) {
   grid_dependency_sync();
   const int base = (blockIdx.x * MASK1_THREADS + threadIdx.x) * MASK1_PPT;
   unsigned bits = 0;
@@ -366,7 +370,7 @@ __global__ void __launch_bounds__(MASK1_THREADS) conv1x1_mask_kernel(const bool*
       bits |= (unsigned)act << k;
     }
   }
-  int pos = block_append<MASK1_THREADS / 32>(__popc(bits), list);
+  int pos = block_append<MASK1_THREADS / 32>(__popc(bits), count);
 #pragma unroll
   for (int k = 0; k < MASK1_PPT; ++k) {
     if ((bits >> k) & 1u) {

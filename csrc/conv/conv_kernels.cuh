@@ -38,7 +38,7 @@ template <typename T, int KH_, int KW_>
 __global__ void __launch_bounds__(CONV_THREADS)
     conv_tile_kernel(const T* __restrict__ x, const bool* __restrict__ mask, const T* __restrict__ w,
                      const T* __restrict__ bias, const bool* __restrict__ key, T* __restrict__ y,
-                     const int* __restrict__ list, ConvGeom g, int cib) {
+                     const int* __restrict__ list, const int* __restrict__ count_in, ConvGeom g, int cib) {
   grid_dependency_sync();
   extern __shared__ float4 smem4[];
   float* smem = reinterpret_cast<float*>(smem4);
@@ -58,7 +58,7 @@ __global__ void __launch_bounds__(CONV_THREADS)
   const int tid = threadIdx.x;
   const int cg = tid % 8;
   const int pg = tid / 8;
-  const int count = list[0];
+  const int count = *count_in;
 
   int pbase[2];
 #pragma unroll
@@ -153,7 +153,7 @@ template <typename T>
 __global__ void __launch_bounds__(CONV_THREADS)
     conv1x1_kernel(const T* __restrict__ x, const bool* __restrict__ mask, const T* __restrict__ w,
                    const T* __restrict__ bias, const bool* __restrict__ key, T* __restrict__ y,
-                   const int* __restrict__ list, ConvGeom g) {
+                   const int* __restrict__ list, const int* __restrict__ count_in, ConvGeom g) {
   grid_dependency_sync();
   __shared__ __align__(16) float in_s[C1_CIB * C1_PLANE];  // [c][pixel]
   __shared__ __align__(16) float w_s[C1_CIB * CONV_COB];   // [c][co]
@@ -167,7 +167,7 @@ __global__ void __launch_bounds__(CONV_THREADS)
   const int tid = threadIdx.x;
   const int cg = tid % 8;
   const int pg = tid / 8;
-  const int count = list[0];
+  const int count = *count_in;
   const int items = (count + TILE_PIX - 1) / TILE_PIX;
 
   for (int item = blockIdx.x; item < items; item += gridDim.x) {
@@ -262,7 +262,7 @@ template <typename T, int KS>
 __global__ void __launch_bounds__(CONV_THREADS)
     dwconv_kernel(const T* __restrict__ x, const bool* __restrict__ mask, const T* __restrict__ w,
                   const T* __restrict__ bias, const bool* __restrict__ key, T* __restrict__ y,
-                  const int* __restrict__ list, ConvGeom g) {
+                  const int* __restrict__ list, const int* __restrict__ count_in, ConvGeom g) {
   grid_dependency_sync();
   extern __shared__ float4 smem4[];
   float* smem = reinterpret_cast<float*>(smem4);
@@ -280,7 +280,7 @@ __global__ void __launch_bounds__(CONV_THREADS)
   const int cl = tid % DW_CB;
   const int row = tid / DW_CB;
   const int c = c0 + cl;
-  const int count = list[0];
+  const int count = *count_in;
   if ((int)blockIdx.x >= count) return;  // no tile for this block: skip staging the weights
 
   for (int idx = tid; idx < KK * DW_CB; idx += CONV_THREADS) {
@@ -411,7 +411,7 @@ template <typename T, int KS, int S, int D, int NV>
 __global__ void __launch_bounds__(CONV_THREADS)
     dwconv_vec_kernel(const T* __restrict__ x, const bool* __restrict__ mask, const T* __restrict__ w,
                       const T* __restrict__ bias, const bool* __restrict__ key, T* __restrict__ y,
-                      const int* __restrict__ list, ConvGeom g) {
+                      const int* __restrict__ list, const int* __restrict__ count_in, ConvGeom g) {
   grid_dependency_sync();
   using Cfg = DwVecCfg<T, KS, S, D, NV>;
   constexpr int VEC = Cfg::VEC, CB = Cfg::CB, FW = Cfg::FW, KK = KS * KS, PPT = Cfg::PPT;
@@ -426,7 +426,7 @@ __global__ void __launch_bounds__(CONV_THREADS)
   const int pp = tid / NV;
   const int row = pp / Cfg::GPR, col = (pp % Cfg::GPR) * PPT;
   const bool vok = v0 + v < cvecs;
-  const int count = list[0];
+  const int count = *count_in;
   if ((int)blockIdx.x >= count) return;  // no tile for this block: skip staging the weights
   const uint4* xv = reinterpret_cast<const uint4*>(x);
   uint4* yv = reinterpret_cast<uint4*>(y);
@@ -508,9 +508,9 @@ template <typename T, bool TRANSPOSED>
 __global__ void __launch_bounds__(CONV_THREADS)
     conv_direct_kernel(const T* __restrict__ x, const bool* __restrict__ mask, const T* __restrict__ w,
                        const T* __restrict__ bias, const bool* __restrict__ key, T* __restrict__ y,
-                       const int* __restrict__ list, ConvGeom g) {
+                       const int* __restrict__ list, const int* __restrict__ count_in, ConvGeom g) {
   grid_dependency_sync();
-  const int count = list[0];
+  const int count = *count_in;
   const int per_tile = TILE_PIX * g.Cout;
   for (int item = blockIdx.x; item < count; item += gridDim.x) {
     const int tile = list[1 + item];

@@ -67,7 +67,7 @@ __global__ void __launch_bounds__(32 * TPB * NW) conv_small_cin_tc_kernel(const 
   constexpr int THREADS = Cfg::THREADS;
   extern __shared__ __align__(128) unsigned char smem[];
 
-  const int count = a.list[0];
+  const int count = *a.count;
   const int ngroups = (count + TPB - 1) / TPB;
   if ((int)blockIdx.x >= ngroups) return;
   const ConvGeom& g = a.g;

@@ -58,12 +58,12 @@ struct TcArgs {
   const void* bias;     // [Cout] or nullptr
   const bool* key;      // [N] or nullptr
   void* y;              // [N, Ho, Wo, Cout]
-  const int* list;      // [count, ids...]
+  const int* list;      // list[1 + i]: item i, list[1 + cap + i]: its side data
   ConvGeom g;
   int fine_max;         // 3x3: the fine launch runs iff count <= fine_max, the coarse iff count > fine_max
   int cap;              // capacity of the list (its side data starts at list + 1 + cap)
   int prefetch;         // cp.async prefetch distance in stages (1..5); prefetch + 1 smem slots
-  const int* count;     // gathered rows: the list's item count (nullptr: list[0])
+  const int* count;     // the list's item count (device-side)
   const int* split_counts;  // 3x3: TileSplit::counts (nullptr: no split)
   int split_min;            // 3x3 and its pixel rows: TileSplit::min_pixels
 };
@@ -71,11 +71,11 @@ struct TcArgs {
 // The tiles the 3x3 kernel computes: the listed ones, and the sparse ones of a split when its
 // pixel rows do not run (see TileSplit).
 __device__ __forceinline__ int split_tile_count(const TcArgs& a) {
-  int c = a.list[0];
+  int c = *a.count;
   if (a.split_counts != nullptr && a.split_counts[1] < a.split_min) c += a.split_counts[0];
   return c;
 }
-// Entry t of those tiles (`listed` = a.list[0]): side 0 its tile id, side 1 its row mask.
+// Entry t of those tiles (`listed` = *a.count): side 0 its tile id, side 1 its row mask.
 __device__ __forceinline__ int split_tile_entry(const TcArgs& a, int listed, int t, int side) {
   return t < listed ? a.list[1 + side * a.cap + t] : a.list[(side + 1) * a.cap - (t - listed)];
 }
@@ -403,7 +403,7 @@ __global__ void __launch_bounds__(32 * TPB * NW, WG ? 2 : 1) conv3x3_tc_kernel(c
   static_assert(Cfg::BN * 8 % THREADS == 0 && THREADS % 64 == 0, "producer layout");
   extern __shared__ __align__(128) unsigned char smem[];
 
-  const int listed = a.list[0];
+  const int listed = *a.count;
   const int count = split_tile_count(a);
   if (FINE ? count > a.fine_max : count <= a.fine_max) return;
   const ConvGeom& g = a.g;
@@ -673,7 +673,7 @@ __global__ void __launch_bounds__(Conv1Cfg<NW, NT, WG>::THREADS) conv_gather_tc_
   constexpr int RSTEP = THREADS / 8;
   extern __shared__ __align__(128) unsigned char smem[];
 
-  const int count = a.count != nullptr ? *a.count : a.list[0];  // listed pixels or tiles (kRowsTiles)
+  const int count = *a.count;  // listed pixels or tiles (kRowsTiles)
   if (ROWS == kRowsPixels && count < a.split_min) return;  // the 3x3 kernel takes these tiles
   const int rows = ROWS == kRowsTiles ? count * TILE_PIX : count;  // GEMM rows
   const int items = (rows + BM - 1) / BM;

@@ -318,14 +318,16 @@ def _concatenate_fake(deltas, masks):
 
 # ----------------------------------------------------------------------------- convolution
 def conv2d(delta: Tensor, mask: Tensor, weight: Tensor, bias: Optional[Tensor], stride, padding, dilation,
-           groups: int, key: Optional[Tensor], padding_mode: str = "zeros") -> tuple[Tensor, Tensor]:
+           groups: int, key: Optional[Tensor], padding_mode: str = "zeros",
+           counters: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     """Convolution: ``W * d``; the mask is dilated by the receptive field; the bias is added once,
-    on key frames."""
+    on key frames. ``counters``: zeroed int32 ``[>= 3]`` on the device where the kernel counts its
+    work list (a slice of :class:`~deltaconv.modules.WorkCounters`); ``None``: the op zeroes its own."""
     if not (_native("conv2d", delta, mask, weight) and delta.dim() == 4 and delta.dtype in _ACT_DTYPES
             and padding_mode == "zeros" and not isinstance(padding, str)):
         return _ref.conv2d(delta, mask, weight, bias, stride, padding, dilation, groups, key, padding_mode)
     return torch.ops.deltaconv.conv2d(_value4(delta), _mask4(mask), weight, bias, _pair(stride), _pair(padding),
-                                      _pair(dilation), int(groups), _key(key))
+                                      _pair(dilation), int(groups), _key(key), counters)
 
 
 def _conv_out(size, k, s, p, d):
@@ -333,7 +335,7 @@ def _conv_out(size, k, s, p, d):
 
 
 @_fake("conv2d")
-def _conv2d_fake(delta, mask, weight, bias, stride, padding, dilation, groups, key):
+def _conv2d_fake(delta, mask, weight, bias, stride, padding, dilation, groups, key, counters=None):
     n, _, h, w = delta.shape
     (sh, sw), (ph, pw), (dh, dw) = _pair(stride), _pair(padding), _pair(dilation)
     ho = _conv_out(h, weight.shape[2], sh, ph, dh)
@@ -342,19 +344,22 @@ def _conv2d_fake(delta, mask, weight, bias, stride, padding, dilation, groups, k
 
 
 def conv_transpose2d(delta: Tensor, mask: Tensor, weight: Tensor, bias: Optional[Tensor], stride, padding,
-                     output_padding, groups: int, dilation, key: Optional[Tensor]) -> tuple[Tensor, Tensor]:
-    """Transposed convolution: linear; the mask is scattered through the same footprint."""
+                     output_padding, groups: int, dilation, key: Optional[Tensor],
+                     counters: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+    """Transposed convolution: linear; the mask is scattered through the same footprint.
+    ``counters``: as in :func:`conv2d`."""
     if not (_native("conv_transpose2d", delta, mask, weight) and delta.dim() == 4 and delta.dtype in _ACT_DTYPES
             and not isinstance(padding, str)):
         return _ref.conv_transpose2d(delta, mask, weight, bias, stride, padding, output_padding, groups, dilation,
                                      key)
     return torch.ops.deltaconv.conv_transpose2d(_value4(delta), _mask4(mask), weight, bias, _pair(stride),
                                                 _pair(padding), _pair(output_padding), int(groups), _pair(dilation),
-                                                _key(key))
+                                                _key(key), counters)
 
 
 @_fake("conv_transpose2d")
-def _conv_transpose2d_fake(delta, mask, weight, bias, stride, padding, output_padding, groups, dilation, key):
+def _conv_transpose2d_fake(delta, mask, weight, bias, stride, padding, output_padding, groups, dilation, key,
+                           counters=None):
     n, _, h, w = delta.shape
     (sh, sw), (ph, pw), (oph, opw), (dh, dw) = _pair(stride), _pair(padding), _pair(output_padding), _pair(dilation)
     ho = (h - 1) * sh - 2 * ph + dh * (weight.shape[2] - 1) + oph + 1

@@ -204,9 +204,11 @@ def concatenate(deltas: Sequence[Tensor], masks: Sequence[Tensor], dim: int) -> 
 
 # ----------------------------------------------------------------------------- convolution
 def conv2d(delta: Tensor, mask: Tensor, weight: Tensor, bias: Optional[Tensor], stride, padding, dilation,
-           groups: int, key: Optional[Tensor], padding_mode: str = "zeros") -> tuple[Tensor, Tensor]:
+           groups: int, key: Optional[Tensor], padding_mode: str = "zeros",
+           counters: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     """Convolution (any kernel, stride, padding, dilation, groups): ``W * d``; the mask is dilated by
-    the receptive field; the bias is added once, on key frames."""
+    the receptive field; the bias is added once, on key frames. ``counters`` (the CUDA kernels' work
+    list counters) is not used here."""
     x = _zero_inactive(delta, mask)
     m = mask.to(torch.float32)
     if padding_mode != "zeros":
@@ -244,8 +246,10 @@ def _add_bias_on_key(out: Tensor, out_mask: Tensor, bias: Optional[Tensor],
 
 
 def conv_transpose2d(delta: Tensor, mask: Tensor, weight: Tensor, bias: Optional[Tensor], stride, padding,
-                     output_padding, groups: int, dilation, key: Optional[Tensor]) -> tuple[Tensor, Tensor]:
-    """Transposed convolution: linear; the mask is scattered through the same footprint."""
+                     output_padding, groups: int, dilation, key: Optional[Tensor],
+                     counters: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+    """Transposed convolution: linear; the mask is scattered through the same footprint. ``counters``
+    is not used here (see :func:`conv2d`)."""
     x = _zero_inactive(delta, mask)
     out = F.conv_transpose2d(x, weight.to(delta.dtype), None, stride, padding, output_padding, groups, dilation)
     ones = torch.ones((1, 1) + tuple(weight.shape[-2:]), device=delta.device)

@@ -12,6 +12,7 @@ import torch.nn as nn
 
 from ..backends import reference
 from ..delta import Delta
+from .work_counters import WorkCounters
 
 
 @dataclass
@@ -23,6 +24,8 @@ class FrameContext:
     ``frames``: frames run since the statistics were last reset. ``pending_stats``: during a
     frame run by :class:`~deltaconv.DeltaModel`, the ``(mask, stats)`` pairs whose active pixels
     are counted together when the frame ends (:meth:`flush_stats`); ``None`` outside a frame.
+    ``work_counters``: the zeroed counters that the model's CUDA convolutions take per call
+    (:class:`~deltaconv.modules.WorkCounters`; a copy of the context gets its own).
     """
 
     key: Optional[torch.Tensor] = None
@@ -31,6 +34,7 @@ class FrameContext:
     frames: int = 0
     extra: dict = field(default_factory=dict)
     pending_stats: Optional[list] = None
+    work_counters: WorkCounters = field(default_factory=WorkCounters)
 
     def flush_stats(self) -> None:
         """Count the pending masks (one backend call per run of distinct stats buffers, so a layer
@@ -189,6 +193,11 @@ class DCModule(nn.Module):
     def ops(self) -> ModuleType:
         """The backend module running the current frame (``reference`` or ``cuda``)."""
         return self.context.ops
+
+    def work_counters(self, x: Delta) -> Optional[torch.Tensor]:
+        """Zeroed counters for one CUDA convolution call on ``x`` within a frame of a DeltaModel, or
+        ``None`` (the op then zeroes its own): see :class:`~deltaconv.modules.WorkCounters`."""
+        return self.context.work_counters.take(x.value.device) if x.value.is_cuda else None
 
     @property
     def key(self) -> Optional[torch.Tensor]:

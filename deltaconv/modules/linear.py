@@ -133,7 +133,7 @@ class DCConv2d(DCModule):
     def forward(self, x: Delta) -> Delta:
         w, b = self.folded_weight_bias()
         v, m = self.ops.conv2d(x.value, x.mask, w, b, self.stride, self.padding, self.dilation, self.groups,
-                               self.key, self.padding_mode)
+                               self.key, self.padding_mode, self.work_counters(x))
         return self.observe(Delta(v, m))
 
     def flops_per_output_pixel(self, out: Delta) -> float:
@@ -162,7 +162,7 @@ class DCFunctionalConv2d(DCModule):
     def forward(self, x: Delta, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> Delta:
         self._flops_per_pixel = 2.0 * math.prod(weight.shape)
         v, m = self.ops.conv2d(x.value, x.mask, weight, bias, self.stride, self.padding, self.dilation, self.groups,
-                               self.key)
+                               self.key, counters=self.work_counters(x))
         return self.observe(Delta(v, m))
 
     def flops_per_output_pixel(self, out: Delta) -> float:
@@ -198,7 +198,8 @@ class DCConvTranspose2d(DCModule):
 
     def forward(self, x: Delta) -> Delta:
         v, m = self.ops.conv_transpose2d(x.value, x.mask, self.weight, self.bias, self.stride, self.padding,
-                                         self.output_padding, self.groups, self.dilation, self.key)
+                                         self.output_padding, self.groups, self.dilation, self.key,
+                                         self.work_counters(x))
         return self.observe(Delta(v, m))
 
     def flops_per_output_pixel(self, out: Delta) -> float:
