@@ -167,6 +167,13 @@ def test_frame_zeroes_the_convolutions_work_counters_once():
             torch.cuda.synchronize()
         return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
 
+    x = torch.zeros(1, 64, 16, 16, device="cuda", dtype=torch.half).contiguous(memory_format=torch.channels_last)
+    m = torch.ones(1, 1, 16, 16, dtype=torch.bool, device="cuda")
+    w = torch.zeros(64, 64, 3, 3, device="cuda", dtype=torch.half)
+    alone = kernels(lambda: torch.ops.deltaconv.conv2d(x, m, w, None, [1, 1], [1, 1], [1, 1], 1, None))
+    if not alone:
+        pytest.skip("the CUDA profiler recorded no kernel (CUPTI unavailable, e.g. under compute-sanitizer)")
+    assert any("clear_counters" in n for n in alone), alone
     for cuda_graph in (False, True):
         dm = deltaconv.convert(model, threshold=0.02, backend="cuda", example_input=frames[0],
                                cuda_graph=cuda_graph, check_finite=False)
@@ -174,11 +181,7 @@ def test_frame_zeroes_the_convolutions_work_counters_once():
             dm(frames[0])
             dm(frames[1])  # captures when cuda_graph
             names = kernels(lambda: dm(frames[2]))
+        assert any("conv" in n for n in names), names
         assert not any("clear_counters" in n for n in names), cuda_graph
         assert dm._context.work_counters.taken == convs
         assert sum(isinstance(m, DCConv2d) for m in dm.modules()) == convs
-    x = torch.zeros(1, 64, 16, 16, device="cuda", dtype=torch.half).contiguous(memory_format=torch.channels_last)
-    m = torch.ones(1, 1, 16, 16, dtype=torch.bool, device="cuda")
-    w = torch.zeros(64, 64, 3, 3, device="cuda", dtype=torch.half)
-    alone = kernels(lambda: torch.ops.deltaconv.conv2d(x, m, w, None, [1, 1], [1, 1], [1, 1], 1, None))
-    assert any("clear_counters" in n for n in alone), alone
