@@ -63,7 +63,7 @@ struct TcArgs {
   int fine_max;         // 3x3: the fine launch runs iff count <= fine_max, the coarse iff count > fine_max
   int cap;              // capacity of the list (its side data starts at list + 1 + cap)
   int prefetch;         // cp.async prefetch distance in stages (1..5); prefetch + 1 smem slots
-  const int* count;     // the list's item count (device-side)
+  const int* count;     // the list's item count (device-side; the gathered-rows kernel reads list[0] if nullptr)
   const int* split_counts;  // 3x3: TileSplit::counts (nullptr: no split)
   int split_min;            // 3x3 and its pixel rows: TileSplit::min_pixels
 };
@@ -673,7 +673,10 @@ __global__ void __launch_bounds__(Conv1Cfg<NW, NT, WG>::THREADS) conv_gather_tc_
   constexpr int RSTEP = THREADS / 8;
   extern __shared__ __align__(128) unsigned char smem[];
 
-  const int count = *a.count;  // listed pixels or tiles (kRowsTiles)
+  // listed pixels or tiles (kRowsTiles). The host always sets a.count; without the list[0] fallback
+  // nvcc 13.0 allocates this kernel's registers differently (74-120 against 76-116) and it ran 2-5 %
+  // slower in whole models (H200, 2026-11-21 23:02 UTC, profile_model.py A/B), so it stays.
+  const int count = a.count != nullptr ? *a.count : a.list[0];
   if (ROWS == kRowsPixels && count < a.split_min) return;  // the 3x3 kernel takes these tiles
   const int rows = ROWS == kRowsTiles ? count * TILE_PIX : count;  // GEMM rows
   const int items = (rows + BM - 1) / BM;
