@@ -543,7 +543,7 @@ bool dispatch_dwconv_vec(const Tensor& x, const Tensor& m, const Tensor& w, cons
   const int ks = g.KH, s = g.sh, d = g.dh;
 #define DC_DWV(KS, S, D)                                                                  \
   if (ks == KS && s == S && d == D) {                                                     \
-    run_dwconv_vec<T, KS, S, D>(x, m, w, b, key, y, wl, g, tiles, stream);              \
+    run_dwconv_vec<T, KS, S, D>(x, m, w, b, key, y, wl, g, tiles, stream);                \
     return true;                                                                          \
   }
   DC_DWV(3, 1, 1) DC_DWV(3, 2, 1) DC_DWV(5, 1, 1) DC_DWV(5, 2, 1) DC_DWV(3, 1, 2) DC_DWV(5, 1, 2)
