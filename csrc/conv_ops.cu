@@ -677,8 +677,12 @@ std::tuple<Tensor, Tensor> conv2d_cuda(const Tensor& delta, const Tensor& mask, 
     const int64_t total = N * Ho * Wo;
     const WorkList wl = work_list(delta, total, stream, counters);
     constexpr int64_t per_block = conv::MASK1_THREADS * conv::MASK1_PPT;
-    launch_kernel(conv::conv1x1_mask_kernel, (unsigned)((total + per_block - 1) / per_block), conv::MASK1_THREADS, 0,
-                  stream, m.data_ptr<bool>(), kp, mask_out.data_ptr<bool>(), wl.list, wl.count, g, (int)total);
+    const bool same = sh == 1 && sw == 1 && ph == 0 && pw == 0 &&
+                      reinterpret_cast<uintptr_t>(m.const_data_ptr()) % 4 == 0 &&
+                      reinterpret_cast<uintptr_t>(mask_out.const_data_ptr()) % 4 == 0;
+    launch_kernel(same ? conv::conv1x1_mask_kernel<true> : conv::conv1x1_mask_kernel<false>,
+                  (unsigned)((total + per_block - 1) / per_block), conv::MASK1_THREADS, 0, stream, m.data_ptr<bool>(),
+                  kp, mask_out.data_ptr<bool>(), wl.list, wl.count, g, (int)total);
     if (use_tc) {
       launch_tc_gather<conv::tc::kRows1x1>(x, m, conv_weights(weight, bias, x.scalar_type(), true), key, y, wl, g, total,
                                            stream);

@@ -446,6 +446,34 @@ def test_conv2d_counters_argument(case, dtype, split, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("key", [None, (False, True)])
+def test_conv1x1_mask_at_any_byte_offset(key):
+    """A stride-1 1x1 conv reads its mask four bytes at a time when the mask is 4-byte aligned and
+    byte by byte otherwise: a mask that starts one byte into its buffer gives the same outputs, masks
+    and listed pixels; the pixel count (2 x 13 x 17 = 442) leaves a partial word at the end."""
+    gen = torch.Generator().manual_seed(6)
+    N, C, H, W = 2, 16, 13, 17
+    mask = make_mask((0.3, 0.01), H, W, gen).cuda()
+    delta = make_delta(N, C, H, W, mask.cpu(), torch.float16, gen)
+    weight = (torch.randn(24, C, 1, 1, generator=gen) / 4).cuda()
+    kt = cuda_or_none(make_key(key, N))
+    shifted = torch.zeros(N * H * W + 1, dtype=torch.bool, device="cuda")
+    shifted[1:] = mask.flatten()
+    mask_odd = shifted[1:].view(N, 1, H, W)
+    assert mask_odd.is_contiguous() and mask_odd.data_ptr() % 4 != 0
+    runs = []
+    for m in (mask, mask_odd):
+        counters = torch.zeros(4, dtype=torch.int32, device="cuda")
+        runs.append(ops().conv2d(delta, m, weight, None, [1, 1], [0, 0], [1, 1], 1, kt, counters) + (counters,))
+    (out, mo, c), (out2, mo2, c2) = runs
+    assert torch.equal(mo2, mo) and torch.equal(c2, c)
+    assert int(c[0]) == int(mo.sum())
+    assert torch.equal(out2[mo.expand_as(out)], out[mo.expand_as(out)])
+    expected = mask | (kt.view(N, 1, 1, 1) if kt is not None else False)
+    assert torch.equal(mo, expected)
+
+
+@pytest.mark.gpu
 def test_conv_transpose2d_counters_argument():
     """conv_transpose2d with zeroed ``counters``: the same outputs, its tiles counted there."""
     gen = torch.Generator().manual_seed(4)

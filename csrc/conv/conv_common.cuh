@@ -339,9 +339,12 @@ __global__ void __launch_bounds__(MASK_THREADS) conv_tile_mask_kernel(const bool
 // 1x1 convolutions: each thread 4 consecutive output pixels, 1024 per block; appends the active
 // ones (linear index (n * Ho + oh) * Wo + ow) to `list` in pixel order with one atomic per block on
 // *count; list[1 + total + slot] gets the input pixel ((n * H + ih) * W + iw) when it is active,
-// else -1.
+// else -1. SAME: stride 1, padding 0 (output pixel = input pixel), and `mask` / `mask_out` 4-byte
+// aligned: a thread's 4 mask bytes are read and written as one word, without index arithmetic.
 constexpr int MASK1_THREADS = 256;
 constexpr int MASK1_PPT = 4;
+static_assert(MASK1_PPT == 4, "conv1x1_mask_kernel<true>: one 4-byte word of mask per thread");
+template <bool SAME>
 __global__ void __launch_bounds__(MASK1_THREADS) conv1x1_mask_kernel(const bool* __restrict__ mask,
                                                                     const bool* __restrict__ key,
                                                                     bool* __restrict__ mask_out,
@@ -351,23 +354,38 @@ __global__ void __launch_bounds__(MASK1_THREADS) conv1x1_mask_kernel(const bool*
   const int base = (blockIdx.x * MASK1_THREADS + threadIdx.x) * MASK1_PPT;
   unsigned bits = 0;
   int src[MASK1_PPT];
+  if (SAME && base + MASK1_PPT <= total) {
+    const uint32_t word = *reinterpret_cast<const uint32_t*>(mask + base);
 #pragma unroll
-  for (int k = 0; k < MASK1_PPT; ++k) {
-    const int pix = base + k;
-    src[k] = -1;
-    if (pix < total) {
-      const int ow = pix % g.Wo;
-      const int t = pix / g.Wo;
-      const int oh = t % g.Ho;
-      const int n = t / g.Ho;
-      const int ih = oh * g.sh - g.ph, iw = ow * g.sw - g.pw;
-      if (ih >= 0 && ih < g.H && iw >= 0 && iw < g.W) {
-        const int ip = (n * g.H + ih) * g.W + iw;
-        if (mask[ip]) src[k] = ip;
-      }
-      const bool act = src[k] >= 0 || key_of(key, n);
-      mask_out[pix] = act;
+    for (int k = 0; k < MASK1_PPT; ++k) {
+      const bool in = ((word >> (8 * k)) & 0xFFu) != 0;
+      src[k] = in ? base + k : -1;
+      const bool act = in || (key != nullptr && key_of(key, (base + k) / (g.Ho * g.Wo)));
       bits |= (unsigned)act << k;
+    }
+    uint32_t out = 0;
+#pragma unroll
+    for (int k = 0; k < MASK1_PPT; ++k) out |= ((bits >> k) & 1u) << (8 * k);
+    *reinterpret_cast<uint32_t*>(mask_out + base) = out;
+  } else {
+#pragma unroll
+    for (int k = 0; k < MASK1_PPT; ++k) {
+      const int pix = base + k;
+      src[k] = -1;
+      if (pix < total) {
+        const int ow = pix % g.Wo;
+        const int t = pix / g.Wo;
+        const int oh = t % g.Ho;
+        const int n = t / g.Ho;
+        const int ih = oh * g.sh - g.ph, iw = ow * g.sw - g.pw;
+        if (ih >= 0 && ih < g.H && iw >= 0 && iw < g.W) {
+          const int ip = (n * g.H + ih) * g.W + iw;
+          if (mask[ip]) src[k] = ip;
+        }
+        const bool act = src[k] >= 0 || key_of(key, n);
+        mask_out[pix] = act;
+        bits |= (unsigned)act << k;
+      }
     }
   }
   int pos = block_append<MASK1_THREADS / 32>(__popc(bits), count);
