@@ -73,12 +73,3 @@ class WorkCounters:
     def nbytes(self) -> int:
         """Bytes of device memory the counters hold."""
         return sum(c.numel() * c.element_size() for c in self._chunks + self._retired)
-
-    def __deepcopy__(self, memo) -> "WorkCounters":
-        return WorkCounters()  # device buffers are per model instance, never shared
-
-    def __getstate__(self) -> dict:
-        return {}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__init__()
