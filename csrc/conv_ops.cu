@@ -132,35 +132,44 @@ ConvGeom conv_geom(int64_t N, int64_t Cin, int64_t H, int64_t W, int64_t Cout, i
   return g;
 }
 
-// A work list: list[1 + i] = id i, list[1 + cap + i] = its side data (when side), and its item
-// count: count[0], with `extra` more counters after it (TileSplit::counts), all zero before the
-// mask kernel appends. `counters` (when given): those ints, zeroed by the caller (a converted
-// model zeroes the counters of all its convolutions with one kernel per frame); else they are the
-// first ints of the list's own buffer, zeroed here by a one-block kernel, not a memset: in a CUDA
-// graph a memset node between kernel nodes cost 2.1 us against 1.1 us for a small kernel (H200,
-// 2026-11-21; benchmarks/results/launch_ab.txt).
+// A work list: list[1 + i] = id i, list[1 + cap + i] = its side data (when side), and the call's
+// conv::kConvCounters counters (count[0]: the item count, then TileSplit::counts and the ints of
+// block_work), all zero before the mask kernel appends. `counters` (when given): those ints, zeroed
+// by the caller (a converted model zeroes the counters of all its convolutions with one kernel per
+// frame); else they are the first ints of the list's own buffer, zeroed here by a one-block kernel,
+// not a memset: in a CUDA graph a memset node between kernel nodes cost 2.1 us against 1.1 us for a
+// small kernel (H200, 2026-11-21; benchmarks/results/launch_ab.txt).
 struct WorkList {
   Tensor buf;  // owns the list (and the local counters)
   int* list;   // list[1 + i]: id i
-  int* count;  // count[0]: items; count[1 .. extra]: the extra counters
+  int* count;  // the call's counters: count[0] items, see conv::kConvCounters
 };
 
 WorkList work_list(const Tensor& like, int64_t items, cudaStream_t stream, const c10::optional<Tensor>& counters,
-                   bool side = true, int extra = 0) {
+                   bool side = true) {
   const int64_t ids = 1 + (side ? 2 : 1) * items;
   if (counters.has_value()) {
     Tensor buf = at::empty({ids}, like.options().dtype(at::kInt));
     return {buf, buf.data_ptr<int>(), counters->data_ptr<int>()};
   }
-  Tensor buf = at::empty({extra + ids}, like.options().dtype(at::kInt));
+  Tensor buf = at::empty({conv::kConvCounters + ids}, like.options().dtype(at::kInt));
   int* base = buf.data_ptr<int>();
-  launch_kernel(conv::clear_counters_kernel, 1, 32, 0, stream, base, extra + 1);
-  return {buf, base + extra, base};  // list[0] (= base[extra]) is the last counter, never an id
+  launch_kernel(conv::clear_counters_kernel, 1, 32, 0, stream, base, conv::kConvCounters);
+  return {buf, base + conv::kConvCounters, base};
+}
+
+// DELTACONV_SPREAD=0 gives the 3x3 tensor-core kernel's blocks block-index order instead of
+// block_work's ranks (conv_common.cuh; read on every call, for A/B runs and tests of both orders).
+// The gathered-rows GEMM keeps block-index order: its blocks are short, and ranking them made
+// deeplabv3_mobilenet_v3_large 1.3 % slower per frame (H200, 2026-11-22; block_spread_ab.txt).
+bool spread_enabled() {
+  const char* v = std::getenv("DELTACONV_SPREAD");
+  return v == nullptr || std::strcmp(v, "0") != 0;
 }
 
 // The optional `counters` argument of conv2d / conv_transpose2d: int32, contiguous, 1-D, on the
 // device of `delta`, with at least kConvCounters elements (what any path of one call uses).
-constexpr int64_t kConvCounters = 3;
+constexpr int64_t kConvCounters = conv::kConvCounters;
 #define DC_CHECK_COUNTERS(OP, counters, delta)                                                              \
   do {                                                                                                      \
     if (counters.has_value()) {                                                                             \
@@ -225,15 +234,17 @@ bool wgmma_enabled() {
 #endif
 }
 
-// Opt-in to the device's maximum dynamic shared memory once per kernel, and the resident blocks
-// per multiprocessor (>= 1) at `threads` threads and `smem` bytes, cached per (kernel, device,
-// threads, smem).
+// Opt-in to the device's maximum dynamic shared memory (less the kernel's static shared memory)
+// once per kernel, and the resident blocks per multiprocessor (>= 1) at `threads` threads and
+// `smem` bytes, cached per (kernel, device, threads, smem).
 template <typename Kernel>
 int prepare_kernel(Kernel kernel, int threads, int smem) {
   return cached_per_kernel(reinterpret_cast<const void*>(kernel), std::make_pair(threads, smem), [&] {
-    const int optin = (int)at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin;
-    TORCH_CHECK(smem <= optin, "deltaconv: tensor-core kernel needs ", smem, " bytes of shared memory, the device has ",
-                optin);
+    cudaFuncAttributes attr;
+    C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(kernel)));
+    const int optin = (int)at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin - (int)attr.sharedSizeBytes;
+    TORCH_CHECK(smem <= optin, "deltaconv: tensor-core kernel needs ", smem, " bytes of dynamic shared memory, the "
+                "device has ", optin, " beside its ", attr.sharedSizeBytes, " static bytes");
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
     int occ = 0;
     C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, threads, smem));
@@ -277,6 +288,7 @@ conv::tc::TcArgs tc_args(const Tensor& x, const Tensor& m_or_empty, const Tensor
   a.prefetch = 2;
   a.split_counts = nullptr;
   a.split_min = 0;
+  a.spread = nullptr;
   return a;
 }
 
@@ -405,6 +417,7 @@ void launch_tc_3x3(const Tensor& x, const Tensor& m, const ConvWeights& tw, cons
   conv::tc::TcArgs a = tc_args(x, m, tw.w, tw.b, key, y, wl, g);
   a.split_counts = split.counts;
   a.split_min = split.min_pixels;
+  a.spread = spread_enabled() ? wl.count + conv::kSpreadAt : nullptr;
   // coarse launch: 2 tiles per block (two blocks per multiprocessor; 4 tiles per block, one block,
   // was 6-16 % slower at every density on an H200 with mma.sync, and up to 10 % slower with wgmma
   // except dilated C=256 at 135x240, scratch A/B 2026-11-21); Cout > 64: 128 channels per block
@@ -648,7 +661,7 @@ std::tuple<Tensor, Tensor> conv2d_cuda(const Tensor& delta, const Tensor& mask, 
     conv::TileSplit split;
     split.max_pixels = tile_split_pixels();
     const int64_t pixels = N * Ho * Wo;
-    const WorkList wl = work_list(delta, tiles, stream, counters, true, split.max_pixels > 0 ? 2 : 0);
+    const WorkList wl = work_list(delta, tiles, stream, counters);
     WorkList pixel_rows;  // the gathered kernel's list: the pixels of the sparse tiles, counted by counts[1]
     if (split.max_pixels > 0) {
       pixel_rows.buf = at::empty({1 + pixels}, delta.options().dtype(at::kInt));

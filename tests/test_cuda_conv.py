@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from deltaconv.backends import reference as ref
+from deltaconv.modules import WorkCounters
 
 
 def _load() -> str:
@@ -52,6 +53,7 @@ TOL = {torch.float32: (1e-4, 1e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16:
 # changed fractions per stream (batch 2, different masks per stream) and key patterns
 FRACS = [(0.0, 0.01), (0.01, 0.3), (0.3, 1.0), (1.0, 0.0)]
 KEYS = [None, (True, False), (False, True)]
+COUNTERS = WorkCounters.PER_CALL  # the zeroed ints a converted model gives each convolution call
 
 
 def ops():
@@ -255,6 +257,77 @@ def test_conv2d_3x3_coarse_and_fine_launches(case, dtype, launch, monkeypatch):
         run_conv2d(case, dtype, fracs, KEYS[i % len(KEYS)], seed=20 + i, bias=i % 2 == 0)
 
 
+def _check_rank_tickets(c: list) -> None:
+    """The block ranks of one call's tensor-core launch (counters[4:14], block_work in
+    csrc/conv/conv_common.cuh): none taken, or the first-on-a-multiprocessor ticket equals the
+    multiprocessor bits set (at most one per multiprocessor) and at least one block took it."""
+    first, others, bits = c[4], c[5], c[6:14]
+    set_bits = sum(bin(v & 0xFFFFFFFF).count("1") for v in bits)
+    assert first == set_bits, f"first-on-multiprocessor ticket {first} against {set_bits} bits set ({c})"
+    assert first <= torch.cuda.get_device_properties(0).multi_processor_count
+    assert (first + others == 0) or first >= 1, f"ranks taken without a first block ({c})"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("launch", ["coarse", "fine", "default"])
+@pytest.mark.parametrize("case", TC3_CASES[:2] + TC3_CASES[4:7], ids=_case_id)
+def test_conv2d_block_order_never_changes_results(case, launch, monkeypatch):
+    """The 3x3 tensor-core kernel's blocks take their tiles in block_work's rank order (spread over
+    the multiprocessors; the default) or in block-index order (DELTACONV_SPREAD=0): the outputs
+    and masks are bit-identical either way, at every changed fraction, with and without key
+    streams, on both launches; block-index order takes no ranks."""
+    if launch != "default":
+        monkeypatch.setenv("DELTACONV_TC_FINE_MAX", "-1" if launch == "coarse" else str(1 << 30))
+    cin, cout, k, s, p, d, g, (H, W) = case
+    s, p, d = list(_pair(s)), list(_pair(p)), list(_pair(d))
+    gen = torch.Generator().manual_seed(5)
+    for i, fracs in enumerate(FRACS):
+        mask = make_mask(fracs, H, W, gen).cuda()
+        delta = make_delta(2, cin, H, W, mask.cpu(), torch.float16, gen)
+        weight = (torch.randn(cout, cin, *k, generator=gen) / math.sqrt(cin * k[0] * k[1])).cuda()
+        kt = cuda_or_none(make_key(KEYS[i % len(KEYS)], 2))
+        runs = []
+        for spread in ("1", "0"):
+            monkeypatch.setenv("DELTACONV_SPREAD", spread)
+            counters = torch.zeros(COUNTERS, dtype=torch.int32, device="cuda")
+            out, mo = ops().conv2d(delta, mask, weight, None, s, p, d, 1, kt, counters)
+            runs.append((out, mo, counters.tolist()))
+        (out, mo, c), (out0, mo0, c0) = runs
+        assert torch.equal(mo, mo0), f"masks differ between block orders (fracs {fracs})"
+        active = mo.expand_as(out)
+        assert torch.equal(out[active], out0[active]), f"values differ between block orders (fracs {fracs})"
+        assert c0[4:] == [0] * (COUNTERS - 4), f"block-index order took ranks ({c0})"
+        assert c[:4] == c0[:4]
+        _check_rank_tickets(c)
+
+
+@pytest.mark.gpu
+def test_conv2d_takes_block_ranks_when_few_tiles_have_work(monkeypatch):
+    """Three active tiles of a 64-tile map and 256 output channels (two channel blocks): every
+    block of the 3x3 launch takes a rank (the tickets count the whole grid: 64 tile slots x 2
+    channel blocks), the first-on-a-multiprocessor ticket at most once per multiprocessor; with
+    DELTACONV_SPREAD=0 none, and the outputs are the same."""
+    gen = torch.Generator().manual_seed(8)
+    H = W = 64
+    mask = torch.zeros(1, 1, H, W, dtype=torch.bool)
+    for i, j in [(3, 4), (20, 50), (60, 10)]:
+        mask[0, 0, i, j] = True  # three pixels in three 8x8 tiles, their 3x3 neighbourhoods too
+    delta = make_delta(1, 64, H, W, mask, torch.float16, gen)
+    weight = (torch.randn(256, 64, 3, 3, generator=gen) / 24).cuda()
+    runs = []
+    for spread in ("1", "0"):
+        monkeypatch.setenv("DELTACONV_SPREAD", spread)
+        counters = torch.zeros(COUNTERS, dtype=torch.int32, device="cuda")
+        out, mo = ops().conv2d(delta, mask.cuda(), weight, None, [1, 1], [1, 1], [1, 1], 1, None, counters)
+        runs.append((out, mo, counters.tolist()))
+    (out, mo, c), (out0, mo0, c0) = runs
+    assert c[0] == c0[0] == _active_tiles(mo) == 3
+    assert c[4] + c[5] == 64 * 2, f"not every block took a rank: {c}"
+    _check_rank_tickets(c)
+    assert c0[4:] == [0] * (COUNTERS - 4)
+    assert torch.equal(mo, mo0) and torch.equal(out[mo.expand_as(out)], out0[mo.expand_as(out)])
+
+
 # fp16 / bf16 cases of the gathered-rows GEMM kernel (1x1 convs, gathered taps, pixel rows)
 GEMM_CASES = [
     (64, 96, (1, 1), 2, 0, 1, 1, (31, 45)),      # stride 2, wide block (Cout > 64), partial
@@ -419,7 +492,8 @@ def test_conv2d_counters_argument(case, dtype, split, monkeypatch):
     """With zeroed ``counters`` given (what a DeltaModel passes, instead of the op zeroing its own)
     conv2d gives bit-identical outputs and masks, and counts its work list there: the listed
     pixels (1x1 convs) or tiles (tile paths; a 3x3 split counts its sparse tiles in counters[1]
-    and their pixels in counters[2]); the fourth int is never touched."""
+    and their pixels in counters[2]); the fourth int is never touched, and the ranks of the blocks
+    (counters[4:14], see test_conv2d_block_order_never_changes_results) are consistent."""
     if split != "default":
         monkeypatch.setenv("DELTACONV_TC_SPLIT", "40")
         monkeypatch.setenv("DELTACONV_TC_SPLIT_MIN", "0")
@@ -432,7 +506,7 @@ def test_conv2d_counters_argument(case, dtype, split, monkeypatch):
         weight = (torch.randn(cout, cin // g, *k, generator=gen) / math.sqrt(cin // g * k[0] * k[1])).cuda()
         kt = cuda_or_none(make_key(key, 2))
         out, mo = ops().conv2d(delta, mask, weight, None, s, p, d, g, kt)
-        counters = torch.zeros(4, dtype=torch.int32, device="cuda")
+        counters = torch.zeros(COUNTERS, dtype=torch.int32, device="cuda")
         out2, mo2 = ops().conv2d(delta, mask, weight, None, s, p, d, g, kt, counters)
         assert torch.equal(mo2, mo), f"mask differs with counters (fracs {fracs})"
         active = mo.expand_as(out)
@@ -443,6 +517,7 @@ def test_conv2d_counters_argument(case, dtype, split, monkeypatch):
         pixels = k == (1, 1) and not depthwise  # the 1x1 path lists pixels, the others tiles
         expected = int(mo.sum()) if pixels else _active_tiles(mo)
         assert c[0] + c[1] == expected, f"counters {c}, expected {expected} listed items (fracs {fracs})"
+        _check_rank_tickets(c)
 
 
 @pytest.mark.gpu
@@ -463,10 +538,10 @@ def test_conv1x1_mask_at_any_byte_offset(key):
     assert mask_odd.is_contiguous() and mask_odd.data_ptr() % 4 != 0
     runs = []
     for m in (mask, mask_odd):
-        counters = torch.zeros(4, dtype=torch.int32, device="cuda")
+        counters = torch.zeros(COUNTERS, dtype=torch.int32, device="cuda")
         runs.append(ops().conv2d(delta, m, weight, None, [1, 1], [0, 0], [1, 1], 1, kt, counters) + (counters,))
     (out, mo, c), (out2, mo2, c2) = runs
-    assert torch.equal(mo2, mo) and torch.equal(c2, c)
+    assert torch.equal(mo2, mo) and torch.equal(c2[:4], c[:4])  # (the block ranks follow the placement)
     assert int(c[0]) == int(mo.sum())
     assert torch.equal(out2[mo.expand_as(out)], out[mo.expand_as(out)])
     expected = mask | (kt.view(N, 1, 1, 1) if kt is not None else False)
@@ -482,10 +557,10 @@ def test_conv_transpose2d_counters_argument():
     w = (torch.randn(16, 8, 4, 4, generator=gen) / 8).cuda()
     args = (delta, mask, w, None, [2, 2], [1, 1], [0, 0], 1, [1, 1], None)
     out, mo = ops().conv_transpose2d(*args)
-    counters = torch.zeros(4, dtype=torch.int32, device="cuda")
+    counters = torch.zeros(COUNTERS, dtype=torch.int32, device="cuda")
     out2, mo2 = ops().conv_transpose2d(*args, counters)
     assert torch.equal(mo2, mo) and torch.equal(out2[mo.expand_as(out)], out[mo.expand_as(out)])
-    assert counters.tolist() == [_active_tiles(mo), 0, 0, 0]
+    assert counters.tolist() == [_active_tiles(mo)] + [0] * (COUNTERS - 1)
 
 
 @pytest.mark.gpu
@@ -494,10 +569,10 @@ def test_counters_argument_errors_name_it():
     m = torch.ones(1, 1, 8, 8, dtype=torch.bool, device="cuda")
     w = torch.zeros(4, 4, 3, 3, device="cuda")
     wt = torch.zeros(4, 4, 2, 2, device="cuda")
-    good = torch.zeros(4, dtype=torch.int32, device="cuda")
-    for bad, what in [(good.long(), "dtype"), (good[:2], "at least 3"), (good.cpu(), "CUDA"),
-                      (torch.zeros(8, dtype=torch.int32, device="cuda")[::2], "contiguous"),
-                      (good.view(2, 2), "1-D")]:
+    good = torch.zeros(COUNTERS, dtype=torch.int32, device="cuda")
+    for bad, what in [(good.long(), "dtype"), (good[:13], "at least 14"), (good.cpu(), "CUDA"),
+                      (torch.zeros(2 * COUNTERS, dtype=torch.int32, device="cuda")[::2], "contiguous"),
+                      (good.view(2, -1), "1-D")]:
         with pytest.raises(RuntimeError, match="'counters'"):
             ops().conv2d(d, m, w, None, [1, 1], [1, 1], [1, 1], 1, None, bad)
         with pytest.raises(RuntimeError, match="'counters'"):

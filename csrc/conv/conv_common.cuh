@@ -153,6 +153,50 @@ __global__ void clear_counters_kernel(int* __restrict__ counters, int n) {
   for (int i = threadIdx.x; i < n; i += blockDim.x) counters[i] = 0;
 }
 
+// ---------------------------------------------------------------- spread work over multiprocessors
+// A conv call's counters (zeroed before its kernels run; `counters` of conv2d): [0] the work
+// list's item count, [1 .. 2] TileSplit::counts, [3] unused, [kSpreadAt, + kSpreadInts) the
+// ranks of block_work: two tickets and one bit per multiprocessor id (256).
+constexpr int kSpreadAt = 4;
+constexpr int kSpreadInts = 2 + 256 / 32;
+constexpr int kConvCounters = kSpreadAt + kSpreadInts;
+
+// The work of one block of a persistent (gx, nb) grid over (item, output-channel block) pairs:
+// items slot, slot + gx, ... of output-channel block nblk.
+struct BlockWork {
+  int slot, nblk;
+};
+
+// Which block takes which slot. Block-index order (block (x, y): slot x of channel block y) puts
+// the blocks with work on shared multiprocessors when only some slots have work (all when items <
+// gx; the first items % gx otherwise) and there are several channel blocks: the hardware places
+// blocks (x, 0) and (x, 1) of a grid of two blocks per multiprocessor on one multiprocessor
+// (placement probe on an H200, 2026-11-22; benchmarks/results/block_spread_ab.txt). There each
+// block first takes a rank: the first block of the launch on its multiprocessor 0, 1, ... (ticket
+// spread[0]), the others gx * nb - 1, gx * nb - 2, ... (ticket spread[1]); rank r takes slot r / nb
+// of channel block r % nb, so the slots with work sit on distinct multiprocessors. The ranks are a
+// permutation of [0, gx * nb) whatever the placement (one ticket counts up, the other down), so
+// which block computes what never changes a result. Ranks are taken only with several channel
+// blocks and when at most half of the slots have the extra work (otherwise most multiprocessors
+// have work either way, and the two atomics cost up to 1 us per launch: same file). `spread`
+// (nullptr: block-index order): kSpreadInts zeroed ints for this launch only. Every thread of the
+// block must call it (a barrier), with the same `items`.
+__device__ __forceinline__ BlockWork block_work(int* spread, int items) {
+  const int gx = (int)gridDim.x, nb = (int)gridDim.y;
+  const int busy = items % gx;  // slots with one item more than the others
+  if (spread == nullptr || nb == 1 || busy == 0 || 2 * busy > gx) return {(int)blockIdx.x, (int)blockIdx.y};
+  __shared__ int rank;
+  if (threadIdx.x == 0) {
+    unsigned sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    const unsigned bit = 1u << (sm & 31u);
+    const unsigned seen = atomicOr(reinterpret_cast<unsigned*>(spread + 2 + ((sm >> 5) & 7u)), bit);
+    rank = (seen & bit) == 0u ? atomicAdd(spread, 1) : gx * nb - 1 - atomicAdd(spread + 1, 1);
+  }
+  __syncthreads();
+  return {rank / nb, rank % nb};
+}
+
 // Appends `cnt` items of every thread of the block to a device list whose item count is
 // *counter, with one atomic per block; returns the thread's first slot (slots in thread order).
 // Every thread of the block (WARPS warps) must call it: it has barriers.

@@ -66,6 +66,7 @@ struct TcArgs {
   const int* count;     // the list's item count (device-side; the gathered-rows kernel reads list[0] if nullptr)
   const int* split_counts;  // 3x3: TileSplit::counts (nullptr: no split)
   int split_min;            // 3x3 and its pixel rows: TileSplit::min_pixels
+  int* spread;              // 3x3: kSpreadInts zeroed ints for block_work (nullptr: block-index order)
 };
 
 // The tiles the 3x3 kernel computes: the listed ones, and the sparse ones of a split when its
@@ -408,12 +409,18 @@ __global__ void __launch_bounds__(32 * TPB * NW, WG ? 2 : 1) conv3x3_tc_kernel(c
   if (FINE ? count > a.fine_max : count <= a.fine_max) return;
   const ConvGeom& g = a.g;
   const int ngroups = (count + TPB - 1) / TPB;
-  if ((int)blockIdx.x >= ngroups) return;
-  const int my_groups = (ngroups - 1 - (int)blockIdx.x) / (int)gridDim.x + 1;
+  // the fine launch (few tiles) spreads its blocks with work over the multiprocessors (block_work);
+  // the coarse one keeps block-index order: ranks held in registers through its main loop cost
+  // its wide instantiations 2 % where all blocks are busy, and reread from shared memory 4 % for
+  // C = 64 (H200, 2026-11-22; benchmarks/results/block_spread_ab.txt)
+  BlockWork bw{(int)blockIdx.x, (int)blockIdx.y};
+  if constexpr (FINE) bw = block_work(a.spread, ngroups);
+  if (bw.slot >= ngroups) return;
+  const int my_groups = (ngroups - 1 - bw.slot) / (int)gridDim.x + 1;
   const int Cin = g.Cin;
   const int nchunks = (Cin + CK - 1) / CK;
   const int total = my_groups * nchunks * 9;
-  const int n0 = blockIdx.y * Cfg::BN;
+  const int n0 = bw.nblk * Cfg::BN;
 
   const T* __restrict__ x = static_cast<const T*>(a.x);
   const T* __restrict__ w = static_cast<const T*>(a.w);
@@ -429,7 +436,7 @@ __global__ void __launch_bounds__(32 * TPB * NW, WG ? 2 : 1) conv3x3_tc_kernel(c
 
   // per group: input pixel of every halo row (-1: zero) and row mask of every tile -> table gi & 1
   auto prep = [&](int gi) {
-    const int grp = (int)blockIdx.x + gi * (int)gridDim.x;
+    const int grp = bw.slot + gi * (int)gridDim.x;
     int* tab = tab_s + (gi & 1) * Cfg::TAB;
 #pragma unroll
     for (int k = 0; k < (PIXT + THREADS - 1) / THREADS; ++k) {
@@ -599,7 +606,7 @@ __global__ void __launch_bounds__(32 * TPB * NW, WG ? 2 : 1) conv3x3_tc_kernel(c
       wgmma_wait<0>();
       wgmma_fence_operands(acc);
     }
-    const int grp = (int)blockIdx.x + c_gi * (int)gridDim.x;
+    const int grp = bw.slot + c_gi * (int)gridDim.x;
     const int t = grp * TPB + slot;
     if (t < count) {
       const int tile = split_tile_entry(a, listed, t, 0);

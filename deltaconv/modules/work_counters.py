@@ -16,15 +16,15 @@ class WorkCounters:
     them with a small kernel per call, one CUDA-graph node per convolution. Within a frame of a
     :class:`~deltaconv.DeltaModel` each convolution call takes its own :data:`PER_CALL` ints
     instead (:meth:`take`), and :meth:`begin_frame` zeroes all of them with one kernel per chunk of
-    :data:`CHUNK` ints (one chunk serves 1,024 convolution calls).
+    :data:`CHUNK` ints (one chunk serves 256 convolution calls).
 
     Chunks are never freed while the object lives: a captured CUDA graph keeps the addresses it
     recorded, so a chunk left behind by a device change stays allocated (16 KiB each). They are
     made outside inference mode, so frames in and out of ``torch.inference_mode`` share them.
     """
 
-    #: ints per convolution call (>= kConvCounters in csrc/conv_ops.cu; 16 bytes)
-    PER_CALL = 4
+    #: ints per convolution call (>= conv::kConvCounters = 14 in csrc/conv/conv_common.cuh; 64 bytes)
+    PER_CALL = 16
     #: ints per chunk
     CHUNK = 4096
 
