@@ -993,4 +993,4 @@ def test_opcheck(name, fakes):
         torch.library.opcheck(ops().conv2d.default, tuple(a))
     if name in ("conv2d", "conv_transpose2d"):  # with the counters they write
         torch.library.opcheck(getattr(ops(), name).default,
-                              tuple(args) + (torch.zeros(4, dtype=torch.int32, device="cuda"),))
+                              tuple(args) + (torch.zeros(COUNTERS, dtype=torch.int32, device="cuda"),))
