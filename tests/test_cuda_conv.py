@@ -258,7 +258,7 @@ def test_conv2d_3x3_coarse_and_fine_launches(case, dtype, launch, monkeypatch):
 
 
 def _check_rank_tickets(c: list) -> None:
-    """The block ranks of one call's tensor-core launch (counters[4:14], block_work in
+    """The block ranks of one call's 3x3 fine launch (counters[4:14], block_work in
     csrc/conv/conv_common.cuh): none taken, or the first-on-a-multiprocessor ticket equals the
     multiprocessor bits set (at most one per multiprocessor) and at least one block took it."""
     first, others, bits = c[4], c[5], c[6:14]
@@ -272,10 +272,11 @@ def _check_rank_tickets(c: list) -> None:
 @pytest.mark.parametrize("launch", ["coarse", "fine", "default"])
 @pytest.mark.parametrize("case", TC3_CASES[:2] + TC3_CASES[4:7], ids=_case_id)
 def test_conv2d_block_order_never_changes_results(case, launch, monkeypatch):
-    """The 3x3 tensor-core kernel's blocks take their tiles in block_work's rank order (spread over
-    the multiprocessors; the default) or in block-index order (DELTACONV_SPREAD=0): the outputs
-    and masks are bit-identical either way, at every changed fraction, with and without key
-    streams, on both launches; block-index order takes no ranks."""
+    """The 3x3 tensor-core kernel's fine launch takes its tiles in block_work's rank order (spread
+    over the multiprocessors; the default) or in block-index order (DELTACONV_SPREAD=0): the
+    outputs and masks are bit-identical either way, at every changed fraction, with and without
+    key streams, whichever launch runs (the coarse one never ranks); block-index order takes no
+    ranks."""
     if launch != "default":
         monkeypatch.setenv("DELTACONV_TC_FINE_MAX", "-1" if launch == "coarse" else str(1 << 30))
     cin, cout, k, s, p, d, g, (H, W) = case
@@ -304,7 +305,7 @@ def test_conv2d_block_order_never_changes_results(case, launch, monkeypatch):
 @pytest.mark.gpu
 def test_conv2d_takes_block_ranks_when_few_tiles_have_work(monkeypatch):
     """Three active tiles of a 64-tile map and 256 output channels (two channel blocks): every
-    block of the 3x3 launch takes a rank (the tickets count the whole grid: 64 tile slots x 2
+    block of the 3x3 kernel's fine launch takes a rank (the tickets count the whole grid: 64 tile slots x 2
     channel blocks), the first-on-a-multiprocessor ticket at most once per multiprocessor; with
     DELTACONV_SPREAD=0 none, and the outputs are the same."""
     gen = torch.Generator().manual_seed(8)
@@ -541,7 +542,7 @@ def test_conv1x1_mask_at_any_byte_offset(key):
         counters = torch.zeros(COUNTERS, dtype=torch.int32, device="cuda")
         runs.append(ops().conv2d(delta, m, weight, None, [1, 1], [0, 0], [1, 1], 1, kt, counters) + (counters,))
     (out, mo, c), (out2, mo2, c2) = runs
-    assert torch.equal(mo2, mo) and torch.equal(c2[:4], c[:4])  # (the block ranks follow the placement)
+    assert torch.equal(mo2, mo) and torch.equal(c2, c)
     assert int(c[0]) == int(mo.sum())
     assert torch.equal(out2[mo.expand_as(out)], out[mo.expand_as(out)])
     expected = mask | (kt.view(N, 1, 1, 1) if kt is not None else False)
