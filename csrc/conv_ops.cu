@@ -34,15 +34,21 @@ using conv::Strides4;
 
 constexpr int64_t kIntMax = std::numeric_limits<int>::max();
 
+// Argument `name` (tensor t) a CUDA tensor of dtype `dtype` on the device of `delta`.
+#define DC_CHECK_BESIDE_DELTA(OP, name, t, delta, dtype)                                              \
+  do {                                                                                                \
+    DC_CHECK_CUDA(OP, name, t);                                                                      \
+    DC_CHECK_SAME_DEVICE(OP, name, t, delta);                                                        \
+    DC_CHECK_DTYPE(OP, name, t, dtype);                                                              \
+  } while (0)
+
 // delta [N,C,H,W] activation dtype on CUDA, mask [N,1,H,W] bool on the same device.
 #define DC_CHECK_DELTA_MASK(OP, delta, mask)                                                          \
   do {                                                                                                \
     DC_CHECK_CUDA(OP, "delta", delta);                                                               \
     DC_CHECK_ACTIVATION_DTYPE(OP, "delta", delta);                                                   \
     DC_CHECK_DIM(OP, "delta", delta, 4);                                                             \
-    DC_CHECK_CUDA(OP, "mask", mask);                                                                 \
-    DC_CHECK_SAME_DEVICE(OP, "mask", mask, delta);                                                   \
-    DC_CHECK_DTYPE(OP, "mask", mask, at::kBool);                                                     \
+    DC_CHECK_BESIDE_DELTA(OP, "mask", mask, delta, at::kBool);                                       \
     DC_CHECK_DIM(OP, "mask", mask, 4);                                                               \
     TORCH_CHECK(mask.size(0) == delta.size(0) && mask.size(1) == 1 && mask.size(2) == delta.size(2) && \
                     mask.size(3) == delta.size(3),                                                    \
@@ -55,9 +61,7 @@ constexpr int64_t kIntMax = std::numeric_limits<int>::max();
 #define DC_CHECK_KEY(OP, key, delta)                                                                  \
   do {                                                                                                \
     if (key.has_value()) {                                                                            \
-      DC_CHECK_CUDA(OP, "key", (*key));                                                              \
-      DC_CHECK_SAME_DEVICE(OP, "key", (*key), delta);                                                \
-      DC_CHECK_DTYPE(OP, "key", (*key), at::kBool);                                                  \
+      DC_CHECK_BESIDE_DELTA(OP, "key", (*key), delta, at::kBool);                                    \
       TORCH_CHECK(key->dim() == 1 && key->size(0) == delta.size(0),                                   \
                   "deltaconv::" OP ": argument 'key' must have shape [N] = [", delta.size(0), "], got ", \
                   key->sizes());                                                                      \
@@ -158,27 +162,23 @@ WorkList work_list(const Tensor& like, int64_t items, cudaStream_t stream, const
   return {buf, base + conv::kConvCounters, base};
 }
 
-// DELTACONV_SPREAD=0 gives the 3x3 tensor-core kernel's blocks block-index order instead of
-// block_work's ranks (conv_common.cuh; read on every call, for A/B runs and tests of both orders).
-// The gathered-rows GEMM keeps block-index order: its blocks are short, and ranking them made
-// deeplabv3_mobilenet_v3_large 1.3 % slower per frame (H200, 2026-11-22; block_spread_ab.txt).
-bool spread_enabled() {
-  const char* v = std::getenv("DELTACONV_SPREAD");
+// Whether the A/B switch `name` (an environment variable, read on every call) is on: unset, or
+// set to anything but "0".
+bool env_switch(const char* name) {
+  const char* v = std::getenv(name);
   return v == nullptr || std::strcmp(v, "0") != 0;
 }
 
 // The optional `counters` argument of conv2d / conv_transpose2d: int32, contiguous, 1-D, on the
-// device of `delta`, with at least kConvCounters elements (what any path of one call uses).
-constexpr int64_t kConvCounters = conv::kConvCounters;
+// device of `delta`, with at least conv::kConvCounters elements (what any path of one call uses).
 #define DC_CHECK_COUNTERS(OP, counters, delta)                                                              \
   do {                                                                                                      \
     if (counters.has_value()) {                                                                             \
-      DC_CHECK_CUDA(OP, "counters", (*counters));                                                           \
-      DC_CHECK_SAME_DEVICE(OP, "counters", (*counters), delta);                                             \
-      DC_CHECK_DTYPE(OP, "counters", (*counters), at::kInt);                                                \
-      TORCH_CHECK(counters->dim() == 1 && counters->is_contiguous() && counters->numel() >= kConvCounters,  \
+      DC_CHECK_BESIDE_DELTA(OP, "counters", (*counters), delta, at::kInt);                                  \
+      TORCH_CHECK(counters->dim() == 1 && counters->is_contiguous() &&                                      \
+                      counters->numel() >= conv::kConvCounters,                                             \
                   "deltaconv::" OP ": argument 'counters' must be a contiguous 1-D tensor of at least ",     \
-                  kConvCounters, " elements, got shape ", counters->sizes(), " and strides ",                \
+                  conv::kConvCounters, " elements, got shape ", counters->sizes(), " and strides ",          \
                   counters->strides());                                                                     \
     }                                                                                                       \
   } while (0)
@@ -214,10 +214,7 @@ void launch_direct(const Tensor& x, const Tensor& m, const Tensor& w, const c10:
 // call, for A/B measurements against the scalar CUDA-core kernels).
 // DELTACONV_TC_FINE_MAX=<tiles> overrides the device-side switch between the coarse and the fine
 // 3x3 launch (-1: always coarse, a huge value: always fine).
-bool tc_enabled() {
-  const char* v = std::getenv("DELTACONV_TC");
-  return v == nullptr || std::strcmp(v, "0") != 0;
-}
+bool tc_enabled() { return env_switch("DELTACONV_TC"); }
 
 // Hopper's wgmma runs the gathered-rows GEMM (1x1 convs, gathered taps) and the stride-1 3x3 tile
 // kernel when the build has the sm_90a target (DC_SM90A: setup.py's default TORCH_CUDA_ARCH_LIST
@@ -225,8 +222,7 @@ bool tc_enabled() {
 // DELTACONV_WGMMA=0 forces mma.sync (read on every call: A/B runs, tests of both paths).
 bool wgmma_enabled() {
 #if defined(DC_SM90A) && DC_SM90A
-  const char* v = std::getenv("DELTACONV_WGMMA");
-  if (v != nullptr && std::strcmp(v, "0") == 0) return false;
+  if (!env_switch("DELTACONV_WGMMA")) return false;
   const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
   return prop->major == 9 && prop->minor == 0;
 #else
@@ -417,7 +413,10 @@ void launch_tc_3x3(const Tensor& x, const Tensor& m, const ConvWeights& tw, cons
   conv::tc::TcArgs a = tc_args(x, m, tw.w, tw.b, key, y, wl, g);
   a.split_counts = split.counts;
   a.split_min = split.min_pixels;
-  a.spread = spread_enabled() ? wl.count + conv::kSpreadAt : nullptr;
+  // DELTACONV_SPREAD=0: block-index order instead of block_work's ranks (A/B runs, tests of both
+  // orders). The gathered-rows GEMM keeps block-index order: its blocks are short, and ranking them
+  // made deeplabv3_mobilenet_v3_large 1.3 % slower per frame (H200, 2026-11-22; block_spread_ab.txt).
+  a.spread = env_switch("DELTACONV_SPREAD") ? wl.count + conv::kSpreadAt : nullptr;
   // coarse launch: 2 tiles per block (two blocks per multiprocessor; 4 tiles per block, one block,
   // was 6-16 % slower at every density on an H200 with mma.sync, and up to 10 % slower with wgmma
   // except dilated C=256 at 135x240, scratch A/B 2026-11-21); Cout > 64: 128 channels per block
