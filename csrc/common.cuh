@@ -81,6 +81,18 @@ auto cached_per_kernel(const void* kernel, const Extra& extra, Compute&& compute
   return value;
 }
 
+// Whether the current device is Hopper or newer and runs `kernel` from code compiled for sm_90 or
+// newer (not JIT-compiled from older PTX): what programmatic dependent launch and thread-block
+// clusters need. Cached per (kernel, device).
+template <typename... KArgs>
+bool runs_sm90_code(void (*kernel)(KArgs...)) {
+  return cached_per_kernel(reinterpret_cast<const void*>(kernel), 0, [&] {
+    cudaFuncAttributes attr{};
+    C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(kernel)));
+    return at::cuda::getCurrentDeviceProperties()->major >= 9 && attr.binaryVersion >= 90;
+  });
+}
+
 // Whether `kernel` may start before the previous kernel in the stream has finished (programmatic
 // dependent launch, see kernels/grid_dependency.cuh), opt-in: DELTACONV_PDL set and not 0 (read on
 // every launch, so a CUDA graph keeps what was set when it was captured), the device Hopper or
@@ -92,29 +104,47 @@ template <typename... KArgs>
 bool pdl_enabled(void (*kernel)(KArgs...)) {
   const char* v = std::getenv("DELTACONV_PDL");
   if (v == nullptr || *v == 0 || std::strcmp(v, "0") == 0) return false;
-  return cached_per_kernel(reinterpret_cast<const void*>(kernel), 0, [&] {
-    cudaFuncAttributes attr{};
-    C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(kernel)));
-    return at::cuda::getCurrentDeviceProperties()->major >= 9 && attr.binaryVersion >= 90;
-  });
+  return runs_sm90_code(kernel);
 }
 
-// Launch `kernel` on `stream` (programmatic dependent launch where pdl_enabled) and check the launch.
-// Every deltaconv kernel opens with grid_dependency_sync() and is launched through here.
+// Launch `kernel` on `stream` in thread-block clusters of `cluster_x` blocks along x (1: no cluster;
+// Hopper and newer; grid.x a multiple of it), with programmatic dependent launch where pdl_enabled,
+// and check the launch. Every deltaconv kernel opens with grid_dependency_sync() and is launched
+// through here or launch_kernel.
 template <typename... KArgs, typename... Args>
-void launch_kernel(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                   Args&&... args) {
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+void launch_kernel_clustered(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                             unsigned cluster_x, Args&&... args) {
+  TORCH_CHECK(cluster_x >= 1 && grid.x % cluster_x == 0, "deltaconv: a grid of ", grid.x,
+              " blocks along x does not split into clusters of ", cluster_x);
+  cudaLaunchAttribute attr[2];
+  unsigned n = 0;
+  if (pdl_enabled(kernel)) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
+  if (cluster_x > 1) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = cluster_x;
+    attr[n].val.clusterDim.y = 1;
+    attr[n].val.clusterDim.z = 1;
+    ++n;
+  }
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cfg.attrs = attr;
-  cfg.numAttrs = pdl_enabled(kernel) ? 1 : 0;
+  cfg.numAttrs = n;
   C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+
+// launch_kernel_clustered without clusters.
+template <typename... KArgs, typename... Args>
+void launch_kernel(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                   Args&&... args) {
+  launch_kernel_clustered(kernel, grid, block, smem, stream, 1u, std::forward<Args>(args)...);
 }
 
 // Blocks of `threads` threads with `smem` bytes of dynamic shared memory of `kernel` resident at

@@ -285,7 +285,27 @@ conv::tc::TcArgs tc_args(const Tensor& x, const Tensor& m_or_empty, const Tensor
   a.split_counts = nullptr;
   a.split_min = 0;
   a.spread = nullptr;
+  a.sms = num_sms();
+  a.fine_split = nullptr;
   return a;
+}
+
+// The fine 3x3 launch runs in thread-block clusters of this many CTAs, the most that may split a
+// tile's K (its 64-channel input chunks; conv3x3_tc_kernel chooses the split on the device with
+// fine_k_split and records it in the call's counters): DELTACONV_TC_KSPLIT = 1, 2 or 4 (read on
+// every call; A/B runs, tests of every split; 4 measured slower than 2 from 33 tiles of C = 256 on:
+// benchmarks/results/fine_ksplit_ab.txt), at most the tile's chunks, and 1 without clusters (before
+// Hopper, or code not compiled for sm_90).
+constexpr int kFineKSplit = 2;
+template <typename Kernel>
+int fine_cluster_size(Kernel kernel, int64_t cin) {
+  const int64_t v = env_int("DELTACONV_TC_KSPLIT", kFineKSplit);
+  TORCH_CHECK(v == 1 || v == 2 || v == 4, "deltaconv: environment variable DELTACONV_TC_KSPLIT must be 1, 2 or 4, got '",
+              std::getenv("DELTACONV_TC_KSPLIT"), "'");
+  if (v == 1 || !runs_sm90_code(kernel)) return 1;
+  int ks = (int)v;
+  while (ks > 1 && ks > ceil_div((int)cin, conv::tc::CK)) ks /= 2;
+  return ks;
 }
 
 // One 3x3 configuration: (coarse, fine) pair of instantiations for one dtype / stride / width /
@@ -316,7 +336,14 @@ void run_tc_3x3(conv::tc::TcArgs a, int64_t tiles, cudaStream_t stream) {
     launch_kernel(kc, dim3((unsigned)gx_c, (unsigned)nb), CC::THREADS, smem_c, stream, a);
   }
   if (a.fine_max >= 0) {  // the fine launch can have work
-    launch_kernel(kf, dim3((unsigned)gx_f, (unsigned)nb), CF::THREADS, smem_f, stream, a);
+    // CTAs along x: a slot per tile at whichever K split the kernel chooses (fine_k_split: k CTAs
+    // per tile up to its largest count of tiles), a whole number of clusters
+    const int cluster = fine_cluster_size(kf, a.g.Cin);
+    int64_t gx = gx_f;
+    for (const int64_t c : {std::min<int64_t>(gx_f, sms / nb), std::min<int64_t>(gx_f, sms / (4 * nb))})
+      gx = std::max<int64_t>(gx, c * conv::tc::fine_k_split(cluster, c * nb, sms));
+    gx = (gx + cluster - 1) / cluster * cluster;
+    launch_kernel_clustered(kf, dim3((unsigned)gx, (unsigned)nb), CF::THREADS, smem_f, stream, (unsigned)cluster, a);
   }
 }
 
@@ -413,6 +440,7 @@ void launch_tc_3x3(const Tensor& x, const Tensor& m, const ConvWeights& tw, cons
   conv::tc::TcArgs a = tc_args(x, m, tw.w, tw.b, key, y, wl, g);
   a.split_counts = split.counts;
   a.split_min = split.min_pixels;
+  a.fine_split = wl.count + conv::kFineSplitAt;
   // DELTACONV_SPREAD=0: block-index order instead of block_work's ranks (A/B runs, tests of both
   // orders). The gathered-rows GEMM keeps block-index order: its blocks are short, and ranking them
   // made deeplabv3_mobilenet_v3_large 1.3 % slower per frame (H200, 2026-11-22; block_spread_ab.txt).

@@ -257,6 +257,77 @@ def test_conv2d_3x3_coarse_and_fine_launches(case, dtype, launch, monkeypatch):
         run_conv2d(case, dtype, fracs, KEYS[i % len(KEYS)], seed=20 + i, bias=i % 2 == 0)
 
 
+# 3x3 cases for the fine launch's K split (whole and partial 64-channel chunks of C_in: 2, 3, 4, 5)
+KSPLIT_CASES = [
+    (96, 136, (3, 3), 1, 1, 1, 1, (13, 17)),     # 2 chunks, the last one partial; 2 C_out blocks
+    (192, 64, (3, 3), 1, 1, 1, 1, (31, 45)),     # 3 chunks: halves of 1 and 2
+    (256, 256, (3, 3), 1, 1, 1, 1, (21, 30)),    # 4 chunks, 2 C_out blocks of 128
+    (256, 128, (3, 3), 2, 1, 1, 1, (21, 30)),    # stride 2 (mma.sync)
+    (264, 64, (3, 3), 1, 2, 2, 1, (19, 27)),     # dilation 2, 5 chunks, the last one 8 channels
+    (256, 256, (3, 3), 1, 1, 1, 1, (135, 240)),  # many tiles: the split falls to 2 and 1 as they grow
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ksplit", ["1", "2", "4"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("case", KSPLIT_CASES, ids=_case_id)
+def test_conv2d_3x3_fine_launch_k_split(case, dtype, ksplit, monkeypatch):
+    """The fine launch in clusters of 1, 2 or 4 CTAs (DELTACONV_TC_KSPLIT), whose CTAs split a
+    tile's K 4, 2 or 1 ways by the tile count, equals the reference at every changed fraction, with
+    and without key streams, and gives bit-identical outputs from call to call (the first CTA of a
+    tile adds the partial sums in rank order, whichever CTA finishes first)."""
+    monkeypatch.setenv("DELTACONV_TC_SPLIT", "0")
+    monkeypatch.setenv("DELTACONV_TC_FINE_MAX", str(1 << 30))
+    monkeypatch.setenv("DELTACONV_TC_KSPLIT", ksplit)
+    for i, fracs in enumerate(FRACS):
+        run_conv2d(case, dtype, fracs, KEYS[i % len(KEYS)], seed=30 + i, bias=i % 2 == 0)
+    cin, cout, k, s, p, d, g, (H, W) = case
+    gen = torch.Generator().manual_seed(3)
+    weight = (torch.randn(cout, cin, *k, generator=gen) / math.sqrt(cin * 9)).cuda()
+    for fracs in FRACS[:2]:
+        mask = make_mask(fracs, H, W, gen).cuda()
+        delta = make_delta(2, cin, H, W, mask.cpu(), dtype, gen)
+        runs = []
+        for _ in range(3):
+            counters = torch.zeros(COUNTERS, dtype=torch.int32, device="cuda")
+            out, mo = ops().conv2d(delta, mask, weight, None, list(_pair(s)), list(_pair(p)), list(_pair(d)), 1, None,
+                                   counters)
+            runs.append((out, mo, counters.tolist()))
+        active = runs[0][1].expand_as(runs[0][0])
+        for out, mo, c in runs:
+            assert torch.equal(mo, runs[0][1]) and torch.equal(out[active], runs[0][0][active]), \
+                f"K split {ksplit}: outputs differ between calls (fracs {fracs})"
+            assert c[3] == _expected_k_split(ksplit, cin, cout, c[0]), f"K split recorded in counters {c}"
+
+
+def _expected_k_split(setting: str, cin: int, cout: int, tiles: int) -> int:
+    """The K split of the fine 3x3 launch (conv_tc.cuh: fine_k_split) for DELTACONV_TC_KSPLIT =
+    `setting` and `tiles` listed tiles: clusters of at most `setting` CTAs and at most the 64-channel
+    chunks of C_in (Hopper), 4 CTAs per tile up to a quarter of a (tile, 128-channel block) job per
+    multiprocessor, 2 up to one."""
+    props = torch.cuda.get_device_properties(0)
+    kc = int(setting) if props.major >= 9 else 1
+    while kc > 1 and kc > -(-cin // 64):
+        kc //= 2
+    jobs = tiles * -(-cout // (128 if cout > 64 else 64))
+    sms = props.multi_processor_count
+    return 4 if kc >= 4 and 4 * jobs <= sms else 2 if kc >= 2 and jobs <= sms else 1
+
+
+@pytest.mark.gpu
+def test_conv2d_k_split_rejects_other_values(monkeypatch):
+    """DELTACONV_TC_KSPLIT accepts 1, 2 and 4; anything else is an error that names the variable and the value."""
+    gen = torch.Generator().manual_seed(4)
+    mask = make_mask(FRACS[1], 13, 17, gen)
+    delta = make_delta(1, 96, 13, 17, mask, torch.float16, gen)
+    weight = torch.randn(64, 96, 3, 3, generator=gen).cuda()
+    for bad in ("3", "0", "two"):
+        monkeypatch.setenv("DELTACONV_TC_KSPLIT", bad)
+        with pytest.raises(RuntimeError, match=f"DELTACONV_TC_KSPLIT.*'{bad}'"):
+            ops().conv2d(delta, mask.cuda(), weight, None, [1, 1], [1, 1], [1, 1], 1, None)
+
+
 def _check_rank_tickets(c: list) -> None:
     """The block ranks of one call's 3x3 fine launch (counters[4:14], block_work in
     csrc/conv/conv_common.cuh): none taken, or the first-on-a-multiprocessor ticket equals the
@@ -493,8 +564,9 @@ def test_conv2d_counters_argument(case, dtype, split, monkeypatch):
     """With zeroed ``counters`` given (what a DeltaModel passes, instead of the op zeroing its own)
     conv2d gives bit-identical outputs and masks, and counts its work list there: the listed
     pixels (1x1 convs) or tiles (tile paths; a 3x3 split counts its sparse tiles in counters[1]
-    and their pixels in counters[2]); the fourth int is never touched, and the ranks of the blocks
-    (counters[4:14], see test_conv2d_block_order_never_changes_results) are consistent."""
+    and their pixels in counters[2]); the fourth int is 0 or the K split of a 3x3 tensor-core fine
+    launch (see test_conv2d_3x3_fine_launch_k_split), and the ranks of the blocks (counters[4:14],
+    see test_conv2d_block_order_never_changes_results) are consistent."""
     if split != "default":
         monkeypatch.setenv("DELTACONV_TC_SPLIT", "40")
         monkeypatch.setenv("DELTACONV_TC_SPLIT_MIN", "0")
@@ -513,7 +585,8 @@ def test_conv2d_counters_argument(case, dtype, split, monkeypatch):
         active = mo.expand_as(out)
         assert torch.equal(out2[active], out[active]), f"values differ with counters (fracs {fracs})"
         c = counters.tolist()
-        assert c[3] == 0
+        tc3 = dtype != torch.float32 and k == (3, 3) and g == 1
+        assert c[3] in ((0, 1, 2) if tc3 else (0,)), f"counters {c}: fourth int"
         depthwise = g > 1 and g == cin and cout == cin
         pixels = k == (1, 1) and not depthwise  # the 1x1 path lists pixels, the others tiles
         expected = int(mo.sum()) if pixels else _active_tiles(mo)

@@ -16,6 +16,10 @@
 //       FINE selects which of two launches runs: a coarse one (TPB 2) for many tiles and a
 //       fine one (TPB 1) when the device-side tile count is small (count <= fine_max), so that
 //       a few tiles still spread over all multiprocessors. Both are launched; one exits at once.
+//       On Hopper the fine launch runs in thread-block clusters (cluster.cuh) and, when the tiles
+//       are few, 2 or 4 CTAs split a tile's K: each computes a share of its input chunks, and the
+//       first adds the others' fp32 partial sums from their shared memory before the epilogue
+//       (a chain of stages 1 / 2 or 1 / 4 as long).
 //       WG (stride 1, sm_90a): a warpgroup per tile issues wgmma with A straight from the halo,
 //       one wgmma group in flight across stages (prefetch distance 1, a 3-slot weight ring).
 //   conv_gather_tc_kernel<T, NW, NT, ROWS, WG>
@@ -42,6 +46,7 @@
 
 #include <type_traits>
 
+#include "cluster.cuh"
 #include "conv_common.cuh"
 #include "wgmma.cuh"
 
@@ -67,6 +72,8 @@ struct TcArgs {
   const int* split_counts;  // 3x3: TileSplit::counts (nullptr: no split)
   int split_min;            // 3x3 and its pixel rows: TileSplit::min_pixels
   int* spread;              // 3x3: kSpreadInts zeroed ints for block_work (nullptr: block-index order)
+  int sms;                  // 3x3: the device's multiprocessors (the fine launch's K split)
+  int* fine_split;          // 3x3: where the fine launch records its K split (nullptr: nowhere)
 };
 
 // The tiles the 3x3 kernel computes: the listed ones, and the sparse ones of a split when its
@@ -384,6 +391,13 @@ __device__ __forceinline__ void wgmma_chunk(float (&acc)[2][N / 16][4], bool ful
   }
 }
 
+// The CTAs that share a tile's K in the fine 3x3 launch in clusters of kc CTAs, for `jobs` (tile,
+// output-channel block) pairs on `sms` multiprocessors: 4 up to a quarter of a job per
+// multiprocessor, 2 up to one, else 1 (H200, 2026-11-22: benchmarks/results/fine_ksplit_ab.txt).
+__host__ __device__ inline int fine_k_split(int kc, int64_t jobs, int sms) {
+  return kc >= 4 && 4 * jobs <= sms ? 4 : (kc >= 2 && jobs <= sms ? 2 : 1);
+}
+
 template <typename T, int S, int TPB, int NW, int NT, bool FINE, int D, bool WG>
 __global__ void __launch_bounds__(32 * TPB * NW, WG ? 2 : 1) conv3x3_tc_kernel(const TcArgs a) {
   grid_dependency_sync();
@@ -413,13 +427,35 @@ __global__ void __launch_bounds__(32 * TPB * NW, WG ? 2 : 1) conv3x3_tc_kernel(c
   // the coarse one keeps block-index order: ranks held in registers through its main loop cost
   // its wide instantiations 2 % where all blocks are busy, and reread from shared memory 4 % for
   // C = 64 (H200, 2026-11-22; benchmarks/results/block_spread_ab.txt)
-  BlockWork bw{(int)blockIdx.x, (int)blockIdx.y};
-  if constexpr (FINE) bw = block_work(a.spread, ngroups);
-  if (bw.slot >= ngroups) return;
-  const int my_groups = (ngroups - 1 - bw.slot) / (int)gridDim.x + 1;
+  // K split of the fine launch (Hopper): it may run in clusters of kc CTAs along x (run_tc_3x3), and
+  // then `ks` consecutive CTAs share a tile (slot x / ks): CTA x computes the input chunks
+  // [chunk_lo, chunk_hi), a 1 / ks share of K, and CTA x - x % ks adds the others' partial sums
+  // (cluster_reduce_acc) and stores the tile. With one tile per block its chain of stages is 1 / ks
+  // as long, so the split pays while the CTAs stay few (fine_k_split). Chosen from the device-side
+  // count, the same for every CTA; the sum never depends on which CTA finishes first.
+  const int kc = FINE ? cluster_size() : 1;
+  const int ks = FINE ? fine_k_split(kc, (int64_t)count * gridDim.y, a.sms) : 1;
+  const int gxs = (int)gridDim.x / ks;  // slots of the launch
+  if (FINE && a.fine_split != nullptr && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *a.fine_split = ks;
+  // split: the slots stay in block-index order, so that the CTAs with work fill whole clusters (a
+  // CTA without work in a cluster with work waits in cluster_idle(), holding its place on the
+  // multiprocessor); no split: no cluster barrier, ranks as without clusters
+  BlockWork bw{(int)blockIdx.x / ks, (int)blockIdx.y};
+  if constexpr (FINE) {
+    if (ks == 1) bw = block_work(a.spread, ngroups);
+  }
+  if (bw.slot >= ngroups) {  // no tile: a cluster with tiles in other CTAs waits for them, others exit
+    if (ks > 1 && ((int)blockIdx.x - (int)blockIdx.x % kc) / ks < ngroups) cluster_idle();
+    return;
+  }
+  const int my_groups = (ngroups - 1 - bw.slot) / gxs + 1;
+  if (ks > 1 && my_groups > 1) __trap();  // run_tc_3x3 launches a slot per tile at every split
   const int Cin = g.Cin;
   const int nchunks = (Cin + CK - 1) / CK;
-  const int total = my_groups * nchunks * 9;
+  const int krank = FINE ? (int)blockIdx.x % ks : 0;
+  const int chunk_lo = FINE ? nchunks * krank / ks : 0;
+  const int chunk_hi = FINE ? nchunks * (krank + 1) / ks : nchunks;
+  const int total = my_groups * (chunk_hi - chunk_lo) * 9;
   const int n0 = bw.nblk * Cfg::BN;
 
   const T* __restrict__ x = static_cast<const T*>(a.x);
@@ -436,7 +472,7 @@ __global__ void __launch_bounds__(32 * TPB * NW, WG ? 2 : 1) conv3x3_tc_kernel(c
 
   // per group: input pixel of every halo row (-1: zero) and row mask of every tile -> table gi & 1
   auto prep = [&](int gi) {
-    const int grp = bw.slot + gi * (int)gridDim.x;
+    const int grp = bw.slot + gi * gxs;
     int* tab = tab_s + (gi & 1) * Cfg::TAB;
 #pragma unroll
     for (int k = 0; k < (PIXT + THREADS - 1) / THREADS; ++k) {
@@ -478,7 +514,7 @@ __global__ void __launch_bounds__(32 * TPB * NW, WG ? 2 : 1) conv3x3_tc_kernel(c
     if (n0 + wrow0 + k * WROWSTEP < g.Cout) wco_ok |= 1u << k;
 
   // producer state: the stage to issue next
-  int i_tap = 0, i_chunk = 0, i_gi = 0, i_ws = 0, i_hpar = 0, i_c0 = 0, i_woff = 0;
+  int i_tap = 0, i_chunk = chunk_lo, i_gi = 0, i_ws = 0, i_hpar = 0, i_c0 = chunk_lo * CK, i_woff = i_c0;
   auto issue = [&]() {
     const bool ci_ok = i_c0 + wj * 8 < Cin;
     if (i_tap == 0) {
@@ -507,9 +543,9 @@ __global__ void __launch_bounds__(32 * TPB * NW, WG ? 2 : 1) conv3x3_tc_kernel(c
       i_tap = 0;
       i_hpar ^= 1;
       i_c0 += CK;
-      if (++i_chunk == nchunks) {
-        i_chunk = 0;
-        i_c0 = 0;
+      if (++i_chunk == chunk_hi) {
+        i_chunk = chunk_lo;
+        i_c0 = chunk_lo * CK;
         ++i_gi;
       }
       i_woff = i_c0;
@@ -543,7 +579,7 @@ __global__ void __launch_bounds__(32 * TPB * NW, WG ? 2 : 1) conv3x3_tc_kernel(c
   for (int c_gi = 0; c_gi < my_groups; ++c_gi) {
     int rm = 0, rp = 0;
 #pragma unroll 1
-    for (int c_chunk = 0; c_chunk < nchunks; ++c_chunk) {
+    for (int c_chunk = chunk_lo; c_chunk < chunk_hi; ++c_chunk) {
       const int c_ksteps = min(4, (Cin - c_chunk * CK + 15) >> 4);
 #pragma unroll 1
       for (int c_tap = 0; c_tap < 9; ++c_tap, ++s) {
@@ -552,13 +588,13 @@ __global__ void __launch_bounds__(32 * TPB * NW, WG ? 2 : 1) conv3x3_tc_kernel(c
         __syncthreads();
         if (s + P < total) {
           // the table of the next group is needed by the stage after this one
-          if (i_tap == 8 && i_chunk == nchunks - 1 && i_gi + 1 < my_groups) prep(i_gi + 1);
+          if (i_tap == 8 && i_chunk == chunk_hi - 1 && i_gi + 1 < my_groups) prep(i_gi + 1);
           issue();
         }
         cp_async_commit();
         advance_issue();
 
-        if (c_tap == 0 && c_chunk == 0) {
+        if (c_tap == 0 && c_chunk == chunk_lo) {
           rm = tab_s[(c_gi & 1) * Cfg::TAB + PIXT + slot];  // output row mask of this warp's tile
           rp = ((rm & 0x03) ? 1 : 0) | ((rm & 0x0c) ? 2 : 0) | ((rm & 0x30) ? 4 : 0) | ((rm & 0xc0) ? 8 : 0);
         }
@@ -606,9 +642,17 @@ __global__ void __launch_bounds__(32 * TPB * NW, WG ? 2 : 1) conv3x3_tc_kernel(c
       wgmma_wait<0>();
       wgmma_fence_operands(acc);
     }
-    const int grp = bw.slot + c_gi * (int)gridDim.x;
+    if constexpr (FINE) {
+      if (ks > 1) {  // one group per block: the halo and weight ring are free once drained
+        static_assert(sizeof(acc) * THREADS <= 2 * Cfg::HALO_BYTES + WS * Cfg::W_BYTES, "exchange buffer");
+        cp_async_wait<0>();
+        __syncthreads();
+        cluster_reduce_acc<THREADS>(acc, halo_s, ks);
+      }
+    }
+    const int grp = bw.slot + c_gi * gxs;
     const int t = grp * TPB + slot;
-    if (t < count) {
+    if (t < count && krank == 0) {
       const int tile = split_tile_entry(a, listed, t, 0);
       if constexpr (kWg) store_tile<T, 2 * NT>(a, tile, rm, n0, acc, warp & 3, 0, Cfg::BN / 2);
       else if constexpr (!WG) store_tile<T, NT>(a, tile, rm, n0 + nw * NT * 8, acc);
