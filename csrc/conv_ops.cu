@@ -286,7 +286,7 @@ conv::tc::TcArgs tc_args(const Tensor& x, const Tensor& m_or_empty, const Tensor
   a.split_min = 0;
   a.spread = nullptr;
   a.sms = num_sms();
-  a.fine_split = nullptr;
+  a.k_split = nullptr;
   return a;
 }
 
@@ -440,7 +440,7 @@ void launch_tc_3x3(const Tensor& x, const Tensor& m, const ConvWeights& tw, cons
   conv::tc::TcArgs a = tc_args(x, m, tw.w, tw.b, key, y, wl, g);
   a.split_counts = split.counts;
   a.split_min = split.min_pixels;
-  a.fine_split = wl.count + conv::kFineSplitAt;
+  a.k_split = wl.count + conv::kKSplitAt;
   // DELTACONV_SPREAD=0: block-index order instead of block_work's ranks (A/B runs, tests of both
   // orders). The gathered-rows GEMM keeps block-index order: its blocks are short, and ranking them
   // made deeplabv3_mobilenet_v3_large 1.3 % slower per frame (H200, 2026-11-22; block_spread_ab.txt).
@@ -452,6 +452,8 @@ void launch_tc_3x3(const Tensor& x, const Tensor& m, const ConvWeights& tw, cons
   if (x.scalar_type() == at::kHalf) dispatch_tc_3x3<__half>(a, tiles, g.sh == 2, wide, g.dh, stream);
   else dispatch_tc_3x3<__nv_bfloat16>(a, tiles, g.sh == 2, wide, g.dh, stream);
 }
+
+constexpr int kGatherSplitChunks = 8;
 
 // The gathered-rows GEMM kernel (conv_tc.cuh): `items` = the list's capacity in its units (pixels,
 // or tiles for kRowsTiles); for kRows1x1 the list's side data holds the input pixels.
@@ -467,8 +469,21 @@ void run_tc_gather(conv::tc::TcArgs a, int64_t items, cudaStream_t stream) {
   const int nb = ceil_div(a.g.Cout, Cfg::BN);
   const int64_t rows = ROWS == conv::tc::kRowsTiles ? items * conv::TILE_PIX : items;
   const int64_t blocks = (rows + Cfg::BM - 1) / Cfg::BM;
-  const int64_t gx = std::max<int64_t>(1, std::min<int64_t>(blocks, std::max<int64_t>(1, (int64_t)occ * num_sms() / nb)));
-  launch_kernel(k, dim3((unsigned)gx, (unsigned)nb), Cfg::THREADS, smem, stream, a);
+  const int sms = num_sms();
+  int64_t gx = std::max<int64_t>(1, std::min<int64_t>(blocks, std::max<int64_t>(1, (int64_t)occ * sms / nb)));
+  // K split (as in run_tc_3x3's fine launch): clusters whose CTAs may share an item, a slot per item
+  // at every split; the partial sums pass through the stage ring, which must hold them. Only from
+  // kGatherSplitChunks chunks of C_in on: with 2 or 4 (C_in 128, 256) the split made the sweep's 1 %
+  // cells 2 us slower; resnet50, whose deep 1x1 convs have 8-32, ran 1.5 % faster on one-by-one
+  // (H200, 2026-11-22; benchmarks/results/fine_ksplit_ab.txt).
+  const int mi = WG ? 2 : 4;
+  const bool ring_fits = (int64_t)Cfg::THREADS * mi * NT * 16 <= (int64_t)(a.prefetch + (WG ? 2 : 1)) * Cfg::STAGE;
+  const bool long_k = ceil_div(a.g.Cin, conv::tc::CK) >= kGatherSplitChunks;
+  const int cluster = ring_fits && long_k ? fine_cluster_size(k, a.g.Cin) : 1;
+  for (const int64_t c : {std::min<int64_t>(blocks, sms / nb), std::min<int64_t>(blocks, sms / (4 * nb))})
+    gx = std::max<int64_t>(gx, c * conv::tc::fine_k_split(cluster, c * nb, sms));
+  gx = (gx + cluster - 1) / cluster * cluster;
+  launch_kernel_clustered(k, dim3((unsigned)gx, (unsigned)nb), Cfg::THREADS, smem, stream, (unsigned)cluster, a);
 }
 
 // 128 output channels per block for Cout > 64 (wide), else 64; wgmma or mma.sync (see wgmma_enabled).
@@ -487,6 +502,8 @@ void launch_tc_gather(const Tensor& x, const Tensor& m, const ConvWeights& tw, c
                       const conv::TileSplit* split = nullptr) {
   conv::tc::TcArgs a = tc_args(x, m, tw.w, tw.b, key, y, wl, g);
   if (split != nullptr) a.split_min = split->min_pixels;  // kRowsPixels: the pixel rows of a 3x3 split
+  // the K split in the call's counters (kRowsPixels runs beside the 3x3 kernel, which records its own)
+  if (ROWS != conv::tc::kRowsPixels) a.k_split = wl.count + conv::kKSplitAt;
   const bool wide = g.Cout > 64;
   if (x.scalar_type() == at::kHalf) dispatch_tc_gather<__half, ROWS>(a, items, wide, wgmma_enabled(), stream);
   else dispatch_tc_gather<__nv_bfloat16, ROWS>(a, items, wide, wgmma_enabled(), stream);

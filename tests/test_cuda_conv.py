@@ -301,16 +301,17 @@ def test_conv2d_3x3_fine_launch_k_split(case, dtype, ksplit, monkeypatch):
             assert c[3] == _expected_k_split(ksplit, cin, cout, c[0]), f"K split recorded in counters {c}"
 
 
-def _expected_k_split(setting: str, cin: int, cout: int, tiles: int) -> int:
-    """The K split of the fine 3x3 launch (conv_tc.cuh: fine_k_split) for DELTACONV_TC_KSPLIT =
-    `setting` and `tiles` listed tiles: clusters of at most `setting` CTAs and at most the 64-channel
-    chunks of C_in (Hopper), 4 CTAs per tile up to a quarter of a (tile, 128-channel block) job per
+def _expected_k_split(setting: str, cin: int, cout: int, items: int, min_chunks: int = 1) -> int:
+    """The K split of the 3x3 fine launch or the gathered-rows GEMM (conv_tc.cuh: fine_k_split) for
+    DELTACONV_TC_KSPLIT = `setting` and `items` work items (tiles; GEMM items of 128 rows): clusters
+    of at most `setting` CTAs and at most the 64-channel chunks of C_in (Hopper; none below
+    `min_chunks` chunks), 4 CTAs per item up to a quarter of an (item, output-channel block) job per
     multiprocessor, 2 up to one."""
     props = torch.cuda.get_device_properties(0)
-    kc = int(setting) if props.major >= 9 else 1
+    kc = int(setting) if props.major >= 9 and -(-cin // 64) >= min_chunks else 1
     while kc > 1 and kc > -(-cin // 64):
         kc //= 2
-    jobs = tiles * -(-cout // (128 if cout > 64 else 64))
+    jobs = items * -(-cout // (128 if cout > 64 else 64))
     sms = props.multi_processor_count
     return 4 if kc >= 4 and 4 * jobs <= sms else 2 if kc >= 2 and jobs <= sms else 1
 
@@ -425,6 +426,52 @@ def test_conv2d_gemm_wgmma_and_mma_sync(case, dtype, mma, monkeypatch):
     monkeypatch.setenv("DELTACONV_TC_SPLIT_MIN", "0")
     for i, fracs in enumerate(FRACS):
         run_conv2d(case, dtype, fracs, KEYS[i % len(KEYS)], seed=30 + i, bias=i % 2 == 0)
+
+
+# gathered-rows GEMM cases for its K split (from 8 64-channel chunks of C_in on)
+GEMM_KSPLIT_CASES = [
+    (136, 72, (1, 1), 1, 0, 1, 1, (19, 27)),        # 3 chunks: no split
+    (512, 256, (1, 1), 1, 0, 1, 1, (21, 30)),       # 8 chunks, 2 output-channel blocks
+    (2048, 512, (1, 1), 1, 0, 1, 1, (9, 15)),       # 32 chunks (resnet50's layer4), 4 blocks
+    (520, 128, (1, 1), 2, 0, 1, 1, (31, 45)),       # stride 2, 9 chunks, the last one 8 channels
+    (520, 72, (3, 3), (1, 2), 1, 1, 1, (19, 27)),   # gathered taps, narrow block
+    (512, 256, (1, 1), 1, 0, 1, 1, (68, 120)),      # many items: the split falls to 1
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ksplit", ["1", "2", "4"])
+@pytest.mark.parametrize("mma", ["wgmma", "mma.sync"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("case", GEMM_KSPLIT_CASES, ids=_case_id)
+def test_conv2d_gemm_k_split(case, dtype, mma, ksplit, monkeypatch):
+    """The gathered-rows GEMM in clusters of 1, 2 or 4 CTAs (DELTACONV_TC_KSPLIT), whose CTAs split
+    an item's K 4, 2 or 1 ways by the item count, on wgmma and mma.sync, equals the reference at
+    every changed fraction, gives bit-identical outputs from call to call, and records its split
+    in counters[3]."""
+    monkeypatch.setenv("DELTACONV_WGMMA", "1" if mma == "wgmma" else "0")
+    monkeypatch.setenv("DELTACONV_TC_KSPLIT", ksplit)
+    for i, fracs in enumerate(FRACS):
+        run_conv2d(case, dtype, fracs, KEYS[i % len(KEYS)], seed=40 + i, bias=i % 2 == 0)
+    cin, cout, k, s, p, d, g, (H, W) = case
+    gen = torch.Generator().manual_seed(5)
+    weight = (torch.randn(cout, cin, *k, generator=gen) / math.sqrt(cin * k[0] * k[1])).cuda()
+    for fracs in FRACS[:2]:
+        mask = make_mask(fracs, H, W, gen).cuda()
+        delta = make_delta(2, cin, H, W, mask.cpu(), dtype, gen)
+        runs = []
+        for _ in range(3):
+            counters = torch.zeros(COUNTERS, dtype=torch.int32, device="cuda")
+            out, mo = ops().conv2d(delta, mask, weight, None, list(_pair(s)), list(_pair(p)), list(_pair(d)), 1, None,
+                                   counters)
+            runs.append((out, mo, counters.tolist()))
+        active = runs[0][1].expand_as(runs[0][0])
+        for out, mo, c in runs:
+            assert torch.equal(mo, runs[0][1]) and torch.equal(out[active], runs[0][0][active]), \
+                f"K split {ksplit}: outputs differ between calls (fracs {fracs})"
+            rows = c[0] * (64 if k != (1, 1) else 1)  # pixels, or the 64 pixels of each listed tile
+            expected = _expected_k_split(ksplit, cin, cout, -(-rows // 128), min_chunks=8)
+            assert c[3] == expected, f"K split recorded in counters {c}, expected {expected}"
 
 
 @pytest.mark.gpu
@@ -564,8 +611,8 @@ def test_conv2d_counters_argument(case, dtype, split, monkeypatch):
     """With zeroed ``counters`` given (what a DeltaModel passes, instead of the op zeroing its own)
     conv2d gives bit-identical outputs and masks, and counts its work list there: the listed
     pixels (1x1 convs) or tiles (tile paths; a 3x3 split counts its sparse tiles in counters[1]
-    and their pixels in counters[2]); the fourth int is 0 or the K split of a 3x3 tensor-core fine
-    launch (see test_conv2d_3x3_fine_launch_k_split), and the ranks of the blocks (counters[4:14],
+    and their pixels in counters[2]); the fourth int is 0 or the K split of a tensor-core path
+    (see test_conv2d_3x3_fine_launch_k_split, test_conv2d_gemm_k_split), and the ranks of the blocks (counters[4:14],
     see test_conv2d_block_order_never_changes_results) are consistent."""
     if split != "default":
         monkeypatch.setenv("DELTACONV_TC_SPLIT", "40")
@@ -585,8 +632,8 @@ def test_conv2d_counters_argument(case, dtype, split, monkeypatch):
         active = mo.expand_as(out)
         assert torch.equal(out2[active], out[active]), f"values differ with counters (fracs {fracs})"
         c = counters.tolist()
-        tc3 = dtype != torch.float32 and k == (3, 3) and g == 1
-        assert c[3] in ((0, 1, 2) if tc3 else (0,)), f"counters {c}: fourth int"
+        tc = dtype != torch.float32 and g == 1  # a tensor-core path may record its K split
+        assert c[3] in ((0, 1, 2) if tc else (0,)), f"counters {c}: fourth int"
         depthwise = g > 1 and g == cin and cout == cin
         pixels = k == (1, 1) and not depthwise  # the 1x1 path lists pixels, the others tiles
         expected = int(mo.sum()) if pixels else _active_tiles(mo)

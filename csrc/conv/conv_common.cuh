@@ -155,10 +155,10 @@ __global__ void clear_counters_kernel(int* __restrict__ counters, int n) {
 
 // ---------------------------------------------------------------- spread work over multiprocessors
 // A conv call's counters (zeroed before its kernels run; `counters` of conv2d): [0] the work
-// list's item count, [1 .. 2] TileSplit::counts, [kFineSplitAt] the K split the 3x3 kernel's fine
-// launch chose (1, 2 or 4; 0: the fine launch did not run; conv_tc.cuh), [kSpreadAt, + kSpreadInts)
+// list's item count, [1 .. 2] TileSplit::counts, [kKSplitAt] the K split that the 3x3 kernel's fine
+// launch or the gathered-rows GEMM chose (1, 2 or 4; 0: neither ran; conv_tc.cuh), [kSpreadAt, + kSpreadInts)
 // the ranks of block_work: two tickets and one bit per multiprocessor id (256).
-constexpr int kFineSplitAt = 3;
+constexpr int kKSplitAt = 3;
 constexpr int kSpreadAt = 4;
 constexpr int kSpreadInts = 2 + 256 / 32;
 constexpr int kConvCounters = kSpreadAt + kSpreadInts;

@@ -28,7 +28,9 @@
 //       loop of a persistent block; A rows gathered from global memory by input pixel index
 //       (inactive / outside pixels zero-filled). WG: two warpgroups issue Hopper wgmma straight
 //       from the shared-memory ring (wgmma.cuh; 1.2-1.9x faster than mma.sync on an H200);
-//       otherwise 4 warps issue mma.sync from ldmatrix fragments.
+//       otherwise 4 warps issue mma.sync from ldmatrix fragments. On Hopper, from 8 chunks of C_in
+//       on, it runs in clusters of 2 CTAs that split an item's input chunks while the items are
+//       few, as the 3x3 fine launch.
 //       ROWS = kRows1x1: 1x1 conv (any stride / padding); rows = the listed active output
 //       pixels, their input pixels precomputed by conv1x1_mask_kernel.
 //       ROWS = kRowsTiles: any KH x KW <= 32 taps, stride, padding and dilation (the paths the
@@ -73,7 +75,7 @@ struct TcArgs {
   int split_min;            // 3x3 and its pixel rows: TileSplit::min_pixels
   int* spread;              // 3x3: kSpreadInts zeroed ints for block_work (nullptr: block-index order)
   int sms;                  // 3x3: the device's multiprocessors (the fine launch's K split)
-  int* fine_split;          // 3x3: where the fine launch records its K split (nullptr: nowhere)
+  int* k_split;             // where the 3x3 fine launch / the GEMM records its K split (nullptr: nowhere)
 };
 
 // The tiles the 3x3 kernel computes: the listed ones, and the sparse ones of a split when its
@@ -436,7 +438,7 @@ __global__ void __launch_bounds__(32 * TPB * NW, WG ? 2 : 1) conv3x3_tc_kernel(c
   const int kc = FINE ? cluster_size() : 1;
   const int ks = FINE ? fine_k_split(kc, (int64_t)count * gridDim.y, a.sms) : 1;
   const int gxs = (int)gridDim.x / ks;  // slots of the launch
-  if (FINE && a.fine_split != nullptr && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *a.fine_split = ks;
+  if (FINE && a.k_split != nullptr && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *a.k_split = ks;
   // split: the slots stay in block-index order, so that the CTAs with work fill whole clusters (a
   // CTA without work in a cluster with work waits in cluster_idle(), holding its place on the
   // multiprocessor); no split: no cluster barrier, ranks as without clusters
@@ -731,12 +733,28 @@ __global__ void __launch_bounds__(Conv1Cfg<NW, NT, WG>::THREADS) conv_gather_tc_
   if (ROWS == kRowsPixels && count < a.split_min) return;  // the 3x3 kernel takes these tiles
   const int rows = ROWS == kRowsTiles ? count * TILE_PIX : count;  // GEMM rows
   const int items = (rows + BM - 1) / BM;
-  if ((int)blockIdx.x >= items) return;
+  // K split (Hopper), as in conv3x3_tc_kernel's fine launch: in clusters of kc CTAs along x (see
+  // run_tc_gather), ks consecutive CTAs share an item (slot x / ks) while the (item, channel block)
+  // jobs are few (fine_k_split); CTA x runs the input chunks [ch_lo, ch_lo + nch_k) and CTA
+  // x - x % ks adds the others' partial sums before the epilogue. Without a split: as before.
+  const int kc = cluster_size();
+  const int ks = fine_k_split(kc, (int64_t)items * gridDim.y, a.sms);
+  const int slot = (int)blockIdx.x / ks;
+  const int gxs = (int)gridDim.x / ks;  // slots of the launch
+  if (slot >= items) {  // no item: a cluster with items in other CTAs waits for them, others exit
+    if (ks > 1 && ((int)blockIdx.x - (int)blockIdx.x % kc) / ks < items) cluster_idle();
+    return;
+  }
+  if (a.k_split != nullptr && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *a.k_split = ks;
   const ConvGeom& g = a.g;
-  const int my_items = (items - 1 - (int)blockIdx.x) / (int)gridDim.x + 1;
+  const int my_items = (items - 1 - slot) / gxs + 1;
+  if (ks > 1 && my_items > 1) __trap();  // run_tc_gather launches a slot per item at every split
   const int nch = (g.Cin + CK - 1) / CK;
+  const int krank = (int)blockIdx.x % ks;
+  const int ch_lo = nch * krank / ks;
+  const int nch_k = nch * (krank + 1) / ks - ch_lo;  // this CTA's chunks
   const int KK = TAPS ? g.KH * g.KW : 1;
-  const int per_item = KK * nch;  // stages per item
+  const int per_item = KK * nch_k;  // stages per item
   const int total = my_items * per_item;
   const int n0 = blockIdx.y * Cfg::BN;
   const int HWo = g.Ho * g.Wo;
@@ -767,7 +785,7 @@ __global__ void __launch_bounds__(Conv1Cfg<NW, NT, WG>::THREADS) conv_gather_tc_
   // overlaps this item's MMAs instead of stalling the producer
   int src_next[TAPS ? 1 : Cfg::RPT];
   auto load_srcs = [&](int it, int (&dst)[TAPS ? 1 : Cfg::RPT]) {
-    const int item = (int)blockIdx.x + it * (int)gridDim.x;
+    const int item = slot + it * gxs;
 #pragma unroll
     for (int k = 0; k < (TAPS ? 1 : Cfg::RPT); ++k) {
       const int l = item * BM + r0 + k * RSTEP;
@@ -779,9 +797,9 @@ __global__ void __launch_bounds__(Conv1Cfg<NW, NT, WG>::THREADS) conv_gather_tc_
   auto issue = [&](int s) {
     const int it = s / per_item;
     const int rem = s - it * per_item;
-    const int tap = TAPS ? rem / nch : 0;
-    const int ch = rem - tap * nch;
-    const int item = (int)blockIdx.x + it * (int)gridDim.x;
+    const int tap = TAPS ? rem / nch_k : 0;
+    const int ch = ch_lo + rem - tap * nch_k;
+    const int item = slot + it * gxs;
     if (it != src_item) {
       src_item = it;
 #pragma unroll
@@ -854,6 +872,22 @@ __global__ void __launch_bounds__(Conv1Cfg<NW, NT, WG>::THREADS) conv_gather_tc_
 
   float acc[MI][NT][4];
   zero_acc(acc);
+  int opix[MI][2];  // per m16 tile and row half: the output pixel this lane stores (-1: none)
+  // the epilogue of an item: acc -> a.y at opix, + the bias on key streams
+  auto store_rows = [&](const int (&pix_of)[MI][2]) {
+    const T* bias = static_cast<const T*>(a.bias);
+#pragma unroll
+    for (int i = 0; i < MI; ++i) {
+      const int c0 = n0 + (kWg ? i : nw) * NT * 8;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int pix = pix_of[i][h];
+        const bool add_bias = bias != nullptr && pix >= 0 && key_of(a.key, pix / HWo);
+        T* yp = pix >= 0 ? static_cast<T*>(a.y) + (size_t)pix * g.Cout : nullptr;
+        store_pixel<T, NT>(yp, bias, add_bias, c0, g.Cout, acc[i], h);
+      }
+    }
+  };
 
 #pragma unroll 1
   for (int s = 0; s < P; ++s) {
@@ -871,11 +905,11 @@ __global__ void __launch_bounds__(Conv1Cfg<NW, NT, WG>::THREADS) conv_gather_tc_
 
     const int it = s / per_item;
     const int rem = s - it * per_item;
-    const int ch = rem % nch;
+    const int ch = ch_lo + rem % nch_k;
     const int ksteps = min(4, (g.Cin - ch * CK + 15) >> 4);
     const uint32_t sa = s_base + (s % wslots) * Cfg::STAGE;
     const uint32_t sb = sa + Cfg::A_BYTES;
-    const int item = (int)blockIdx.x + it * (int)gridDim.x;
+    const int item = slot + it * gxs;
     const int rows_left = rows - item * BM - wm * 64;  // valid rows of this warp's 64
     const int rp = (rows_left > 0 ? 1 : 0) | (rows_left > 16 ? 2 : 0) | (rows_left > 32 ? 4 : 0) |
                    (rows_left > 48 ? 8 : 0);
@@ -883,7 +917,6 @@ __global__ void __launch_bounds__(Conv1Cfg<NW, NT, WG>::THREADS) conv_gather_tc_
     // output pixel of each row this lane stores (-1: none), read before the MMAs so that the
     // list's global-load latency overlaps them
     const bool last = rem == per_item - 1;
-    int opix[MI][2];
 #pragma unroll
     for (int i = 0; i < MI; ++i) {
 #pragma unroll
@@ -916,27 +949,26 @@ __global__ void __launch_bounds__(Conv1Cfg<NW, NT, WG>::THREADS) conv_gather_tc_
       }
     }
 
-    if (last) {
+    if (last && ks == 1) {
       if constexpr (kWg) {
         wgmma_wait<0>();
         wgmma_fence_operands(acc);
       }
-      const T* bias = static_cast<const T*>(a.bias);
-#pragma unroll
-      for (int i = 0; i < MI; ++i) {
-        const int c0 = n0 + (kWg ? i : nw) * NT * 8;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int pix = opix[i][h];
-          const bool add_bias = bias != nullptr && pix >= 0 && key_of(a.key, pix / HWo);
-          T* yp = pix >= 0 ? static_cast<T*>(a.y) + (size_t)pix * g.Cout : nullptr;
-          store_pixel<T, NT>(yp, bias, add_bias, c0, g.Cout, acc[i], h);
-        }
-      }
+      store_rows(opix);
       zero_acc(acc);
     }
   }
   cp_async_wait<0>();
+  if (ks > 1) {  // one item per block, its epilogue after the loop: the stage ring (>= the
+    // accumulators: run_tc_gather) is free once drained
+    if constexpr (kWg) {
+      wgmma_wait<0>();
+      wgmma_fence_operands(acc);
+    }
+    __syncthreads();
+    cluster_reduce_acc<THREADS>(acc, s_base, ks);
+    if (krank == 0) store_rows(opix);
+  }
 }
 
 }  // namespace tc
