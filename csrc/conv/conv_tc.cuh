@@ -74,7 +74,7 @@ struct TcArgs {
   const int* split_counts;  // 3x3: TileSplit::counts (nullptr: no split)
   int split_min;            // 3x3 and its pixel rows: TileSplit::min_pixels
   int* spread;              // 3x3: kSpreadInts zeroed ints for block_work (nullptr: block-index order)
-  int sms;                  // 3x3: the device's multiprocessors (the fine launch's K split)
+  int sms;                  // the device's multiprocessors (the K split of the 3x3 fine launch and the GEMM)
   int* k_split;             // where the 3x3 fine launch / the GEMM records its K split (nullptr: nowhere)
 };
 
