@@ -290,16 +290,17 @@ conv::tc::TcArgs tc_args(const Tensor& x, const Tensor& m_or_empty, const Tensor
   return a;
 }
 
-// The fine 3x3 launch runs in thread-block clusters of this many CTAs, the most that may split a
-// tile's K (its 64-channel input chunks; conv3x3_tc_kernel chooses the split on the device with
-// fine_k_split and records it in the call's counters): DELTACONV_TC_KSPLIT = 1, 2 or 4 (read on
+// The fine 3x3 launch (and the gathered-rows GEMM, from kGatherSplitChunks chunks) runs in
+// thread-block clusters of this many CTAs, the most that may split an item's K (its 64-channel
+// input chunks; the kernel chooses the split on the device with k_split_ctas and records it in the
+// call's counters): DELTACONV_TC_KSPLIT = 1, 2 or 4 (read on
 // every call; A/B runs, tests of every split; 4 measured slower than 2 from 33 tiles of C = 256 on:
 // benchmarks/results/fine_ksplit_ab.txt), at most the tile's chunks, and 1 without clusters (before
 // Hopper, or code not compiled for sm_90).
-constexpr int kFineKSplit = 2;
+constexpr int kKSplitCluster = 2;
 template <typename Kernel>
-int fine_cluster_size(Kernel kernel, int64_t cin) {
-  const int64_t v = env_int("DELTACONV_TC_KSPLIT", kFineKSplit);
+int k_split_cluster(Kernel kernel, int64_t cin) {
+  const int64_t v = env_int("DELTACONV_TC_KSPLIT", kKSplitCluster);
   TORCH_CHECK(v == 1 || v == 2 || v == 4, "deltaconv: environment variable DELTACONV_TC_KSPLIT must be 1, 2 or 4, got '",
               std::getenv("DELTACONV_TC_KSPLIT"), "'");
   if (v == 1 || !runs_sm90_code(kernel)) return 1;
@@ -336,13 +337,8 @@ void run_tc_3x3(conv::tc::TcArgs a, int64_t tiles, cudaStream_t stream) {
     launch_kernel(kc, dim3((unsigned)gx_c, (unsigned)nb), CC::THREADS, smem_c, stream, a);
   }
   if (a.fine_max >= 0) {  // the fine launch can have work
-    // CTAs along x: a slot per tile at whichever K split the kernel chooses (fine_k_split: k CTAs
-    // per tile up to its largest count of tiles), a whole number of clusters
-    const int cluster = fine_cluster_size(kf, a.g.Cin);
-    int64_t gx = gx_f;
-    for (const int64_t c : {std::min<int64_t>(gx_f, sms / nb), std::min<int64_t>(gx_f, sms / (4 * nb))})
-      gx = std::max<int64_t>(gx, c * conv::tc::fine_k_split(cluster, c * nb, sms));
-    gx = (gx + cluster - 1) / cluster * cluster;
+    const int cluster = k_split_cluster(kf, a.g.Cin);
+    const int64_t gx = conv::tc::k_split_grid(gx_f, gx_f, cluster, nb, sms);
     launch_kernel_clustered(kf, dim3((unsigned)gx, (unsigned)nb), CF::THREADS, smem_f, stream, (unsigned)cluster, a);
   }
 }
@@ -479,10 +475,8 @@ void run_tc_gather(conv::tc::TcArgs a, int64_t items, cudaStream_t stream) {
   const int mi = WG ? 2 : 4;
   const bool ring_fits = (int64_t)Cfg::THREADS * mi * NT * 16 <= (int64_t)(a.prefetch + (WG ? 2 : 1)) * Cfg::STAGE;
   const bool long_k = ceil_div(a.g.Cin, conv::tc::CK) >= kGatherSplitChunks;
-  const int cluster = ring_fits && long_k ? fine_cluster_size(k, a.g.Cin) : 1;
-  for (const int64_t c : {std::min<int64_t>(blocks, sms / nb), std::min<int64_t>(blocks, sms / (4 * nb))})
-    gx = std::max<int64_t>(gx, c * conv::tc::fine_k_split(cluster, c * nb, sms));
-  gx = (gx + cluster - 1) / cluster * cluster;
+  const int cluster = ring_fits && long_k ? k_split_cluster(k, a.g.Cin) : 1;
+  gx = conv::tc::k_split_grid(gx, blocks, cluster, nb, sms);
   launch_kernel_clustered(k, dim3((unsigned)gx, (unsigned)nb), Cfg::THREADS, smem, stream, (unsigned)cluster, a);
 }
 

@@ -37,7 +37,8 @@ TORCH_LIBRARY(deltaconv, m) {
   m.def("interpolate(Tensor delta, Tensor mask, int[2] out_size, float? scale_h, float? scale_w, str mode, "
         "bool align_corners) -> (Tensor, Tensor)");
   // ---- convolution and pooling
-  // counters: int32 [>= 14] zeroed by the caller, where the work lists count (None: zeroed per call)
+  // counters: int32 [>= 14] zeroed by the caller, where the work lists count, the blocks take ranks and the
+  // K split is recorded (conv_common.cuh: kConvCounters; None: zeroed per call)
   m.def("conv2d(Tensor delta, Tensor mask, Tensor weight, Tensor? bias, int[2] stride, int[2] padding, "
         "int[2] dilation, int groups, Tensor? key, Tensor(a!)? counters=None) -> (Tensor, Tensor)");
   m.def("conv_transpose2d(Tensor delta, Tensor mask, Tensor weight, Tensor? bias, int[2] stride, int[2] padding, "

@@ -282,9 +282,16 @@ def test_conv2d_3x3_fine_launch_k_split(case, dtype, ksplit, monkeypatch):
     monkeypatch.setenv("DELTACONV_TC_KSPLIT", ksplit)
     for i, fracs in enumerate(FRACS):
         run_conv2d(case, dtype, fracs, KEYS[i % len(KEYS)], seed=30 + i, bias=i % 2 == 0)
+    _check_k_split_calls(case, dtype, ksplit, seed=3, items_of=lambda c: c[0])  # the listed tiles
+
+
+def _check_k_split_calls(case, dtype, ksplit: str, seed: int, items_of, min_chunks: int = 1) -> None:
+    """At two changed fractions, three calls of `case` with zeroed counters give bit-identical
+    outputs and masks, and each records in counters[3] the K split of _expected_k_split for its
+    work items (`items_of(counters)`)."""
     cin, cout, k, s, p, d, g, (H, W) = case
-    gen = torch.Generator().manual_seed(3)
-    weight = (torch.randn(cout, cin, *k, generator=gen) / math.sqrt(cin * 9)).cuda()
+    gen = torch.Generator().manual_seed(seed)
+    weight = (torch.randn(cout, cin, *k, generator=gen) / math.sqrt(cin * k[0] * k[1])).cuda()
     for fracs in FRACS[:2]:
         mask = make_mask(fracs, H, W, gen).cuda()
         delta = make_delta(2, cin, H, W, mask.cpu(), dtype, gen)
@@ -298,11 +305,12 @@ def test_conv2d_3x3_fine_launch_k_split(case, dtype, ksplit, monkeypatch):
         for out, mo, c in runs:
             assert torch.equal(mo, runs[0][1]) and torch.equal(out[active], runs[0][0][active]), \
                 f"K split {ksplit}: outputs differ between calls (fracs {fracs})"
-            assert c[3] == _expected_k_split(ksplit, cin, cout, c[0]), f"K split recorded in counters {c}"
+            expected = _expected_k_split(ksplit, cin, cout, items_of(c), min_chunks)
+            assert c[3] == expected, f"K split recorded in counters {c}, expected {expected}"
 
 
 def _expected_k_split(setting: str, cin: int, cout: int, items: int, min_chunks: int = 1) -> int:
-    """The K split of the 3x3 fine launch or the gathered-rows GEMM (conv_tc.cuh: fine_k_split) for
+    """The K split of the 3x3 fine launch or the gathered-rows GEMM (conv_tc.cuh: k_split_ctas) for
     DELTACONV_TC_KSPLIT = `setting` and `items` work items (tiles; GEMM items of 128 rows): clusters
     of at most `setting` CTAs and at most the 64-channel chunks of C_in (Hopper; none below
     `min_chunks` chunks), 4 CTAs per item up to a quarter of an (item, output-channel block) job per
@@ -453,25 +461,9 @@ def test_conv2d_gemm_k_split(case, dtype, mma, ksplit, monkeypatch):
     monkeypatch.setenv("DELTACONV_TC_KSPLIT", ksplit)
     for i, fracs in enumerate(FRACS):
         run_conv2d(case, dtype, fracs, KEYS[i % len(KEYS)], seed=40 + i, bias=i % 2 == 0)
-    cin, cout, k, s, p, d, g, (H, W) = case
-    gen = torch.Generator().manual_seed(5)
-    weight = (torch.randn(cout, cin, *k, generator=gen) / math.sqrt(cin * k[0] * k[1])).cuda()
-    for fracs in FRACS[:2]:
-        mask = make_mask(fracs, H, W, gen).cuda()
-        delta = make_delta(2, cin, H, W, mask.cpu(), dtype, gen)
-        runs = []
-        for _ in range(3):
-            counters = torch.zeros(COUNTERS, dtype=torch.int32, device="cuda")
-            out, mo = ops().conv2d(delta, mask, weight, None, list(_pair(s)), list(_pair(p)), list(_pair(d)), 1, None,
-                                   counters)
-            runs.append((out, mo, counters.tolist()))
-        active = runs[0][1].expand_as(runs[0][0])
-        for out, mo, c in runs:
-            assert torch.equal(mo, runs[0][1]) and torch.equal(out[active], runs[0][0][active]), \
-                f"K split {ksplit}: outputs differ between calls (fracs {fracs})"
-            rows = c[0] * (64 if k != (1, 1) else 1)  # pixels, or the 64 pixels of each listed tile
-            expected = _expected_k_split(ksplit, cin, cout, -(-rows // 128), min_chunks=8)
-            assert c[3] == expected, f"K split recorded in counters {c}, expected {expected}"
+    rows_per_item = 64 if case[2] != (1, 1) else 1  # listed pixels, or the 64 pixels of each listed tile
+    _check_k_split_calls(case, dtype, ksplit, seed=5, items_of=lambda c: -(-(c[0] * rows_per_item) // 128),
+                         min_chunks=8)
 
 
 @pytest.mark.gpu

@@ -46,6 +46,8 @@
 // stored at chunk j ^ swz(r), which makes every ldmatrix phase (8 rows) conflict-free.
 #pragma once
 
+#include <algorithm>
+#include <initializer_list>
 #include <type_traits>
 
 #include "cluster.cuh"
@@ -393,11 +395,22 @@ __device__ __forceinline__ void wgmma_chunk(float (&acc)[2][N / 16][4], bool ful
   }
 }
 
-// The CTAs that share a tile's K in the fine 3x3 launch in clusters of kc CTAs, for `jobs` (tile,
-// output-channel block) pairs on `sms` multiprocessors: 4 up to a quarter of a job per
-// multiprocessor, 2 up to one, else 1 (H200, 2026-11-22: benchmarks/results/fine_ksplit_ab.txt).
-__host__ __device__ inline int fine_k_split(int kc, int64_t jobs, int sms) {
+// The CTAs that share an item's K (a tile of the fine 3x3 launch, 128 rows of the gathered-rows
+// GEMM) in clusters of kc CTAs, for `jobs` (item, output-channel block) pairs on `sms`
+// multiprocessors: 4 up to a quarter of a job per multiprocessor, 2 up to one, else 1 (H200,
+// 2026-11-22: benchmarks/results/fine_ksplit_ab.txt).
+__host__ __device__ inline int k_split_ctas(int kc, int64_t jobs, int sms) {
   return kc >= 4 && 4 * jobs <= sms ? 4 : (kc >= 2 && jobs <= sms ? 2 : 1);
+}
+
+// CTAs along x for a launch in clusters of `cluster` CTAs whose items (at most `slots`) the kernel
+// may split with k_split_ctas: at least `gx` (the launch's grid without a split), a slot per item
+// at whichever split the kernel chooses, and a whole number of clusters. The split's largest CTA
+// counts are at the largest item counts of split 2 and 4.
+inline int64_t k_split_grid(int64_t gx, int64_t slots, int cluster, int nb, int sms) {
+  for (const int64_t c : {std::min<int64_t>(slots, sms / nb), std::min<int64_t>(slots, sms / (4 * nb))})
+    gx = std::max<int64_t>(gx, c * k_split_ctas(cluster, c * nb, sms));
+  return (gx + cluster - 1) / cluster * cluster;
 }
 
 template <typename T, int S, int TPB, int NW, int NT, bool FINE, int D, bool WG>
@@ -433,10 +446,10 @@ __global__ void __launch_bounds__(32 * TPB * NW, WG ? 2 : 1) conv3x3_tc_kernel(c
   // then `ks` consecutive CTAs share a tile (slot x / ks): CTA x computes the input chunks
   // [chunk_lo, chunk_hi), a 1 / ks share of K, and CTA x - x % ks adds the others' partial sums
   // (cluster_reduce_acc) and stores the tile. With one tile per block its chain of stages is 1 / ks
-  // as long, so the split pays while the CTAs stay few (fine_k_split). Chosen from the device-side
+  // as long, so the split pays while the CTAs stay few (k_split_ctas). Chosen from the device-side
   // count, the same for every CTA; the sum never depends on which CTA finishes first.
   const int kc = FINE ? cluster_size() : 1;
-  const int ks = FINE ? fine_k_split(kc, (int64_t)count * gridDim.y, a.sms) : 1;
+  const int ks = FINE ? k_split_ctas(kc, (int64_t)count * gridDim.y, a.sms) : 1;
   const int gxs = (int)gridDim.x / ks;  // slots of the launch
   if (FINE && a.k_split != nullptr && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *a.k_split = ks;
   // split: the slots stay in block-index order, so that the CTAs with work fill whole clusters (a
@@ -735,10 +748,10 @@ __global__ void __launch_bounds__(Conv1Cfg<NW, NT, WG>::THREADS) conv_gather_tc_
   const int items = (rows + BM - 1) / BM;
   // K split (Hopper), as in conv3x3_tc_kernel's fine launch: in clusters of kc CTAs along x (see
   // run_tc_gather), ks consecutive CTAs share an item (slot x / ks) while the (item, channel block)
-  // jobs are few (fine_k_split); CTA x runs the input chunks [ch_lo, ch_lo + nch_k) and CTA
+  // jobs are few (k_split_ctas); CTA x runs the input chunks [ch_lo, ch_lo + nch_k) and CTA
   // x - x % ks adds the others' partial sums before the epilogue. Without a split: as before.
   const int kc = cluster_size();
-  const int ks = fine_k_split(kc, (int64_t)items * gridDim.y, a.sms);
+  const int ks = k_split_ctas(kc, (int64_t)items * gridDim.y, a.sms);
   const int slot = (int)blockIdx.x / ks;
   const int gxs = (int)gridDim.x / ks;  // slots of the launch
   if (slot >= items) {  // no item: a cluster with items in other CTAs waits for them, others exit

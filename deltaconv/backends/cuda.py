@@ -322,8 +322,8 @@ def conv2d(delta: Tensor, mask: Tensor, weight: Tensor, bias: Optional[Tensor], 
            counters: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     """Convolution: ``W * d``; the mask is dilated by the receptive field; the bias is added once,
     on key frames. ``counters``: zeroed int32 ``[>= 14]`` on the device where the kernels count their
-    work list, rank their blocks and record the K split of the 3x3 kernel's fine launch
-    (``counters[3]``; a slice of :class:`~deltaconv.modules.WorkCounters`); ``None``: the op zeroes
+    work list, rank their blocks and record the K split of the 3x3 kernel's fine launch or the
+    gathered-rows GEMM (``counters[3]``; a slice of :class:`~deltaconv.modules.WorkCounters`); ``None``: the op zeroes
     its own."""
     if not (_native("conv2d", delta, mask, weight) and delta.dim() == 4 and delta.dtype in _ACT_DTYPES
             and padding_mode == "zeros" and not isinstance(padding, str)):
