@@ -324,6 +324,65 @@ def _expected_k_split(setting: str, cin: int, cout: int, items: int, min_chunks:
     return 4 if kc >= 4 and 4 * jobs <= sms else 2 if kc >= 2 and jobs <= sms else 1
 
 
+def _tile_centres_mask(H: int, W: int, tiles: int) -> torch.Tensor:
+    """[1,1,H,W] bool with the centre pixel of the first `tiles` 8x8 tiles (row-major) active: a 3x3
+    stride-1 conv with padding 1 then has exactly `tiles` active output tiles."""
+    mask = torch.zeros(1, 1, H, W, dtype=torch.bool)
+    for t in range(tiles):
+        ty, tx = divmod(t, W // 8)
+        mask[0, 0, ty * 8 + 4, tx * 8 + 4] = True
+    return mask
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["default", "deterministic", "off"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("cin,cout", [(256, 256), (128, 128), (192, 96)], ids=lambda v: str(v))
+def test_conv2d_3x3_coarse_tail_on_fine_launch(cin, cout, dtype, mode, monkeypatch):
+    """Tile counts just past one round of the coarse 3x3 launch (2 or 4 x the multiprocessors for
+    two blocks of two tiles per multiprocessor and 2 / 1 channel blocks). By default the tail runs
+    on the fine launch, whose CTAs split its K (conv_tc.cuh: coarse_tile_end), and counters[3]
+    records that split. Under torch.use_deterministic_algorithms(True) and with DELTACONV_TC_TAIL=0
+    the coarse launch takes every tile, the fine one records nothing, and the outputs are
+    bit-identical from call to call. Every call equals the reference."""
+    monkeypatch.setenv("DELTACONV_TC_SPLIT", "0")
+    monkeypatch.setenv("DELTACONV_TC_TAIL", "0" if mode == "off" else "1")
+    props = torch.cuda.get_device_properties(0)
+    sms = props.multi_processor_count
+    H, W = 8 * (-(-6 * sms // 32) + 1), 8 * 32  # more tiles than the largest count below
+    gen = torch.Generator().manual_seed(5)
+    weight = torch.randn(cout, cin, 3, 3, generator=gen) / math.sqrt(cin * 9)
+    splits = set()
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(mode == "deterministic")
+    try:
+        for tiles in (2 * sms + 1, 2 * sms + sms // 4, 2 * sms + sms // 2, 4 * sms + 1, 4 * sms + sms // 2, 5 * sms):
+            mask = _tile_centres_mask(H, W, tiles)
+            delta = make_delta(1, cin, H, W, mask, dtype, gen)
+            r_out, r_mask = ref.conv2d(delta.double(), mask.cuda(), weight.to(dtype).double().cuda(), None, (1, 1),
+                                       (1, 1), (1, 1), 1, None)  # float64 on the GPU: 60 GFLOP per count
+            r_out, r_mask = r_out.cpu(), r_mask.cpu()
+            runs = []
+            for _ in range(3):
+                counters = torch.zeros(COUNTERS, dtype=torch.int32, device="cuda")
+                out, mo = ops().conv2d(delta, mask.cuda(), weight.cuda(), None, [1, 1], [1, 1], [1, 1], 1, None,
+                                       counters)
+                runs.append((out, counters.tolist()))
+                assert torch.equal(mo.cpu(), r_mask), f"{tiles} tiles: mask differs"
+                assert_active_close(out, r_out, r_mask, dtype, f"conv2d 3x3 {cin}->{cout}, {tiles} tiles, {mode}")
+            active = mo.expand_as(runs[0][0])
+            for out, c in runs:
+                assert c[0] == tiles, f"{tiles} tiles: counters {c}"
+                assert c[3] in ((0, 2, 4) if mode == "default" else (0,)), f"{tiles} tiles, {mode}: counters {c}"
+                if mode != "default":
+                    assert torch.equal(out[active], runs[0][0][active]), f"{tiles} tiles: outputs differ between calls"
+            splits.add(runs[0][1][3])
+    finally:
+        torch.use_deterministic_algorithms(deterministic)
+    if mode == "default" and props.major >= 9:  # Hopper clusters: some count had a tail, split on the fine launch
+        assert splits & {2, 4}, f"no tail ran on the fine launch (recorded splits {splits})"
+
+
 @pytest.mark.gpu
 def test_conv2d_k_split_rejects_other_values(monkeypatch):
     """DELTACONV_TC_KSPLIT accepts 1, 2 and 4; anything else is an error that names the variable and the value."""

@@ -15,7 +15,9 @@
 //       overlap this group's math. Weights: [Cout][3][3][Cin] (relayout on the host side).
 //       FINE selects which of two launches runs: a coarse one (TPB 2) for many tiles and a
 //       fine one (TPB 1) when the device-side tile count is small (count <= fine_max), so that
-//       a few tiles still spread over all multiprocessors. Both are launched; one exits at once.
+//       a few tiles still spread over all multiprocessors. Both are launched; one exits at once,
+//       except for one round of the coarse launch and a short tail, which the fine one takes
+//       (coarse_tile_end).
 //       On Hopper the fine launch runs in thread-block clusters (cluster.cuh) and, when the tiles
 //       are few, 2 or 4 CTAs split a tile's K: each computes a share of its input chunks, and the
 //       first adds the others' fp32 partial sums from their shared memory before the epilogue
@@ -69,7 +71,9 @@ struct TcArgs {
   void* y;              // [N, Ho, Wo, Cout]
   const int* list;      // list[1 + i]: item i, list[1 + cap + i]: its side data
   ConvGeom g;
-  int fine_max;         // 3x3: the fine launch runs iff count <= fine_max, the coarse iff count > fine_max
+  int fine_max;         // 3x3: count <= fine_max: the fine launch takes every tile, else the coarse (but a tail)
+  int coarse_round;     // 3x3: tiles of one round of the coarse launch (its blocks x TPB)
+  int tail_max;         // 3x3: a tail of at most this many tiles past one coarse round goes to the fine launch
   int cap;              // capacity of the list (its side data starts at list + 1 + cap)
   int prefetch;         // cp.async prefetch distance in stages (1..5); prefetch + 1 smem slots
   const int* count;     // the list's item count (device-side; the gathered-rows kernel reads list[0] if nullptr)
@@ -86,6 +90,16 @@ __device__ __forceinline__ int split_tile_count(const TcArgs& a) {
   int c = *a.count;
   if (a.split_counts != nullptr && a.split_counts[1] < a.split_min) c += a.split_counts[0];
   return c;
+}
+// The tiles [0, end) that the coarse 3x3 launch computes of `count`; the fine launch computes
+// [end, count). All of them when there are more than fine_max, none when fewer. One round of the
+// coarse launch (a group of TPB tiles per block) and a short tail (at most tail_max tiles): the
+// tail runs on the fine launch, a tile per block (or cluster), which may split its K, instead of as a
+// second round of a few coarse blocks, each a chain of all its stages while most multiprocessors
+// idle (conv3x3 C = 256 at 5 % changed: 297 tiles, one round of 264).
+__device__ __forceinline__ int coarse_tile_end(const TcArgs& a, int count) {
+  if (count <= a.fine_max) return 0;
+  return count > a.coarse_round && count - a.coarse_round <= a.tail_max ? a.coarse_round : count;
 }
 // Entry t of those tiles (`listed` = *a.count): side 0 its tile id, side 1 its row mask.
 __device__ __forceinline__ int split_tile_entry(const TcArgs& a, int listed, int t, int side) {
@@ -434,8 +448,12 @@ __global__ void __launch_bounds__(32 * TPB * NW, WG ? 2 : 1) conv3x3_tc_kernel(c
   extern __shared__ __align__(128) unsigned char smem[];
 
   const int listed = *a.count;
-  const int count = split_tile_count(a);
-  if (FINE ? count > a.fine_max : count <= a.fine_max) return;
+  // this launch's tiles: [first, first + count) of the listed ones (coarse_tile_end)
+  const int all_tiles = split_tile_count(a);
+  const int coarse_end = coarse_tile_end(a, all_tiles);
+  const int first = FINE ? coarse_end : 0;
+  const int count = (FINE ? all_tiles : coarse_end) - first;
+  if (count <= 0) return;
   const ConvGeom& g = a.g;
   const int ngroups = (count + TPB - 1) / TPB;
   // the fine launch (few tiles) spreads its blocks with work over the multiprocessors (block_work);
@@ -498,7 +516,7 @@ __global__ void __launch_bounds__(32 * TPB * NW, WG ? 2 : 1) conv3x3_tc_kernel(c
         const int t = grp * TPB + sl;
         int p = -1;
         if (t < count) {
-          const int tile = split_tile_entry(a, listed, t, 0);
+          const int tile = split_tile_entry(a, listed, first + t, 0);
           const TileAt at = tile_at(tile, g);
           const int hy = q / HL::W;
           const int ih = at.oh0 * S - g.ph + hy;
@@ -513,7 +531,7 @@ __global__ void __launch_bounds__(32 * TPB * NW, WG ? 2 : 1) conv3x3_tc_kernel(c
     }
     if (tid < TPB) {
       const int t = grp * TPB + tid;
-      tab[PIXT + tid] = t < count ? split_tile_entry(a, listed, t, 1) : 0;
+      tab[PIXT + tid] = t < count ? split_tile_entry(a, listed, first + t, 1) : 0;
     }
   };
 
@@ -668,7 +686,7 @@ __global__ void __launch_bounds__(32 * TPB * NW, WG ? 2 : 1) conv3x3_tc_kernel(c
     const int grp = bw.slot + c_gi * gxs;
     const int t = grp * TPB + slot;
     if (t < count && krank == 0) {
-      const int tile = split_tile_entry(a, listed, t, 0);
+      const int tile = split_tile_entry(a, listed, first + t, 0);
       if constexpr (kWg) store_tile<T, 2 * NT>(a, tile, rm, n0, acc, warp & 3, 0, Cfg::BN / 2);
       else if constexpr (!WG) store_tile<T, NT>(a, tile, rm, n0 + nw * NT * 8, acc);
     }

@@ -324,7 +324,9 @@ def conv2d(delta: Tensor, mask: Tensor, weight: Tensor, bias: Optional[Tensor], 
     on key frames. ``counters``: zeroed int32 ``[>= 14]`` on the device where the kernels count their
     work list, rank their blocks and record the K split of the 3x3 kernel's fine launch or the
     gathered-rows GEMM (``counters[3]``; a slice of :class:`~deltaconv.modules.WorkCounters`); ``None``: the op zeroes
-    its own."""
+    its own. Outputs are bit-identical from call to call, except where the 3x3 kernel hands a tail of
+    tiles past one round of its coarse launch to its fine launch (not under
+    ``torch.use_deterministic_algorithms(True)``)."""
     if not (_native("conv2d", delta, mask, weight) and delta.dim() == 4 and delta.dtype in _ACT_DTYPES
             and padding_mode == "zeros" and not isinstance(padding, str)):
         return _ref.conv2d(delta, mask, weight, bias, stride, padding, dilation, groups, key, padding_mode)
