@@ -1087,7 +1087,8 @@ def _fake_conv_transpose2d(delta, mask, weight, bias, stride, padding, output_pa
     return _fake_pair(delta, weight.shape[1] * groups, Ho, Wo)
 
 
-def _fake_max_pool2d(delta, mask, acc, sent, kernel_size, stride, padding, dilation, ceil_mode, threshold, key):
+def _fake_max_pool2d(delta, mask, acc, sent, kernel_size, stride, padding, dilation, ceil_mode, threshold, key,
+                     rms=False):
     H, W = delta.shape[2:]
     return _fake_pair(delta, delta.shape[1], _pool_out(H, kernel_size[0], stride[0], padding[0], dilation[0], ceil_mode),
                       _pool_out(W, kernel_size[1], stride[1], padding[1], dilation[1], ceil_mode))
