@@ -334,14 +334,17 @@ void run_tc_3x3(conv::tc::TcArgs a, int64_t tiles, cudaStream_t stream) {
   const int64_t gx_c = std::max<int64_t>(1, std::min<int64_t>(groups_c, std::max<int64_t>(1, (int64_t)occ_c * sms / nb)));
   const int64_t gx_f = std::max<int64_t>(1, std::min<int64_t>(tiles, std::max<int64_t>(a.fine_max, 1)));
   const int cluster = a.fine_max >= 0 ? k_split_cluster(kf, a.g.Cin) : 1;
-  // A tail of at most a split's worth of jobs past one round of the coarse launch runs on the fine
-  // one (conv::tc::coarse_tile_end; k_split_grid gives it a slot per tile), where it splits its K.
-  // Which tiles form the tail follows the work list's order, which its atomics make vary from call
-  // to call, and a split tile's sum is rounded differently: so not under
-  // torch.use_deterministic_algorithms(True). DELTACONV_TC_TAIL=0: never (A/B runs, tests).
+  // A tail of at most half a multiprocessor's worth of jobs past one round of the coarse launch
+  // runs on the fine one (conv::tc::coarse_tile_end; k_split_grid gives it a slot per tile), where
+  // it splits its K: a CTA pair per job, one CTA per multiprocessor. Longer tails (two split CTAs per
+  // multiprocessor) were up to 13 % slower than a second coarse round (H200, 2026-11-22;
+  // benchmarks/results/coarse_tail_ab.txt section 6). Which tiles form the tail follows the work
+  // list's order, which its atomics make vary from call to call, and a split tile's sum is rounded
+  // differently: so not under torch.use_deterministic_algorithms(True). DELTACONV_TC_TAIL=0: never
+  // (A/B runs, tests).
   a.coarse_round = (int)std::min<int64_t>(gx_c * TPB, kIntMax);
   const bool tail = cluster > 1 && env_switch("DELTACONV_TC_TAIL") && !at::globalContext().deterministicAlgorithms();
-  a.tail_max = tail ? (int)std::min<int64_t>(sms / nb, gx_f) : 0;
+  a.tail_max = tail ? (int)std::min<int64_t>(sms / (2 * nb), gx_f) : 0;
   if (a.fine_max < tiles) {  // the coarse launch can have work
     launch_kernel(kc, dim3((unsigned)gx_c, (unsigned)nb), CC::THREADS, smem_c, stream, a);
   }
