@@ -7,7 +7,7 @@ import os
 import platform
 import statistics
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -94,6 +94,24 @@ def clustered_mask(n: int, h: int, w: int, fraction: float, blob: int = 24, seed
     gh, gw = -(-h // blob), -(-w // blob)
     cells = torch.rand(n, 1, gh, gw, generator=g) < fraction
     mask = cells.repeat_interleave(blob, 2).repeat_interleave(blob, 3)[:, :, :h, :w]
+    return mask.to(device)
+
+
+def spread_tiles_mask(h: int, w: int, tiles: int, dilation: int = 1, seed: int = 0,
+                      device: str = "cuda") -> Optional[torch.Tensor]:
+    """A ``[1, 1, h, w]`` bool mask that makes exactly ``tiles`` 8x8 output tiles of a 3x3 conv
+    (dilation and padding ``dilation``) active, chosen at random over the map (the same prefix of one
+    permutation for every count): each a block inset by ``dilation`` so that its footprint stays in
+    its tile. ``None`` when the map has fewer tiles."""
+    th, tw = (h + 7) // 8, (w + 7) // 8
+    if tiles > th * tw:
+        return None
+    g = torch.Generator().manual_seed(seed)
+    cand = torch.tensor([(i, j) for i in range(th) for j in range(tw)])
+    mask = torch.zeros(1, 1, h, w, dtype=torch.bool)
+    d = dilation
+    for i, j in cand[torch.randperm(len(cand), generator=g)[:tiles]].tolist():
+        mask[0, 0, i * 8 + d:i * 8 + 8 - d, j * 8 + d:j * 8 + 8 - d] = True
     return mask.to(device)
 
 

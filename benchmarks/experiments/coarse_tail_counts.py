@@ -9,7 +9,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from common import capture_graph, time_cuda  # noqa: E402
+from common import capture_graph, spread_tiles_mask, time_cuda  # noqa: E402
 
 import deltaconv.backends.cuda  # noqa: E402,F401  (loads the extension)
 from deltaconv.modules.linear import kernel_weight_layout  # noqa: E402
@@ -23,17 +23,10 @@ for c, (h, w), dil, rnd, tail_max in CONFIGS:
     x = torch.randn(1, c, h, w, device="cuda", dtype=torch.float16).contiguous(memory_format=torch.channels_last)
     wt = torch.randn(c, c, 3, 3, device="cuda", dtype=torch.float16) * (1.0 / (c * 9)) ** 0.5
     wdc = wt.contiguous(memory_format=kernel_weight_layout(wt, 1))
-    th, tw = (h + 7) // 8, (w + 7) // 8
-    g = torch.Generator().manual_seed(0)
-    cand = torch.tensor([(i, j) for i in range(th) for j in range(tw)])
-    perm = torch.randperm(len(cand), generator=g)
     for n in (rnd, rnd + 1, rnd + 8, rnd + tail_max // 2, rnd + tail_max, rnd + tail_max + 1):
-        if n > len(cand):
+        mask = spread_tiles_mask(h, w, n, dil)
+        if mask is None:
             break
-        mask = torch.zeros(1, 1, h, w, dtype=torch.bool)
-        for i, j in cand[perm[:n]].tolist():
-            mask[0, 0, i * 8 + dil:i * 8 + 8 - dil, j * 8 + dil:j * 8 + 8 - dil] = True  # halo inside the tile
-        mask = mask.cuda()
         delta = (x * mask).contiguous(memory_format=torch.channels_last)
         f = lambda: torch.ops.deltaconv.conv2d(delta, mask, wdc, None, [1, 1], [dil, dil], [dil, dil], 1, None)  # noqa: E731
         os.environ["DELTACONV_TC_TAIL"] = "1"

@@ -6,7 +6,7 @@ Usage: PYTHONPATH=. python benchmarks/experiments/fine_coarse_tiles.py"""
 import os, sys
 sys.path.insert(0, "benchmarks")
 import torch
-from common import capture_graph, time_cuda
+from common import capture_graph, spread_tiles_mask, time_cuda
 from deltaconv.modules.linear import kernel_weight_layout
 import deltaconv.backends.cuda  # noqa: F401
 COUNTS = [8, 16, 33, 50, 66, 80, 100, 120, 132, 150, 175, 200, 232, 264, 300, 350]
@@ -16,18 +16,11 @@ for c, (h, w), dil in CONFIGS:
     x = torch.randn(1, c, h, w, device="cuda", dtype=torch.float16).contiguous(memory_format=torch.channels_last)
     wt = torch.randn(c, c, 3, 3, device="cuda", dtype=torch.float16) * (1.0 / (c * 9)) ** 0.5
     wdc = wt.contiguous(memory_format=kernel_weight_layout(wt, 1))
-    th, tw = (h + 7) // 8, (w + 7) // 8
-    g = torch.Generator().manual_seed(0)
-    cand = torch.tensor([(i, j) for i in range(0, th) for j in range(0, tw)])
-    perm = torch.randperm(len(cand), generator=g)
     out = []
     for n in COUNTS:
-        if n > len(cand):
+        mask = spread_tiles_mask(h, w, n, dil)  # halo inside the tile
+        if mask is None:
             break
-        mask = torch.zeros(1, 1, h, w, dtype=torch.bool)
-        for i, j in cand[perm[:n]].tolist():
-            mask[0, 0, i * 8 + dil:i * 8 + 8 - dil, j * 8 + dil:j * 8 + 8 - dil] = True  # halo inside the tile
-        mask = mask.cuda()
         delta = (x * mask).contiguous(memory_format=torch.channels_last)
         f = lambda: torch.ops.deltaconv.conv2d(delta, mask, wdc, None, [1, 1], [dil, dil], [dil, dil], 1, None)  # noqa: E731
         mo = torch.nn.functional.max_pool2d(mask.float(), 3, 1, dil, dil) > 0
