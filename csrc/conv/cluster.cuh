@@ -16,27 +16,26 @@ namespace conv {
 #define DC_HAS_CLUSTER 0
 #endif
 
-// CTAs in this block's cluster.
-__device__ __forceinline__ int cluster_size() {
+// A cluster special register: %cluster_nctarank (NCTARANK: CTAs in this block's cluster) or
+// %cluster_ctarank (this block's rank in it); `single` for a cluster of one (before sm_90).
+template <bool NCTARANK>
+__device__ __forceinline__ int cluster_register(int single) {
 #if DC_HAS_CLUSTER
   unsigned r;
-  asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(r));
+  if constexpr (NCTARANK) asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(r));
+  else asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  (void)single;
   return (int)r;
 #else
-  return 1;
+  return single;
 #endif
 }
 
+// CTAs in this block's cluster.
+__device__ __forceinline__ int cluster_size() { return cluster_register<true>(1); }
+
 // This block's rank in its cluster (0 .. cluster_size() - 1).
-__device__ __forceinline__ int cluster_rank() {
-#if DC_HAS_CLUSTER
-  unsigned r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-  return (int)r;
-#else
-  return 0;
-#endif
-}
+__device__ __forceinline__ int cluster_rank() { return cluster_register<false>(0); }
 
 // Barrier of every thread of every CTA of the cluster (all threads call it, warp-uniformly): shared
 // memory written before it by any CTA of the cluster is visible to the cluster's reads after it.
