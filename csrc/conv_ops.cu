@@ -19,6 +19,7 @@
 
 #include "common.cuh"
 #include "conv/conv_kernels.cuh"
+#include "conv/conv3x3_stationary.cuh"
 #include "conv/conv_small_cin_tc.cuh"
 #include "conv/conv_tc.cuh"
 #include "conv/pool_kernels.cuh"
@@ -354,11 +355,37 @@ void run_tc_3x3(conv::tc::TcArgs a, int64_t tiles, cudaStream_t stream) {
   }
 }
 
+// The weight-stationary 3x3 kernel (conv3x3_stationary.cuh): one launch for every tile count, a
+// block per multiprocessor (per 64-channel block of C_out), its weight slice loaded once.
+template <typename T>
+void run_tc_3x3_stationary(conv::tc::TcArgs a, int64_t tiles, cudaStream_t stream) {
+  using Cfg = conv::tc::StationaryCfg;
+  auto kernel = conv::tc::conv3x3_stationary_kernel<T>;
+  a.cap = (int)tiles;
+  (void)prepare_kernel(kernel, Cfg::THREADS, Cfg::smem());
+  const int nb = ceil_div(a.g.Cout, Cfg::BN);
+  const int64_t gx = std::max<int64_t>(1, std::min<int64_t>((tiles + Cfg::WGS - 1) / Cfg::WGS, num_sms() / nb));
+  launch_kernel(kernel, dim3((unsigned)gx, (unsigned)nb), Cfg::THREADS, Cfg::smem(), stream, a);
+}
+
+// Whether a 3x3 conv runs on the weight-stationary kernel: Hopper wgmma, stride 1, dilation 1,
+// C_in = 64 (one K chunk: its weights fit in shared memory beside four warpgroups' halos).
+// DELTACONV_TC_STATIONARY=0: never (conv3x3_tc_kernel's coarse and fine launches instead; read on
+// every call: A/B runs, tests of both kernels).
+bool stationary_3x3(const ConvGeom& g, bool stride2, int dilation) {
+  return !stride2 && dilation == 1 && g.Cin == conv::tc::CK && wgmma_enabled() &&
+         env_switch("DELTACONV_TC_STATIONARY");
+}
+
 // dilation 2 and 4 (the dilated backbones of the segmentation models) only with stride 1;
 // wgmma (stride 1): a warpgroup per tile, 2 tiles per block in the coarse launch, 1 in the fine one
 template <typename T>
 void dispatch_tc_3x3(const conv::tc::TcArgs& a, int64_t tiles, bool stride2, bool wide, int dilation,
                      cudaStream_t stream) {
+  if (stationary_3x3(a.g, stride2, dilation)) {
+    run_tc_3x3_stationary<T>(a, tiles, stream);
+    return;
+  }
   if (!stride2 && wgmma_enabled()) {
     switch (dilation * 2 + (wide ? 1 : 0)) {
       case 3: run_tc_3x3<T, 1, 2, 4, 4, 4, 4, 1, true>(a, tiles, stream); break;

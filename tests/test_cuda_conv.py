@@ -252,9 +252,71 @@ def test_conv2d_3x3_coarse_and_fine_launches(case, dtype, launch, monkeypatch):
     """The two launches of the 3x3 tile kernel (two tiles per block / one tile per block), each
     forced for every tile count, equal the reference."""
     monkeypatch.setenv("DELTACONV_TC_SPLIT", "0")
+    monkeypatch.setenv("DELTACONV_TC_STATIONARY", "0")  # C_in = 64: not the weight-stationary kernel
     monkeypatch.setenv("DELTACONV_TC_FINE_MAX", "-1" if launch == "coarse" else str(1 << 30))
     for i, fracs in enumerate(FRACS):
         run_conv2d(case, dtype, fracs, KEYS[i % len(KEYS)], seed=20 + i, bias=i % 2 == 0)
+
+
+# 3x3 cases of the weight-stationary kernel (C_in = 64, stride 1, dilation 1; Hopper wgmma;
+# conv3x3_stationary.cuh), which takes them unless DELTACONV_TC_STATIONARY=0
+STATIONARY_CASES = [
+    (64, 64, (3, 3), 1, 1, 1, 1, (31, 45)),
+    (64, 8, (3, 3), 1, 1, 1, 1, (13, 17)),       # one n8 tile of output channels
+    (64, 136, (3, 3), 1, 1, 1, 1, (21, 30)),     # 3 C_out blocks, the last one partial
+    (64, 64, (3, 3), 1, 0, 1, 1, (7, 9)),        # no padding: one partial output tile
+    (64, 24, (3, 3), 1, 2, 1, 1, (19, 27)),      # padding 2: the output is larger than the input
+    (64, 64, (3, 3), 1, 1, 1, 1, (135, 240)),    # many tiles: several per warpgroup
+    (64, 200, (3, 3), 1, 1, 1, 1, (68, 120)),    # 4 C_out blocks, many tiles
+]
+
+
+def _cuda_kernel_names(fn) -> list[str]:
+    """Names of the CUDA kernels that `fn()` launches (torch.profiler), [] if it records none."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("split", ["0", "40/0", "40/huge"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("case", STATIONARY_CASES, ids=_case_id)
+def test_conv2d_3x3_weight_stationary(case, dtype, split, monkeypatch):
+    """The weight-stationary 3x3 kernel equals the reference at every changed fraction, with and
+    without key streams, alone (split 0), beside the pixel rows of the sparse tiles (40/0) and with
+    the sparse tiles listed apart but run by it (40/huge); it is the kernel that runs on Hopper
+    (and not with DELTACONV_TC_STATIONARY=0), and its outputs are bit-identical from call to call."""
+    bound, _, least = split.partition("/")
+    monkeypatch.setenv("DELTACONV_TC_SPLIT", bound)
+    monkeypatch.setenv("DELTACONV_TC_SPLIT_MIN", str(1 << 30) if least == "huge" else least or "0")
+    for i, fracs in enumerate(FRACS):
+        for key in KEYS:
+            run_conv2d(case, dtype, fracs, key, seed=40 + i, bias=(i % 2 == 0) or key is not None)
+    cin, cout, k, s, p, d, g, (H, W) = case
+    gen = torch.Generator().manual_seed(6)
+    mask = make_mask(FRACS[1], H, W, gen).cuda()
+    delta = make_delta(2, cin, H, W, mask.cpu(), dtype, gen)
+    weight = (torch.randn(cout, cin, *k, generator=gen) / math.sqrt(cin * 9)).cuda()
+
+    def call():
+        return ops().conv2d(delta, mask, weight, None, [s, s], [p, p], [d, d], 1, None)
+
+    first, mo = call()
+    active = mo.expand_as(first)
+    for _ in range(2):
+        out, mo2 = call()
+        assert torch.equal(mo2, mo) and torch.equal(out[active], first[active]), "outputs differ between calls"
+    hopper = torch.cuda.get_device_capability(0) == (9, 0)
+    for switch in ("1", "0"):
+        monkeypatch.setenv("DELTACONV_TC_STATIONARY", switch)
+        names = _cuda_kernel_names(call)
+        if not names:
+            pytest.skip("the CUDA profiler recorded no kernel (CUPTI unavailable, e.g. under compute-sanitizer)")
+        ran = any("conv3x3_stationary_kernel" in n for n in names)
+        assert ran == (hopper and switch == "1"), f"DELTACONV_TC_STATIONARY={switch}: kernels {names}"
 
 
 # 3x3 cases for the fine launch's K split (whole and partial 64-channel chunks of C_in: 2, 3, 4, 5)
@@ -416,6 +478,7 @@ def test_conv2d_block_order_never_changes_results(case, launch, monkeypatch):
     outputs and masks are bit-identical either way, at every changed fraction, with and without
     key streams, whichever launch runs (the coarse one never ranks); block-index order takes no
     ranks."""
+    monkeypatch.setenv("DELTACONV_TC_STATIONARY", "0")  # C_in = 64: not the weight-stationary kernel
     if launch != "default":
         monkeypatch.setenv("DELTACONV_TC_FINE_MAX", "-1" if launch == "coarse" else str(1 << 30))
     cin, cout, k, s, p, d, g, (H, W) = case
@@ -447,6 +510,7 @@ def test_conv2d_takes_block_ranks_when_few_tiles_have_work(monkeypatch):
     block of the 3x3 kernel's fine launch takes a rank (the tickets count the whole grid: 64 tile slots x 2
     channel blocks), the first-on-a-multiprocessor ticket at most once per multiprocessor; with
     DELTACONV_SPREAD=0 none, and the outputs are the same."""
+    monkeypatch.setenv("DELTACONV_TC_STATIONARY", "0")  # C_in = 64: not the weight-stationary kernel
     gen = torch.Generator().manual_seed(8)
     H = W = 64
     mask = torch.zeros(1, 1, H, W, dtype=torch.bool)
