@@ -357,10 +357,10 @@ void run_tc_3x3(conv::tc::TcArgs a, int64_t tiles, cudaStream_t stream) {
 
 // The weight-stationary 3x3 kernel (conv3x3_stationary.cuh): one launch for every tile count, a
 // block per multiprocessor (per 64-channel block of C_out), its weight slice loaded once.
-template <typename T>
+template <typename T, int CHUNKS>
 void run_tc_3x3_stationary(conv::tc::TcArgs a, int64_t tiles, cudaStream_t stream) {
-  using Cfg = conv::tc::StationaryCfg;
-  auto kernel = conv::tc::conv3x3_stationary_kernel<T>;
+  using Cfg = conv::tc::StationaryCfg<CHUNKS>;
+  auto kernel = conv::tc::conv3x3_stationary_kernel<T, CHUNKS>;
   a.cap = (int)tiles;
   (void)prepare_kernel(kernel, Cfg::THREADS, Cfg::smem());
   const int nb = ceil_div(a.g.Cout, Cfg::BN);
@@ -369,11 +369,11 @@ void run_tc_3x3_stationary(conv::tc::TcArgs a, int64_t tiles, cudaStream_t strea
 }
 
 // Whether a 3x3 conv runs on the weight-stationary kernel: Hopper wgmma, stride 1, dilation 1,
-// C_in = 64 (one K chunk: its weights fit in shared memory beside four warpgroups' halos).
-// DELTACONV_TC_STATIONARY=0: never (conv3x3_tc_kernel's coarse and fine launches instead; read on
-// every call: A/B runs, tests of both kernels).
+// C_in = 64 or 128 (one or two K chunks: its weights fit in shared memory beside the halos of
+// four or three warpgroups). DELTACONV_TC_STATIONARY=0: never (conv3x3_tc_kernel's coarse and fine
+// launches instead; read on every call: A/B runs, tests of both kernels).
 bool stationary_3x3(const ConvGeom& g, bool stride2, int dilation) {
-  return !stride2 && dilation == 1 && g.Cin == conv::tc::CK && wgmma_enabled() &&
+  return !stride2 && dilation == 1 && (g.Cin == conv::tc::CK || g.Cin == 2 * conv::tc::CK) && wgmma_enabled() &&
          env_switch("DELTACONV_TC_STATIONARY");
 }
 
@@ -383,7 +383,8 @@ template <typename T>
 void dispatch_tc_3x3(const conv::tc::TcArgs& a, int64_t tiles, bool stride2, bool wide, int dilation,
                      cudaStream_t stream) {
   if (stationary_3x3(a.g, stride2, dilation)) {
-    run_tc_3x3_stationary<T>(a, tiles, stream);
+    if (a.g.Cin == conv::tc::CK) run_tc_3x3_stationary<T, 1>(a, tiles, stream);
+    else run_tc_3x3_stationary<T, 2>(a, tiles, stream);
     return;
   }
   if (!stride2 && wgmma_enabled()) {

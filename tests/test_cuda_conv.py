@@ -258,7 +258,7 @@ def test_conv2d_3x3_coarse_and_fine_launches(case, dtype, launch, monkeypatch):
         run_conv2d(case, dtype, fracs, KEYS[i % len(KEYS)], seed=20 + i, bias=i % 2 == 0)
 
 
-# 3x3 cases of the weight-stationary kernel (C_in = 64, stride 1, dilation 1; Hopper wgmma;
+# 3x3 cases of the weight-stationary kernel (C_in = 64 or 128, stride 1, dilation 1; Hopper wgmma;
 # conv3x3_stationary.cuh), which takes them unless DELTACONV_TC_STATIONARY=0
 STATIONARY_CASES = [
     (64, 64, (3, 3), 1, 1, 1, 1, (31, 45)),
@@ -268,6 +268,9 @@ STATIONARY_CASES = [
     (64, 24, (3, 3), 1, 2, 1, 1, (19, 27)),      # padding 2: the output is larger than the input
     (64, 64, (3, 3), 1, 1, 1, 1, (135, 240)),    # many tiles: several per warpgroup
     (64, 200, (3, 3), 1, 1, 1, 1, (68, 120)),    # 4 C_out blocks, many tiles
+    (128, 128, (3, 3), 1, 1, 1, 1, (31, 45)),    # two input chunks, 2 C_out blocks
+    (128, 40, (3, 3), 1, 0, 1, 1, (13, 17)),     # two input chunks, one partial C_out block, no padding
+    (128, 72, (3, 3), 1, 1, 1, 1, (135, 240)),   # two input chunks, many tiles, a partial 2nd C_out block
 ]
 
 
@@ -408,6 +411,7 @@ def test_conv2d_3x3_coarse_tail_on_fine_launch(cin, cout, dtype, mode, monkeypat
     the coarse launch takes every tile, the fine one records nothing, and the outputs are
     bit-identical from call to call. Every call equals the reference."""
     monkeypatch.setenv("DELTACONV_TC_SPLIT", "0")
+    monkeypatch.setenv("DELTACONV_TC_STATIONARY", "0")  # C_in = 128: not the weight-stationary kernel
     monkeypatch.setenv("DELTACONV_TC_TAIL", "0" if mode == "off" else "1")
     props = torch.cuda.get_device_properties(0)
     sms = props.multi_processor_count

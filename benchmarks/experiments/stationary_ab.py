@@ -1,10 +1,10 @@
-"""The weight-stationary 3x3 kernel (C_in = 64; csrc/conv/conv3x3_stationary.cuh) against the
-coarse / fine launches of conv3x3_tc_kernel (DELTACONV_TC_STATIONARY=0), same process, alternated
-per cell, with cuDNN at the same dtype beside them: C_in = 64 convs at the kernel sweep's
-clustered-blob fractions. CUDA-graph replay (and eager for the sweep's cell), microseconds, min of
+"""The weight-stationary 3x3 kernel (C_in = 64 or 128; csrc/conv/conv3x3_stationary.cuh) against
+the coarse / fine launches of conv3x3_tc_kernel (DELTACONV_TC_STATIONARY=0), same process,
+alternated per cell, with cuDNN at the same dtype beside them, at the kernel sweep's clustered-blob
+fractions. CUDA-graph replay (and eager for the sweep's cell), microseconds, min of
 `--rounds` medians of 60 replays, batch 1, channels_last.
 
-Usage: PYTHONPATH=. python benchmarks/experiments/stationary_ab.py [--rounds 2] [--dtype float16]
+Usage: PYTHONPATH=. python benchmarks/experiments/stationary_ab.py [--cin 64 128] [--rounds 2] [--dtype float16]
 """
 import argparse
 import os
@@ -18,9 +18,10 @@ from common import capture_graph, clustered_mask, run_info, time_cuda  # noqa: E
 from deltaconv.modules.linear import kernel_weight_layout  # noqa: E402
 import deltaconv.backends.cuda  # noqa: E402,F401
 
-# (C_out, (H, W)) of C_in = 64 convs: the kernel sweep's cell, resnet50's layer1 at 1080p input,
-# and a C_out of two channel blocks
-CONFIGS = [(64, (1080, 1920)), (64, (270, 480)), (128, (540, 960))]
+# (C_in, C_out, (H, W)): the kernel sweep's cells, resnet50's layer1 / layer2 3x3 convs at 1080p
+# input, and C_out of two channel blocks
+CONFIGS = [(64, 64, (1080, 1920)), (64, 64, (270, 480)), (64, 128, (540, 960)),
+           (128, 128, (540, 960)), (128, 128, (135, 240))]
 FRACTIONS = [0.0, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0]
 
 
@@ -29,16 +30,19 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
     ap.add_argument("--fractions", type=float, nargs="+", default=FRACTIONS)
+    ap.add_argument("--cin", type=int, nargs="+", default=[64, 128], help="the C_in of CONFIGS to run")
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
     torch.backends.cudnn.benchmark = True
     info = run_info()
     print(f"# {info['device']}, {info['date']}, torch {torch.__version__}, {args.dtype}", flush=True)
-    print("cout,HxW,changed,cudnn_graph_us,stationary_graph_us,tc_graph_us,speedup_stationary,speedup_tc,"
+    print("cin,cout,HxW,changed,cudnn_graph_us,stationary_graph_us,tc_graph_us,speedup_stationary,speedup_tc,"
           "stationary_eager_us,tc_eager_us", flush=True)
-    for cout, (h, w) in CONFIGS:
-        x = torch.randn(1, 64, h, w, device="cuda", dtype=dtype).contiguous(memory_format=torch.channels_last)
-        wt = torch.randn(cout, 64, 3, 3, device="cuda", dtype=dtype) * (1.0 / (64 * 9)) ** 0.5
+    for cin, cout, (h, w) in CONFIGS:
+        if cin not in args.cin:
+            continue
+        x = torch.randn(1, cin, h, w, device="cuda", dtype=dtype).contiguous(memory_format=torch.channels_last)
+        wt = torch.randn(cout, cin, 3, 3, device="cuda", dtype=dtype) * (1.0 / (cin * 9)) ** 0.5
         wdc = wt.contiguous(memory_format=kernel_weight_layout(wt, 1))
         cudnn_us = min(time_cuda(capture_graph(lambda: F.conv2d(x, wc, None, 1, 1))[0], iters=60)
                        for wc in (wt, wt.contiguous(memory_format=torch.channels_last))) * 1000
@@ -57,7 +61,7 @@ def main() -> None:
                     eager[switch].append(time_cuda(conv, iters=60) * 1000)
             os.environ.pop("DELTACONV_TC_STATIONARY")
             gs, gt = min(graph["1"]), min(graph["0"])
-            print(f"{cout},{h}x{w},{frac},{cudnn_us:.1f},{gs:.1f},{gt:.1f},{cudnn_us / gs:.2f},{cudnn_us / gt:.2f},"
+            print(f"{cin},{cout},{h}x{w},{frac},{cudnn_us:.1f},{gs:.1f},{gt:.1f},{cudnn_us / gs:.2f},{cudnn_us / gt:.2f},"
                   f"{min(eager['1']):.1f},{min(eager['0']):.1f}", flush=True)
         del x, wt, wdc
         torch.cuda.empty_cache()

@@ -1,23 +1,25 @@
-// Weight-stationary 3x3 convolution on Hopper wgmma for C_in = 64 (one K chunk):
+// Weight-stationary 3x3 convolution on Hopper wgmma for C_in = 64 or 128 (one or two K chunks):
 //
-//   conv3x3_stationary_kernel<T>
-//       3x3 conv, stride 1, dilation 1, any padding, groups 1, C_in = 64, C_out % 8 == 0, fp16 / bf16
-//       deltas; a consumer of the 3x3 tile list of conv_common.cuh (TcArgs as conv3x3_tc_kernel, the
-//       sparse tiles of a TileSplit included). Block (x, y) computes output channels
-//       [64 y, 64 y + 64) of its tiles.
+//   conv3x3_stationary_kernel<T, CHUNKS>
+//       3x3 conv, stride 1, dilation 1, any padding, groups 1, C_in = 64 CHUNKS, C_out % 8 == 0,
+//       fp16 / bf16 deltas; a consumer of the 3x3 tile list of conv_common.cuh (TcArgs as
+//       conv3x3_tc_kernel, the sparse tiles of a TileSplit included). Block (x, y) computes output
+//       channels [64 y, 64 y + 64) of its tiles.
 //
-// Why: with one K chunk, conv3x3_tc_kernel streams a [64 x 64] weight slice per tap and stage and
-// synchronises its block on every stage (9 per tile). Here the block's whole weight slice
-// [64 output channels][9 taps][64 input channels] (72 KiB, 128-byte swizzled rows, one 8 KiB
-// buffer per tap) is loaded into shared memory once, and each of its 4 warpgroups then runs a
-// pipeline of its own over its tiles, with warpgroup-local barriers only:
-//   - the input halo of a tile (10 x 10 pixels x 64 channels, inactive and outside pixels zero) is
-//     double buffered per warpgroup and loaded with cp.async two tiles ahead;
-//   - a tile is one wgmma group of 9 taps x 4 k16 steps of m64n64k16, A straight from the halo
-//     (the 8 pixels of an output row are consecutive halo rows, rows 10 apart), B the tap's buffer;
-//   - while it runs, the warpgroup reads the list and the input mask for its tile after next.
+// Why: conv3x3_tc_kernel streams a [64 x 64] weight slice per (chunk, tap) stage and synchronises
+// its block on every stage (9 per chunk and tile). Here the block's whole weight slice
+// [64 output channels][9 taps][C_in] (72 or 144 KiB, 128-byte swizzled rows, one 8 KiB buffer per
+// chunk and tap) is loaded into shared memory once, and each of its warpgroups (4, or 3 for two
+// chunks) then runs a pipeline of its own over its tiles, with warpgroup-local barriers only:
+//   - a stage is one input chunk of one tile: its halo (10 x 10 pixels x 64 channels, inactive
+//     and outside pixels zero) is double buffered per warpgroup and loaded with cp.async two
+//     stages ahead;
+//   - a stage is one wgmma group of 9 taps x 4 k16 steps of m64n64k16, A straight from the halo
+//     (the 8 pixels of an output row are consecutive halo rows, rows 10 apart), B the chunk's and
+//     tap's buffer; the tile's last chunk stores it;
+//   - while it runs, the warpgroup reads the list and the input mask for its stage after next.
 // The warpgroups drift apart, so one's epilogue and loads overlap the others' tensor-core work.
-// Tiles: warpgroup w of block x takes list entries w * gridDim.x + x, + 4 gridDim.x, ... (few
+// Tiles: warpgroup w of block x takes list entries w * gridDim.x + x, + WGS gridDim.x, ... (few
 // tiles spread over all multiprocessors first). Results do not depend on the grid: each tile's
 // sum runs in one fixed order.
 #pragma once
@@ -28,13 +30,17 @@ namespace deltaconv {
 namespace conv {
 namespace tc {
 
+// CHUNKS: C_in / 64. Four warpgroups per block for C_in = 64 (72 KiB of weights); three for
+// C_in = 128 (144 KiB; the shared memory holds no fourth warpgroup's halos).
+template <int CHUNKS>
 struct StationaryCfg {
-  static constexpr int WGS = 4;                    // warpgroups per block (one block per multiprocessor)
+  static_assert(CHUNKS == 1 || CHUNKS == 2, "C_in = 64 or 128");
+  static constexpr int WGS = CHUNKS == 1 ? 4 : 3;  // warpgroups per block (one block per multiprocessor)
   static constexpr int THREADS = 128 * WGS;
   static constexpr int BN = 64;                    // output channels per block
   static constexpr int TAPS = 9;
-  static constexpr int TAP_BYTES = BN * 128;       // one tap: BN rows of 64 input channels
-  static constexpr int W_BYTES = TAPS * TAP_BYTES;
+  static constexpr int TAP_BYTES = BN * 128;       // one (chunk, tap): BN rows of 64 input channels
+  static constexpr int W_BYTES = CHUNKS * TAPS * TAP_BYTES;
   static constexpr int HALO_W = Halo<1, 1>::W;     // 10: an 8x8 output tile's input rows / columns
   static constexpr int HALO_ROWS = Halo<1, 1>::PIX;
   static constexpr int HALO_BYTES = (HALO_ROWS * 128 + 1023) / 1024 * 1024;  // 1024-byte aligned (swizzle)
@@ -49,12 +55,13 @@ __device__ __forceinline__ void warpgroup_sync(int wg) {
   asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
 }
 
-template <typename T>
-__global__ void __launch_bounds__(StationaryCfg::THREADS, 1) conv3x3_stationary_kernel(const TcArgs a) {
+template <typename T, int CHUNKS>
+__global__ void __launch_bounds__(StationaryCfg<CHUNKS>::THREADS, 1) conv3x3_stationary_kernel(const TcArgs a) {
   grid_dependency_sync();
 #if DC_HAS_WGMMA
-  using Cfg = StationaryCfg;
+  using Cfg = StationaryCfg<CHUNKS>;
   constexpr int R = Cfg::ROWS_PER_THREAD;
+  constexpr int CIN = CHUNKS * CK;
   const int listed = *a.count;
   const int count = split_tile_count(a);
   if ((int)blockIdx.x >= count) return;  // no warpgroup of this block has a tile
@@ -64,34 +71,40 @@ __global__ void __launch_bounds__(StationaryCfg::THREADS, 1) conv3x3_stationary_
   const int tid = threadIdx.x;
   const int n0 = (int)blockIdx.y * Cfg::BN;
 
-  // ---- the weight slice, once: row r (output channel n0 + r) is 9 x 64 contiguous values in
-  // global memory ([Cout][3][3][Cin]); its 16-byte piece q is input channels 8 (q % 8) .. of tap q / 8
+  // ---- the weight slice, once: row r (output channel n0 + r) is 9 x C_in contiguous values in
+  // global memory ([Cout][3][3][Cin]); its 16-byte piece q is input channels 8 (q % 8) .. of chunk
+  // (q / 8) % CHUNKS of tap q / (8 CHUNKS), stored in buffer chunk * 9 + tap
   {
     const T* w = static_cast<const T*>(a.w);
-    constexpr int PIECES = Cfg::TAPS * 8;
+    constexpr int PIECES = Cfg::TAPS * CIN / 8;
     for (int k = tid; k < Cfg::BN * PIECES; k += Cfg::THREADS) {
       const int r = k / PIECES, q = k - r * PIECES;
+      const int buf = ((q >> 3) % CHUNKS) * Cfg::TAPS + (q >> 3) / CHUNKS;
       const bool v = n0 + r < g.Cout;
-      cp_async16(w_s + (q >> 3) * Cfg::TAP_BYTES + r * 128 + (((q & 7) ^ (r & 7)) << 4),
+      cp_async16(w_s + buf * Cfg::TAP_BYTES + r * 128 + (((q & 7) ^ (r & 7)) << 4),
                  v ? w + ((size_t)(n0 + r) * PIECES + q) * 8 : w, v);
     }
     cp_async_commit();
   }
 
-  // ---- this warpgroup's tiles and halo buffers
+  // ---- this warpgroup's tiles and halo buffers; stage s = (its tile s / CHUNKS, input chunk
+  // s % CHUNKS), its halo in buffer s % 2
   const int wg = tid >> 7;
   const int wt = tid & 127;
   const int slots = (int)gridDim.x * Cfg::WGS;
   const int first = wg * (int)gridDim.x + (int)blockIdx.x;
+  const int stages = first < count ? ((count - 1 - first) / slots + 1) * CHUNKS : 0;
   const uint32_t halo_s = w_s + Cfg::W_BYTES + wg * 2 * Cfg::HALO_BYTES;
   const T* __restrict__ x = static_cast<const T*>(a.x);
   const int wj = wt & 7;   // this thread's 16-byte piece of every halo row it copies
   const int er = wt >> 3;  // its first halo row; then every ROW_STEP-th
 
-  // p[k]: the input pixel of halo row er + k * ROW_STEP of entry t (-1: zero); false if no entry t
-  auto sources = [&](int t, int (&p)[R]) {
-    if (t >= count) return false;
-    const TileAt at = tile_at(split_tile_entry(a, listed, t, 0), g);
+  // p[k]: the input pixel of halo row er + k * ROW_STEP of stage s's tile (-1: zero), found when s
+  // starts a tile and kept for its other chunks; false when there is no stage s
+  auto sources = [&](int s, int (&p)[R]) {
+    if (s >= stages) return false;
+    if (s % CHUNKS != 0) return true;
+    const TileAt at = tile_at(split_tile_entry(a, listed, first + s / CHUNKS * slots, 0), g);
 #pragma unroll
     for (int k = 0; k < R; ++k) {
       const int e = er + k * Cfg::ROW_STEP;
@@ -107,75 +120,66 @@ __global__ void __launch_bounds__(StationaryCfg::THREADS, 1) conv3x3_stationary_
     }
     return true;
   };
-  // copy a halo into buffer `buf` (nothing if !any), one cp.async group either way
-  auto load_halo = [&](bool any, const int (&p)[R], int buf) {
+  // copy input chunk `chunk` of a halo into buffer `buf` (nothing if !any), one cp.async group either way
+  auto load_halo = [&](bool any, const int (&p)[R], int buf, int chunk) {
     if (any) {
       const uint32_t hb = halo_s + buf * Cfg::HALO_BYTES;
+      const T* xc = x + chunk * CK + wj * 8;
 #pragma unroll
       for (int k = 0; k < R; ++k) {
         const int e = er + k * Cfg::ROW_STEP;
         if (e < Cfg::HALO_ROWS)
-          cp_async16(hb + e * 128 + ((wj ^ (e & 7)) << 4), p[k] >= 0 ? x + (size_t)p[k] * CK + wj * 8 : x, p[k] >= 0);
+          cp_async16(hb + e * 128 + ((wj ^ (e & 7)) << 4), p[k] >= 0 ? xc + (size_t)p[k] * CIN : x, p[k] >= 0);
       }
     }
     cp_async_commit();
   };
 
   int p[R];
-  load_halo(sources(first, p), p, 0);
-  load_halo(sources(first + slots, p), p, 1);
+  load_halo(sources(0, p), p, 0, 0);
+  load_halo(sources(1, p), p, 1, 1 % CHUNKS);
   cp_async_wait<2>();  // this thread's weight pieces
   fence_proxy_async();
   __syncthreads();  // everyone's: the only block-wide barrier
-  if (first >= count) {
+  if (stages == 0) {
     cp_async_wait<0>();
     return;
   }
 
-  // list entries of the tile being computed and the next one: tile id, output row mask
-  int tile = split_tile_entry(a, listed, first, 0), rm = split_tile_entry(a, listed, first, 1);
-  int tile1 = 0, rm1 = 0;
-  if (first + slots < count) {
-    tile1 = split_tile_entry(a, listed, first + slots, 0);
-    rm1 = split_tile_entry(a, listed, first + slots, 1);
-  }
   float acc[2][Cfg::BN / 16][4];  // warp w: tile rows 2w, 2w + 1; acc[h]: channels n0 + 32 h .. + 31
 #pragma unroll 1
-  for (int t = first, buf = 0; t < count; t += slots, buf ^= 1) {
-    cp_async_wait<1>();  // this thread's pieces of this tile's halo (the next one's may be in flight)
+  for (int s = 0, chunk = 0; s < stages; ++s, chunk = chunk == CHUNKS - 1 ? 0 : chunk + 1) {
+    cp_async_wait<1>();  // this thread's pieces of this stage's halo (the next one's may be in flight)
     fence_proxy_async();
     warpgroup_sync(wg);
-    zero_acc(acc);
+    if (chunk == 0) zero_acc(acc);
     wgmma_fence_operands(acc);
     wgmma_fence();
-    const uint32_t hb = halo_s + buf * Cfg::HALO_BYTES;
+    const uint32_t hb = halo_s + (s & 1) * Cfg::HALO_BYTES;
+    const uint32_t wb = w_s + chunk * Cfg::TAPS * Cfg::TAP_BYTES;
 #pragma unroll
     for (int tap = 0; tap < Cfg::TAPS; ++tap) {
       const uint32_t sa = hb + ((tap / 3) * Cfg::HALO_W + tap % 3) * 128;
-      const uint32_t sb = w_s + tap * Cfg::TAP_BYTES;
+      const uint32_t sb = wb + tap * Cfg::TAP_BYTES;
 #pragma unroll
       for (int ks = 0; ks < CK / 16; ++ks)
         Wgmma<T, Cfg::BN>::run(acc[0], acc[1], wgmma_desc(sa + ks * 32, Cfg::HALO_W * 128), wgmma_desc(sb + ks * 32));
     }
     wgmma_commit();
     wgmma_fence_operands(acc);
-    // while the tensor cores run: the tile after next
-    const int t2 = t + 2 * slots;
-    const bool more = sources(t2, p);
-    int tile2 = 0, rm2 = 0;
-    if (more) {
-      tile2 = split_tile_entry(a, listed, t2, 0);
-      rm2 = split_tile_entry(a, listed, t2, 1);
+    // while the tensor cores run: the halo sources of stage s + 2, the list entry of this tile
+    const bool more = sources(s + 2, p);
+    const bool last = chunk == CHUNKS - 1;
+    int tile = 0, rm = 0;
+    if (last) {
+      tile = split_tile_entry(a, listed, first + s / CHUNKS * slots, 0);
+      rm = split_tile_entry(a, listed, first + s / CHUNKS * slots, 1);
     }
     wgmma_wait<0>();
     wgmma_fence_operands(acc);
-    warpgroup_sync(wg);  // every warp's wgmmas are done with buffer buf
-    load_halo(more, p, buf);
-    store_tile<T, Cfg::BN / 16>(a, tile, rm, n0, acc, wt >> 5, 0, Cfg::BN / 2);
-    tile = tile1;
-    rm = rm1;
-    tile1 = tile2;
-    rm1 = rm2;
+    warpgroup_sync(wg);  // every warp's wgmmas are done with buffer s % 2
+    load_halo(more, p, s & 1, (s + 2) % CHUNKS);
+    if (last) store_tile<T, Cfg::BN / 16>(a, tile, rm, n0, acc, wt >> 5, 0, Cfg::BN / 2);
   }
   cp_async_wait<0>();
 #else

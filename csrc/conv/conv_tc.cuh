@@ -24,7 +24,7 @@
 //       (a chain of stages 1 / 2 or 1 / 4 as long).
 //       WG (stride 1, sm_90a): a warpgroup per tile issues wgmma with A straight from the halo,
 //       one wgmma group in flight across stages (prefetch distance 1, a 3-slot weight ring).
-//       (On Hopper, stride-1 undilated convs with C_in = 64 run on conv3x3_stationary_kernel
+//       (On Hopper, stride-1 undilated convs with C_in = 64 or 128 run on conv3x3_stationary_kernel
 //       instead: conv3x3_stationary.cuh.)
 //   conv_gather_tc_kernel<T, NW, NT, ROWS, WG>
 //       groups 1, Cin % 8 == 0: a GEMM over 128 output pixels x BN output channels per item, K in
