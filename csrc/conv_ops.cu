@@ -310,9 +310,24 @@ int k_split_cluster(Kernel kernel, int64_t cin) {
   return ks;
 }
 
+// The weight-stationary 3x3 kernel (conv3x3_stationary.cuh) on its tiles: a block per
+// multiprocessor and BN-channel block of C_out, its weight slice loaded once. Alone (C_in = 64 /
+// 128: a.fine_max = the largest int, every tile) or in place of conv3x3_tc_kernel's fine launch.
+template <typename T, int CHUNKS, int BN>
+void launch_tc_3x3_stationary(const conv::tc::TcArgs& a, int64_t tiles, cudaStream_t stream) {
+  using Cfg = conv::tc::StationaryCfg<CHUNKS, BN>;
+  auto kernel = conv::tc::conv3x3_stationary_kernel<T, CHUNKS, BN>;
+  (void)prepare_kernel(kernel, Cfg::THREADS, Cfg::smem());
+  const int nb = ceil_div(a.g.Cout, Cfg::BN);
+  const int64_t gx = std::max<int64_t>(1, std::min<int64_t>((tiles + Cfg::WGS - 1) / Cfg::WGS, num_sms() / nb));
+  launch_kernel(kernel, dim3((unsigned)gx, (unsigned)nb), Cfg::THREADS, Cfg::smem(), stream, a);
+}
+
 // One 3x3 configuration: (coarse, fine) pair of instantiations for one dtype / stride / width /
-// dilation.
-template <typename T, int S, int TPB, int NWc, int NTc, int NWf, int NTf, int D = 1, bool WG = false>
+// dilation. STAT: the weight-stationary kernel with 4 chunks of C_in (256) and 32 channels per
+// block takes the fine launch's tiles (few tiles, and the coarse launch's tail).
+template <typename T, int S, int TPB, int NWc, int NTc, int NWf, int NTf, int D = 1, bool WG = false,
+          bool STAT = false>
 void run_tc_3x3(conv::tc::TcArgs a, int64_t tiles, cudaStream_t stream) {
   using CC = conv::tc::Conv3Cfg<S, TPB, NWc, NTc, D>;
   using CF = conv::tc::Conv3Cfg<S, 1, NWf, NTf, D>;
@@ -334,47 +349,51 @@ void run_tc_3x3(conv::tc::TcArgs a, int64_t tiles, cudaStream_t stream) {
   const int64_t groups_c = (tiles + TPB - 1) / TPB;
   const int64_t gx_c = std::max<int64_t>(1, std::min<int64_t>(groups_c, std::max<int64_t>(1, (int64_t)occ_c * sms / nb)));
   const int64_t gx_f = std::max<int64_t>(1, std::min<int64_t>(tiles, std::max<int64_t>(a.fine_max, 1)));
-  const int cluster = a.fine_max >= 0 ? k_split_cluster(kf, a.g.Cin) : 1;
+  const int cluster = a.fine_max >= 0 && !STAT ? k_split_cluster(kf, a.g.Cin) : 1;
   // A tail of at most half a multiprocessor's worth of jobs past one round of the coarse launch
   // runs on the fine one (conv::tc::coarse_tile_end; k_split_grid gives it a slot per tile), where
-  // it splits its K: a CTA pair per job, one CTA per multiprocessor. Longer tails (two split CTAs per
+  // it splits its K: a CTA pair per job, one CTA per multiprocessor (STAT: the weight-stationary
+  // kernel takes it, the same bound). Longer tails (two split CTAs per
   // multiprocessor) were up to 13 % slower than a second coarse round (H200, 2026-11-22;
   // benchmarks/results/coarse_tail_ab.txt section 6). Which tiles form the tail follows the work
   // list's order, which its atomics make vary from call to call, and a split tile's sum is rounded
   // differently: so not under torch.use_deterministic_algorithms(True). DELTACONV_TC_TAIL=0: never
   // (A/B runs, tests).
   a.coarse_round = (int)std::min<int64_t>(gx_c * TPB, kIntMax);
-  const bool tail = cluster > 1 && env_switch("DELTACONV_TC_TAIL") && !at::globalContext().deterministicAlgorithms();
+  const bool tail = (STAT || cluster > 1) && env_switch("DELTACONV_TC_TAIL") &&
+                    !at::globalContext().deterministicAlgorithms();
   a.tail_max = tail ? (int)std::min<int64_t>(sms / (2 * nb), gx_f) : 0;
   if (a.fine_max < tiles) {  // the coarse launch can have work
     launch_kernel(kc, dim3((unsigned)gx_c, (unsigned)nb), CC::THREADS, smem_c, stream, a);
   }
   if (a.fine_max >= 0) {  // the fine launch can have work
-    const int64_t gx = conv::tc::k_split_grid(gx_f, gx_f, cluster, nb, sms);
-    launch_kernel_clustered(kf, dim3((unsigned)gx, (unsigned)nb), CF::THREADS, smem_f, stream, (unsigned)cluster, a);
+    if constexpr (STAT) {
+      launch_tc_3x3_stationary<T, 4, 32>(a, gx_f, stream);
+    } else {
+      const int64_t gx = conv::tc::k_split_grid(gx_f, gx_f, cluster, nb, sms);
+      launch_kernel_clustered(kf, dim3((unsigned)gx, (unsigned)nb), CF::THREADS, smem_f, stream, (unsigned)cluster, a);
+    }
   }
 }
 
-// The weight-stationary 3x3 kernel (conv3x3_stationary.cuh): one launch for every tile count, a
-// block per multiprocessor (per 64-channel block of C_out), its weight slice loaded once.
+// C_in = 64 / 128: the weight-stationary kernel takes every tile, one launch.
 template <typename T, int CHUNKS>
 void run_tc_3x3_stationary(conv::tc::TcArgs a, int64_t tiles, cudaStream_t stream) {
-  using Cfg = conv::tc::StationaryCfg<CHUNKS>;
-  auto kernel = conv::tc::conv3x3_stationary_kernel<T, CHUNKS>;
   a.cap = (int)tiles;
-  (void)prepare_kernel(kernel, Cfg::THREADS, Cfg::smem());
-  const int nb = ceil_div(a.g.Cout, Cfg::BN);
-  const int64_t gx = std::max<int64_t>(1, std::min<int64_t>((tiles + Cfg::WGS - 1) / Cfg::WGS, num_sms() / nb));
-  launch_kernel(kernel, dim3((unsigned)gx, (unsigned)nb), Cfg::THREADS, Cfg::smem(), stream, a);
+  a.fine_max = kIntMax;
+  a.coarse_round = 0;
+  a.tail_max = 0;
+  launch_tc_3x3_stationary<T, CHUNKS, 64>(a, tiles, stream);
 }
 
 // Whether a 3x3 conv runs on the weight-stationary kernel: Hopper wgmma, stride 1, dilation 1,
-// C_in = 64 or 128 (one or two K chunks: its weights fit in shared memory beside the halos of
-// four or three warpgroups). DELTACONV_TC_STATIONARY=0: never (conv3x3_tc_kernel's coarse and fine
-// launches instead; read on every call: A/B runs, tests of both kernels).
+// C_in = 64 or 128 (every tile: its weights fit in shared memory beside the halos of four or three
+// warpgroups; 64 channels of C_out per block) or 256 (32 channels of C_out per block, in place of
+// the fine launch of conv3x3_tc_kernel). DELTACONV_TC_STATIONARY=0: never (conv3x3_tc_kernel's
+// coarse and fine launches instead; read on every call: A/B runs, tests of both kernels).
 bool stationary_3x3(const ConvGeom& g, bool stride2, int dilation) {
-  return !stride2 && dilation == 1 && (g.Cin == conv::tc::CK || g.Cin == 2 * conv::tc::CK) && wgmma_enabled() &&
-         env_switch("DELTACONV_TC_STATIONARY");
+  return !stride2 && dilation == 1 && (g.Cin == conv::tc::CK || g.Cin == 2 * conv::tc::CK || g.Cin == 4 * conv::tc::CK) &&
+         wgmma_enabled() && env_switch("DELTACONV_TC_STATIONARY");
 }
 
 // dilation 2 and 4 (the dilated backbones of the segmentation models) only with stride 1;
@@ -384,7 +403,9 @@ void dispatch_tc_3x3(const conv::tc::TcArgs& a, int64_t tiles, bool stride2, boo
                      cudaStream_t stream) {
   if (stationary_3x3(a.g, stride2, dilation)) {
     if (a.g.Cin == conv::tc::CK) run_tc_3x3_stationary<T, 1>(a, tiles, stream);
-    else run_tc_3x3_stationary<T, 2>(a, tiles, stream);
+    else if (a.g.Cin == 2 * conv::tc::CK) run_tc_3x3_stationary<T, 2>(a, tiles, stream);
+    else if (wide) run_tc_3x3<T, 1, 2, 4, 4, 4, 4, 1, true, true>(a, tiles, stream);
+    else run_tc_3x3<T, 1, 2, 4, 2, 4, 2, 1, true, true>(a, tiles, stream);
     return;
   }
   if (!stride2 && wgmma_enabled()) {

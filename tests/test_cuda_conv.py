@@ -258,8 +258,9 @@ def test_conv2d_3x3_coarse_and_fine_launches(case, dtype, launch, monkeypatch):
         run_conv2d(case, dtype, fracs, KEYS[i % len(KEYS)], seed=20 + i, bias=i % 2 == 0)
 
 
-# 3x3 cases of the weight-stationary kernel (C_in = 64 or 128, stride 1, dilation 1; Hopper wgmma;
-# conv3x3_stationary.cuh), which takes them unless DELTACONV_TC_STATIONARY=0
+# 3x3 cases of the weight-stationary kernel (stride 1, dilation 1; Hopper wgmma;
+# conv3x3_stationary.cuh), unless DELTACONV_TC_STATIONARY=0: every tile for C_in = 64 or 128, and for
+# C_in = 256 the tiles of conv3x3_tc_kernel's fine launch (few tiles, the coarse launch's tail)
 STATIONARY_CASES = [
     (64, 64, (3, 3), 1, 1, 1, 1, (31, 45)),
     (64, 8, (3, 3), 1, 1, 1, 1, (13, 17)),       # one n8 tile of output channels
@@ -271,6 +272,9 @@ STATIONARY_CASES = [
     (128, 128, (3, 3), 1, 1, 1, 1, (31, 45)),    # two input chunks, 2 C_out blocks
     (128, 40, (3, 3), 1, 0, 1, 1, (13, 17)),     # two input chunks, one partial C_out block, no padding
     (128, 72, (3, 3), 1, 1, 1, 1, (135, 240)),   # two input chunks, many tiles, a partial 2nd C_out block
+    (256, 256, (3, 3), 1, 1, 1, 1, (31, 45)),    # four input chunks, 32 channels per block: 8 C_out blocks
+    (256, 40, (3, 3), 1, 0, 1, 1, (13, 17)),     # four input chunks, a partial 2nd C_out block, no padding
+    (256, 136, (3, 3), 1, 1, 1, 1, (135, 240)),  # many tiles: beside the coarse launch of conv3x3_tc_kernel
 ]
 
 
@@ -343,6 +347,7 @@ def test_conv2d_3x3_fine_launch_k_split(case, dtype, ksplit, monkeypatch):
     and without key streams, and gives bit-identical outputs from call to call (the first CTA of a
     tile adds the partial sums in rank order, whichever CTA finishes first)."""
     monkeypatch.setenv("DELTACONV_TC_SPLIT", "0")
+    monkeypatch.setenv("DELTACONV_TC_STATIONARY", "0")  # C_in = 256: the fine launch, not the weight-stationary kernel
     monkeypatch.setenv("DELTACONV_TC_FINE_MAX", str(1 << 30))
     monkeypatch.setenv("DELTACONV_TC_KSPLIT", ksplit)
     for i, fracs in enumerate(FRACS):
@@ -402,16 +407,18 @@ def _tile_centres_mask(H: int, W: int, tiles: int) -> torch.Tensor:
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["default", "deterministic", "off"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("cin,cout", [(256, 256), (128, 128), (192, 96)], ids=lambda v: str(v))
-def test_conv2d_3x3_coarse_tail_on_fine_launch(cin, cout, dtype, mode, monkeypatch):
+@pytest.mark.parametrize("cin,cout,fine", [(256, 256, "tc"), (128, 128, "tc"), (192, 96, "tc"),
+                                           (256, 256, "stationary"), (256, 72, "stationary")], ids=str)
+def test_conv2d_3x3_coarse_tail_on_fine_launch(cin, cout, fine, dtype, mode, monkeypatch):
     """Tile counts just past one round of the coarse 3x3 launch (2 or 4 x the multiprocessors for
     two blocks of two tiles per multiprocessor and 2 / 1 channel blocks). By default the tail runs
     on the fine launch, whose CTAs split its K (conv_tc.cuh: coarse_tile_end), and counters[3]
-    records that split. Under torch.use_deterministic_algorithms(True) and with DELTACONV_TC_TAIL=0
-    the coarse launch takes every tile, the fine one records nothing, and the outputs are
-    bit-identical from call to call. Every call equals the reference."""
+    records that split; or, for C_in = 256 on Hopper (fine = "stationary"), on the weight-stationary
+    kernel in its place, which records none. Under torch.use_deterministic_algorithms(True) and with
+    DELTACONV_TC_TAIL=0 the coarse launch takes every tile, the fine one records nothing, and the
+    outputs are bit-identical from call to call. Every call equals the reference."""
     monkeypatch.setenv("DELTACONV_TC_SPLIT", "0")
-    monkeypatch.setenv("DELTACONV_TC_STATIONARY", "0")  # C_in = 128: not the weight-stationary kernel
+    monkeypatch.setenv("DELTACONV_TC_STATIONARY", "1" if fine == "stationary" else "0")
     monkeypatch.setenv("DELTACONV_TC_TAIL", "0" if mode == "off" else "1")
     props = torch.cuda.get_device_properties(0)
     sms = props.multi_processor_count
@@ -445,8 +452,10 @@ def test_conv2d_3x3_coarse_tail_on_fine_launch(cin, cout, dtype, mode, monkeypat
             splits.add(runs[0][1][3])
     finally:
         torch.use_deterministic_algorithms(deterministic)
-    if mode == "default" and props.major >= 9:  # Hopper clusters: some count had a tail, split on the fine launch
+    if mode == "default" and props.major >= 9 and fine == "tc":  # Hopper clusters: some count had a tail, split
         assert splits & {2, 4}, f"no tail ran on the fine launch (recorded splits {splits})"
+    if fine == "stationary" and torch.cuda.get_device_capability(0) == (9, 0):
+        assert splits == {0}, f"the fine launch of conv3x3_tc_kernel ran (recorded splits {splits})"
 
 
 @pytest.mark.gpu

@@ -1,20 +1,22 @@
-// Weight-stationary 3x3 convolution on Hopper wgmma for C_in = 64 or 128 (one or two K chunks):
+// Weight-stationary 3x3 convolution on Hopper wgmma for C_in = 64, 128 or 256 (1, 2 or 4 K chunks):
 //
-//   conv3x3_stationary_kernel<T, CHUNKS>
+//   conv3x3_stationary_kernel<T, CHUNKS, BN>
 //       3x3 conv, stride 1, dilation 1, any padding, groups 1, C_in = 64 CHUNKS, C_out % 8 == 0,
 //       fp16 / bf16 deltas; a consumer of the 3x3 tile list of conv_common.cuh (TcArgs as
 //       conv3x3_tc_kernel, the sparse tiles of a TileSplit included). Block (x, y) computes output
-//       channels [64 y, 64 y + 64) of its tiles.
+//       channels [BN y, BN y + BN) of its tiles. C_in = 64 / 128 (BN = 64): every tile count, one
+//       launch. C_in = 256 (BN = 32): in place of conv3x3_tc_kernel's fine launch (few tiles, and the
+//       tail past one round of its coarse launch; coarse_tile_end), beside that coarse launch.
 //
-// Why: conv3x3_tc_kernel streams a [64 x 64] weight slice per (chunk, tap) stage and synchronises
+// Why: conv3x3_tc_kernel streams a [BN x 64] weight slice per (chunk, tap) stage and synchronises
 // its block on every stage (9 per chunk and tile). Here the block's whole weight slice
-// [64 output channels][9 taps][C_in] (72 or 144 KiB, 128-byte swizzled rows, one 8 KiB buffer per
-// chunk and tap) is loaded into shared memory once, and each of its warpgroups (4, or 3 for two
-// chunks) then runs a pipeline of its own over its tiles, with warpgroup-local barriers only:
+// [BN output channels][9 taps][C_in] (72 or 144 KiB, 128-byte swizzled rows, one buffer per chunk
+// and tap) is loaded into shared memory once, and each of its warpgroups (4, or 3 for 144 KiB)
+// then runs a pipeline of its own over its tiles, with warpgroup-local barriers only:
 //   - a stage is one input chunk of one tile: its halo (10 x 10 pixels x 64 channels, inactive
 //     and outside pixels zero) is double buffered per warpgroup and loaded with cp.async two
 //     stages ahead;
-//   - a stage is one wgmma group of 9 taps x 4 k16 steps of m64n64k16, A straight from the halo
+//   - a stage is one wgmma group of 9 taps x 4 k16 steps of m64n(BN)k16, A straight from the halo
 //     (the 8 pixels of an output row are consecutive halo rows, rows 10 apart), B the chunk's and
 //     tap's buffer; the tile's last chunk stores it;
 //   - while it runs, the warpgroup reads the list and the input mask for its stage after next.
@@ -30,17 +32,18 @@ namespace deltaconv {
 namespace conv {
 namespace tc {
 
-// CHUNKS: C_in / 64. Four warpgroups per block for C_in = 64 (72 KiB of weights); three for
-// C_in = 128 (144 KiB; the shared memory holds no fourth warpgroup's halos).
-template <int CHUNKS>
+// CHUNKS: C_in / 64; BN: output channels per block (64, or 32 for C_in = 256). Four warpgroups per
+// block for 72 KiB of weights (C_in = 64); three for 144 KiB (C_in = 128, or 256 with BN = 32: the
+// shared memory holds no fourth warpgroup's halos).
+template <int CHUNKS, int BN_>
 struct StationaryCfg {
-  static_assert(CHUNKS == 1 || CHUNKS == 2, "C_in = 64 or 128");
-  static constexpr int WGS = CHUNKS == 1 ? 4 : 3;  // warpgroups per block (one block per multiprocessor)
-  static constexpr int THREADS = 128 * WGS;
-  static constexpr int BN = 64;                    // output channels per block
+  static constexpr int BN = BN_;
   static constexpr int TAPS = 9;
   static constexpr int TAP_BYTES = BN * 128;       // one (chunk, tap): BN rows of 64 input channels
   static constexpr int W_BYTES = CHUNKS * TAPS * TAP_BYTES;
+  static_assert((BN == 32 || BN == 64) && W_BYTES <= 2 * TAPS * 64 * 128, "at most 144 KiB of weights");
+  static constexpr int WGS = W_BYTES <= TAPS * 64 * 128 ? 4 : 3;  // warpgroups per block (one block per multiprocessor)
+  static constexpr int THREADS = 128 * WGS;
   static constexpr int HALO_W = Halo<1, 1>::W;     // 10: an 8x8 output tile's input rows / columns
   static constexpr int HALO_ROWS = Halo<1, 1>::PIX;
   static constexpr int HALO_BYTES = (HALO_ROWS * 128 + 1023) / 1024 * 1024;  // 1024-byte aligned (swizzle)
@@ -55,16 +58,20 @@ __device__ __forceinline__ void warpgroup_sync(int wg) {
   asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
 }
 
-template <typename T, int CHUNKS>
-__global__ void __launch_bounds__(StationaryCfg<CHUNKS>::THREADS, 1) conv3x3_stationary_kernel(const TcArgs a) {
+template <typename T, int CHUNKS, int BN>
+__global__ void __launch_bounds__(StationaryCfg<CHUNKS, BN>::THREADS, 1) conv3x3_stationary_kernel(const TcArgs a) {
   grid_dependency_sync();
 #if DC_HAS_WGMMA
-  using Cfg = StationaryCfg<CHUNKS>;
+  using Cfg = StationaryCfg<CHUNKS, BN>;
   constexpr int R = Cfg::ROWS_PER_THREAD;
   constexpr int CIN = CHUNKS * CK;
   const int listed = *a.count;
+  // this launch's tiles: [begin, count) of the listed ones; all of them unless it stands in for the
+  // fine launch of conv3x3_tc_kernel (C_in = 256), which leaves the others to the coarse launch
+  // (coarse_tile_end)
   const int count = split_tile_count(a);
-  if ((int)blockIdx.x >= count) return;  // no warpgroup of this block has a tile
+  const int begin = coarse_tile_end(a, count);
+  if ((int)blockIdx.x >= count - begin) return;  // no warpgroup of this block has a tile
   const ConvGeom& g = a.g;
   extern __shared__ __align__(128) unsigned char smem[];
   const uint32_t w_s = (smem_u32(smem) + 1023u) & ~1023u;
@@ -92,7 +99,7 @@ __global__ void __launch_bounds__(StationaryCfg<CHUNKS>::THREADS, 1) conv3x3_sta
   const int wg = tid >> 7;
   const int wt = tid & 127;
   const int slots = (int)gridDim.x * Cfg::WGS;
-  const int first = wg * (int)gridDim.x + (int)blockIdx.x;
+  const int first = begin + wg * (int)gridDim.x + (int)blockIdx.x;
   const int stages = first < count ? ((count - 1 - first) / slots + 1) * CHUNKS : 0;
   const uint32_t halo_s = w_s + Cfg::W_BYTES + wg * 2 * Cfg::HALO_BYTES;
   const T* __restrict__ x = static_cast<const T*>(a.x);
@@ -146,7 +153,7 @@ __global__ void __launch_bounds__(StationaryCfg<CHUNKS>::THREADS, 1) conv3x3_sta
     return;
   }
 
-  float acc[2][Cfg::BN / 16][4];  // warp w: tile rows 2w, 2w + 1; acc[h]: channels n0 + 32 h .. + 31
+  float acc[2][Cfg::BN / 16][4];  // warp w: tile rows 2w, 2w + 1; acc[h]: channels n0 + h BN / 2 .. + BN / 2 - 1
 #pragma unroll 1
   for (int s = 0, chunk = 0; s < stages; ++s, chunk = chunk == CHUNKS - 1 ? 0 : chunk + 1) {
     cp_async_wait<1>();  // this thread's pieces of this stage's halo (the next one's may be in flight)
@@ -179,7 +186,18 @@ __global__ void __launch_bounds__(StationaryCfg<CHUNKS>::THREADS, 1) conv3x3_sta
     wgmma_fence_operands(acc);
     warpgroup_sync(wg);  // every warp's wgmmas are done with buffer s % 2
     load_halo(more, p, s & 1, (s + 2) % CHUNKS);
-    if (last) store_tile<T, Cfg::BN / 16>(a, tile, rm, n0, acc, wt >> 5, 0, Cfg::BN / 2);
+    if (last) {
+      if constexpr (Cfg::BN == 64) {
+        store_tile<T, 4>(a, tile, rm, n0, acc, wt >> 5, 0, 32);
+      } else {  // one m16 row block of 4 n8 tiles: store_tile's whole 16-byte vectors per lane
+        float o[1][4][4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) o[0][j][e] = acc[j >> 1][j & 1][e];
+        store_tile<T, 4>(a, tile, rm, n0, o, wt >> 5);
+      }
+    }
   }
   cp_async_wait<0>();
 #else

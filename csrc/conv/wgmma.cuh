@@ -74,6 +74,14 @@ __device__ __forceinline__ void wgmma_wait() {
 #endif
 }
 
+// m64n32k16: the 16 f32 accumulators of a lane as asm operands %0..%15 (d0: n8 tiles 0..1 of the
+// instruction, d1: n8 tiles 2..3, each [2][4] as in mma.sync's C fragment)
+#define DC_WGMMA_D32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
+#define DC_WGMMA_BIND32(d0, d1) \
+  "+f"(d0[0][0]), "+f"(d0[0][1]), "+f"(d0[0][2]), "+f"(d0[0][3]), "+f"(d0[1][0]), "+f"(d0[1][1]), \
+  "+f"(d0[1][2]), "+f"(d0[1][3]), "+f"(d1[0][0]), "+f"(d1[0][1]), "+f"(d1[0][2]), "+f"(d1[0][3]), \
+  "+f"(d1[1][0]), "+f"(d1[1][1]), "+f"(d1[1][2]), "+f"(d1[1][3])
+
 // m64n64k16: the 32 f32 accumulators of a lane as asm operands %0..%31 (d0: n8 tiles
 // 0..3 of the instruction, d1: n8 tiles 4..7, each [4][4] as in mma.sync's C fragment)
 #define DC_WGMMA_D64 \
@@ -127,8 +135,10 @@ struct Wgmma;  // run(d0, d1, desc_a, desc_b): D += A * B, m64nNk16, d0 / d1 the
       DC_WGMMA_RUN(PTX_TYPE, N, DESCS);                                                                    \
     }                                                                                                      \
   };
+DC_DEFINE_WGMMA(__half, "f16", 32, "%16, %17")
 DC_DEFINE_WGMMA(__half, "f16", 64, "%32, %33")
 DC_DEFINE_WGMMA(__half, "f16", 128, "%64, %65")
+DC_DEFINE_WGMMA(__nv_bfloat16, "bf16", 32, "%16, %17")
 DC_DEFINE_WGMMA(__nv_bfloat16, "bf16", 64, "%32, %33")
 DC_DEFINE_WGMMA(__nv_bfloat16, "bf16", 128, "%64, %65")
 #undef DC_DEFINE_WGMMA
