@@ -613,6 +613,8 @@ def test_conv2d_malformed_tuning_variable_names_it(var, value, monkeypatch):
     monkeypatch.setenv(var, value)
     if var == "DELTACONV_TC_SPLIT_MIN":  # read only when the split is on
         monkeypatch.setenv("DELTACONV_TC_SPLIT", "16")
+    if var == "DELTACONV_TC_FINE_MAX":  # read only by conv3x3_tc_kernel's launches (C_in = 64: not the weight-stationary kernel)
+        monkeypatch.setenv("DELTACONV_TC_STATIONARY", "0")
     gen = torch.Generator().manual_seed(0)
     mask = make_mask((0.3, 0.3), 17, 23, gen)
     delta = make_delta(2, 64, 17, 23, mask, torch.float16, gen)

@@ -325,7 +325,8 @@ def conv2d(delta: Tensor, mask: Tensor, weight: Tensor, bias: Optional[Tensor], 
     work list, rank their blocks and record the K split of the 3x3 kernel's fine launch or the
     gathered-rows GEMM (``counters[3]``; a slice of :class:`~deltaconv.modules.WorkCounters`); ``None``: the op zeroes
     its own. Outputs are bit-identical from call to call, except where the 3x3 kernel hands a tail of
-    tiles past one round of its coarse launch to its fine launch (not under
+    tiles past one round of its coarse launch to its fine launch (or, for 256 input channels on
+    Hopper, to the weight-stationary kernel in its place; not under
     ``torch.use_deterministic_algorithms(True)``)."""
     if not (_native("conv2d", delta, mask, weight) and delta.dim() == 4 and delta.dtype in _ACT_DTYPES
             and padding_mode == "zeros" and not isinstance(padding, str)):
