@@ -201,13 +201,25 @@ def run_conv2d(case, dtype, fracs, key, seed=0, bias=True, delta_format=torch.ch
     assert_active_close(out, r_out, r_mask, dtype, f"conv2d (fracs {fracs}, key {key})")
 
 
+def run_conv2d_every_fraction_and_key(case, dtype, seed: int) -> None:
+    """run_conv2d at every FRACS x KEYS pair (fraction i: seed + i; a bias on even fractions and with key streams)."""
+    for i, fracs in enumerate(FRACS):
+        for key in KEYS:
+            run_conv2d(case, dtype, fracs, key, seed=seed + i, bias=(i % 2 == 0) or key is not None)
+
+
+def set_tile_split(monkeypatch, split: str) -> None:
+    """DELTACONV_TC_SPLIT and DELTACONV_TC_SPLIT_MIN from "bound/least" ("huge": never enough pixel rows)."""
+    bound, _, least = split.partition("/")
+    monkeypatch.setenv("DELTACONV_TC_SPLIT", bound)
+    monkeypatch.setenv("DELTACONV_TC_SPLIT_MIN", str(1 << 30) if least == "huge" else least or "0")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("case", CONV_CASES, ids=_case_id)
 def test_conv2d(case, dtype):
-    for i, fracs in enumerate(FRACS):
-        for key in KEYS:
-            run_conv2d(case, dtype, fracs, key, seed=i, bias=(i % 2 == 0) or key is not None)
+    run_conv2d_every_fraction_and_key(case, dtype, seed=0)
 
 
 # 3x3 tensor-core cases (fp16 / bf16, Cin and Cout multiples of 8): the tile kernel, and the
@@ -236,12 +248,8 @@ def test_conv2d_3x3_tile_and_pixel_paths(case, dtype, split, monkeypatch):
     (64/0), both in one call (40/0), the sparse tiles listed apart but run by the tile kernel
     (40/huge: too few pixel rows), and the default."""
     if split != "default":
-        bound, _, least = split.partition("/")
-        monkeypatch.setenv("DELTACONV_TC_SPLIT", bound)
-        monkeypatch.setenv("DELTACONV_TC_SPLIT_MIN", str(1 << 30) if least == "huge" else least or "0")
-    for i, fracs in enumerate(FRACS):
-        for key in KEYS:
-            run_conv2d(case, dtype, fracs, key, seed=10 + i, bias=(i % 2 == 0) or key is not None)
+        set_tile_split(monkeypatch, split)
+    run_conv2d_every_fraction_and_key(case, dtype, seed=10)
 
 
 @pytest.mark.gpu
@@ -296,12 +304,8 @@ def test_conv2d_3x3_weight_stationary(case, dtype, split, monkeypatch):
     without key streams, alone (split 0), beside the pixel rows of the sparse tiles (40/0) and with
     the sparse tiles listed apart but run by it (40/huge); it is the kernel that runs on Hopper
     (and not with DELTACONV_TC_STATIONARY=0), and its outputs are bit-identical from call to call."""
-    bound, _, least = split.partition("/")
-    monkeypatch.setenv("DELTACONV_TC_SPLIT", bound)
-    monkeypatch.setenv("DELTACONV_TC_SPLIT_MIN", str(1 << 30) if least == "huge" else least or "0")
-    for i, fracs in enumerate(FRACS):
-        for key in KEYS:
-            run_conv2d(case, dtype, fracs, key, seed=40 + i, bias=(i % 2 == 0) or key is not None)
+    set_tile_split(monkeypatch, split)
+    run_conv2d_every_fraction_and_key(case, dtype, seed=40)
     cin, cout, k, s, p, d, g, (H, W) = case
     gen = torch.Generator().manual_seed(6)
     mask = make_mask(FRACS[1], H, W, gen).cuda()

@@ -25,7 +25,7 @@
 //       WG (stride 1, sm_90a): a warpgroup per tile issues wgmma with A straight from the halo,
 //       one wgmma group in flight across stages (prefetch distance 1, a 3-slot weight ring).
 //       (On Hopper, stride-1 undilated convs with C_in = 64 or 128 run on conv3x3_stationary_kernel
-//       instead: conv3x3_stationary.cuh.)
+//       instead, and with C_in = 256 it takes the fine launch's tiles: conv3x3_stationary.cuh.)
 //   conv_gather_tc_kernel<T, NW, NT, ROWS, WG>
 //       groups 1, Cin % 8 == 0: a GEMM over 128 output pixels x BN output channels per item, K in
 //       chunks of 64 channels (x taps), 3-slot cp.async ring over the flattened (item, tap, chunk)
