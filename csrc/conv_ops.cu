@@ -338,7 +338,7 @@ void run_tc_3x3(conv::tc::TcArgs a, int64_t tiles, cudaStream_t stream) {
   const int smem_c = CC::smem(conv::tc::conv3x3_weight_slots(WG, false));
   const int smem_f = CF::smem(conv::tc::conv3x3_weight_slots(WG, true));
   const int occ_c = prepare_kernel(kc, CC::THREADS, smem_c);
-  (void)prepare_kernel(kf, CF::THREADS, smem_f);
+  if constexpr (!STAT) (void)prepare_kernel(kf, CF::THREADS, smem_f);
   const int sms = num_sms();
   const int nb = ceil_div(a.g.Cout, CC::BN);
   // The coarse launch unless it would fill less than half of the machine (the count is only
@@ -386,14 +386,16 @@ void run_tc_3x3_stationary(conv::tc::TcArgs a, int64_t tiles, cudaStream_t strea
   launch_tc_3x3_stationary<T, CHUNKS, 64>(a, tiles, stream);
 }
 
-// Whether a 3x3 conv runs on the weight-stationary kernel: Hopper wgmma, stride 1, dilation 1,
-// C_in = 64 or 128 (every tile: its weights fit in shared memory beside the halos of four or three
-// warpgroups; 64 channels of C_out per block) or 256 (32 channels of C_out per block, in place of
-// the fine launch of conv3x3_tc_kernel). DELTACONV_TC_STATIONARY=0: never (conv3x3_tc_kernel's
-// coarse and fine launches instead; read on every call: A/B runs, tests of both kernels).
-bool stationary_3x3(const ConvGeom& g, bool stride2, int dilation) {
-  return !stride2 && dilation == 1 && (g.Cin == conv::tc::CK || g.Cin == 2 * conv::tc::CK || g.Cin == 4 * conv::tc::CK) &&
-         wgmma_enabled() && env_switch("DELTACONV_TC_STATIONARY");
+// The input chunks (C_in / 64) of a 3x3 conv that runs on the weight-stationary kernel, 0 for one
+// that does not: Hopper wgmma, stride 1, dilation 1, C_in = 64 or 128 (every tile: its weights fit
+// in shared memory beside the halos of four or three warpgroups; 64 channels of C_out per block)
+// or 256 (32 channels of C_out per block, in place of the fine launch of conv3x3_tc_kernel).
+// DELTACONV_TC_STATIONARY=0: none (conv3x3_tc_kernel's coarse and fine launches instead; read on
+// every call: A/B runs, tests of both kernels).
+int stationary_chunks(const ConvGeom& g, bool stride2, int dilation) {
+  const int chunks = g.Cin % conv::tc::CK == 0 ? g.Cin / conv::tc::CK : 0;
+  if (stride2 || dilation != 1 || (chunks != 1 && chunks != 2 && chunks != 4)) return 0;
+  return wgmma_enabled() && env_switch("DELTACONV_TC_STATIONARY") ? chunks : 0;
 }
 
 // dilation 2 and 4 (the dilated backbones of the segmentation models) only with stride 1;
@@ -401,12 +403,14 @@ bool stationary_3x3(const ConvGeom& g, bool stride2, int dilation) {
 template <typename T>
 void dispatch_tc_3x3(const conv::tc::TcArgs& a, int64_t tiles, bool stride2, bool wide, int dilation,
                      cudaStream_t stream) {
-  if (stationary_3x3(a.g, stride2, dilation)) {
-    if (a.g.Cin == conv::tc::CK) run_tc_3x3_stationary<T, 1>(a, tiles, stream);
-    else if (a.g.Cin == 2 * conv::tc::CK) run_tc_3x3_stationary<T, 2>(a, tiles, stream);
-    else if (wide) run_tc_3x3<T, 1, 2, 4, 4, 4, 4, 1, true, true>(a, tiles, stream);
-    else run_tc_3x3<T, 1, 2, 4, 2, 4, 2, 1, true, true>(a, tiles, stream);
-    return;
+  switch (stationary_chunks(a.g, stride2, dilation)) {
+    case 1: run_tc_3x3_stationary<T, 1>(a, tiles, stream); return;
+    case 2: run_tc_3x3_stationary<T, 2>(a, tiles, stream); return;
+    case 4:
+      if (wide) run_tc_3x3<T, 1, 2, 4, 4, 4, 4, 1, true, true>(a, tiles, stream);
+      else run_tc_3x3<T, 1, 2, 4, 2, 4, 2, 1, true, true>(a, tiles, stream);
+      return;
+    default: break;
   }
   if (!stride2 && wgmma_enabled()) {
     switch (dilation * 2 + (wide ? 1 : 0)) {

@@ -228,3 +228,13 @@ def make_positive_monotone(model: nn.Module, slope: float = 0.1) -> nn.Module:
             if isinstance(child, (nn.ReLU, nn.ReLU6)):
                 setattr(m, child_name, nn.LeakyReLU(slope))
     return model.eval()
+
+
+def cuda_kernel_names(fn) -> list[str]:
+    """Names of the CUDA kernels that ``fn()`` launches (torch.profiler), ``[]`` if it records none
+    (CUPTI unavailable, e.g. under compute-sanitizer)."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from deltaconv.backends import reference as ref
 from deltaconv.modules import WorkCounters
+from helpers import cuda_kernel_names
 
 
 def _load() -> str:
@@ -286,15 +287,6 @@ STATIONARY_CASES = [
 ]
 
 
-def _cuda_kernel_names(fn) -> list[str]:
-    """Names of the CUDA kernels that `fn()` launches (torch.profiler), [] if it records none."""
-    from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("split", ["0", "40/0", "40/huge"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
@@ -323,7 +315,7 @@ def test_conv2d_3x3_weight_stationary(case, dtype, split, monkeypatch):
     hopper = torch.cuda.get_device_capability(0) == (9, 0)
     for switch in ("1", "0"):
         monkeypatch.setenv("DELTACONV_TC_STATIONARY", switch)
-        names = _cuda_kernel_names(call)
+        names = cuda_kernel_names(call)
         if not names:
             pytest.skip("the CUDA profiler recorded no kernel (CUPTI unavailable, e.g. under compute-sanitizer)")
         ran = any("conv3x3_stationary_kernel" in n for n in names)

@@ -7,7 +7,7 @@ import torch
 import torchvision
 
 import deltaconv
-from helpers import cuda_backend_reason, randomize_bn, video_frames
+from helpers import cuda_backend_reason, cuda_kernel_names, randomize_bn, video_frames
 
 REASON = cuda_backend_reason()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(bool(REASON), reason=REASON or "ok")]
@@ -155,22 +155,15 @@ def test_frame_zeroes_the_convolutions_work_counters_once():
     WorkCounters (one slice per conv call, all zeroed by one kernel per frame): no per-conv
     counter-clearing kernel runs, eager or replayed, while a conv called on its own still clears
     its own (so the profiler would see them)."""
-    from torch.profiler import ProfilerActivity, profile
     from deltaconv.modules import DCConv2d
     model = build("resnet18").cuda().half()
     frames = [f.cuda().half() for f in video_frames(4, (64, 96))]
     convs = sum(isinstance(m, torch.nn.Conv2d) for m in model.modules())
 
-    def kernels(fn):
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            fn()
-            torch.cuda.synchronize()
-        return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-
     x = torch.zeros(1, 64, 16, 16, device="cuda", dtype=torch.half).contiguous(memory_format=torch.channels_last)
     m = torch.ones(1, 1, 16, 16, dtype=torch.bool, device="cuda")
     w = torch.zeros(64, 64, 3, 3, device="cuda", dtype=torch.half)
-    alone = kernels(lambda: torch.ops.deltaconv.conv2d(x, m, w, None, [1, 1], [1, 1], [1, 1], 1, None))
+    alone = cuda_kernel_names(lambda: torch.ops.deltaconv.conv2d(x, m, w, None, [1, 1], [1, 1], [1, 1], 1, None))
     if not alone:
         pytest.skip("the CUDA profiler recorded no kernel (CUPTI unavailable, e.g. under compute-sanitizer)")
     assert any("clear_counters" in n for n in alone), alone
@@ -180,7 +173,7 @@ def test_frame_zeroes_the_convolutions_work_counters_once():
         with torch.no_grad():
             dm(frames[0])
             dm(frames[1])  # captures when cuda_graph
-            names = kernels(lambda: dm(frames[2]))
+            names = cuda_kernel_names(lambda: dm(frames[2]))
         assert any("conv" in n for n in names), names
         assert not any("clear_counters" in n for n in names), cuda_graph
         assert dm._context.work_counters.taken == convs

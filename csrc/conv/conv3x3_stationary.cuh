@@ -108,22 +108,15 @@ __global__ void __launch_bounds__(StationaryCfg<CHUNKS, BN>::THREADS, 1) conv3x3
 
   // p[k]: the input pixel of halo row er + k * ROW_STEP of stage s's tile (-1: zero), found when s
   // starts a tile and kept for its other chunks; false when there is no stage s
+  auto entry = [&](int s) { return first + s / CHUNKS * slots; };  // the list entry of stage s's tile
   auto sources = [&](int s, int (&p)[R]) {
     if (s >= stages) return false;
     if (s % CHUNKS != 0) return true;
-    const TileAt at = tile_at(split_tile_entry(a, listed, first + s / CHUNKS * slots, 0), g);
+    const TileAt at = tile_at(split_tile_entry(a, listed, entry(s), 0), g);
 #pragma unroll
     for (int k = 0; k < R; ++k) {
       const int e = er + k * Cfg::ROW_STEP;
-      const int hy = e / Cfg::HALO_W;
-      const int ih = at.oh0 - g.ph + hy;
-      const int iw = at.ow0 - g.pw + (e - hy * Cfg::HALO_W);
-      int pix = -1;
-      if (e < Cfg::HALO_ROWS && ih >= 0 && ih < g.H && iw >= 0 && iw < g.W) {
-        pix = (at.n * g.H + ih) * g.W + iw;
-        if (!a.mask[pix]) pix = -1;
-      }
-      p[k] = pix;
+      p[k] = e < Cfg::HALO_ROWS ? halo_source<1, 1>(a, at, e) : -1;
     }
     return true;
   };
@@ -179,8 +172,8 @@ __global__ void __launch_bounds__(StationaryCfg<CHUNKS, BN>::THREADS, 1) conv3x3
     const bool last = chunk == CHUNKS - 1;
     int tile = 0, rm = 0;
     if (last) {
-      tile = split_tile_entry(a, listed, first + s / CHUNKS * slots, 0);
-      rm = split_tile_entry(a, listed, first + s / CHUNKS * slots, 1);
+      tile = split_tile_entry(a, listed, entry(s), 0);
+      rm = split_tile_entry(a, listed, entry(s), 1);
     }
     wgmma_wait<0>();
     wgmma_fence_operands(acc);

@@ -269,6 +269,19 @@ struct Halo {
   static __device__ __forceinline__ int swz(int e) { return (S == 1 ? e : (e >> 1)) & 7; }
 };
 
+// The input pixel that row q of the halo of the 8x8 output tile at `at` copies (3x3 kernel, stride
+// S, dilation D), or -1 (a zero row) when it lies outside the input or is inactive.
+template <int S, int D>
+__device__ __forceinline__ int halo_source(const TcArgs& a, const TileAt& at, int q) {
+  const ConvGeom& g = a.g;
+  const int hy = q / Halo<S, D>::W;
+  const int ih = at.oh0 * S - g.ph + hy;
+  const int iw = at.ow0 * S - g.pw + (q - hy * Halo<S, D>::W);
+  if (ih < 0 || ih >= g.H || iw < 0 || iw >= g.W) return -1;
+  const int pix = (at.n * g.H + ih) * g.W + iw;
+  return a.mask[pix] ? pix : -1;
+}
+
 template <int S, int TPB, int NW, int NT, int D = 1>
 struct Conv3Cfg {
   static constexpr int WARPS = TPB * NW;
@@ -516,19 +529,7 @@ __global__ void __launch_bounds__(32 * TPB * NW, WG ? 2 : 1) conv3x3_tc_kernel(c
         const int sl = e / HL::PIX;
         const int q = e - sl * HL::PIX;
         const int t = grp * TPB + sl;
-        int p = -1;
-        if (t < count) {
-          const int tile = split_tile_entry(a, listed, first + t, 0);
-          const TileAt at = tile_at(tile, g);
-          const int hy = q / HL::W;
-          const int ih = at.oh0 * S - g.ph + hy;
-          const int iw = at.ow0 * S - g.pw + (q - hy * HL::W);
-          if (ih >= 0 && ih < g.H && iw >= 0 && iw < g.W) {
-            const int pix = (at.n * g.H + ih) * g.W + iw;
-            if (a.mask[pix]) p = pix;
-          }
-        }
-        tab[e] = p;
+        tab[e] = t < count ? halo_source<S, D>(a, tile_at(split_tile_entry(a, listed, first + t, 0), g), q) : -1;
       }
     }
     if (tid < TPB) {
