@@ -96,7 +96,7 @@ __global__ void __launch_bounds__(StationaryCfg<CHUNKS, BN>::THREADS, 1) conv3x3
 
   // ---- this warpgroup's tiles and halo buffers; stage s = (its tile s / CHUNKS, input chunk
   // s % CHUNKS), its halo in buffer s % 2
-  const int wg = tid >> 7;
+  const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);  // warp-uniform to the compiler: descriptors in uniform registers
   const int wt = tid & 127;
   const int slots = (int)gridDim.x * Cfg::WGS;
   const int first = begin + wg * (int)gridDim.x + (int)blockIdx.x;
@@ -155,15 +155,16 @@ __global__ void __launch_bounds__(StationaryCfg<CHUNKS, BN>::THREADS, 1) conv3x3
     if (chunk == 0) zero_acc(acc);
     wgmma_fence_operands(acc);
     wgmma_fence();
-    const uint32_t hb = halo_s + (s & 1) * Cfg::HALO_BYTES;
-    const uint32_t wb = w_s + chunk * Cfg::TAPS * Cfg::TAP_BYTES;
+    // A: the halo from its row of tap (ky, kx), 8-row groups one halo row (10 pixels) apart; B:
+    // the chunk's and tap's weight buffer
+    const uint64_t da = wgmma_desc(halo_s + (s & 1) * Cfg::HALO_BYTES, Cfg::HALO_W * 128);
+    const uint64_t db = wgmma_desc(w_s + chunk * Cfg::TAPS * Cfg::TAP_BYTES);
 #pragma unroll
     for (int tap = 0; tap < Cfg::TAPS; ++tap) {
-      const uint32_t sa = hb + ((tap / 3) * Cfg::HALO_W + tap % 3) * 128;
-      const uint32_t sb = wb + tap * Cfg::TAP_BYTES;
 #pragma unroll
       for (int ks = 0; ks < CK / 16; ++ks)
-        Wgmma<T, Cfg::BN>::run(acc[0], acc[1], wgmma_desc(sa + ks * 32, Cfg::HALO_W * 128), wgmma_desc(sb + ks * 32));
+        Wgmma<T, Cfg::BN>::run(acc[0], acc[1], wgmma_desc_add(da, ((tap / 3) * Cfg::HALO_W + tap % 3) * 128 + ks * 32),
+                               wgmma_desc_add(db, tap * Cfg::TAP_BYTES + ks * 32));
     }
     wgmma_commit();
     wgmma_fence_operands(acc);
