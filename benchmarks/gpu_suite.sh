@@ -15,7 +15,7 @@
 # mobilenet_v2-b0353104.pth when the PyPI weight packages are not installed there.
 # Knobs: PYTHON (default python3), PYTEST_ARGS (extra arguments of the main test run),
 # PYTEST_TIMEOUT (seconds, default 1800), PYTEST_JOBS (default 1: pytest processes that share the
-# GPU tests, dealt out in a fixed shuffled order; 6 ran all 3,506 in 205 s on a 16-core H200 machine, one process
+# GPU tests, dealt out in turn; 6 ran all 3,506 in 205 s on a 16-core H200 machine, one process
 # 440-585 s), SKIP_SANITIZER=1, SANITIZER_TIMEOUT (seconds per tool, default 900), SKIP_BENCHMARKS=1.
 set -u -o pipefail
 cd "$(dirname "$0")/.."
@@ -57,31 +57,20 @@ fi
 "$PY" -c 'from deltaconv import _extension as e; import sys; r = e.unavailable_reason(); print(r or "extension loaded, GPU visible"); sys.exit(1 if r else 0)' \
   || { echo "the CUDA backend is unavailable here"; exit 1; }
 
-# parallel_pytest JOBS ARGS...: the GPU tests dealt out to JOBS pytest processes (the CPU threads
-# split between them), each logging to $OUT_DIR/pytest_gpu_<i>.log with its 10 slowest tests;
-# fails if any fails. The tests go round-robin in a fixed shuffled order, and each process runs its
-# share in collection order (module fixtures set up once). Dealt in collection order, one of 8
-# processes took 246 s against 147-178 s for the others (H200, 2026-11-22 09:18 UTC).
+# parallel_pytest JOBS ARGS...: the GPU tests dealt out in turn to JOBS pytest processes (the CPU
+# threads split between them), each logging to $OUT_DIR/pytest_gpu_<i>.log with its 10 slowest
+# tests; fails if any fails. A few tests take most of the time (the torch.compile model test 75-85
+# s, the 600x640 max-pooling and 135x240 3x3 cases 7-19 s each), so the processes end unevenly:
+# with 8 processes 85-191 s (H200, 2026-11-22 09:34 UTC; 147-246 s before the conv tests' float64
+# reference moved to the GPU; dealt in a fixed shuffled order instead, 89-248 s).
 parallel_pytest() {
   local jobs=$1 ids i rc=0 pids=() mine
   shift
   ids=$(mktemp)
   "$PY" -m pytest -m gpu -q --collect-only -p no:cacheprovider "$@" tests | grep "::" > "$ids" || true
-  "$PY" - "$ids" "$jobs" <<'DEAL'
-import random
-import sys
-path, jobs = sys.argv[1], int(sys.argv[2])
-with open(path) as f:
-    ids = f.read().splitlines()
-order = list(range(len(ids)))
-random.Random(0).shuffle(order)
-for i in range(jobs):
-    with open(f"{path}.{i}", "w") as f:
-        f.writelines(ids[k] + "\n" for k in sorted(order[i::jobs]))
-DEAL
   local threads=$(( $(nproc) / jobs > 0 ? $(nproc) / jobs : 1 ))
   for ((i = 0; i < jobs; i++)); do
-    mapfile -t mine < "$ids.$i"
+    mapfile -t mine < <(awk -v n="$jobs" -v i="$i" 'NR % n == i' "$ids")
     [ ${#mine[@]} -gt 0 ] || continue
     OMP_NUM_THREADS=$threads timeout "${PYTEST_TIMEOUT:-1800}" "$PY" -m pytest -m gpu -q -rfE -p no:cacheprovider \
       --durations=10 "$@" "${mine[@]}" > "$OUT_DIR/pytest_gpu_$i.log" 2>&1 &
@@ -91,7 +80,7 @@ DEAL
   for ((i = 0; i < jobs; i++)); do
     [ -f "$OUT_DIR/pytest_gpu_$i.log" ] && echo "process $i: $(tail -1 "$OUT_DIR/pytest_gpu_$i.log")"
   done
-  rm -f "$ids" "$ids".*
+  rm -f "$ids"
   return "$rc"
 }
 
