@@ -96,7 +96,8 @@ __global__ void __launch_bounds__(StationaryCfg<CHUNKS, BN>::THREADS, 1) conv3x3
 
   // ---- this warpgroup's tiles and halo buffers; stage s = (its tile s / CHUNKS, input chunk
   // s % CHUNKS), its halo in buffer s % 2
-  const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);  // warp-uniform to the compiler: descriptors in uniform registers
+  // the warpgroup, warp-uniform to the compiler (so the wgmma descriptors stay in uniform registers)
+  const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
   const int wt = tid & 127;
   const int slots = (int)gridDim.x * Cfg::WGS;
   const int first = begin + wg * (int)gridDim.x + (int)blockIdx.x;

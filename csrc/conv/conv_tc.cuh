@@ -393,7 +393,8 @@ __device__ __forceinline__ void wgmma_chunk(float (&acc)[2][N / 16][4], uint32_t
   wgmma_fence();
   const uint64_t da = wgmma_desc(sa, a_stride), db = wgmma_desc(sb);
 #pragma unroll
-  for (int ks = 0; ks < KS; ++ks) Wgmma<T, N>::run(acc[0], acc[1], wgmma_desc_add(da, ks * 32), wgmma_desc_add(db, ks * 32));
+  for (int ks = 0; ks < KS; ++ks)
+    Wgmma<T, N>::run(acc[0], acc[1], wgmma_desc_add(da, ks * 32), wgmma_desc_add(db, ks * 32));
   wgmma_commit();
   if (drain) {
     wgmma_wait<0>();

@@ -40,7 +40,8 @@ __device__ __forceinline__ uint64_t wgmma_desc(uint32_t addr, uint32_t group_str
 // wgmma_desc(addr + bytes, stride) from d = wgmma_desc(addr, stride), bytes a multiple of 16 and
 // addr + bytes below 256 KiB: only the start-address field (the low 14 bits, in 16-byte units)
 // changes and it does not carry. On a warp-uniform d this is one uniform add per operand and
-// wgmma, where a fresh wgmma_desc costs about seven instructions and two register moves.
+// wgmma, where a fresh wgmma_desc took about seven instructions (mask, shift and or of the address,
+// two moves into uniform registers).
 __device__ __forceinline__ uint64_t wgmma_desc_add(uint64_t d, uint32_t bytes) {
   return (d & 0xFFFFFFFF00000000ull) | (uint32_t)((uint32_t)d + (bytes >> 4));
 }
