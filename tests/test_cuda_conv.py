@@ -115,6 +115,11 @@ def assert_active_close(out, ref_out, ref_mask, dtype, what):
                                  f"max err {float(err.max())}, scale {scale}")
 
 
+def runs_wgmma_kernels() -> bool:
+    """Whether this GPU runs the extension's sm_90a code (wgmma; the weight-stationary 3x3 kernel): an H100 / H200."""
+    return torch.cuda.get_device_capability(0) == (9, 0)
+
+
 def check_layout(out, mask_out, N, C, Ho, Wo, dtype):
     assert out.shape == (N, C, Ho, Wo) and out.dtype == dtype and out.is_cuda
     assert out.is_contiguous(memory_format=torch.channels_last)
@@ -314,7 +319,7 @@ def test_conv2d_3x3_weight_stationary(case, dtype, split, monkeypatch):
     for _ in range(2):
         out, mo2 = call()
         assert torch.equal(mo2, mo) and torch.equal(out[active], first[active]), "outputs differ between calls"
-    hopper = torch.cuda.get_device_capability(0) == (9, 0)
+    hopper = runs_wgmma_kernels()
     for switch in ("1", "0"):
         monkeypatch.setenv("DELTACONV_TC_STATIONARY", switch)
         names = cuda_kernel_names(call)
@@ -452,7 +457,7 @@ def test_conv2d_3x3_coarse_tail_on_fine_launch(cin, cout, fine, dtype, mode, mon
         torch.use_deterministic_algorithms(deterministic)
     if mode == "default" and props.major >= 9 and fine == "tc":  # Hopper clusters: some count had a tail, split
         assert splits & {2, 4}, f"no tail ran on the fine launch (recorded splits {splits})"
-    if fine == "stationary" and torch.cuda.get_device_capability(0) == (9, 0):
+    if fine == "stationary" and runs_wgmma_kernels():
         assert splits == {0}, f"the fine launch of conv3x3_tc_kernel ran (recorded splits {splits})"
 
 
@@ -611,8 +616,8 @@ def test_conv2d_malformed_tuning_variable_names_it(var, value, monkeypatch):
     monkeypatch.setenv(var, value)
     if var == "DELTACONV_TC_SPLIT_MIN":  # read only when the split is on
         monkeypatch.setenv("DELTACONV_TC_SPLIT", "16")
-    if var == "DELTACONV_TC_FINE_MAX":  # read only by conv3x3_tc_kernel's launches (C_in = 64: not the weight-stationary kernel)
-        monkeypatch.setenv("DELTACONV_TC_STATIONARY", "0")
+    if var == "DELTACONV_TC_FINE_MAX":  # read only by conv3x3_tc_kernel's launches
+        monkeypatch.setenv("DELTACONV_TC_STATIONARY", "0")  # C_in = 64: not the weight-stationary kernel
     gen = torch.Generator().manual_seed(0)
     mask = make_mask((0.3, 0.3), 17, 23, gen)
     delta = make_delta(2, 64, 17, 23, mask, torch.float16, gen)

@@ -130,7 +130,8 @@ __global__ void __launch_bounds__(StationaryCfg<CHUNKS, BN>::THREADS, 1) conv3x3
       for (int k = 0; k < R; ++k) {
         const int e = er + k * Cfg::ROW_STEP;
         if (e < Cfg::HALO_ROWS)
-          cp_async16(hb + e * 128 + ((wj ^ (e & 7)) << 4), p[k] >= 0 ? xc + (size_t)p[k] * CIN : x, p[k] >= 0);
+          cp_async16(hb + e * 128 + ((wj ^ Halo<1, 1>::swz(e)) << 4), p[k] >= 0 ? xc + (size_t)p[k] * CIN : x,
+                     p[k] >= 0);
       }
     }
     cp_async_commit();
