@@ -31,6 +31,24 @@ def time_cuda(fn: Callable[[], object], warmup: int = 10, iters: int = 50) -> fl
     return statistics.median(times)
 
 
+def time_in_graph(fn: Callable[[], object], calls: int = 20, warmup: int = 5, iters: int = 30) -> float:
+    """Median milliseconds per call of ``fn`` inside one CUDA graph of ``calls`` calls in a row, timed
+    with CUDA events around each replay.
+
+    ``time_cuda(capture_graph(fn)[0])`` times one replay of a one-call graph, so it includes the
+    host's graph launch (the GPU waits for it between the two events: about 13 us for a graph of one
+    tiny kernel on an H200, ``block_spread_ab.txt`` section 4). Inside a converted model's graph a
+    layer's kernels follow one another without it; this is that per-call time."""
+    if calls < 1:
+        raise ValueError(f"time_in_graph: calls must be >= 1, got {calls}")
+
+    def many():
+        for _ in range(calls):
+            fn()
+    replay = capture_graph(many)[0]
+    return time_cuda(replay, warmup=warmup, iters=iters) / calls
+
+
 def capture_graph(fn: Callable[[], object]) -> tuple[Callable[[], None], object]:
     """``fn`` recorded in a CUDA graph after three warm-up calls on a side stream (as capture
     requires); returns the replay callable and the output of the captured call (overwritten by

@@ -8,6 +8,11 @@ warm-up, the median of many runs of
 * deltaconv: ``torch.ops.deltaconv.conv2d`` on the delta and mask (mask dilation included), eager
   and CUDA-graph replay.
 
+CUDA-graph replay is timed two ways: ``*_graph_ms`` is one replay of a graph of one call (events
+around it, so the host's graph launch, about 13 us, is inside); ``*_in_graph_ms`` is the time per
+call in a graph of ``--in-graph-calls`` calls in a row (default 20), as a layer runs inside a
+converted model's graph.
+
 Weight layouts: cuDNN is timed with the dense (contiguous) weight and with a channels_last one, and
 the faster of the two counts (on an H200, 2026-11-21, the dense one was up to 13 % faster for the
 3x3 convs, the channels_last one for the dilated ones); deltaconv gets the layout that
@@ -37,7 +42,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, capture_graph, clustered_mask, run_info, time_cuda, write_csv  # noqa: E402
+from common import (RESULTS, capture_graph, clustered_mask, run_info, time_cuda, time_in_graph,  # noqa: E402
+                    write_csv)
 
 from deltaconv.modules.linear import kernel_weight_layout  # noqa: E402
 
@@ -54,7 +60,7 @@ OPS = {"conv3x3": dict(k=3, groups=1), "conv1x1": dict(k=1, groups=1), "dwconv3x
 DEFAULT_OPS = ["conv3x3", "conv1x1", "dwconv3x3"]
 
 
-def sweep(dtypes, shapes, fractions, iters: int, ops=DEFAULT_OPS, library=None) -> list[dict]:
+def sweep(dtypes, shapes, fractions, iters: int, ops=DEFAULT_OPS, library=None, in_graph_calls: int = 20) -> list[dict]:
     if library is not None:  # another build of the extension: its ops only, not deltaconv's backend
         if not torch.cuda.is_available():
             raise SystemExit("kernel_sweep: --library needs a CUDA GPU")
@@ -78,11 +84,12 @@ def sweep(dtypes, shapes, fractions, iters: int, ops=DEFAULT_OPS, library=None) 
                       * (1.0 / (cin // groups * k * k)) ** 0.5)
                 pad = k // 2 * dil
                 # cuDNN's faster weight layout of the two (see the module docstring)
-                cudnn_ms = cudnn_graph_ms = float("inf")
+                cudnn_ms = cudnn_graph_ms = cudnn_in_graph_ms = float("inf")
                 for wc in (wt, wt.contiguous(memory_format=torch.channels_last)):
                     cudnn = lambda: F.conv2d(x, wc, None, stride, pad, dil, groups)  # noqa: E731
                     cudnn_ms = min(cudnn_ms, time_cuda(cudnn, iters=iters))
                     cudnn_graph_ms = min(cudnn_graph_ms, time_cuda(capture_graph(cudnn)[0], iters=iters))
+                    cudnn_in_graph_ms = min(cudnn_in_graph_ms, time_in_graph(cudnn, calls=in_graph_calls))
                 for frac in fractions:
                     mask = clustered_mask(1, h, w, frac)
                     delta = (x * mask).contiguous(memory_format=torch.channels_last)
@@ -95,12 +102,16 @@ def sweep(dtypes, shapes, fractions, iters: int, ops=DEFAULT_OPS, library=None) 
                                                           [dil, dil], groups, None)
                     dc_ms = time_cuda(delta_conv, iters=iters)
                     dc_graph_ms = time_cuda(capture_graph(delta_conv)[0], iters=iters)
+                    dc_in_graph_ms = time_in_graph(delta_conv, calls=in_graph_calls)
                     rows.append({"op": op, "dtype": str(dtype).replace("torch.", ""), "channels": c,
                                  "resolution": f"{h}x{w}", "changed": frac, "cudnn_ms": round(cudnn_ms, 4),
                                  "deltaconv_ms": round(dc_ms, 4), "speedup": round(cudnn_ms / dc_ms, 3),
                                  "cudnn_graph_ms": round(cudnn_graph_ms, 4),
                                  "deltaconv_graph_ms": round(dc_graph_ms, 4),
                                  "speedup_graph": round(cudnn_graph_ms / dc_graph_ms, 3),
+                                 "cudnn_in_graph_ms": round(cudnn_in_graph_ms, 4),
+                                 "deltaconv_in_graph_ms": round(dc_in_graph_ms, 4),
+                                 "speedup_in_graph": round(cudnn_in_graph_ms / dc_in_graph_ms, 3),
                                  "device": info["device"], "date": info["date"]})
                     print(" ".join(f"{k}={v}" for k, v in rows[-1].items() if k not in ("device", "date")),
                           flush=True)
@@ -143,15 +154,20 @@ def main(argv=None) -> None:
                    help=f"ops to time (default: {' '.join(DEFAULT_OPS)})")
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--name", default="kernels", help="file name stem of the CSV and the plot (default kernels)")
+    p.add_argument("--in-graph-calls", type=int, default=20, metavar="N",
+                   help="calls per graph for the *_in_graph_ms columns (default 20)")
     p.add_argument("--library", type=Path, default=None, metavar="PATH",
                    help="time this build of the extension (a _C*.so) instead of deltaconv's")
     args = p.parse_args(argv)
     dtypes = [getattr(torch, d) for d in args.dtypes]
     shapes = SHAPES[:1] if args.quick else SHAPES
     fractions = [0.01, 0.05, 1.0] if args.quick else FRACTIONS
+    if args.in_graph_calls < 1:
+        p.error(f"--in-graph-calls must be >= 1, got {args.in_graph_calls}")
     if args.library is not None and not args.library.is_file():
         p.error(f"--library: no such file: {args.library}")
-    rows = sweep(dtypes, shapes, fractions, iters=10 if args.quick else 50, ops=args.ops, library=args.library)
+    rows = sweep(dtypes, shapes, fractions, iters=10 if args.quick else 50, ops=args.ops, library=args.library,
+                 in_graph_calls=args.in_graph_calls)
     write_csv(args.out / f"{args.name}.csv", rows)
     plot(rows, args.out / f"{args.name}_speedup.png")
     print(f"wrote {args.out / (args.name + '.csv')} and {args.name}_speedup.png")

@@ -1,10 +1,11 @@
-"""CPU checks of the benchmark scripts' plumbing (the timings themselves need a GPU)."""
+"""CPU checks of the benchmark scripts' plumbing (the timings themselves need a GPU; one timing check runs there)."""
 import importlib.util
 import os
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 
@@ -199,3 +200,24 @@ def test_fidelity_sweep_calibrates_alone_into_a_new_folder(tmp_path, monkeypatch
     rows = fs.read_csv(out)
     assert [r["method"] for r in rows] == ["calibrated"]
     assert (out.parent / "fidelity_thresholds_vtest_0.02.json").is_file()
+
+
+def test_kernel_sweep_in_graph_calls_below_one_is_named(capsys):
+    ks = load("kernel_sweep")
+    with pytest.raises(SystemExit):
+        ks.main(["--in-graph-calls", "0"])
+    assert "--in-graph-calls must be >= 1, got 0" in capsys.readouterr().err
+    common = load("common")
+    with pytest.raises(ValueError, match="calls must be >= 1, got -2"):
+        common.time_in_graph(lambda: None, calls=-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_time_in_graph_is_per_call_and_leaves_out_the_graph_launch():
+    common = load("common")
+    x = torch.zeros(1 << 20, device="cuda")
+    one = common.time_cuda(common.capture_graph(lambda: x.add_(1))[0], iters=30)
+    per_call = common.time_in_graph(lambda: x.add_(1), calls=20)
+    # a 4 MiB add takes a few us; one replay of a one-call graph adds the host's launch to it
+    assert 0 < per_call < one
