@@ -15,6 +15,7 @@
 #include <mutex>
 #include <tuple>
 
+#include <cudaTypedefs.h>
 #include <torch/library.h>
 
 #include "common.cuh"
@@ -310,6 +311,37 @@ int k_split_cluster(Kernel kernel, int64_t cin) {
   return ks;
 }
 
+// The weight of a weight-stationary 3x3 conv ([Cout][3][3][Cin], fp16 or bf16 at `w`) as the 2-D
+// tensor map its TMA copies read (conv3x3_stationary.cuh): Cout rows of 9 Cin values, boxes of `bn`
+// rows x 64 values (128 bytes) with the 128-byte swizzle; rows past Cout read as zeros. The map
+// holds the address: encoded on every call (about a microsecond of host time), so a captured graph
+// keeps the weight it was captured with, as for every other argument.
+CUtensorMap stationary_weight_map(const void* w, bool half, const ConvGeom& g, int bn) {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    C10_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found));
+    TORCH_CHECK(fn != nullptr && found == cudaDriverEntryPointSuccess,
+                "deltaconv: the CUDA driver does not provide cuTensorMapEncodeTiled (query result ", (int)found,
+                "); set DELTACONV_TC_STATIONARY=0 to use the 3x3 kernels without it");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(w) % 16 == 0, "deltaconv::conv2d: the 3x3 weight's data must be 16-byte "
+              "aligned, got address ", w);
+  CUtensorMap map;
+  const cuuint64_t dims[2] = {(cuuint64_t)9 * g.Cin, (cuuint64_t)g.Cout};
+  const cuuint64_t row_bytes[1] = {(cuuint64_t)9 * g.Cin * 2};
+  const cuuint32_t box[2] = {(cuuint32_t)conv::tc::CK, (cuuint32_t)bn};
+  const cuuint32_t step[2] = {1, 1};
+  const CUresult r = encode(&map, half ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
+                            const_cast<void*>(w), dims, row_bytes, box, step, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  TORCH_CHECK(r == CUDA_SUCCESS, "deltaconv::conv2d: cuTensorMapEncodeTiled failed (CUresult ", (int)r,
+              ") for a 3x3 weight of ", g.Cout, " x 3 x 3 x ", g.Cin);
+  return map;
+}
+
 // The weight-stationary 3x3 kernel (conv3x3_stationary.cuh) on its tiles: a block per
 // multiprocessor and BN-channel block of C_out, its weight slice loaded once. Alone (C_in = 64 /
 // 128: a.fine_max = the largest int, every tile) or in place of conv3x3_tc_kernel's fine launch.
@@ -320,7 +352,8 @@ void launch_tc_3x3_stationary(const conv::tc::TcArgs& a, int64_t tiles, cudaStre
   (void)prepare_kernel(kernel, Cfg::THREADS, Cfg::smem());
   const int nb = ceil_div(a.g.Cout, Cfg::BN);
   const int64_t gx = std::max<int64_t>(1, std::min<int64_t>((tiles + Cfg::WGS - 1) / Cfg::WGS, num_sms() / nb));
-  launch_kernel(kernel, dim3((unsigned)gx, (unsigned)nb), Cfg::THREADS, Cfg::smem(), stream, a);
+  const CUtensorMap w_map = stationary_weight_map(a.w, std::is_same<T, __half>::value, a.g, BN);
+  launch_kernel(kernel, dim3((unsigned)gx, (unsigned)nb), Cfg::THREADS, Cfg::smem(), stream, a, w_map);
 }
 
 // One 3x3 configuration: (coarse, fine) pair of instantiations for one dtype / stride / width /
@@ -437,11 +470,14 @@ void dispatch_tc_3x3(const conv::tc::TcArgs& a, int64_t tiles, bool stride2, boo
 // weight [Cout, Cin, KH, KW] (any float dtype) -> [Cout, KH, KW, Cin] in the activation dtype, in one copy;
 // none when the weight is that already (channels_last memory format in the activation dtype: the
 // layout DCConv2d keeps for fp16 / bf16 convs). cin_to > Cin: input channels zero-padded to cin_to
-// ([Cout][KH][KW][cin_to]), still one copy.
+// ([Cout][KH][KW][cin_to]), still one copy. The result is 16-byte aligned (the kernels copy it in
+// 16-byte pieces): a view at another offset is copied too.
 Tensor relayout_weight(const Tensor& weight, at::ScalarType dtype, int64_t cin_to = 0) {
   const int64_t cin = weight.size(1);
   const Tensor view = weight.permute({0, 2, 3, 1});  // [Cout][KH][KW][Cin]
-  if (cin_to <= cin && weight.scalar_type() == dtype && view.is_contiguous()) return view;
+  if (cin_to <= cin && weight.scalar_type() == dtype && view.is_contiguous() &&
+      reinterpret_cast<uintptr_t>(view.const_data_ptr()) % 16 == 0)
+    return view;
   const bool pad = cin_to > cin;  // the padding channels must be zero
   const auto opts = weight.options().dtype(dtype);
   const std::vector<int64_t> sizes{weight.size(0), weight.size(2), weight.size(3), pad ? cin_to : cin};

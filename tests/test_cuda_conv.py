@@ -329,6 +329,29 @@ def test_conv2d_3x3_weight_stationary(case, dtype, split, monkeypatch):
         assert ran == (hopper and switch == "1"), f"DELTACONV_TC_STATIONARY={switch}: kernels {names}"
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", STATIONARY_CASES[:3] + STATIONARY_CASES[7:8] + STATIONARY_CASES[10:11], ids=_case_id)
+def test_conv2d_3x3_unaligned_weight_view(case):
+    """A channels_last weight view that is not 16-byte aligned (the kernels copy weights in 16-byte
+    pieces, the weight-stationary one by a TMA tensor map that needs the alignment) gives the same
+    outputs as an aligned copy of it, bit for bit."""
+    cin, cout, k, s, p, d, g, (H, W) = case
+    gen = torch.Generator().manual_seed(7)
+    mask = make_mask(FRACS[1], H, W, gen).cuda()
+    delta = make_delta(mask.shape[0], cin, H, W, mask.cpu(), torch.float16, gen)
+    weight = (torch.randn(cout, cin, *k, generator=gen) / math.sqrt(cin * 9)).half().cuda()
+    weight = weight.contiguous(memory_format=torch.channels_last)
+    # the same values 2 bytes past a 16-byte boundary, still channels_last
+    spare = torch.empty(weight.numel() + 8, dtype=weight.dtype, device="cuda")
+    shifted = spare[1:1 + weight.numel()].view(cout, *k, cin).permute(0, 3, 1, 2)
+    shifted.copy_(weight)
+    assert shifted.is_contiguous(memory_format=torch.channels_last) and shifted.data_ptr() % 16 != 0
+    y, mo = ops().conv2d(delta, mask, weight, None, [s, s], [p, p], [d, d], 1, None)
+    y2, mo2 = ops().conv2d(delta, mask, shifted, None, [s, s], [p, p], [d, d], 1, None)
+    active = mo.expand_as(y)
+    assert mo.any() and torch.equal(mo2, mo) and torch.equal(y2[active], y[active])
+
+
 # 3x3 cases for the fine launch's K split (whole and partial 64-channel chunks of C_in: 2, 3, 4, 5)
 KSPLIT_CASES = [
     (96, 136, (3, 3), 1, 1, 1, 1, (13, 17)),     # 2 chunks, the last one partial; 2 C_out blocks

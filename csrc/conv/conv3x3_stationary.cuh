@@ -11,8 +11,11 @@
 // Why: conv3x3_tc_kernel streams a [BN x 64] weight slice per (chunk, tap) stage and synchronises
 // its block on every stage (9 per chunk and tile). Here the block's whole weight slice
 // [BN output channels][9 taps][C_in] (72 or 144 KiB, 128-byte swizzled rows, one buffer per chunk
-// and tap) is loaded into shared memory once, and each of its warpgroups (4, or 3 for 144 KiB)
-// then runs a pipeline of its own over its tiles, with warpgroup-local barriers only:
+// and tap) is loaded into shared memory once, by the copy engine (TMA, tma.cuh) from the weight's
+// tensor map (conv_ops.cu), a chunk per mbarrier: the first chunk before anything else, the others
+// once the tile count shows that the block has a tile, and a warpgroup's first stage waits only for
+// the first chunk. Each of its warpgroups (4, or 3 for 144 KiB) then runs a pipeline of its own over
+// its tiles, with warpgroup-local barriers only:
 //   - a stage is one input chunk of one tile: its halo (10 x 10 pixels x 64 channels, inactive
 //     and outside pixels zero) is double buffered per warpgroup and loaded with cp.async two
 //     stages ahead;
@@ -27,6 +30,7 @@
 #pragma once
 
 #include "conv_tc.cuh"
+#include "tma.cuh"
 
 namespace deltaconv {
 namespace conv {
@@ -49,8 +53,10 @@ struct StationaryCfg {
   static constexpr int HALO_BYTES = (HALO_ROWS * 128 + 1023) / 1024 * 1024;  // 1024-byte aligned (swizzle)
   static constexpr int ROW_STEP = 128 / 8;         // a warpgroup copies 16 halo rows per pass (8 threads a row)
   static constexpr int ROWS_PER_THREAD = (HALO_ROWS + ROW_STEP - 1) / ROW_STEP;
-  // bytes of dynamic shared memory: weights, two halo buffers per warpgroup, 1024 for alignment
-  static constexpr int smem() { return W_BYTES + WGS * 2 * HALO_BYTES + 1024; }
+  static constexpr int BAR_BYTES = 8 * CHUNKS;    // an mbarrier per chunk of the weights
+  // bytes of dynamic shared memory: weights, two halo buffers per warpgroup, the mbarriers, 1024 for
+  // alignment
+  static constexpr int smem() { return W_BYTES + WGS * 2 * HALO_BYTES + BAR_BYTES + 1024; }
 };
 
 // Barrier of the 128 threads of warpgroup `wg` (named barrier 1 + wg; 0 is __syncthreads').
@@ -58,40 +64,58 @@ __device__ __forceinline__ void warpgroup_sync(int wg) {
   asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
 }
 
+// w_map: the weight [C_out][3][3][C_in] as a 2-D tensor map of C_out rows of 9 C_in values, boxes of
+// BN rows x 64 values with the 128-byte swizzle (conv_ops.cu: stationary_weight_map).
 template <typename T, int CHUNKS, int BN>
-__global__ void __launch_bounds__(StationaryCfg<CHUNKS, BN>::THREADS, 1) conv3x3_stationary_kernel(const TcArgs a) {
-  grid_dependency_sync();
+__global__ void __launch_bounds__(StationaryCfg<CHUNKS, BN>::THREADS, 1)
+    conv3x3_stationary_kernel(const TcArgs a, const __grid_constant__ CUtensorMap w_map) {
 #if DC_HAS_WGMMA
   using Cfg = StationaryCfg<CHUNKS, BN>;
   constexpr int R = Cfg::ROWS_PER_THREAD;
   constexpr int CIN = CHUNKS * CK;
+  const ConvGeom& g = a.g;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const uint32_t w_s = (smem_u32(smem) + 1023u) & ~1023u;
+  const uint32_t bar_s = w_s + Cfg::W_BYTES + Cfg::WGS * 2 * Cfg::HALO_BYTES;  // mbarrier of chunk c: + 8 c
+  const int tid = threadIdx.x;
+  const int n0 = (int)blockIdx.y * Cfg::BN;
+
+  // ---- the weight slice, once: buffer chunk * 9 + tap holds output channels [n0, n0 + BN) (rows
+  // past C_out zero) x input channels [64 chunk, + 64) of the tap, the box at (tap C_in + 64 chunk,
+  // n0) of w_map, 128-byte swizzled as wgmma reads it; chunk c's buffers complete on mbarrier c.
+  auto request_chunk = [&](int c) {
+    mbarrier_arrive_expect_tx(bar_s + 8 * c, Cfg::TAPS * Cfg::TAP_BYTES);
+#pragma unroll
+    for (int tap = 0; tap < Cfg::TAPS; ++tap)
+      tma_load_2d(w_s + (c * Cfg::TAPS + tap) * Cfg::TAP_BYTES, &w_map, tap * CIN + c * CK, n0, bar_s + 8 * c);
+  };
+  // The first chunk is requested before the wait for the kernel before (programmatic dependent
+  // launch), which is this op's mask pass or coarse 3x3 launch: neither writes the weights, and the
+  // kernels before it have completed, since every deltaconv kernel waits before it exits
+  // (grid_dependency.cuh). The other chunks (needed a stage or more later) only by blocks with a
+  // tile: the launch that stands in for conv3x3_tc_kernel's fine one (C_in = 256) is often empty
+  // (its coarse launch takes every tile from about 10 % changed on), and an empty block must wait
+  // for the copies into its shared memory before it exits.
+  if (tid == 0) {
+#pragma unroll
+    for (int c = 0; c < CHUNKS; ++c) mbarrier_init(bar_s + 8 * c, 1);
+    fence_mbarrier_init();
+    request_chunk(0);
+  }
+  grid_dependency_sync();
   const int listed = *a.count;
   // this launch's tiles: [begin, count) of the listed ones; all of them unless it stands in for the
   // fine launch of conv3x3_tc_kernel (C_in = 256), which leaves the others to the coarse launch
   // (coarse_tile_end)
   const int count = split_tile_count(a);
   const int begin = coarse_tile_end(a, count);
-  if ((int)blockIdx.x >= count - begin) return;  // no warpgroup of this block has a tile
-  const ConvGeom& g = a.g;
-  extern __shared__ __align__(128) unsigned char smem[];
-  const uint32_t w_s = (smem_u32(smem) + 1023u) & ~1023u;
-  const int tid = threadIdx.x;
-  const int n0 = (int)blockIdx.y * Cfg::BN;
-
-  // ---- the weight slice, once: row r (output channel n0 + r) is 9 x C_in contiguous values in
-  // global memory ([Cout][3][3][Cin]); its 16-byte piece q is input channels 8 (q % 8) .. of chunk
-  // (q / 8) % CHUNKS of tap q / (8 CHUNKS), stored in buffer chunk * 9 + tap
-  {
-    const T* w = static_cast<const T*>(a.w);
-    constexpr int PIECES = Cfg::TAPS * CIN / 8;
-    for (int k = tid; k < Cfg::BN * PIECES; k += Cfg::THREADS) {
-      const int r = k / PIECES, q = k - r * PIECES;
-      const int buf = ((q >> 3) % CHUNKS) * Cfg::TAPS + (q >> 3) / CHUNKS;
-      const bool v = n0 + r < g.Cout;
-      cp_async16(w_s + buf * Cfg::TAP_BYTES + r * 128 + (((q & 7) ^ (r & 7)) << 4),
-                 v ? w + ((size_t)(n0 + r) * PIECES + q) * 8 : w, v);
-    }
-    cp_async_commit();
+  if ((int)blockIdx.x >= count - begin) {  // no warpgroup of this block has a tile
+    if (tid == 0) mbarrier_wait(bar_s, 0);
+    return;
+  }
+  if (tid == 0) {
+#pragma unroll
+    for (int c = 1; c < CHUNKS; ++c) request_chunk(c);
   }
 
   // ---- this warpgroup's tiles and halo buffers; stage s = (its tile s / CHUNKS, input chunk
@@ -140,10 +164,8 @@ __global__ void __launch_bounds__(StationaryCfg<CHUNKS, BN>::THREADS, 1) conv3x3
   int p[R];
   load_halo(sources(0, p), p, 0, 0);
   load_halo(sources(1, p), p, 1, 1 % CHUNKS);
-  cp_async_wait<2>();  // this thread's weight pieces
-  fence_proxy_async();
-  __syncthreads();  // everyone's: the only block-wide barrier
-  if (stages == 0) {
+  __syncthreads();  // the mbarriers initialised before anyone waits on them: the only block-wide barrier
+  if (stages == 0) {  // warpgroup 0 has a tile, so the block stays until the weights have landed
     cp_async_wait<0>();
     return;
   }
@@ -154,6 +176,7 @@ __global__ void __launch_bounds__(StationaryCfg<CHUNKS, BN>::THREADS, 1) conv3x3
     cp_async_wait<1>();  // this thread's pieces of this stage's halo (the next one's may be in flight)
     fence_proxy_async();
     warpgroup_sync(wg);
+    if (s < CHUNKS) mbarrier_wait(bar_s + 8 * chunk, 0);  // the chunk's weights, before its first use
     if (chunk == 0) zero_acc(acc);
     wgmma_fence_operands(acc);
     wgmma_fence();
@@ -197,6 +220,7 @@ __global__ void __launch_bounds__(StationaryCfg<CHUNKS, BN>::THREADS, 1) conv3x3
   }
   cp_async_wait<0>();
 #else
+  grid_dependency_sync();
   __trap();  // a pass without wgmma: the host launches this kernel only on sm_90a builds
 #endif
 }

@@ -6,7 +6,9 @@
 // kernel before it has exited, before that kernel's completion is flushed. That needs a rule every
 // kernel follows: it calls grid_dependency_sync() first, before it reads or writes global memory,
 // in every block (also blocks that return at once). The call waits until the previous kernel has
-// completed and its writes are visible, so the chain stays ordered as in a plain stream. In a
+// completed and its writes are visible, so the chain stays ordered as in a plain stream. (One
+// exception: the weight-stationary 3x3 kernel requests its first weight chunk before the call, as
+// no kernel of its op writes weights; conv3x3_stationary.cuh.) In a
 // plain launch it returns at once. Compiled for an architecture before sm_90 it does nothing, and
 // the launcher then launches without the attribute.
 //
