@@ -107,9 +107,9 @@ def test_cuda_graph_replay_equals_eager_over_video(dtype):
 @pytest.mark.parametrize("name", ["resnet18", "mobilenet_v3_large", "lraspp_mobilenet_v3_large"])
 def test_programmatic_launch_equals_plain_launch(name, monkeypatch):
     """Kernels that may start before the previous one has finished (programmatic dependent launch,
-    on by default on Hopper) give bit-equal outputs to plain launches (DELTACONV_PDL=0), eager and
-    replayed from a CUDA graph: convs, pooling, adds, products, interpolation and the input
-    sparsifier all wait for their inputs."""
+    opt-in with DELTACONV_PDL=1, Hopper and newer) give bit-equal outputs to plain launches
+    (DELTACONV_PDL=0), eager and replayed from a CUDA graph: convs, pooling, adds, products,
+    interpolation and the input sparsifier all wait for their inputs."""
     model = build(name).cuda().half()
     frames = [f.cuda().half() for f in video_frames(8, (96, 128))]
     outs = {}
