@@ -35,10 +35,10 @@ def time_in_graph(fn: Callable[[], object], calls: int = 20, warmup: int = 5, it
     """Median milliseconds per call of ``fn`` inside one CUDA graph of ``calls`` calls in a row, timed
     with CUDA events around each replay.
 
-    ``time_cuda(capture_graph(fn)[0])`` times one replay of a one-call graph, so it includes the
-    host's graph launch (the GPU waits for it between the two events: about 13 us for a graph of one
-    tiny kernel on an H200, ``block_spread_ab.txt`` section 4). Inside a converted model's graph a
-    layer's kernels follow one another without it; this is that per-call time."""
+    ``time_cuda(capture_graph(fn)[0])`` times one replay of a one-call graph between two events, so
+    the host's graph launch falls inside the time (a graph of one tiny kernel measures about 13 us so
+    on an H200, ``block_spread_ab.txt`` section 4). Inside a converted model's graph a layer's kernels
+    follow one another without it; this is that per-call time."""
     if calls < 1:
         raise ValueError(f"time_in_graph: calls must be >= 1, got {calls}")
 

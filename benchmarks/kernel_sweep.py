@@ -9,7 +9,7 @@ warm-up, the median of many runs of
   and CUDA-graph replay.
 
 CUDA-graph replay is timed two ways: ``*_graph_ms`` is one replay of a graph of one call (events
-around it, so the host's graph launch, about 13 us, is inside); ``*_in_graph_ms`` is the time per
+around it, so the host's graph launch is inside: ``common.time_in_graph``); ``*_in_graph_ms`` is the time per
 call in a graph of ``--in-graph-calls`` calls in a row (default 20), as a layer runs inside a
 converted model's graph.
 
@@ -60,7 +60,8 @@ OPS = {"conv3x3": dict(k=3, groups=1), "conv1x1": dict(k=1, groups=1), "dwconv3x
 DEFAULT_OPS = ["conv3x3", "conv1x1", "dwconv3x3"]
 
 
-def sweep(dtypes, shapes, fractions, iters: int, ops=DEFAULT_OPS, library=None, in_graph_calls: int = 20) -> list[dict]:
+def sweep(dtypes, shapes, fractions, iters: int, ops=DEFAULT_OPS, library=None,
+          in_graph_calls: int = 20) -> list[dict]:
     if library is not None:  # another build of the extension: its ops only, not deltaconv's backend
         if not torch.cuda.is_available():
             raise SystemExit("kernel_sweep: --library needs a CUDA GPU")

@@ -314,8 +314,8 @@ int k_split_cluster(Kernel kernel, int64_t cin) {
 // The weight of a weight-stationary 3x3 conv ([Cout][3][3][Cin], fp16 or bf16 at `w`) as the 2-D
 // tensor map its TMA copies read (conv3x3_stationary.cuh): Cout rows of 9 Cin values, boxes of `bn`
 // rows x 64 values (128 bytes) with the 128-byte swizzle; rows past Cout read as zeros. The map
-// holds the address: encoded on every call (about a microsecond of host time), so a captured graph
-// keeps the weight it was captured with, as for every other argument.
+// holds the address and is encoded on every call (host work), so a captured graph keeps the weight
+// it was captured with, as for every other argument.
 CUtensorMap stationary_weight_map(const void* w, bool half, const ConvGeom& g, int bn) {
   static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
