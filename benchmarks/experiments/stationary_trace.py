@@ -57,14 +57,23 @@ def run(path):
     json.dump(res, open(path, "w"))
 
 
+def grid_x(tr, gy, wgs, gxmax):
+    """The launch's blocks along x: the largest grid whose warpgroups' start stamps (each warpgroup's
+    80 slots, the grid's slots at the end of the trace) all fall within 2 ms of one another."""
+    for gx in range(gxmax, 0, -1):
+        base = len(tr) - gx * gy * 320
+        starts = [tr[base + ((by * gx + bx) * 4 + wg) * 80]
+                  for by in range(gy) for bx in range(gx) for wg in range(wgs)]
+        if max(starts) - min(starts) < 2e6:
+            return gx
+    raise ValueError("no grid fits the trace")
+
+
 def show(path):
     for name, v in json.load(open(path)).items():
         tr, n = v["trace"], len(v["trace"])
         gy, wgs, gxmax = GRIDS[name.split()[0]]
-        gx = next(gx for gx in range(gxmax, 0, -1)  # the grid whose start events all fall in one call
-                  if (lambda e0: all(abs(t - st.median(e0)) < 2e6 for t in e0))(
-                      [tr[n - gx * gy * 320 + ((by * gx + bx) * 4 + wg) * 80]
-                       for by in range(gy) for bx in range(gx) for wg in range(wgs)]))
+        gx = grid_x(tr, gy, wgs, gxmax)
         base = n - gx * gy * 320
         rows = {}
         for by in range(gy):
