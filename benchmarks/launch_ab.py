@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import capture_graph, clustered_mask, run_info, time_cuda, timed_call  # noqa: E402
+from common import alternate_frames, capture_graph, clustered_mask, run_info, time_cuda  # noqa: E402
 from kernel_sweep import SHAPES  # noqa: E402  (channels, (H, W)): the kernel sweep's shapes
 
 OPS = {"conv3x3": (3, False), "conv1x1": (1, False), "dwconv3x3": (3, True)}
@@ -102,16 +102,7 @@ def models(names, n_frames: int, threshold: float, warmup: int = 4) -> None:
                                    cuda_graph=True, check_finite=False)
             with_variant(v, lambda: (dm(frames[0]), dm(frames[1])))  # key frame, then the captured frame
             dms[v] = dm
-        times, diff = {v: [] for v in VARIANTS}, 0.0
-        for i, f in enumerate(frames[2:]):
-            outs = {}
-            for v, dm in dms.items():
-                ms, y = timed_call(dm, f)
-                if i >= warmup:
-                    times[v].append(ms)
-                outs[v] = (y["out"] if isinstance(y, dict) else y).float()
-            diff = max(diff, (outs["pdl"] - outs["plain"]).abs().max().item())
-        t = {v: statistics.median(x) for v, x in times.items()}
+        t, diff = alternate_frames(dms, frames[2:], warmup)
         print(f"== {name} 1080x1920 fp16 t={threshold}, vtest frames 2-{n_frames - 1} (timed from {2 + warmup}): "
               f"pdl {t['pdl']:.3f} ms  plain {t['plain']:.3f} ms  ({t['plain'] / t['pdl']:.3f}x)  "
               f"max |pdl - plain| {diff:.3g}", flush=True)

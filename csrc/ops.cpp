@@ -29,6 +29,10 @@ TORCH_LIBRARY(deltaconv, m) {
   // ---- pointwise
   m.def("activation(Tensor delta, Tensor mask, Tensor(a!) acc, Tensor(b!) sent, str kind, float param, "
         "float threshold, Tensor? key, bool rms=False) -> (Tensor, Tensor)");
+  // activation(add(delta_a, delta_b, alpha)) in one pass; returns (out, mask_out, mask_a | mask_b)
+  m.def("add_activation(Tensor delta_a, Tensor mask_a, Tensor delta_b, Tensor mask_b, float alpha, Tensor(a!) acc, "
+        "Tensor(b!) sent, str kind, float param, float threshold, Tensor? key, bool rms=False) -> "
+        "(Tensor, Tensor, Tensor)");
   m.def("affine_channel(Tensor delta, Tensor mask, Tensor? scale, Tensor? shift, Tensor? key) -> (Tensor, Tensor)");
   m.def("add(Tensor delta_a, Tensor mask_a, Tensor delta_b, Tensor mask_b, float alpha) -> (Tensor, Tensor)");
   m.def("mul(Tensor delta_a, Tensor mask_a, Tensor(a!) acc_a, Tensor delta_b, Tensor mask_b, Tensor(b!) acc_b, "

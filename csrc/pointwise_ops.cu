@@ -237,7 +237,7 @@ Tensor densify(const Tensor& delta, const Tensor& mask, Tensor& acc, at::ScalarT
 }
 
 // ---------------------------------------------------------------- activation
-int activation_kind(const std::string& kind) {
+int activation_kind(const char* op, const std::string& kind) {
   static const char* const kNames[pw::kNumActKinds] = {"identity",    "relu", "relu6",   "leaky_relu",
                                                        "hardswish",   "hardsigmoid", "silu", "sigmoid",
                                                        "gelu",        "tanh", "elu"};
@@ -245,26 +245,54 @@ int activation_kind(const std::string& kind) {
     if (kind == kNames[i]) return i;
   std::string known;
   for (int i = 0; i < pw::kNumActKinds; ++i) known += std::string(i ? ", " : "") + kNames[i];
-  TORCH_CHECK(false, "deltaconv::activation: argument 'kind' must be one of ", known, ", got '", kind,
+  TORCH_CHECK(false, "deltaconv::", op, ": argument 'kind' must be one of ", known, ", got '", kind,
               "' (other functions run through the reference backend)");
   return 0;
 }
 
-// activation_kernel_of<KIND>::kernel<T, VEC>: the kernel with its activation fixed (DC_LAUNCH_VEC
-// takes a kernel template of <T, VEC>).
-template <int KIND>
+// activation_kernel_of<KIND, RESIDUAL>::kernel<T, VEC>: the kernel with its activation fixed
+// (DC_LAUNCH_VEC takes a kernel template of <T, VEC>).
+template <int KIND, bool RESIDUAL>
 struct activation_kernel_of {
   template <typename T, int VEC>
-  static constexpr auto kernel = pw::activation_kernel<T, VEC, KIND>;
+  static constexpr auto kernel = pw::activation_kernel<T, VEC, KIND, RESIDUAL>;
 };
 
-std::tuple<Tensor, Tensor> activation(const Tensor& delta, const Tensor& mask, Tensor& acc, Tensor& sent,
-                                      c10::string_view kind, double param, double threshold,
-                                      const std::optional<Tensor>& key, bool rms) {
-  const char* op = "activation";
-  const int kind_id = activation_kind(std::string(kind));
-  check_value(op, "delta", delta, delta);
-  check_mask(op, "mask", mask, delta, delta.sizes());
+// Launches the activation kernel for `p` (its log2_lanes set here). The common kinds run with the
+// activation fixed at compile time; with a residual only ReLU is fixed (the others switch).
+template <bool RESIDUAL, typename scalar_t>
+void launch_activation(pw::ActivationParams<scalar_t>& p, bool vec_ok) {
+  const int64_t pixels = p.pixels;
+  const int C = p.channels;
+  using Relu = activation_kernel_of<pw::kRelu, RESIDUAL>;
+  using Relu6 = activation_kernel_of<pw::kRelu6, false>;
+  using AnyKind = activation_kernel_of<pw::kAnyKind, RESIDUAL>;
+  if (p.kind == pw::kRelu) {
+    DC_LAUNCH_VEC(Relu::template kernel, p, vec_ok, pixels, C, true);
+  } else if (p.kind == pw::kRelu6 && !RESIDUAL) {
+    DC_LAUNCH_VEC(Relu6::template kernel, p, vec_ok, pixels, C, true);
+  } else {
+    DC_LAUNCH_VEC(AnyKind::template kernel, p, vec_ok, pixels, C, true);
+  }
+}
+
+// The activation, with the residual add before it when `delta_b` is given (add_activation: its
+// operands delta_a = delta, delta_b, their masks, alpha); returns (out, mask_out, the add's mask or
+// an undefined tensor).
+std::tuple<Tensor, Tensor, Tensor> run_activation(const char* op, const Tensor& delta, const Tensor& mask,
+                                                  const Tensor* delta_b, const Tensor* mask_b, double alpha,
+                                                  Tensor& acc, Tensor& sent, c10::string_view kind, double param,
+                                                  double threshold, const std::optional<Tensor>& key, bool rms) {
+  const bool residual = delta_b != nullptr;
+  const int kind_id = activation_kind(op, std::string(kind));
+  check_value(op, residual ? "delta_a" : "delta", delta, delta);
+  check_mask(op, residual ? "mask_a" : "mask", mask, delta, delta.sizes());
+  if (residual) {
+    check_value(op, "delta_b", *delta_b, delta);
+    check_sizes(op, "delta_b", *delta_b, delta.sizes());
+    check_dtype(op, "delta_b", *delta_b, delta.scalar_type());
+    check_mask(op, "mask_b", *mask_b, delta, delta.sizes());
+  }
   check_state(op, "acc", acc, delta, delta.sizes());
   check_state(op, "sent", sent, delta, delta.sizes(), delta.scalar_type());
   const int64_t N = delta.size(0), H = delta.size(2), W = delta.size(3);
@@ -273,25 +301,42 @@ std::tuple<Tensor, Tensor> activation(const Tensor& delta, const Tensor& mask, T
   c10::cuda::CUDAGuard guard(delta.device());
   Tensor out = empty_value(delta, delta.sizes(), delta.scalar_type());
   Tensor mask_out = empty_mask(delta, N, H, W);
+  Tensor mask_sum = residual ? empty_mask(delta, N, H, W) : Tensor();
   const int64_t pixels = N * H * W;
   DC_DISPATCH_ACTIVATION_TYPES(delta.scalar_type(), "deltaconv::activation", [&] {
     pw::ActivationParams<scalar_t> p{cptr<scalar_t>(delta), cptr<bool>(mask), ptr<float>(acc), ptr<scalar_t>(sent),
                                      key_ptr, ptr<scalar_t>(out), ptr<bool>(mask_out), kind_id,
                                      static_cast<float>(param), static_cast<float>(threshold),
-                                     rms_limit(rms, threshold, C), pixels, H * W, C, 0};
-    const bool vec_ok = C % kVec<scalar_t> == 0 && all_aligned({p.delta, p.acc, p.sent, p.out});
-    switch (kind_id) {  // the common kinds with the activation fixed at compile time
-      case pw::kRelu:
-        DC_LAUNCH_VEC(activation_kernel_of<pw::kRelu>::kernel, p, vec_ok, pixels, C, true);
-        break;
-      case pw::kRelu6:
-        DC_LAUNCH_VEC(activation_kernel_of<pw::kRelu6>::kernel, p, vec_ok, pixels, C, true);
-        break;
-      default:
-        DC_LAUNCH_VEC(activation_kernel_of<pw::kAnyKind>::kernel, p, vec_ok, pixels, C, true);
+                                     rms_limit(rms, threshold, C), pixels, H * W, C, 0,
+                                     residual ? cptr<scalar_t>(*delta_b) : nullptr,
+                                     residual ? cptr<bool>(*mask_b) : nullptr,
+                                     residual ? ptr<bool>(mask_sum) : nullptr, static_cast<float>(alpha)};
+    const bool vec_ok = C % kVec<scalar_t> == 0 && all_aligned({p.delta, p.acc, p.sent, p.out}) &&
+                        (!residual || all_aligned({p.delta_b}));
+    if (residual) {
+      launch_activation<true>(p, vec_ok);
+    } else {
+      launch_activation<false>(p, vec_ok);
     }
   });
+  return {out, mask_out, mask_sum};
+}
+
+std::tuple<Tensor, Tensor> activation(const Tensor& delta, const Tensor& mask, Tensor& acc, Tensor& sent,
+                                      c10::string_view kind, double param, double threshold,
+                                      const std::optional<Tensor>& key, bool rms) {
+  auto [out, mask_out, unused] =
+      run_activation("activation", delta, mask, nullptr, nullptr, 1.0, acc, sent, kind, param, threshold, key, rms);
   return {out, mask_out};
+}
+
+// activation(add(a, b, alpha)) in one kernel; returns (out, mask_out, the add's mask mask_a | mask_b)
+std::tuple<Tensor, Tensor, Tensor> add_activation(const Tensor& delta_a, const Tensor& mask_a, const Tensor& delta_b,
+                                                  const Tensor& mask_b, double alpha, Tensor& acc, Tensor& sent,
+                                                  c10::string_view kind, double param, double threshold,
+                                                  const std::optional<Tensor>& key, bool rms) {
+  return run_activation("add_activation", delta_a, mask_a, &delta_b, &mask_b, alpha, acc, sent, kind, param,
+                        threshold, key, rms);
 }
 
 // ---------------------------------------------------------------- affine_channel
@@ -547,6 +592,7 @@ TORCH_LIBRARY_IMPL(deltaconv, CUDA, m) {
   m.impl("sparsify", &sparsify);
   m.impl("densify", &densify);
   m.impl("activation", &activation);
+  m.impl("add_activation", &add_activation);
   m.impl("affine_channel", &affine_channel);
   m.impl("add", &add);
   m.impl("mul", &mul);

@@ -15,7 +15,7 @@ from torch.fx.passes.shape_prop import ShapeProp
 
 from . import backends
 from .backends.reference import check_measure
-from .modules import DCConv2d, DCDensify, DCFallback, DCModule, DCSparsify
+from .modules import DCActivation, DCAdd, DCConv2d, DCDensify, DCFallback, DCModule, DCSparsify
 from .modules.linear import DCBatchNorm2d, DCConvTranspose2d, DCLinear
 from .report import ConversionReport, NodeReport
 from .rules import FUNCTION_RULES, MODULE_RULES, PASSTHROUGH_CALLS, PASSTHROUGH_MODULES, Built, Site
@@ -282,6 +282,35 @@ class _Converter:
         self._swap(node, path, built.args, built.kwargs)
         self._note(node, "converted", path, built.module)
 
+    # -------------------------------------------------------------- fusion
+    def fuse_add_activation(self) -> None:
+        """Mark each add of two deltas whose only reader is the activation after it (a residual
+        block's ``relu(out + identity)``) as fused with it (``DCAdd.fuse_with_next``): the
+        activation then runs the add in its own pass. Both layers keep their names, thresholds and
+        statistics; the report notes the pair. Only adds called at one site, of equal shapes and
+        dtypes (no broadcasting)."""
+        sites = Counter(n.target for n in self.graph.nodes if n.op == "call_module")
+        notes = {n.layer: n for n in self.report.nodes if n.layer}
+        for node in self.graph.nodes:
+            if node.op != "call_module" or sites[node.target] != 1 or len(node.args) != 2 or node.kwargs:
+                continue
+            add = self.root.get_submodule(node.target)
+            metas = [a.meta.get("tensor_meta") if isinstance(a, fx.Node) and a in self.delta_nodes else None
+                     for a in node.args]
+            if (not isinstance(add, DCAdd) or None in metas or tuple(metas[0].shape) != tuple(metas[1].shape)
+                    or metas[0].dtype != metas[1].dtype or len(node.users) != 1):
+                continue
+            user = next(iter(node.users))
+            if user.op != "call_module" or user.args != (node,) or user.kwargs or sites[user.target] != 1:
+                continue
+            if not isinstance(self.root.get_submodule(user.target), DCActivation):
+                continue
+            add.fuse_with_next = True
+            for layer, other in ((node.target, user.target), (user.target, node.target)):
+                if layer in notes:
+                    note = notes[layer].note
+                    notes[layer].note = (note + "; " if note else "") + f"fused with {other}"
+
     def _passthrough(self, key, node: fx.Node) -> bool:
         if key not in PASSTHROUGH_CALLS:
             return False
@@ -323,7 +352,7 @@ def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
             thresholds: Union[None, dict, str] = None, strict: bool = False,
             example_input: Optional[torch.Tensor] = None, change_detector=None, truncation: str = "max",
             refresh_every: Optional[int] = None, check_finite: bool = True, cuda_graph: bool = False,
-            leaf_modules: tuple = ()):
+            leaf_modules: tuple = (), fuse: bool = True):
     """Convert a dense CNN into a :class:`~deltaconv.DeltaModel` that processes only changed pixels.
 
     Args:
@@ -347,6 +376,9 @@ def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
             (see :meth:`DeltaModel.capture`).
         leaf_modules: module types not to trace into (kept whole; without a rule they become
             fallbacks), e.g. blocks that are not fx-traceable.
+        fuse: run each residual add whose only reader is the activation after it inside that
+            activation's pass (same results, one pass over memory fewer; the report notes the pairs,
+            ``report().fused``). ``False`` keeps every layer's own pass.
     """
     from .model import DeltaModel
 
@@ -356,6 +388,8 @@ def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
     if not isinstance(threshold, (int, float)) or threshold < 0:
         raise ValueError(f"convert: threshold must be a number >= 0, got {threshold!r}")
     check_measure(truncation, "convert: truncation")
+    if not isinstance(fuse, bool):
+        raise TypeError(f"convert: fuse must be a bool, got {fuse!r}")
     dense = copy.deepcopy(model).eval()
     if not isinstance(leaf_modules, (tuple, list)) or not all(isinstance(t, type) for t in leaf_modules):
         raise TypeError(f"convert: leaf_modules must be a tuple of module classes, got {leaf_modules!r}")
@@ -371,6 +405,8 @@ def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
     graph.output(graph.graph_copy(traced.graph, {}))
     converter = _Converter(dense, graph)
     report = converter.run()
+    if fuse:
+        converter.fuse_add_activation()
     if strict and report.fallbacks:
         raise ConversionError("convert(strict=True): no delta rule for " +
                               ", ".join(f"{n.node} ({n.target})" for n in report.fallbacks))

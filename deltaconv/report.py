@@ -42,6 +42,12 @@ class ConversionReport:
         """Nodes replaced by a delta layer."""
         return [n for n in self.nodes if n.status == "converted"]
 
+    @property
+    def fused(self) -> list[NodeReport]:
+        """Nodes whose layer runs fused with another (``convert(fuse=True)``: a residual add and the
+        activation after it; the note names the partner)."""
+        return [n for n in self.nodes if "fused with " in n.note]
+
     def counts(self) -> dict[str, int]:
         """Number of nodes per status."""
         return dict(Counter(n.status for n in self.nodes))

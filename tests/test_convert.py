@@ -11,7 +11,8 @@ import torch.nn as nn
 import torchvision
 
 import deltaconv
-from deltaconv import DCActivation, DCConv2d, DCFallback, DCMaxPool2d
+from deltaconv import DCActivation, DCAdd, DCConv2d, DCFallback, DCMaxPool2d
+from deltaconv.modules.linear import DeferredSum
 from deltaconv.report import STATUSES
 from helpers import HAS_CUDA, device_backends, make_unet, max_rel_err, randomize_bn, video_frames
 
@@ -316,3 +317,99 @@ def test_converted_model_moves_to_cuda(frames):
         for f in frames:
             f = f.to("cuda")
             assert max_rel_err(model(f), dm(f)) <= TOL
+
+
+# ----------------------------------------------------------------------------- fusion
+def _fused_pairs(dm) -> set:
+    return {(n.layer, n.note.split("fused with ")[1]) for n in dm.report.fused}
+
+
+def test_residual_add_fused_with_the_relu_after_it(frames):
+    """resnet18: each block's ``relu(out + identity)`` runs as one layer pass (DCAdd.fuse_with_next),
+    with the same outputs, statistics, layer names and thresholds as with fuse=False."""
+    model = resnet18()
+    runs = {}
+    for fuse in (True, False):
+        dm = deltaconv.convert(model, threshold=0.05, fuse=fuse, example_input=frames[0])
+        with torch.no_grad():
+            runs[fuse] = (dm, [dm(f) for f in frames])
+    fused, plain = runs[True][0], runs[False][0]
+    adds = [layer for layer in fused.delta_layers() if isinstance(layer, DCAdd)]
+    assert len(adds) == 8 and all(a.fuse_with_next for a in adds)
+    assert not any(a.fuse_with_next for a in plain.delta_layers() if isinstance(a, DCAdd))
+    pairs = _fused_pairs(fused)
+    assert ("layer1.0.add", "layer1.0.relu_1") in pairs and ("layer1.0.relu_1", "layer1.0.add") in pairs
+    assert len(pairs) == 16 and not plain.report.fused
+    for a, b in zip(runs[True][1], runs[False][1]):
+        assert torch.equal(a, b)
+    assert fused.thresholds() == plain.thresholds()
+    sf, sp = fused.stats(), plain.stats()
+    assert [s["name"] for s in sf] == [s["name"] for s in sp]
+    for a, b in zip(sf, sp):  # the fused add still counts its own output pixels
+        assert a["mean_density"] == pytest.approx(b["mean_density"], nan_ok=True), a["name"]
+    assert any(0 < s["mean_density"] < 1 for s in sf if s["kind"] == "add")
+
+
+class AddReadTwice(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(3, 4, 1)
+
+    def forward(self, x):
+        s = self.a(x) + self.b(x)
+        return torch.relu(s), s * 2.0
+
+
+class AddBroadcast(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x):
+        y = self.a(x)
+        return torch.relu(y + y.mean(dim=(2, 3), keepdim=True))
+
+
+@pytest.mark.parametrize("model", [AddReadTwice(), AddBroadcast()], ids=["read_twice", "broadcast"])
+def test_add_not_fused_where_another_layer_reads_it_or_it_broadcasts(model, frames):
+    dm = deltaconv.convert(model.eval(), example_input=frames[0])
+    assert not dm.report.fused
+    assert not any(getattr(layer, "fuse_with_next", False) for layer in dm.delta_layers())
+    with torch.no_grad():
+        for f in frames:
+            y, r = dm(f), model(f)
+            y, r = (y, r) if isinstance(r, tuple) else ((y,), (r,))
+            for a, b in zip(y, r):
+                assert max_rel_err(b, a) <= TOL
+
+
+def test_deferred_sum_read_by_another_layer_is_computed_then(frames):
+    """A fused add's output read by something other than its activation (a layer called by hand)
+    is computed on first read, once, and counted in the add's statistics."""
+    dm = deltaconv.convert(resnet18(), fuse=True, example_input=frames[0])
+    add = next(layer for layer in dm.delta_layers() if isinstance(layer, DCAdd))
+    a = deltaconv.Delta(torch.randn(1, 4, 5, 6), torch.rand(1, 1, 5, 6) > 0.5)
+    b = deltaconv.Delta(torch.randn(1, 4, 5, 6), torch.rand(1, 1, 5, 6) > 0.5)
+    s = add(a, b)
+    assert isinstance(s, DeferredSum) and s.shape == (1, 4, 5, 6) and s.dtype == torch.float32
+    expected = torch.where(a.mask, a.value, 0) + torch.where(b.mask, b.value, 0)
+    torch.testing.assert_close(torch.where(s.mask, s.value, 0), expected)
+    assert s.materialize() is s.materialize() and not s.fusable
+    assert torch.equal(s.mask, a.mask | b.mask)
+
+
+def test_fuse_argument_checked(frames):
+    with pytest.raises(TypeError, match="convert: fuse must be a bool, got 'yes'"):
+        deltaconv.convert(resnet18(), fuse="yes", example_input=frames[0])
+
+
+def test_fused_model_deepcopies_and_pickles(frames):
+    import pickle
+    dm = deltaconv.convert(resnet18(), threshold=0.02, example_input=frames[0])
+    with torch.no_grad():
+        dm(frames[0])
+        twins = [copy.deepcopy(dm), pickle.loads(pickle.dumps(dm))]
+        y = dm(frames[1])
+        for twin in twins:
+            assert twin.report.fused and all(a.fuse_with_next for a in twin.delta_layers() if isinstance(a, DCAdd))
+            torch.testing.assert_close(twin(frames[1]), y, rtol=0, atol=0)

@@ -202,15 +202,23 @@ def _run_activation(fn, dtype, c, frac, key, threshold, seed=3, n=2, measure="ma
     a_c, s_c, a_r, s_r = clones(acc, sent, acc, sent)
     out_c, m_c = dcc.activation(delta, mask, a_c, s_c, fn, threshold, k, measure)
     out_r, m_r = ref.activation(delta, mask, a_r, s_r, fn, threshold, k, measure)
-    # the reference's change before truncation, to find pixels on the threshold
+    assert_activation_matches((out_c, m_c, a_c, s_c), (out_r, m_r, a_r, s_r), fn, sent, mask, dtype, threshold,
+                              measure)
+    return m_r
+
+
+def assert_activation_matches(cuda, reference, fn, sent, region, dtype, threshold, measure):
+    """An activation's CUDA results (out, mask, acc, sent) equal the reference's, except the send
+    decision of pixels on the threshold (found from the reference's change before truncation)."""
+    out_c, m_c, a_c, s_c = cuda
+    out_r, m_r, a_r, s_r = reference
     y = fn(a_r)
-    change = torch.where(mask, y.to(dtype).float() - sent.float(), torch.zeros((), device=DEV))
-    amb = ambiguous(change, threshold, y, dtype, measure) & mask
+    change = torch.where(region, y.to(dtype).float() - sent.float(), torch.zeros((), device=DEV))
+    amb = ambiguous(change, threshold, y, dtype, measure) & region
     assert_masks(m_c, m_r, amb)
     assert_active(out_c, out_r, m_r & m_c, dtype)
     assert_state(a_c, a_r)
     assert_state(s_c, s_r, skip=amb)
-    return m_r
 
 
 @pytest.mark.parametrize("key", KEYS)
@@ -355,6 +363,66 @@ def test_add(dtype, c, frac, alpha):
     assert torch.equal(out_c[sel], out_r[sel])
 
 
+# ----------------------------------------------------------------------------- add_activation
+def _run_add_activation(fn, dtype, c, frac, key, threshold, alpha=1.0, seed=12, n=2, measure="max", size=None):
+    """The fused op against the reference (within rounding, as the activation) and against the CUDA
+    add and activation run one after the other (bit for bit: the same arithmetic in one pass)."""
+    g = gen(seed)
+    h, w = size or spatial(c)
+    ma, mb = make_mask(n, h, w, frac, g), make_mask(n, h, w, PARTNER.get(frac, frac), g)
+    da, db = make_delta((n, c, h, w), dtype, ma, g, scale=0.2), make_delta((n, c, h, w), dtype, mb, g, scale=0.2)
+    acc = make_state((n, c, h, w), g, scale=2.0)
+    sent = (fn(acc) + torch.randn(acc.shape, generator=g, device=DEV) * 0.02).to(dtype).contiguous(memory_format=CL)
+    k = make_key(key, n)
+    a_c, s_c, a_r, s_r, a_2, s_2 = clones(acc, sent, acc, sent, acc, sent)
+    out_c, m_c, u_c = dcc.add_activation(da, ma, db, mb, alpha, a_c, s_c, fn, threshold, k, measure)
+    out_r, m_r, u_r = ref.add_activation(da, ma, db, mb, alpha, a_r, s_r, fn, threshold, k, measure)
+    d2, u2 = dcc.add(da, ma, db, mb, alpha)
+    out_2, m_2 = dcc.activation(d2, u2, a_2, s_2, fn, threshold, k, measure)
+    assert torch.equal(u_c, ma | mb) and torch.equal(u_r, ma | mb)
+    assert torch.equal(m_c, m_2) and torch.equal(a_c, a_2) and torch.equal(s_c, s_2)
+    sel = m_c.expand_as(out_c)
+    assert torch.equal(out_c[sel], out_2[sel])
+    assert_activation_matches((out_c, m_c, a_c, s_c), (out_r, m_r, a_r, s_r), fn, sent, u_r, dtype, threshold,
+                              measure)
+
+
+@pytest.mark.parametrize("fn,alpha", [(Activation("relu"), 1.0), (Activation("hardswish"), -0.5)], ids=repr)
+@pytest.mark.parametrize("frac", FRACS)
+@pytest.mark.parametrize("c", CHANNELS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_add_activation(dtype, c, frac, fn, alpha):
+    """A residual add fused into the activation after it: ReLU (fixed at compile time) and hardswish
+    (switched per element), the subtraction's alpha too; the union of the two masks is the add's."""
+    _run_add_activation(fn, dtype, c, frac, "partial", 0.05, alpha)
+
+
+@pytest.mark.parametrize("fn", [Activation("relu"), Activation("relu6")], ids=repr)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_add_activation_rms_and_no_key(dtype, fn):
+    for c in (17, 64):
+        _run_add_activation(fn, dtype, c, 0.3, "none", 0.15, seed=13, measure="rms")
+        _run_add_activation(fn, dtype, c, 0.3, "none", 0.05, seed=14)
+
+
+def test_add_activation_falls_back_where_the_kernel_does_not_apply():
+    """Operands of different shapes (broadcasting) or an activation without a kernel: the CUDA add
+    and activation (or the reference) one after the other, with the same results."""
+    fn = Activation("generic", generic=F.softplus)
+    _run_add_activation(fn, torch.float32, 17, 0.3, "partial", 0.05)
+    g = gen(15)
+    ma, mb = make_mask(2, 5, 6, 0.5, g), make_mask(2, 1, 1, 1.0, g)
+    da, db = make_delta((2, 4, 5, 6), torch.float32, ma, g), make_delta((2, 4, 1, 1), torch.float32, mb, g)
+    acc, sent = make_state((2, 4, 5, 6), g), make_state((2, 4, 5, 6), g)
+    a_c, s_c, a_r, s_r = clones(acc, sent, acc, sent)
+    out_c, m_c, u_c = dcc.add_activation(da, ma, db, mb, 1.0, a_c, s_c, Activation("relu"), 0.0, None)
+    out_r, m_r, u_r = ref.add_activation(da, ma, db, mb, 1.0, a_r, s_r, Activation("relu"), 0.0, None)
+    assert torch.equal(u_c, u_r)
+    assert_masks(m_c, m_r)
+    assert_active(out_c, out_r, m_r, torch.float32)
+    assert_state(a_c, a_r)
+
+
 # More pixels than the resident threads of a persistent grid (pw::for_each_active_pixel): each group
 # walks several batches of pixels. 2 x 600 x 640 pixels.
 LARGE = (600, 640)
@@ -363,9 +431,10 @@ LARGE = (600, 640)
 @pytest.mark.parametrize("frac", [0.01, 0.3])
 @pytest.mark.parametrize("c", [3, 64, 130])
 def test_persistent_kernels_on_large_frames(c, frac):
-    """activation, add, affine_channel and concatenate on a frame larger than their grid."""
+    """activation, add_activation, add, affine_channel and concatenate on a frame larger than their grid."""
     dtype = torch.float16
     _run_activation(Activation("relu6"), dtype, c, frac, "partial", 0.05, seed=21, size=LARGE)
+    _run_add_activation(Activation("relu"), dtype, c, frac, "partial", 0.05, seed=23, size=LARGE)
     g = gen(22)
     n, (h, w) = 2, LARGE
     ma, mb = make_mask(n, h, w, frac, g), make_mask(n, h, w, PARTNER[frac], g)
@@ -625,6 +694,9 @@ def _opcheck_cases():
          (x, full, torch.randn(c, device=DEV), torch.randn(c, device=DEV), key)),
         ("affine_channel_none", ops.affine_channel.default, (x.half(), full, None, None, None)),
         ("add", ops.add.default, (x, full, st(), full, 0.5)),
+        ("add_activation", ops.add_activation.default, (x, full, st(), full, -0.5, st(), st(), "relu", 0.0, -1.0, key)),
+        ("add_activation_rms", ops.add_activation.default,
+         (x, full, st(), full, 1.0, st(), st(), "hardswish", 0.0, -1.0, None, True)),
         ("mul", ops.mul.default, (x, full, st(), st(), full, st(), st(), -1.0, key)),
         ("mul_rms", ops.mul.default, (x, full, st(), st(), full, st(), st(), -1.0, key, True)),
         ("mul_se", ops.mul.default, (small, small_m, st((n, c, 1, 1)), x, full, st(), st(), -1.0, None)),
@@ -636,7 +708,7 @@ def _opcheck_cases():
     ]
 
 
-@pytest.mark.parametrize("case", range(15))
+@pytest.mark.parametrize("case", range(17))
 def test_opcheck(case):
     name, op, args = _opcheck_cases()[case]
     torch.library.opcheck(op, args)
@@ -655,6 +727,15 @@ def test_error_wrong_mask_dtype_names_argument():
     d, m, _ = _err_inputs()
     with pytest.raises(RuntimeError, match=r"add: argument 'mask_b' must have dtype Bool, got Float"):
         torch.ops.deltaconv.add(d, m, d, m.float(), 1.0)
+
+
+def test_error_add_activation_names_argument():
+    d, m, s = _err_inputs()
+    with pytest.raises(RuntimeError, match=r"add_activation: argument 'delta_b' must have shape \[2, 4, 3, 5\], got"):
+        torch.ops.deltaconv.add_activation(d, m, d[:, :2].contiguous(memory_format=CL), m, 1.0, s, s.clone(), "relu",
+                                           0.0, 0.0, None)
+    with pytest.raises(RuntimeError, match=r"add_activation: argument 'kind' must be one of"):
+        torch.ops.deltaconv.add_activation(d, m, d, m, 1.0, s, s.clone(), "softplus", 0.0, 0.0, None)
 
 
 def test_error_wrong_device_names_argument():

@@ -104,10 +104,13 @@ __global__ void __launch_bounds__(kThreads) densify_kernel(const DensifyParams<T
 // On active pixels: acc += delta; change = T(f(acc)) - sent; sent when the change's size exceeds
 // the threshold (PendingSize: max or rms over the channels) or the stream is a key stream; then
 // out = send_element(f(acc), sent).
+// With RESIDUAL (the add_activation op: a residual add fused into the activation after it) the
+// delta is the add's output, computed as add_kernel does: delta = T(a + T(alpha * b)) with
+// inactive operands counted as zero, active on mask | mask_b (written to mask_sum, the add's mask).
 template <typename T>
 struct ActivationParams {
-  const T* delta;          // [N, C, H, W]
-  const bool* mask;        // [N, 1, H, W]
+  const T* delta;          // [N, C, H, W] (RESIDUAL: the add's first operand)
+  const bool* mask;        // [N, 1, H, W] (RESIDUAL: its mask)
   float* acc;              // [N, C, H, W] updated in place
   T* sent;                 // [N, C, H, W] updated in place
   const bool* key;         // [N] or nullptr
@@ -118,6 +121,11 @@ struct ActivationParams {
   float rms_limit;         // threshold^2 * C for the rms measure, < 0 for max
   int64_t pixels, hw;
   int channels, log2_lanes;
+  // RESIDUAL only (nullptr / unused otherwise)
+  const T* delta_b;        // [N, C, H, W] the add's second operand
+  const bool* mask_b;      // [N, 1, H, W]
+  bool* mask_sum;          // [N, 1, H, W] mask | mask_b, written at every pixel
+  float alpha;
 };
 
 // KIND: the activation fixed at compile time (an ActKind: the launcher does so for ReLU and
@@ -127,12 +135,16 @@ struct ActivationParams {
 // benchmarks/results/activation_kernel_experiments.txt).
 constexpr int kAnyKind = -1;
 
-template <typename T, int VEC, int KIND>
+template <typename T, int VEC, int KIND, bool RESIDUAL>
 __global__ void __launch_bounds__(kThreads) activation_kernel(const ActivationParams<T> p) {
   grid_dependency_sync();
   const int kind = KIND == kAnyKind ? p.kind : KIND;
   const auto settle = [&](int64_t pixel) {
-    const bool m = p.mask[pixel];
+    bool m = p.mask[pixel];
+    if constexpr (RESIDUAL) {
+      m = m || p.mask_b[pixel];
+      p.mask_sum[pixel] = m;
+    }
     if (!m) p.mask_out[pixel] = false;
     return m;
   };
@@ -140,10 +152,18 @@ __global__ void __launch_bounds__(kThreads) activation_kernel(const ActivationPa
     const int C = p.channels;
     const int64_t row = g.pixel * C;
     const int step = g.lanes * VEC;
+    const bool ma = !RESIDUAL || p.mask[g.pixel];
+    const bool mb = RESIDUAL && p.mask_b[g.pixel];
     PendingSize size;
     for (int c = g.lane * VEC; c < C; c += step) {
       float d[VEC], a[VEC], s[VEC];
-      load_f<VEC>(p.delta + row + c, d);
+      if (ma) load_f<VEC>(p.delta + row + c, d); else fill(d, 0.f);
+      if constexpr (RESIDUAL) {
+        float b[VEC];
+        if (mb) load_f<VEC>(p.delta_b + row + c, b); else fill(b, 0.f);
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) d[i] = round_to<T>(__fadd_rn(d[i], round_to<T>(__fmul_rn(p.alpha, b[i]))));
+      }
       load_f<VEC>(p.acc + row + c, a);
       load_f<VEC>(p.sent + row + c, s);
 #pragma unroll

@@ -28,8 +28,9 @@ from . import reference as _ref
 Tensor = torch.Tensor
 
 _LOADED = _extension.load()
-_OPS = ("sparsify", "densify", "activation", "affine_channel", "add", "mul", "concatenate", "interpolate", "conv2d",
-        "conv_transpose2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "linear", "count_active")
+_OPS = ("sparsify", "densify", "activation", "add_activation", "affine_channel", "add", "mul", "concatenate",
+        "interpolate", "conv2d", "conv_transpose2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "linear",
+        "count_active")
 
 
 def _registered_cuda_kernels() -> frozenset:
@@ -255,6 +256,35 @@ def add(delta_a: Tensor, mask_a: Tensor, delta_b: Tensor, mask_b: Tensor,
 @_fake("add")
 def _add_fake(delta_a, mask_a, delta_b, mask_b, alpha):
     return _empty_like_delta(delta_a)
+
+
+def add_activation(delta_a: Tensor, mask_a: Tensor, delta_b: Tensor, mask_b: Tensor, alpha: float, acc: Tensor,
+                   sent: Tensor, fn: Callable[[Tensor], Tensor], threshold: float, key: Optional[Tensor],
+                   measure: str = "max") -> tuple[Tensor, Tensor, Tensor]:
+    """A residual add and the activation after it (``activation(add(a, b, alpha))``), the add's mask
+    returned too: ``(out, out_mask, mask_a | mask_b)``. The CUDA backend runs it in one kernel."""
+    kind = getattr(fn, "kind", None)
+    if not (kind in NATIVE_KINDS and _pointwise_ok("add_activation", delta_a, mask_a, delta_b, mask_b, acc, sent)
+            and delta_a.shape == delta_b.shape and delta_a.dtype == delta_b.dtype and mask_a.shape == mask_b.shape
+            and _state_ok(acc, delta_a.shape) and _sent_ok(sent, delta_a, delta_a.shape)):
+        d, union = add(delta_a, mask_a, delta_b, mask_b, alpha)
+        out, out_mask = activation(d, union, acc, sent, fn, threshold, key, measure)
+        return out, out_mask, union
+    a4, a_copied = _state4(acc)
+    s4, s_copied = _state4(sent)
+    out, m, union = torch.ops.deltaconv.add_activation(
+        _value4(delta_a), _mask4(mask_a), _value4(delta_b), _mask4(mask_b), float(alpha), a4, s4, kind,
+        float(getattr(fn, "param", 0.0)), float(threshold), _key(key), _rms(measure))
+    _write_back(acc, a4, a_copied)
+    _write_back(sent, s4, s_copied)
+    out, m = _like(out, m, delta_a)
+    return out, m, union.view(m.shape)
+
+
+@_fake("add_activation")
+def _add_activation_fake(delta_a, mask_a, delta_b, mask_b, alpha, acc, sent, kind, param, threshold, key, rms=False):
+    out, mask = _empty_like_delta(delta_a)
+    return out, mask, torch.empty_like(mask)
 
 
 def _mul_shape(a: Tensor, b: Tensor) -> Optional[torch.Size]:

@@ -177,6 +177,16 @@ def add(delta_a: Tensor, mask_a: Tensor, delta_b: Tensor, mask_b: Tensor,
     return out, mask_a | mask_b
 
 
+def add_activation(delta_a: Tensor, mask_a: Tensor, delta_b: Tensor, mask_b: Tensor, alpha: float, acc: Tensor,
+                   sent: Tensor, fn: Callable[[Tensor], Tensor], threshold: float, key: Optional[Tensor],
+                   measure: str = "max") -> tuple[Tensor, Tensor, Tensor]:
+    """A residual add and the activation after it (``activation(add(a, b, alpha))``), the add's mask
+    returned too: ``(out, out_mask, mask_a | mask_b)``. The CUDA backend runs it in one kernel."""
+    d, union = add(delta_a, mask_a, delta_b, mask_b, alpha)
+    out, out_mask = activation(d, union, acc, sent, fn, threshold, key, measure)
+    return out, out_mask, union
+
+
 def mul(delta_a: Tensor, mask_a: Tensor, acc_a: Tensor, delta_b: Tensor, mask_b: Tensor, acc_b: Tensor,
         sent: Tensor, threshold: float, key: Optional[Tensor], measure: str = "max") -> tuple[Tensor, Tensor]:
     """Product of two changing tensors (broadcasting, e.g. squeeze-excite): non-linear."""

@@ -341,18 +341,25 @@ class DCUpsample(DCModule):
 
 class DCAdd(DCModule):
     """``a + alpha * b`` (add, sub, rsub): linear. With two deltas the masks are united; with one
-    static operand the constant is added once, on key frames."""
+    static operand the constant is added once, on key frames.
+
+    ``fuse_with_next`` (set by :func:`deltaconv.convert` when the only reader of this add's output
+    is the activation after it, a residual block's ``relu(out + identity)``): with two deltas it
+    returns a :class:`DeferredSum`, and the activation runs the add inside its own pass
+    (``ops.add_activation``), saving the sum's round trip through memory and a kernel launch."""
 
     kind = "add"
 
     def __init__(self, alpha: float = 1.0) -> None:
         super().__init__()
         self.alpha = alpha
+        self.fuse_with_next = False
 
     def forward(self, a, b) -> Delta:
         if isinstance(a, Delta) and isinstance(b, Delta):
-            v, m = self.ops.add(a.value, a.mask, b.value, b.mask, self.alpha)
-            return self.observe(Delta(v, m))
+            if getattr(self, "fuse_with_next", False):  # layers pickled before it lack the attribute
+                return DeferredSum(a, b, self)
+            return self.add(a, b)
         if isinstance(a, Delta):
             d, const, sign = a, b, 1.0
             const = const * self.alpha
@@ -360,8 +367,81 @@ class DCAdd(DCModule):
             d, const, sign = b, a, self.alpha
         return self.observe(_with_constant(d, sign, const, self.key))
 
+    def add(self, a: Delta, b: Delta) -> Delta:
+        """The sum of two deltas, observed as this layer's output."""
+        v, m = self.ops.add(a.value, a.mask, b.value, b.mask, self.alpha)
+        return self.observe(Delta(v, m))
+
     def flops_per_output_pixel(self, out: Delta) -> float:
         return float(out.value.shape[1]) if out.value.dim() > 1 else 1.0
+
+
+class DeferredSum(Delta):
+    """The output of a :class:`DCAdd` fused with the activation after it: its operands, not yet
+    added. The activation takes them (:meth:`DCActivation.forward`); any other reader of ``value``
+    or ``mask`` gets the sum computed then, so the result never depends on who reads it. Shape
+    queries answer without computing it."""
+
+    def __init__(self, a: Delta, b: Delta, layer: DCAdd) -> None:  # noqa: D107 - no dataclass fields set
+        self.a, self.b, self.layer = a, b, layer
+        self._sum: Optional[Delta] = None
+
+    def materialize(self) -> Delta:
+        """The sum (computed once, by the add layer, which records it in its statistics)."""
+        if self._sum is None:
+            self._sum = self.layer.add(self.a, self.b)
+        return self._sum
+
+    @property
+    def fusable(self) -> bool:
+        """Whether an activation can take the operands as they are: not yet summed, equal shapes and dtypes."""
+        return (self._sum is None and self.a.value.shape == self.b.value.shape
+                and self.a.value.dtype == self.b.value.dtype)
+
+    @property
+    def value(self) -> torch.Tensor:  # type: ignore[override]
+        """The sum's value (computes the sum)."""
+        return self.materialize().value
+
+    @property
+    def mask(self) -> torch.Tensor:  # type: ignore[override]
+        """The sum's mask (computes the sum)."""
+        return self.materialize().mask
+
+    @property
+    def shape(self) -> torch.Size:
+        """Shape of the sum (the operands' broadcast shape)."""
+        return torch.broadcast_shapes(self.a.value.shape, self.b.value.shape)
+
+    def size(self, dim: int | None = None):
+        """``shape`` or ``shape[dim]``."""
+        return self.shape if dim is None else self.shape[dim]
+
+    def dim(self) -> int:
+        """Number of dimensions of the sum."""
+        return len(self.shape)
+
+    @property
+    def ndim(self) -> int:
+        """Number of dimensions of the sum."""
+        return len(self.shape)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """dtype of the sum (the operands' promoted dtype)."""
+        return torch.promote_types(self.a.value.dtype, self.b.value.dtype)
+
+    @property
+    def device(self) -> torch.device:
+        """Device of the operands."""
+        return self.a.value.device
+
+    def numel(self) -> int:
+        """Number of elements of the sum."""
+        return self.shape.numel()
+
+    def __repr__(self) -> str:
+        return f"DeferredSum(shape={tuple(self.shape)}, dtype={self.dtype}, device={self.device})"
 
 
 def _with_constant(d: Delta, sign: float, const, key) -> Delta:

@@ -14,7 +14,7 @@ from torch.nn.modules.utils import _pair
 from .. import activations
 from ..delta import Delta, mask_shape
 from .base import DCModule
-from .linear import _map_deltas, _rebuild
+from .linear import DeferredSum, _map_deltas, _rebuild
 
 
 class DCActivation(DCModule):
@@ -38,6 +38,12 @@ class DCActivation(DCModule):
     def forward(self, x: Delta) -> Delta:
         acc = self.state("acc", x.shape, x.device, x.dtype)
         sent = self.state("sent", x.shape, x.device, x.dtype, sent=True)
+        if isinstance(x, DeferredSum) and x.fusable:  # a residual add fused into this pass
+            a, b = x.a, x.b
+            v, m, union = self.ops.add_activation(a.value, a.mask, b.value, b.mask, x.layer.alpha, acc, sent, self.fn,
+                                                  self.threshold, self.key, self.measure)
+            x.layer.observe(Delta(a.value, union))  # the add's statistics: its output mask (a's value: its shape)
+            return self.observe(Delta(v, m))
         v, m = self.ops.activation(x.value, x.mask, acc, sent, self.fn, self.threshold, self.key, self.measure)
         return self.observe(Delta(v, m))
 

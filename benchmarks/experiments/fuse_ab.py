@@ -1,0 +1,74 @@
+"""A/B of the residual add fused into the activation after it (``convert(fuse=True)``, the default)
+against the two layers run one after the other (``fuse=False``), in one process.
+
+    PYTHONPATH=. python benchmarks/experiments/fuse_ab.py [--models resnet50 fcn_resnet50] \\
+        [--videos vtest.avi one-by-one-person-detection.mp4] [--thresholds 0.02 1e6]
+
+Both variants of each model (fp16, 1080x1920, CUDA-graph replay) run frame by frame in turn on the
+same frames (``--start``, ``--frames``; the first two are the key frame and the captured one), the
+median ms per frame after ``--warmup`` frames, and the largest output difference (0: the fused
+kernel does the same arithmetic; without ``--deterministic`` the 3x3 convs' K-split tail may round
+differently from call to call, see the README). Threshold 1e6: nothing is sent after the key frame (the fixed
+cost of a frame). Results: ``benchmarks/results/fuse_ab.txt``.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from common import alternate_frames, run_info  # noqa: E402
+
+VARIANTS = {"fused": True, "separate": False}
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--models", nargs="*", default=["resnet50", "fcn_resnet50"])
+    p.add_argument("--videos", nargs="*", default=["vtest.avi", "one-by-one-person-detection.mp4"])
+    p.add_argument("--thresholds", type=float, nargs="*", default=[0.02, 1e6])
+    p.add_argument("--start", type=int, default=200)
+    p.add_argument("--frames", type=int, default=24)
+    p.add_argument("--warmup", type=int, default=4)
+    p.add_argument("--size", type=int, nargs=2, default=[1080, 1920])
+    p.add_argument("--deterministic", action="store_true",
+                   help="torch.use_deterministic_algorithms(True): the 3x3 convs keep their tail in the coarse "
+                        "launch, so outputs repeat bit for bit from run to run (and the two variants agree)")
+    a = p.parse_args(argv)
+    if a.deterministic:
+        torch.use_deterministic_algorithms(True)
+    import deltaconv
+    from deltaconv.video import find_sample_video, read_frames
+    from video_sweep import build
+
+    info = run_info()
+    print(f"# {info['device']}, {info['date']}, torch {torch.__version__}", flush=True)
+    for video in a.videos:
+        frames_cpu = list(read_frames(find_sample_video(video), start=a.start, max_frames=a.frames,
+                                      size=tuple(a.size)))
+        for name in a.models:
+            model = build(name, frames_cpu[:4]).cuda().half().to(memory_format=torch.channels_last)
+            frames = [f.cuda().half() for f in frames_cpu]
+            for t in a.thresholds:
+                runs = {}
+                with torch.no_grad():
+                    for v, fuse in VARIANTS.items():
+                        dm = deltaconv.convert(model, threshold=t, backend="cuda", example_input=frames[0],
+                                               cuda_graph=True, check_finite=False, fuse=fuse)
+                        dm(frames[0]), dm(frames[1])  # key frame, then the captured frame
+                        runs[v] = dm
+                    ms, diff = alternate_frames(runs, frames[2:], a.warmup)
+                pairs = len(runs["fused"].report.fused) // 2
+                print(f"== {name} {a.size[0]}x{a.size[1]} fp16 {video} frames {a.start + 2}-{a.start + a.frames - 1} "
+                      f"t={t:g}: fused {ms['fused']:.3f} ms  separate {ms['separate']:.3f} ms  "
+                      f"({ms['separate'] / ms['fused']:.3f}x, {pairs} pairs)  max |diff| {diff:.3g}", flush=True)
+                del runs
+            del model, frames
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
