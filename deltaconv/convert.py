@@ -11,12 +11,13 @@ from typing import Optional, Union
 import torch
 import torch.fx as fx
 import torch.nn as nn
+import torch.nn.functional as F
 from torch.fx.passes.shape_prop import ShapeProp
 
 from . import backends
 from .backends.reference import check_measure
 from .modules import DCActivation, DCAdd, DCConv2d, DCDensify, DCFallback, DCModule, DCSparsify
-from .modules.linear import DCBatchNorm2d, DCConvTranspose2d, DCLinear
+from .modules.linear import DCBatchNorm2d, DCConvTranspose2d, DCLinear, DCUpsample
 from .report import ConversionReport, NodeReport
 from .rules import FUNCTION_RULES, MODULE_RULES, PASSTHROUGH_CALLS, PASSTHROUGH_MODULES, Built, Site
 
@@ -58,8 +59,9 @@ def _target_name(node: fx.Node, root: nn.Module) -> str:
 class _Converter:
     """Rewrites ``graph`` (traced from ``root``) in place; registers DC layers inside ``root``."""
 
-    def __init__(self, root: nn.Module, graph: fx.Graph) -> None:
+    def __init__(self, root: nn.Module, graph: fx.Graph, dense_tail: bool = False) -> None:
         self.root, self.graph = root, graph
+        self.dense_tail = dense_tail  # resample the dense output where a model ends in upsampling
         self.report = ConversionReport()
         self.delta_nodes: set[fx.Node] = set()
         self.first_site: dict[str, DCModule] = {}
@@ -177,16 +179,55 @@ class _Converter:
         self._note(node, "input", path, sparsify, target="frames")
 
     def _output(self, node: fx.Node) -> None:
+        done: dict[fx.Node, fx.Node] = {}
+        moved: list[fx.Node] = []
+
         def densify(n: fx.Node) -> fx.Node:
             if n not in self.delta_nodes:
                 return n
-            module = DCDensify()
-            path = self._register("", f"output_{n.name}" if n.op != "call_module" else "output", module)
-            with self.graph.inserting_before(node):
-                out = self.graph.call_module(path, (n,))
-            self.report.nodes.append(NodeReport(out.name, n.name, "output", path, "DCDensify"))
+            if n in done:
+                return done[n]
+            up = self._dense_tail_upsample(n)
+            if up is not None:  # resample the dense output instead of the deltas
+                src = densify(n.args[0])
+                size, scale = n.kwargs.get("size", up.size), n.kwargs.get("scale_factor", up.scale_factor)
+                with self.graph.inserting_before(node):
+                    src = self.graph.call_method("contiguous", (src,))  # PyTorch resamples NCHW faster
+                    out = self.graph.call_function(F.interpolate, (src,), {
+                        "size": size, "scale_factor": scale, "mode": up.mode, "align_corners": up.align_corners})
+                out.meta = dict(n.meta)
+                for r in self.report.nodes:
+                    if r.layer == n.target:
+                        r.status, r.layer, r.dc_class = "dense", "", ""
+                        r.note = "resamples the dense output, after the densifier"
+                moved.append(n)
+            else:
+                module = DCDensify()
+                path = self._register("", f"output_{n.name}" if n.op != "call_module" else "output", module)
+                with self.graph.inserting_before(node):
+                    out = self.graph.call_module(path, (n,))
+                self.report.nodes.append(NodeReport(out.name, n.name, "output", path, "DCDensify"))
+            done[n] = out
             return out
         node.args = fx.node.map_arg(node.args, densify)
+        for n in reversed(moved):  # outermost first: each then has no reader left
+            self.graph.erase_node(n)
+            self.delta_nodes.discard(n)
+
+    def _dense_tail_upsample(self, n: fx.Node) -> Optional[DCUpsample]:
+        """The DCUpsample that node ``n`` calls when the model's output is its only reader and its
+        input is a delta tensor (``dense_tail``): then the densifier goes before it and the
+        resampling runs dense on the accumulated output, which reads the smaller map and writes the
+        output once, as the densifier would (the segmentation models' final ``F.interpolate``)."""
+        if not self.dense_tail or n.op != "call_module" or len(n.users) != 1 or not n.args:
+            return None
+        up = self.root.get_submodule(n.target)
+        if not isinstance(up, DCUpsample) or self.call_sites.get(n.target, 0) > 1:
+            return None
+        src = n.args[0]
+        if not isinstance(src, fx.Node) or src not in self.delta_nodes or "tensor_meta" not in src.meta:
+            return None
+        return up
 
     def _module_site(self, node: fx.Node) -> None:
         path = node.target
@@ -378,7 +419,9 @@ def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
             fallbacks), e.g. blocks that are not fx-traceable.
         fuse: run each residual add whose only reader is the activation after it inside that
             activation's pass (same results, one pass over memory fewer; the report notes the pairs,
-            ``report().fused``). ``False`` keeps every layer's own pass.
+            ``report.fused``), and where the model's output is an upsampling of a delta (the
+            segmentation models' final ``F.interpolate``), densify before it and resample the dense
+            output (report status ``dense``). ``False`` keeps every layer's own pass.
     """
     from .model import DeltaModel
 
@@ -403,7 +446,7 @@ def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
         ShapeProp(traced).propagate(*(e.clone() if torch.is_tensor(e) else e for e in examples))
     graph = fx.Graph()  # an unowned copy (with the shape metadata) to rewrite
     graph.output(graph.graph_copy(traced.graph, {}))
-    converter = _Converter(dense, graph)
+    converter = _Converter(dense, graph, dense_tail=fuse)
     report = converter.run()
     if fuse:
         converter.fuse_add_activation()

@@ -5,7 +5,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 #: statuses a node can have
-STATUSES = ("input", "converted", "fallback", "folded", "removed", "static", "shape", "output")
+STATUSES = ("input", "converted", "fallback", "folded", "removed", "static", "shape", "output", "dense")
 
 
 @dataclass
@@ -27,7 +27,8 @@ class ConversionReport:
     ``status``: ``converted`` (a DC layer with a delta rule), ``fallback`` (runs dense on
     accumulated inputs), ``folded`` (BatchNorm folded into the preceding conv), ``removed``
     (Identity/Dropout in eval), ``static`` (does not depend on the input frames), ``shape``
-    (reads only shapes), ``input``/``output`` (sparsifier/densifier inserted).
+    (reads only shapes), ``input``/``output`` (sparsifier/densifier inserted), ``dense`` (an
+    upsampling of the output that runs dense after the densifier, ``convert(fuse=True)``).
     """
 
     nodes: list[NodeReport] = field(default_factory=list)

@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.fx as fx
 import torch.nn as nn
+import torch.nn.functional as F
 import torchvision
 
 import deltaconv
@@ -413,3 +414,61 @@ def test_fused_model_deepcopies_and_pickles(frames):
         for twin in twins:
             assert twin.report.fused and all(a.fuse_with_next for a in twin.delta_layers() if isinstance(a, DCAdd))
             torch.testing.assert_close(twin(frames[1]), y, rtol=0, atol=0)
+
+
+class EndsInUpsampling(nn.Module):
+    """A segmentation-like head: features at 1/2 resolution, then upsampled to the input's size."""
+
+    def __init__(self, module_upsample: bool = False, twice: bool = False):
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(3, 8, 3, stride=2, padding=1), nn.ReLU(), nn.Conv2d(8, 5, 1))
+        self.up = nn.Upsample(scale_factor=2.0, mode="nearest") if module_upsample else None
+        self.twice = twice
+
+    def forward(self, x):
+        y = self.body(x)
+        if self.twice:
+            y = F.interpolate(y, scale_factor=0.5, mode="bilinear", align_corners=False)
+            y = F.interpolate(y, scale_factor=2.0, mode="nearest")
+        up = self.up(y) if self.up is not None else F.interpolate(y, size=x.shape[-2:], mode="bilinear",
+                                                                  align_corners=False)
+        return {"out": up} if self.twice else {"out": up, "aux": y}
+
+
+@pytest.mark.parametrize("variant", ["function", "module", "chain"])
+def test_output_upsampling_runs_dense_after_the_densifier(variant, frames):
+    """A model whose output is an upsampling of a delta (the segmentation models' final
+    F.interpolate, nn.Upsample, or a chain of them) densifies the smaller map and resamples it
+    dense: same outputs as the dense model and as fuse=False, less state; the report marks the
+    nodes ``dense``. A second output (``aux``) reading the upsampling's input does not stop it."""
+    model = EndsInUpsampling(module_upsample=variant == "module", twice=variant == "chain").eval()
+    fused = deltaconv.convert(model, threshold=0.0, example_input=frames[0])
+    plain = deltaconv.convert(model, threshold=0.0, example_input=frames[0], fuse=False)
+    dense_nodes = [n for n in fused.report.nodes if n.status == "dense"]
+    assert len(dense_nodes) == (3 if variant == "chain" else 1)
+    assert all(n.note and not n.layer for n in dense_nodes) and "dense" in STATUSES
+    assert not [n for n in plain.report.nodes if n.status == "dense"]
+    with torch.no_grad():
+        for f in frames:
+            want, a, b = model(f), fused(f), plain(f)
+            for k in want:
+                assert max_rel_err(want[k], a[k]) <= TOL and max_rel_err(want[k], b[k]) <= TOL, k
+    assert fused.state_bytes() < plain.state_bytes()
+    assert not any(s["kind"] == "upsample" for s in fused.stats())
+    assert any(s["kind"] == "upsample" for s in plain.stats())
+
+
+class UpsampleReadTwice(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, stride=2, padding=1)
+
+    def forward(self, x):
+        up = F.interpolate(self.conv(x), scale_factor=2.0, mode="nearest")
+        return up, torch.relu(up)
+
+
+def test_output_upsampling_read_by_a_layer_stays_delta(frames):
+    dm = deltaconv.convert(UpsampleReadTwice().eval(), example_input=frames[0])
+    assert not [n for n in dm.report.nodes if n.status == "dense"]
+    assert any(s["kind"] == "upsample" for s in dm.stats())

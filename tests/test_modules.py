@@ -23,13 +23,14 @@ SHAPE = (2, 4, 10, 14)  # batch 2 (each stream gets its own random changes), 4 c
 
 
 def check_converted(module: nn.Module, *, expect=(), shape=SHAPE, fractions=FRACTIONS, scale=1.0,
-                    device="cpu", backend="reference", fallback=False, seed=0):
+                    device="cpu", backend="reference", fallback=False, seed=0, fuse=True):
     """Convert ``module``, run dense and delta over a sequence of changing frames, and check every
     output at every frame. ``expect``: DC classes the conversion must produce (so the test really
-    exercises their delta rule). Returns the converted model."""
+    exercises their delta rule). ``fuse``: convert's argument (``False`` keeps an output upsampling
+    a delta layer). Returns the converted model."""
     module = module.to(device).eval()
     frames = [f.to(device) for f in changing_frames(shape, fractions, seed=seed, scale=scale)]
-    dm = deltaconv.convert(module, backend=backend, example_input=frames[0])
+    dm = deltaconv.convert(module, backend=backend, example_input=frames[0], fuse=fuse)
     classes = {type(layer) for layer in dm.delta_layers()}
     for cls in expect:
         assert cls in classes, f"{cls.__name__} not in {sorted(c.__name__ for c in classes)}\n{dm.report}"
@@ -473,10 +474,15 @@ INTERP = {
 @pytest.mark.parametrize("device,backend", device_backends())
 @pytest.mark.parametrize("case", list(INTERP))
 def test_interpolate(case, device, backend):
+    """The delta rule of resampling (fuse=False: at a model's output it would otherwise run dense
+    after the densifier, checked too)."""
     kw = INTERP[case]
     check_converted(Fn(lambda x, c: F.interpolate(c(x), **kw), conv()), expect=[DCUpsample], device=device,
-                    backend=backend)
-    check_converted(nn.Sequential(conv(), nn.Upsample(**kw)), expect=[DCUpsample], device=device, backend=backend)
+                    backend=backend, fuse=False)
+    check_converted(nn.Sequential(conv(), nn.Upsample(**kw)), expect=[DCUpsample], device=device, backend=backend,
+                    fuse=False)
+    dm = check_converted(nn.Sequential(conv(), nn.Upsample(**kw)), device=device, backend=backend)
+    assert [n.status for n in dm.report.nodes].count("dense") == 1
 
 
 @pytest.mark.parametrize("device,backend", device_backends())
@@ -488,7 +494,7 @@ def test_interpolate_to_size_of_another_tensor(device, backend):
     check_converted(Fn(fn, conv()), expect=[DCUpsample], device=device, backend=backend)
     check_converted(nn.Sequential(conv(), nn.UpsamplingBilinear2d(scale_factor=2),
                                   nn.UpsamplingNearest2d(size=(30, 40))),
-                    expect=[DCUpsample], device=device, backend=backend)
+                    expect=[DCUpsample], device=device, backend=backend, fuse=False)
 
 
 # ----------------------------------------------------------------------------- fallbacks
@@ -545,7 +551,7 @@ def test_single_pixel_mask_equals_receptive_field(name, pixel):
     x0 = torch.zeros(1, 4, 10, 14)
     x1 = x0.clone()
     x1[0, :, pixel[0], pixel[1]] = torch.tensor([1.0, 2.0, 0.5, 1.5])
-    dm = deltaconv.convert(model, example_input=x0)
+    dm = deltaconv.convert(model, example_input=x0, fuse=False)  # every layer a delta layer, upsampling too
     masks = output_masks(dm)
     with torch.no_grad():
         dm(x0)
@@ -564,7 +570,7 @@ def test_single_pixel_mask_equals_receptive_field(name, pixel):
     x0 = torch.randn(1, 4, 10, 14)
     x1 = x0.clone()
     x1[0, :, pixel[0], pixel[1]] += 2.0
-    dm = deltaconv.convert(rand, example_input=x0)
+    dm = deltaconv.convert(rand, example_input=x0, fuse=False)
     masks = output_masks(dm)
     with torch.no_grad():
         dm(x0)

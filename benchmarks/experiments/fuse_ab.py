@@ -1,5 +1,6 @@
-"""A/B of the residual add fused into the activation after it (``convert(fuse=True)``, the default)
-against the two layers run one after the other (``fuse=False``), in one process.
+"""A/B of ``convert(fuse=True)`` (the default) against ``fuse=False``, in one process: the residual
+add fused into the activation after it, and an output upsampling run dense after the densifier
+(the segmentation models' final ``F.interpolate``), against every layer's own pass.
 
     PYTHONPATH=. python benchmarks/experiments/fuse_ab.py [--models resnet50 fcn_resnet50] \\
         [--videos vtest.avi one-by-one-person-detection.mp4] [--thresholds 0.02 1e6]
@@ -62,9 +63,11 @@ def main(argv=None) -> None:
                         runs[v] = dm
                     ms, diff = alternate_frames(runs, frames[2:], a.warmup)
                 pairs = len(runs["fused"].report.fused) // 2
+                dense = sum(n.status == "dense" for n in runs["fused"].report.nodes)
                 print(f"== {name} {a.size[0]}x{a.size[1]} fp16 {video} frames {a.start + 2}-{a.start + a.frames - 1} "
                       f"t={t:g}: fused {ms['fused']:.3f} ms  separate {ms['separate']:.3f} ms  "
-                      f"({ms['separate'] / ms['fused']:.3f}x, {pairs} pairs)  max |diff| {diff:.3g}", flush=True)
+                      f"({ms['separate'] / ms['fused']:.3f}x, {pairs} pairs, {dense} dense tail)  "
+                      f"max |diff| {diff:.3g}", flush=True)
                 del runs
             del model, frames
             torch.cuda.empty_cache()
