@@ -40,6 +40,8 @@ TORCH_LIBRARY(deltaconv, m) {
   m.def("concatenate(Tensor[] deltas, Tensor[] masks) -> (Tensor, Tensor)");
   m.def("interpolate(Tensor delta, Tensor mask, int[2] out_size, float? scale_h, float? scale_w, str mode, "
         "bool align_corners) -> (Tensor, Tensor)");
+  // F.interpolate of a dense map (channels_last in, contiguous NCHW out): the output densifier's resampling
+  m.def("resample(Tensor x, int[2] out_size, float? scale_h, float? scale_w, str mode, bool align_corners) -> Tensor");
   // ---- convolution and pooling
   // counters: int32 [>= 14] zeroed by the caller, where the work lists count, the blocks take ranks and the
   // K split is recorded (conv_common.cuh: kConvCounters; None: zeroed per call)

@@ -503,48 +503,84 @@ float linear_scale(std::optional<double> scale, int64_t in, int64_t out, bool al
   return nearest_scale(scale, in, out);
 }
 
+// The geometry of a resampling (interpolate, resample): mode, sizes and PyTorch's scales.
+struct Resampling {
+  int mode;
+  int64_t n, h, w, oh, ow;
+  float scale_h, scale_w;
+};
+
+Resampling resampling(const char* op, const char* name, const Tensor& x, at::IntArrayRef out_size,
+                      std::optional<double> scale_h, std::optional<double> scale_w, c10::string_view mode,
+                      bool align_corners) {
+  Resampling r;
+  if (mode == "nearest") {
+    r.mode = pw::kNearest;
+  } else if (mode == "nearest-exact") {
+    r.mode = pw::kNearestExact;
+  } else if (mode == "bilinear") {
+    r.mode = pw::kBilinear;
+  } else {
+    TORCH_CHECK(false, "deltaconv::", op, ": argument 'mode' must be 'nearest', 'nearest-exact' or 'bilinear', got '",
+                std::string(mode), "' (other modes run through the reference backend)");
+  }
+  TORCH_CHECK(out_size.size() == 2 && out_size[0] > 0 && out_size[1] > 0, "deltaconv::", op, ": argument "
+              "'out_size' must be two positive sizes, got ", out_size);
+  r.n = x.size(0), r.h = x.size(2), r.w = x.size(3), r.oh = out_size[0], r.ow = out_size[1];
+  TORCH_CHECK(r.h > 0 && r.w > 0, "deltaconv::", op, ": argument '", name,
+              "' must have non-empty spatial dims, got shape ", x.sizes());
+  constexpr int64_t kIntMax = int64_t{1} << 31;
+  TORCH_CHECK(r.h < kIntMax && r.w < kIntMax && r.oh < kIntMax && r.ow < kIntMax, "deltaconv::", op,
+              ": spatial sizes must fit in int32");
+  const bool linear = r.mode == pw::kBilinear;
+  r.scale_h = linear ? linear_scale(scale_h, r.h, r.oh, align_corners) : nearest_scale(scale_h, r.h, r.oh);
+  r.scale_w = linear ? linear_scale(scale_w, r.w, r.ow, align_corners) : nearest_scale(scale_w, r.w, r.ow);
+  return r;
+}
+
 std::tuple<Tensor, Tensor> interpolate(const Tensor& delta, const Tensor& mask, at::IntArrayRef out_size,
                                        std::optional<double> scale_h, std::optional<double> scale_w,
                                        c10::string_view mode, bool align_corners) {
   const char* op = "interpolate";
   check_value(op, "delta", delta, delta);
   check_mask(op, "mask", mask, delta, delta.sizes());
-  int mode_id;
-  if (mode == "nearest") {
-    mode_id = pw::kNearest;
-  } else if (mode == "nearest-exact") {
-    mode_id = pw::kNearestExact;
-  } else if (mode == "bilinear") {
-    mode_id = pw::kBilinear;
-  } else {
-    TORCH_CHECK(false, "deltaconv::interpolate: argument 'mode' must be 'nearest', 'nearest-exact' or 'bilinear', got '",
-                std::string(mode), "' (other modes run through the reference backend)");
-  }
-  TORCH_CHECK(out_size.size() == 2 && out_size[0] > 0 && out_size[1] > 0, "deltaconv::interpolate: argument "
-              "'out_size' must be two positive sizes, got ", out_size);
-  const int64_t N = delta.size(0), H = delta.size(2), W = delta.size(3);
-  TORCH_CHECK(H > 0 && W > 0, "deltaconv::interpolate: argument 'delta' must have non-empty spatial dims, got shape ",
-              delta.sizes());
-  const int64_t OH = out_size[0], OW = out_size[1];
-  TORCH_CHECK(H < (int64_t{1} << 31) && W < (int64_t{1} << 31) && OH < (int64_t{1} << 31) && OW < (int64_t{1} << 31),
-              "deltaconv::interpolate: spatial sizes must fit in int32");
+  const Resampling r = resampling(op, "delta", delta, out_size, scale_h, scale_w, mode, align_corners);
   const int C = check_channels(op, delta);
   c10::cuda::CUDAGuard guard(delta.device());
-  Tensor out = empty_value(delta, {N, delta.size(1), OH, OW}, delta.scalar_type());
-  Tensor mask_out = empty_mask(delta, N, OH, OW);
-  const int64_t pixels = N * OH * OW;
-  const bool linear = mode_id == pw::kBilinear;
-  const float sh = linear ? linear_scale(scale_h, H, OH, align_corners) : nearest_scale(scale_h, H, OH);
-  const float sw = linear ? linear_scale(scale_w, W, OW, align_corners) : nearest_scale(scale_w, W, OW);
+  Tensor out = empty_value(delta, {r.n, delta.size(1), r.oh, r.ow}, delta.scalar_type());
+  Tensor mask_out = empty_mask(delta, r.n, r.oh, r.ow);
+  const int64_t pixels = r.n * r.oh * r.ow;
   DC_DISPATCH_ACTIVATION_TYPES(delta.scalar_type(), "deltaconv::interpolate", [&] {
     pw::InterpolateParams<scalar_t> p{cptr<scalar_t>(delta), cptr<bool>(mask), ptr<scalar_t>(out),
-                                      ptr<bool>(mask_out), sh, sw, pixels,
-                                      static_cast<int>(H), static_cast<int>(W), static_cast<int>(OH),
-                                      static_cast<int>(OW), C, 0, mode_id, align_corners};
+                                      ptr<bool>(mask_out), r.scale_h, r.scale_w, pixels,
+                                      static_cast<int>(r.h), static_cast<int>(r.w), static_cast<int>(r.oh),
+                                      static_cast<int>(r.ow), C, 0, r.mode, align_corners};
     const bool vec_ok = C % kVec<scalar_t> == 0 && all_aligned({p.delta, p.out});
     DC_LAUNCH_VEC(pw::interpolate_kernel, p, vec_ok, pixels, C, false);
   });
   return {out, mask_out};
+}
+
+// F.interpolate of a whole map x (channels_last) into a contiguous (NCHW) output.
+Tensor resample(const Tensor& x, at::IntArrayRef out_size, std::optional<double> scale_h,
+                std::optional<double> scale_w, c10::string_view mode, bool align_corners) {
+  const char* op = "resample";
+  check_value(op, "x", x, x);
+  const Resampling r = resampling(op, "x", x, out_size, scale_h, scale_w, mode, align_corners);
+  const int C = check_channels(op, x);
+  c10::cuda::CUDAGuard guard(x.device());
+  Tensor out = at::empty({r.n, x.size(1), r.oh, r.ow}, x.options());
+  const int64_t runs = (r.ow + pw::kResampleRun - 1) / pw::kResampleRun;
+  const int64_t threads = r.n * C * r.oh * runs;
+  if (threads == 0) return out;
+  DC_DISPATCH_ACTIVATION_TYPES(x.scalar_type(), "deltaconv::resample", [&] {
+    pw::ResampleParams<scalar_t> p{cptr<scalar_t>(x), ptr<scalar_t>(out), r.scale_h, r.scale_w, threads,
+                                   static_cast<int>(r.h), static_cast<int>(r.w), static_cast<int>(r.oh),
+                                   static_cast<int>(r.ow), C, r.mode, align_corners};
+    const dim3 grid(static_cast<unsigned>((threads + pw::kThreads - 1) / pw::kThreads));
+    launch_kernel(pw::resample_kernel<scalar_t>, grid, pw::kThreads, 0, stream(), p);
+  });
+  return out;
 }
 
 }  // namespace
@@ -598,6 +634,7 @@ TORCH_LIBRARY_IMPL(deltaconv, CUDA, m) {
   m.impl("mul", &mul);
   m.impl("concatenate", &concatenate);
   m.impl("interpolate", &interpolate);
+  m.impl("resample", &resample);
   m.impl("count_active", &count_active);
 }
 

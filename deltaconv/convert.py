@@ -11,12 +11,11 @@ from typing import Optional, Union
 import torch
 import torch.fx as fx
 import torch.nn as nn
-import torch.nn.functional as F
 from torch.fx.passes.shape_prop import ShapeProp
 
 from . import backends
 from .backends.reference import check_measure
-from .modules import DCActivation, DCAdd, DCConv2d, DCDensify, DCFallback, DCModule, DCSparsify
+from .modules import DCActivation, DCAdd, DCConv2d, DCDensify, DCFallback, DCModule, DCResample, DCSparsify
 from .modules.linear import DCBatchNorm2d, DCConvTranspose2d, DCLinear, DCUpsample
 from .report import ConversionReport, NodeReport
 from .rules import FUNCTION_RULES, MODULE_RULES, PASSTHROUGH_CALLS, PASSTHROUGH_MODULES, Built, Site
@@ -190,15 +189,15 @@ class _Converter:
             up = self._dense_tail_upsample(n)
             if up is not None:  # resample the dense output instead of the deltas
                 src = densify(n.args[0])
-                size, scale = n.kwargs.get("size", up.size), n.kwargs.get("scale_factor", up.scale_factor)
+                resample = DCResample.from_upsample(up)
+                scope, _, leaf = n.target.rpartition(".")
+                path = self._register(scope, f"{leaf}_dense", resample)
                 with self.graph.inserting_before(node):
-                    src = self.graph.call_method("contiguous", (src,))  # PyTorch resamples NCHW faster
-                    out = self.graph.call_function(F.interpolate, (src,), {
-                        "size": size, "scale_factor": scale, "mode": up.mode, "align_corners": up.align_corners})
+                    out = self.graph.call_module(path, (src,), dict(n.kwargs))
                 out.meta = dict(n.meta)
                 for r in self.report.nodes:
                     if r.layer == n.target:
-                        r.status, r.layer, r.dc_class = "dense", "", ""
+                        r.status, r.layer, r.dc_class = "dense", path, "DCResample"
                         r.note = "resamples the dense output, after the densifier"
                 moved.append(n)
             else:

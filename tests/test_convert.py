@@ -13,6 +13,7 @@ import torchvision
 
 import deltaconv
 from deltaconv import DCActivation, DCAdd, DCConv2d, DCFallback, DCMaxPool2d
+from deltaconv.modules import DCResample
 from deltaconv.modules.linear import DeferredSum
 from deltaconv.report import STATUSES
 from helpers import HAS_CUDA, device_backends, make_unet, max_rel_err, randomize_bn, video_frames
@@ -446,7 +447,8 @@ def test_output_upsampling_runs_dense_after_the_densifier(variant, frames):
     plain = deltaconv.convert(model, threshold=0.0, example_input=frames[0], fuse=False)
     dense_nodes = [n for n in fused.report.nodes if n.status == "dense"]
     assert len(dense_nodes) == (3 if variant == "chain" else 1)
-    assert all(n.note and not n.layer for n in dense_nodes) and "dense" in STATUSES
+    assert all(n.note and n.dc_class == "DCResample" for n in dense_nodes) and "dense" in STATUSES
+    assert all(isinstance(fused.get_submodule(n.layer), DCResample) for n in dense_nodes)
     assert not [n for n in plain.report.nodes if n.status == "dense"]
     with torch.no_grad():
         for f in frames:
@@ -456,6 +458,8 @@ def test_output_upsampling_runs_dense_after_the_densifier(variant, frames):
     assert fused.state_bytes() < plain.state_bytes()
     assert not any(s["kind"] == "upsample" for s in fused.stats())
     assert any(s["kind"] == "upsample" for s in plain.stats())
+    y = fused(frames[0])["out"]
+    assert y.is_contiguous()  # the dense resampling writes NCHW
 
 
 class UpsampleReadTwice(nn.Module):

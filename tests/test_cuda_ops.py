@@ -610,6 +610,38 @@ def test_interpolate_area_falls_back():
     assert_active(out_c, out_r, m_r, torch.float32)
 
 
+@pytest.mark.parametrize("resample", RESAMPLES[:3] if QUICK else RESAMPLES, ids=str)
+@pytest.mark.parametrize("mode,align", [("nearest", None), ("nearest-exact", None), ("bilinear", False),
+                                        ("bilinear", True)])
+@pytest.mark.parametrize("c", [3, 21] if QUICK else [1, 3, 21, 64])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_resample(dtype, c, mode, align, resample):
+    """Dense resampling of a channels_last map (the output densifier's) into NCHW: F.interpolate's
+    values (nearest: the same elements; bilinear: within rounding), odd output widths too (the
+    runs of 8 columns that end inside a row)."""
+    size, scale = resample
+    g = gen(19)
+    n, (h, w) = 2, spatial(c)
+    x = torch.randn((n, c, h, w), generator=g, device=DEV).to(dtype).contiguous(memory_format=CL)
+    out_c = dcc.resample(x, size, scale, mode, align)
+    out_r = ref.resample(x, size, scale, mode, align)
+    assert out_c.shape == out_r.shape and out_c.is_contiguous() and out_c.dtype == dtype
+    if mode == "bilinear":
+        torch.testing.assert_close(out_c, out_r, **TOL[dtype])
+    else:
+        assert torch.equal(out_c, out_r)
+
+
+def test_resample_falls_back_and_checks_arguments():
+    x = torch.randn((1, 5, 8, 8), device=DEV).contiguous(memory_format=CL)
+    torch.testing.assert_close(dcc.resample(x, (4, 4), None, "area", None), ref.resample(x, (4, 4), None, "area", None))
+    with pytest.raises(RuntimeError, match=r"resample: argument 'mode' must be 'nearest', 'nearest-exact' or "
+                                           r"'bilinear', got 'bicubic'"):
+        torch.ops.deltaconv.resample(x, [4, 4], None, None, "bicubic", False)
+    with pytest.raises(RuntimeError, match=r"resample: argument 'x' must be channels_last contiguous"):
+        torch.ops.deltaconv.resample(x.contiguous(), [4, 4], None, None, "nearest", False)
+
+
 # ----------------------------------------------------------------------------- count_active
 SHAPES_COUNT = [(1, 1, 1, 1), (2, 1, 7, 9), (1, 1, 33, 65), (3, 1, 270, 481), (1, 1, 1080, 1920)]
 
@@ -703,12 +735,13 @@ def _opcheck_cases():
         ("concatenate", ops.concatenate.default, ([x, st((n, 3, h, w))], [full, full])),
         ("interpolate_nearest", ops.interpolate.default, (x, full, [9, 15], 2.0, 2.0, "nearest", False)),
         ("interpolate_bilinear", ops.interpolate.default, (x, full, [11, 4], None, None, "bilinear", True)),
+        ("resample", ops.resample.default, (x, [11, 19], None, None, "bilinear", False)),
         ("count_active", ops.count_active.default,
          ([full, full[:1]], [torch.zeros(4, dtype=torch.float64, device=DEV) for _ in range(2)])),
     ]
 
 
-@pytest.mark.parametrize("case", range(17))
+@pytest.mark.parametrize("case", range(18))
 def test_opcheck(case):
     name, op, args = _opcheck_cases()[case]
     torch.library.opcheck(op, args)

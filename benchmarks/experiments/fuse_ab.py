@@ -26,6 +26,26 @@ from common import alternate_frames, run_info  # noqa: E402
 VARIANTS = {"fused": True, "separate": False}
 
 
+def resample_timing() -> None:
+    """The output resampling alone, median of 50 calls (CUDA events)."""
+    import torch.nn.functional as F
+    from common import time_cuda
+    from deltaconv.backends import cuda as dc  # loads the extension
+    if not dc.is_available():
+        raise SystemExit(f"fuse_ab: the CUDA backend is unavailable: {dc.unavailable_reason()}")
+    x = torch.randn(1, 21, 135, 240, device="cuda", dtype=torch.float16)
+    cl = x.contiguous(memory_format=torch.channels_last)
+    calls = {
+        "deltaconv resample (channels_last in, NCHW out)":
+            lambda: torch.ops.deltaconv.resample(cl, [1080, 1920], None, None, "bilinear", False),
+        "F.interpolate, NCHW": lambda: F.interpolate(x, size=(1080, 1920), mode="bilinear", align_corners=False),
+        "F.interpolate, channels_last":
+            lambda: F.interpolate(cl, size=(1080, 1920), mode="bilinear", align_corners=False),
+    }
+    for label, fn in calls.items():
+        print(f"resample 21x135x240 -> 1080x1920 fp16 bilinear, {label}: {time_cuda(fn) * 1e3:.1f} us", flush=True)
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--models", nargs="*", default=["resnet50", "fcn_resnet50"])
@@ -38,7 +58,12 @@ def main(argv=None) -> None:
     p.add_argument("--deterministic", action="store_true",
                    help="torch.use_deterministic_algorithms(True): the 3x3 convs keep their tail in the coarse "
                         "launch, so outputs repeat bit for bit from run to run (and the two variants agree)")
+    p.add_argument("--resample-timing", action="store_true",
+                   help="first time the output resampling alone: fcn_resnet50's 21 classes from 135x240 to "
+                        "1080x1920, fp16 bilinear, deltaconv's resample kernel against F.interpolate")
     a = p.parse_args(argv)
+    if a.resample_timing:
+        resample_timing()
     if a.deterministic:
         torch.use_deterministic_algorithms(True)
     import deltaconv

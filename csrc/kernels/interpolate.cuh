@@ -8,6 +8,9 @@
 //   out      [N, C, H_out, W_out] channels_last, written at active output pixels only
 //   mask_out [N, 1, H_out, W_out] bool, every pixel written
 // One pixel group (pixel_group.cuh) per output pixel.
+//
+// resample_kernel: the same arithmetic on a dense map (every pixel; the output densifier's, where a
+// model ends in an upsampling: convert(fuse=True)), reading a channels_last map and writing NCHW.
 #pragma once
 
 #include "pixel_group.cuh"
@@ -109,6 +112,81 @@ __global__ void __launch_bounds__(kThreads) interpolate_kernel(const Interpolate
       r[i] = h0lambda * (w0lambda * v00[i] + w1lambda * v01[i]) + h1lambda * (w0lambda * v10[i] + w1lambda * v11[i]);
     }
     store_f<VEC>(out_row + c, r);
+  }
+}
+
+// ---------------------------------------------------------------- dense resampling
+//   x    [N, C, H_in, W_in]   channels_last (every pixel read)
+//   out  [N, C, H_out, W_out] contiguous (NCHW): each thread writes kResampleRun consecutive columns of
+//        one output row (n, c, oh), with one 16-byte store where the row's length allows
+template <typename T>
+struct ResampleParams {
+  const T* x;
+  T* out;
+  float scale_h, scale_w;  // as InterpolateParams
+  int64_t threads;         // N * C * H_out * runs per row
+  int in_h, in_w, out_h, out_w;
+  int channels, mode;
+  bool align_corners;
+};
+
+constexpr int kResampleRun = 8;
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) resample_kernel(const ResampleParams<T> p) {
+  grid_dependency_sync();
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= p.threads) return;
+  const int runs = (p.out_w + kResampleRun - 1) / kResampleRun;
+  const int ow0 = static_cast<int>(t % runs) * kResampleRun;
+  const int64_t row = t / runs;  // (n * C + c) * H_out + oh
+  const int oh = static_cast<int>(row % p.out_h);
+  const int64_t nc = row / p.out_h;
+  const int C = p.channels;
+  const int c = static_cast<int>(nc % C);
+  const T* x = p.x + (nc / C) * p.in_h * p.in_w * C + c;  // channel c of image n; pixel q at x[q * C]
+  float r[kResampleRun];
+  if (p.mode != kBilinear) {
+    const bool exact = p.mode == kNearestExact;
+    const T* in_row = x + static_cast<int64_t>(nearest_source(p.scale_h, oh, p.in_h, exact)) * p.in_w * C;
+#pragma unroll
+    for (int j = 0; j < kResampleRun; ++j) {
+      const int ow = min(ow0 + j, p.out_w - 1);
+      r[j] = to_f<T>(in_row[static_cast<int64_t>(nearest_source(p.scale_w, ow, p.in_w, exact)) * C]);
+    }
+  } else {
+    const float h1r = linear_source(p.scale_h, oh, p.align_corners);
+    const int h1 = static_cast<int>(h1r);
+    const int h1p = (h1 < p.in_h - 1) ? 1 : 0;
+    const float h1lambda = h1r - h1;
+    const float h0lambda = 1.f - h1lambda;
+    const T* row0 = x + static_cast<int64_t>(h1) * p.in_w * C;
+    const T* row1 = row0 + static_cast<int64_t>(h1p) * p.in_w * C;
+#pragma unroll
+    for (int j = 0; j < kResampleRun; ++j) {
+      const int ow = min(ow0 + j, p.out_w - 1);
+      const float w1r = linear_source(p.scale_w, ow, p.align_corners);
+      const int w1 = static_cast<int>(w1r);
+      const int w1p = (w1 < p.in_w - 1) ? 1 : 0;
+      const float w1lambda = w1r - w1;
+      const float w0lambda = 1.f - w1lambda;
+      const int64_t a = static_cast<int64_t>(w1) * C, b = a + static_cast<int64_t>(w1p) * C;
+      r[j] = h0lambda * (w0lambda * to_f<T>(row0[a]) + w1lambda * to_f<T>(row0[b])) +
+             h1lambda * (w0lambda * to_f<T>(row1[a]) + w1lambda * to_f<T>(row1[b]));
+    }
+  }
+  T* out = p.out + row * p.out_w + ow0;
+  constexpr int kPack = 16 / sizeof(T) < kResampleRun ? 16 / sizeof(T) : kResampleRun;
+  if (ow0 + kResampleRun <= p.out_w && (reinterpret_cast<uintptr_t>(out) % (kPack * sizeof(T))) == 0) {
+#pragma unroll
+    for (int j = 0; j < kResampleRun; j += kPack) {
+      float v[kPack];
+#pragma unroll
+      for (int i = 0; i < kPack; ++i) v[i] = r[j + i];
+      store_f<kPack>(out + j, v);
+    }
+  } else {
+    for (int j = 0; j < kResampleRun && ow0 + j < p.out_w; ++j) out[j] = from_f<T>(r[j]);
   }
 }
 

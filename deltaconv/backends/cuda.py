@@ -29,8 +29,8 @@ Tensor = torch.Tensor
 
 _LOADED = _extension.load()
 _OPS = ("sparsify", "densify", "activation", "add_activation", "affine_channel", "add", "mul", "concatenate",
-        "interpolate", "conv2d", "conv_transpose2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "linear",
-        "count_active")
+        "interpolate", "resample", "conv2d", "conv_transpose2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d",
+        "linear", "count_active")
 
 
 def _registered_cuda_kernels() -> frozenset:
@@ -508,6 +508,25 @@ def _interpolate_fake(delta, mask, out_size, scale_h, scale_w, mode, align_corne
     n, c = delta.shape[:2]
     oh, ow = out_size
     return _empty_value(delta, (n, c, oh, ow)), _empty_mask(delta, n, oh, ow)
+
+
+def resample(x: Tensor, size, scale_factor, mode: str, align_corners: Optional[bool]) -> Tensor:
+    """``F.interpolate`` of a dense map (the output densifier's, where a model ends in an
+    upsampling), into a contiguous (NCHW) tensor (kernel: nearest, nearest-exact, bilinear)."""
+    sizes_ok = (size is None) != (scale_factor is None) and (
+        size is None or isinstance(size, int) or len(size) == 2) and (
+        scale_factor is None or not isinstance(scale_factor, (list, tuple)) or len(scale_factor) == 2)
+    if not (sizes_ok and _native("resample", x) and x.dim() == 4 and x.dtype in _ACT_DTYPES
+            and mode in ("nearest", "nearest-exact", "bilinear")):
+        return _ref.resample(x, size, scale_factor, mode, align_corners)
+    out_size, sh, sw = _interpolate_args(x.shape, size, scale_factor)
+    return torch.ops.deltaconv.resample(_value4(x), out_size, sh, sw, mode,
+                                        bool(align_corners) if mode == "bilinear" else False)
+
+
+@_fake("resample")
+def _resample_fake(x, out_size, scale_h, scale_w, mode, align_corners):
+    return x.new_empty((x.shape[0], x.shape[1], out_size[0], out_size[1]))
 
 
 def max_pool2d(delta: Tensor, mask: Tensor, acc: Tensor, sent: Tensor, kernel_size, stride, padding, dilation,

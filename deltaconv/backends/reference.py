@@ -322,6 +322,14 @@ def interpolate(delta: Tensor, mask: Tensor, size, scale_factor, mode: str,
     return linear_spatial(delta, mask, op)
 
 
+def resample(x: Tensor, size, scale_factor, mode: str, align_corners: Optional[bool]) -> Tensor:
+    """``F.interpolate`` of a dense map (the output densifier's, where a model ends in an
+    upsampling), into a contiguous (NCHW) tensor: PyTorch resamples NCHW several times faster than
+    channels_last."""
+    ac = align_corners if mode in ("linear", "bilinear", "bicubic", "trilinear") else None
+    return F.interpolate(x.contiguous(), size=size, scale_factor=scale_factor, mode=mode, align_corners=ac)
+
+
 def max_pool2d(delta: Tensor, mask: Tensor, acc: Tensor, sent: Tensor, kernel_size, stride, padding, dilation,
                ceil_mode: bool, threshold: float, key: Optional[Tensor],
                measure: str = "max") -> tuple[Tensor, Tensor]:

@@ -2,13 +2,14 @@
 in :mod:`.nonlinear`, the input sparsifier and output densifier in :mod:`.boundary`; the frame
 context in :mod:`.base`, with the CUDA convolutions' counters of :mod:`.work_counters`."""
 from .base import DCModule, FrameContext
-from .boundary import DCDensify, DCSparsify
+from .boundary import DCDensify, DCResample, DCSparsify
 from .linear import (DCAdaptiveAvgPool2d, DCAdd, DCAvgPool2d, DCBatchNorm2d, DCConcatenate, DCConv2d,
                      DCConvTranspose2d, DCFunctionalConv2d, DCFunctionalLinear, DCLinear, DCLinearFunction, DCScale,
                      DCUpsample)
 from .nonlinear import DCActivation, DCFallback, DCMaxPool2d, DCMul
 from .work_counters import WorkCounters
 
-__all__ = ["DCModule", "FrameContext", "DCSparsify", "DCDensify", "DCConv2d", "DCConvTranspose2d", "DCLinear",
-           "DCBatchNorm2d", "DCAvgPool2d", "DCAdaptiveAvgPool2d", "DCUpsample", "DCAdd", "DCScale",
-           "DCLinearFunction", "DCFunctionalConv2d", "DCFunctionalLinear", "DCConcatenate", "DCActivation", "DCMul", "DCMaxPool2d", "DCFallback", "WorkCounters"]
+__all__ = ["DCModule", "FrameContext", "DCSparsify", "DCDensify", "DCResample", "DCConv2d", "DCConvTranspose2d",
+           "DCLinear", "DCBatchNorm2d", "DCAvgPool2d", "DCAdaptiveAvgPool2d", "DCUpsample", "DCAdd", "DCScale",
+           "DCLinearFunction", "DCFunctionalConv2d", "DCFunctionalLinear", "DCConcatenate", "DCActivation", "DCMul",
+           "DCMaxPool2d", "DCFallback", "WorkCounters"]

@@ -1,4 +1,5 @@
-"""Where dense tensors enter and leave a converted model: the sparsifier and the densifier."""
+"""Where dense tensors enter and leave a converted model: the sparsifier, the densifier, and the
+dense resampling after a densifier where a model ends in an upsampling."""
 from __future__ import annotations
 
 import torch
@@ -47,3 +48,26 @@ class DCDensify(DCModule):
     def forward(self, delta: Delta) -> torch.Tensor:
         acc = self.state("acc", delta.shape, delta.device, delta.dtype)
         return self.ops.densify(delta.value, delta.mask, acc, delta.dtype)
+
+
+class DCResample(DCModule):
+    """A model's final upsampling (``F.interpolate``, ``nn.Upsample``) run on the dense output, after
+    the densifier (``convert(fuse=True)``): it reads the smaller map and writes the output once, as
+    the densifier would have; the output is contiguous (NCHW). Stateless; ``size`` may also arrive
+    per call."""
+
+    kind = "resample"
+
+    def __init__(self, size=None, scale_factor=None, mode: str = "nearest", align_corners=None) -> None:
+        super().__init__()
+        self.size, self.scale_factor, self.mode, self.align_corners = size, scale_factor, mode, align_corners
+
+    @classmethod
+    def from_upsample(cls, up) -> "DCResample":
+        """The dense counterpart of a :class:`~deltaconv.modules.DCUpsample`."""
+        return cls(up.size, up.scale_factor, up.mode, up.align_corners)
+
+    def forward(self, x: torch.Tensor, size=None, scale_factor=None) -> torch.Tensor:
+        size = self.size if size is None else size
+        scale = self.scale_factor if scale_factor is None else scale_factor
+        return self.ops.resample(x, size, scale, self.mode, self.align_corners)
