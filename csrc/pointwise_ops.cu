@@ -258,24 +258,6 @@ struct activation_kernel_of {
   static constexpr auto kernel = pw::activation_kernel<T, VEC, KIND, RESIDUAL>;
 };
 
-// Launches the activation kernel for `p` (its log2_lanes set here). The common kinds run with the
-// activation fixed at compile time; with a residual only ReLU is fixed (the others switch).
-template <bool RESIDUAL, typename scalar_t>
-void launch_activation(pw::ActivationParams<scalar_t>& p, bool vec_ok) {
-  const int64_t pixels = p.pixels;
-  const int C = p.channels;
-  using Relu = activation_kernel_of<pw::kRelu, RESIDUAL>;
-  using Relu6 = activation_kernel_of<pw::kRelu6, false>;
-  using AnyKind = activation_kernel_of<pw::kAnyKind, RESIDUAL>;
-  if (p.kind == pw::kRelu) {
-    DC_LAUNCH_VEC(Relu::template kernel, p, vec_ok, pixels, C, true);
-  } else if (p.kind == pw::kRelu6 && !RESIDUAL) {
-    DC_LAUNCH_VEC(Relu6::template kernel, p, vec_ok, pixels, C, true);
-  } else {
-    DC_LAUNCH_VEC(AnyKind::template kernel, p, vec_ok, pixels, C, true);
-  }
-}
-
 // The activation, with the residual add before it when `delta_b` is given (add_activation: its
 // operands delta_a = delta, delta_b, their masks, alpha); returns (out, mask_out, the add's mask or
 // an undefined tensor).
@@ -313,10 +295,22 @@ std::tuple<Tensor, Tensor, Tensor> run_activation(const char* op, const Tensor& 
                                      residual ? ptr<bool>(mask_sum) : nullptr, static_cast<float>(alpha)};
     const bool vec_ok = C % kVec<scalar_t> == 0 && all_aligned({p.delta, p.acc, p.sent, p.out}) &&
                         (!residual || all_aligned({p.delta_b}));
-    if (residual) {
-      launch_activation<true>(p, vec_ok);
+    // the common kinds with the activation fixed at compile time (with a residual: ReLU only)
+    using Relu = activation_kernel_of<pw::kRelu, false>;
+    using Relu6 = activation_kernel_of<pw::kRelu6, false>;
+    using AnyKind = activation_kernel_of<pw::kAnyKind, false>;
+    using ReluSum = activation_kernel_of<pw::kRelu, true>;
+    using AnyKindSum = activation_kernel_of<pw::kAnyKind, true>;
+    if (residual && kind_id == pw::kRelu) {
+      DC_LAUNCH_VEC(ReluSum::kernel, p, vec_ok, pixels, C, true);
+    } else if (residual) {
+      DC_LAUNCH_VEC(AnyKindSum::kernel, p, vec_ok, pixels, C, true);
+    } else if (kind_id == pw::kRelu) {
+      DC_LAUNCH_VEC(Relu::kernel, p, vec_ok, pixels, C, true);
+    } else if (kind_id == pw::kRelu6) {
+      DC_LAUNCH_VEC(Relu6::kernel, p, vec_ok, pixels, C, true);
     } else {
-      launch_activation<false>(p, vec_ok);
+      DC_LAUNCH_VEC(AnyKind::kernel, p, vec_ok, pixels, C, true);
     }
   });
   return {out, mask_out, mask_sum};
@@ -561,6 +555,9 @@ std::tuple<Tensor, Tensor> interpolate(const Tensor& delta, const Tensor& mask, 
   return {out, mask_out};
 }
 
+// Input rows one output row reads: two for bilinear, one for the nearest modes.
+int mode_rows(int mode) { return mode == pw::kBilinear ? 2 : 1; }
+
 // F.interpolate of a whole map x (channels_last) into a contiguous (NCHW) output.
 Tensor resample(const Tensor& x, at::IntArrayRef out_size, std::optional<double> scale_h,
                 std::optional<double> scale_w, c10::string_view mode, bool align_corners) {
@@ -577,8 +574,15 @@ Tensor resample(const Tensor& x, at::IntArrayRef out_size, std::optional<double>
     pw::ResampleParams<scalar_t> p{cptr<scalar_t>(x), ptr<scalar_t>(out), r.scale_h, r.scale_w, threads,
                                    static_cast<int>(r.h), static_cast<int>(r.w), static_cast<int>(r.oh),
                                    static_cast<int>(r.ow), C, r.mode, align_corners};
-    const dim3 grid(static_cast<unsigned>((threads + pw::kThreads - 1) / pw::kThreads));
-    launch_kernel(pw::resample_kernel<scalar_t>, grid, pw::kThreads, 0, stream(), p);
+    // one block per output row, its input rows in shared memory, where they fit in the default 48 KiB
+    const int64_t smem = (mode_rows(r.mode)) * r.w * C * static_cast<int64_t>(sizeof(scalar_t));
+    if (smem <= 48 * 1024 && r.n * r.oh < (int64_t{1} << 31)) {
+      launch_kernel(pw::resample_rows_kernel<scalar_t>, dim3(static_cast<unsigned>(r.n * r.oh)), pw::kThreads,
+                    static_cast<size_t>(smem), stream(), p);
+    } else {
+      const dim3 grid(static_cast<unsigned>((threads + pw::kThreads - 1) / pw::kThreads));
+      launch_kernel(pw::resample_kernel<scalar_t>, grid, pw::kThreads, 0, stream(), p);
+    }
   });
   return out;
 }

@@ -632,6 +632,18 @@ def test_resample(dtype, c, mode, align, resample):
         assert torch.equal(out_c, out_r)
 
 
+@pytest.mark.parametrize("mode,width", [("bilinear", 200), ("nearest", 400)])
+def test_resample_rows_too_wide_for_shared_memory(mode, width):
+    """Input rows (two for bilinear, one for nearest) larger than 48 KiB: the kernel that reads every
+    neighbour from global memory instead of a row per block in shared memory, same results."""
+    g = gen(24)
+    x = torch.randn((2, 64, 5, width), generator=g, device=DEV).half().contiguous(memory_format=CL)
+    for size, scale in (((9, 2 * width - 3), None), (None, 1.5)):
+        out_c = dcc.resample(x, size, scale, mode, False)
+        out_r = ref.resample(x, size, scale, mode, False)
+        torch.testing.assert_close(out_c, out_r, **TOL[torch.float16])
+
+
 def test_resample_falls_back_and_checks_arguments():
     x = torch.randn((1, 5, 8, 8), device=DEV).contiguous(memory_format=CL)
     torch.testing.assert_close(dcc.resample(x, (4, 4), None, "area", None), ref.resample(x, (4, 4), None, "area", None))

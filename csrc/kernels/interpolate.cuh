@@ -190,5 +190,87 @@ __global__ void __launch_bounds__(kThreads) resample_kernel(const ResampleParams
   }
 }
 
+// resample_rows_kernel: the same output, one block per output row (n, oh) for every channel. The
+// block first copies the one or two input rows it reads ([W_in, C] each, channels_last order) into
+// shared memory (smem_rows * W_in * C elements of T, dynamic), then each thread computes runs of
+// kResampleRun columns, channel by channel, from shared memory. The launcher uses it when the rows
+// fit in shared memory; resample_kernel (every neighbour read from global memory) otherwise.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) resample_rows_kernel(const ResampleParams<T> p) {
+  grid_dependency_sync();
+  extern __shared__ __align__(16) unsigned char resample_smem[];
+  T* rows = reinterpret_cast<T*>(resample_smem);
+  const int oh = static_cast<int>(blockIdx.x % p.out_h);
+  const int64_t n = blockIdx.x / p.out_h;
+  const int C = p.channels;
+  const int64_t row_elems = static_cast<int64_t>(p.in_w) * C;
+  const bool linear = p.mode == kBilinear;
+  int h1, h1p = 0;
+  float h1lambda = 0.f;
+  if (linear) {
+    const float h1r = linear_source(p.scale_h, oh, p.align_corners);
+    h1 = static_cast<int>(h1r);
+    h1p = (h1 < p.in_h - 1) ? 1 : 0;
+    h1lambda = h1r - h1;
+  } else {
+    h1 = nearest_source(p.scale_h, oh, p.in_h, p.mode == kNearestExact);
+  }
+  const float h0lambda = 1.f - h1lambda;
+  const T* src = p.x + (n * p.in_h + h1) * row_elems;
+  const int n_rows = linear ? 2 : 1;
+  for (int64_t i = threadIdx.x; i < n_rows * row_elems; i += blockDim.x) {
+    rows[i] = i < row_elems ? src[i] : src[h1p * row_elems + (i - row_elems)];
+  }
+  __syncthreads();
+  const T* row1 = rows + (linear ? row_elems : 0);
+  const int runs = (p.out_w + kResampleRun - 1) / kResampleRun;
+  constexpr int kPack = 16 / sizeof(T) < kResampleRun ? 16 / sizeof(T) : kResampleRun;
+  for (int run = threadIdx.x; run < runs; run += blockDim.x) {
+    const int ow0 = run * kResampleRun;
+    int a[kResampleRun], b[kResampleRun];  // element offsets of the left / right neighbour (channel 0)
+    float w1l[kResampleRun];
+#pragma unroll
+    for (int j = 0; j < kResampleRun; ++j) {
+      const int ow = min(ow0 + j, p.out_w - 1);
+      if (linear) {
+        const float w1r = linear_source(p.scale_w, ow, p.align_corners);
+        const int w1 = static_cast<int>(w1r);
+        a[j] = w1 * C;
+        b[j] = a[j] + ((w1 < p.in_w - 1) ? C : 0);
+        w1l[j] = w1r - w1;
+      } else {
+        a[j] = b[j] = nearest_source(p.scale_w, ow, p.in_w, p.mode == kNearestExact) * C;
+        w1l[j] = 0.f;
+      }
+    }
+    T* out = p.out + ((n * C) * p.out_h + oh) * p.out_w + ow0;
+    const bool full = ow0 + kResampleRun <= p.out_w;
+    for (int c = 0; c < C; ++c, out += static_cast<int64_t>(p.out_h) * p.out_w) {
+      float r[kResampleRun];
+#pragma unroll
+      for (int j = 0; j < kResampleRun; ++j) {
+        if (linear) {
+          const float w0l = 1.f - w1l[j];
+          r[j] = h0lambda * (w0l * to_f<T>(rows[a[j] + c]) + w1l[j] * to_f<T>(rows[b[j] + c])) +
+                 h1lambda * (w0l * to_f<T>(row1[a[j] + c]) + w1l[j] * to_f<T>(row1[b[j] + c]));
+        } else {
+          r[j] = to_f<T>(rows[a[j] + c]);
+        }
+      }
+      if (full && (reinterpret_cast<uintptr_t>(out) % (kPack * sizeof(T))) == 0) {
+#pragma unroll
+        for (int j = 0; j < kResampleRun; j += kPack) {
+          float v[kPack];
+#pragma unroll
+          for (int i = 0; i < kPack; ++i) v[i] = r[j + i];
+          store_f<kPack>(out + j, v);
+        }
+      } else {
+        for (int j = 0; j < kResampleRun && ow0 + j < p.out_w; ++j) out[j] = from_f<T>(r[j]);
+      }
+    }
+  }
+}
+
 }  // namespace pw
 }  // namespace deltaconv
