@@ -9,8 +9,9 @@
 //   mask_out [N, 1, H_out, W_out] bool, every pixel written
 // One pixel group (pixel_group.cuh) per output pixel.
 //
-// resample_kernel: the same arithmetic on a dense map (every pixel; the output densifier's, where a
-// model ends in an upsampling: convert(fuse=True)), reading a channels_last map and writing NCHW.
+// resample_rows_kernel / resample_kernel: the same arithmetic on a dense map (every pixel; the output
+// densifier's, where a model ends in an upsampling: convert(fuse=True)), reading a channels_last map
+// and writing NCHW.
 #pragma once
 
 #include "pixel_group.cuh"
@@ -132,6 +133,24 @@ struct ResampleParams {
 
 constexpr int kResampleRun = 8;
 
+// Stores a run r[0 .. kResampleRun) of output columns at `out` (a row of the NCHW output), of which
+// the first `valid` exist: 16-byte stores when the run is whole and `out` aligned, else one by one.
+template <typename T>
+__device__ __forceinline__ void store_run(T* out, const float (&r)[kResampleRun], int valid) {
+  constexpr int kPack = 16 / sizeof(T) < kResampleRun ? 16 / sizeof(T) : kResampleRun;
+  if (valid >= kResampleRun && (reinterpret_cast<uintptr_t>(out) % (kPack * sizeof(T))) == 0) {
+#pragma unroll
+    for (int j = 0; j < kResampleRun; j += kPack) {
+      float v[kPack];
+#pragma unroll
+      for (int i = 0; i < kPack; ++i) v[i] = r[j + i];
+      store_f<kPack>(out + j, v);
+    }
+  } else {
+    for (int j = 0; j < kResampleRun && j < valid; ++j) out[j] = from_f<T>(r[j]);
+  }
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kThreads) resample_kernel(const ResampleParams<T> p) {
   grid_dependency_sync();
@@ -175,19 +194,7 @@ __global__ void __launch_bounds__(kThreads) resample_kernel(const ResampleParams
              h1lambda * (w0lambda * to_f<T>(row1[a]) + w1lambda * to_f<T>(row1[b]));
     }
   }
-  T* out = p.out + row * p.out_w + ow0;
-  constexpr int kPack = 16 / sizeof(T) < kResampleRun ? 16 / sizeof(T) : kResampleRun;
-  if (ow0 + kResampleRun <= p.out_w && (reinterpret_cast<uintptr_t>(out) % (kPack * sizeof(T))) == 0) {
-#pragma unroll
-    for (int j = 0; j < kResampleRun; j += kPack) {
-      float v[kPack];
-#pragma unroll
-      for (int i = 0; i < kPack; ++i) v[i] = r[j + i];
-      store_f<kPack>(out + j, v);
-    }
-  } else {
-    for (int j = 0; j < kResampleRun && ow0 + j < p.out_w; ++j) out[j] = from_f<T>(r[j]);
-  }
+  store_run<T>(p.out + row * p.out_w + ow0, r, p.out_w - ow0);
 }
 
 // resample_rows_kernel: the same output, one block per output row (n, oh) for every channel. The
@@ -224,7 +231,6 @@ __global__ void __launch_bounds__(kThreads) resample_rows_kernel(const ResampleP
   __syncthreads();
   const T* row1 = rows + (linear ? row_elems : 0);
   const int runs = (p.out_w + kResampleRun - 1) / kResampleRun;
-  constexpr int kPack = 16 / sizeof(T) < kResampleRun ? 16 / sizeof(T) : kResampleRun;
   for (int run = threadIdx.x; run < runs; run += blockDim.x) {
     const int ow0 = run * kResampleRun;
     int a[kResampleRun], b[kResampleRun];  // element offsets of the left / right neighbour (channel 0)
@@ -244,7 +250,6 @@ __global__ void __launch_bounds__(kThreads) resample_rows_kernel(const ResampleP
       }
     }
     T* out = p.out + ((n * C) * p.out_h + oh) * p.out_w + ow0;
-    const bool full = ow0 + kResampleRun <= p.out_w;
     for (int c = 0; c < C; ++c, out += static_cast<int64_t>(p.out_h) * p.out_w) {
       float r[kResampleRun];
 #pragma unroll
@@ -257,17 +262,7 @@ __global__ void __launch_bounds__(kThreads) resample_rows_kernel(const ResampleP
           r[j] = to_f<T>(rows[a[j] + c]);
         }
       }
-      if (full && (reinterpret_cast<uintptr_t>(out) % (kPack * sizeof(T))) == 0) {
-#pragma unroll
-        for (int j = 0; j < kResampleRun; j += kPack) {
-          float v[kPack];
-#pragma unroll
-          for (int i = 0; i < kPack; ++i) v[i] = r[j + i];
-          store_f<kPack>(out + j, v);
-        }
-      } else {
-        for (int j = 0; j < kResampleRun && ow0 + j < p.out_w; ++j) out[j] = from_f<T>(r[j]);
-      }
+      store_run<T>(out, r, p.out_w - ow0);
     }
   }
 }
