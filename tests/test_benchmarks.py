@@ -221,3 +221,22 @@ def test_time_in_graph_is_per_call_and_leaves_out_the_graph_launch():
     per_call = common.time_in_graph(lambda: x.add_(1), calls=20)
     # a 4 MiB add takes a few us; one replay of a one-call graph adds the host's launch to it
     assert 0 < per_call < one
+
+
+def test_calibration_holdout_windows_and_whole_stretch():
+    ch = load("calibration_holdout")
+    errors = [0.01, 0.03, 0.02, 0.05, 0.04]
+    rows = ch.window_rows(errors, [0.5, 0.7, 0.6, 0.8, 0.9], window=2)
+    assert [r["window"] for r in rows] == ["0", "1", "2", "all"]
+    assert [r["frames"] for r in rows] == [2, 2, 1, 5] and [r["first"] for r in rows] == [0, 2, 4, 0]
+    assert rows[1]["rel_err_max"] == 0.05 and rows[1]["rel_err_mean"] == pytest.approx(0.035)
+    assert rows[-1]["rel_err_max"] == 0.05 and rows[-1]["density"] == pytest.approx(0.7)
+    with pytest.raises(SystemExit):
+        ch.main(["--window", "0"])
+
+
+def test_calibration_holdout_files_exist_and_name_their_video():
+    ch = load("calibration_holdout")
+    for name, video in ch.FILES.items():
+        assert (BENCH / "results" / name).is_file(), name
+        assert video in ("vtest.avi", "one-by-one-person-detection.mp4")
