@@ -11,6 +11,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -166,6 +167,9 @@ unsigned persistent_grid(void (*kernel)(KArgs...), int threads, int64_t wanted) 
 }
 
 inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+// Whether `p` is 16-byte aligned (a 16-byte vector load or store may use it).
+inline bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15) == 0; }
 
 // The rms measure's limit on sum_c change^2 for `threshold` over `channels` channels (sqrt of the
 // mean > threshold), or -1 for the max measure (what the kernels' PendingSize tests read). Below a

@@ -1020,6 +1020,21 @@ std::tuple<Tensor, Tensor> max_pool2d_cuda(const Tensor& delta, const Tensor& ma
                     reinterpret_cast<const scalar_t*>(x.const_data_ptr()), m.data_ptr<bool>(), acc.data_ptr<float>(),
                     as, (int)C, (int)H, (int)W, in_pix);
     }
+    // channels_last states, C % 4 == 0 and C <= 512: the vectorised kernel (y is channels_last)
+    const bool cl = acc.is_contiguous(at::MemoryFormat::ChannelsLast) &&
+                    sent.is_contiguous(at::MemoryFormat::ChannelsLast) && C % conv::kMaxpoolVec == 0 &&
+                    C <= 32 * conv::kMaxpoolVec * conv::kMaxpoolChunks && aligned16(acc.data_ptr()) &&
+                    aligned16(sent.data_ptr()) && aligned16(y.data_ptr());
+    if (cl) {
+      int log2_lanes = 0;
+      while ((1 << log2_lanes) * conv::kMaxpoolVec < C && log2_lanes < 5) ++log2_lanes;
+      const auto kernel = conv::maxpool_out_cl_kernel<scalar_t>;
+      launch_kernel(kernel, persistent_grid(kernel, 256, ((total_pix << log2_lanes) + 255) / 256), 256, 0, stream,
+                    m.data_ptr<bool>(), acc.data_ptr<float>(), reinterpret_cast<scalar_t*>(sent.data_ptr()),
+                    key_ptr(key), reinterpret_cast<scalar_t*>(y.data_ptr()), mask_out.data_ptr<bool>(), g,
+                    static_cast<float>(threshold), rms_limit(rms, threshold, C), total_pix, log2_lanes);
+      return;
+    }
     launch_kernel(conv::maxpool_out_kernel<scalar_t>,
                   persistent_grid(conv::maxpool_out_kernel<scalar_t>, 256, (total_pix * 32 + 255) / 256), 256, 0, stream,
                   m.data_ptr<bool>(), acc.data_ptr<float>(), as, reinterpret_cast<scalar_t*>(sent.data_ptr()), ss,

@@ -108,8 +108,6 @@ int check_channels(const char* op, const Tensor& t) {
 template <typename T>
 constexpr int kVec = 16 / static_cast<int>(sizeof(T));
 
-bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15) == 0; }
-
 bool all_aligned(std::initializer_list<const void*> ptrs) {
   for (const void* p : ptrs)
     if (p != nullptr && !aligned16(p)) return false;

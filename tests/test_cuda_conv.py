@@ -867,6 +867,11 @@ MAXPOOL_CASES = [
     (96, 5, 3, 2, 1, True, (31, 45)),
     (33, (3, 2), (2, 1), (1, 0), (1, 2), True, (13, 17)),
     (8, 3, 1, 1, 1, False, (600, 640)),  # more pixels than the persistent kernels' resident threads
+    # channels_last states with C % 4 == 0 and C <= 512 take maxpool_out_cl_kernel: one lane, several
+    # chunks of 128 channels per lane group; 516 channels take maxpool_out_kernel
+    (4, 3, 2, 1, 1, True, (13, 17)),
+    (256, 3, 2, 1, 1, False, (13, 17)),
+    (516, 2, 2, 0, 1, False, (7, 9)),
 ]
 
 

@@ -5,6 +5,9 @@
 //   maxpool_out_kernel     a warp per output pixel: region = window holds an active pixel;
 //                          y = max(acc) over the window; send y - sent when its size (max or rms
 //                          over the channels, pw::PendingSize) > thr (or key): pw::send_element
+//   maxpool_out_cl_kernel  the same for channels_last acc and sent with C % 4 == 0, C <= 512: a
+//                          group of C / 4 lanes (at most 32) per output pixel, 16-byte acc loads,
+//                          the window maxima kept in registers from the send decision to the send
 //   avgpool_kernel         one thread per output element; mask = window holds an active pixel
 //   adaptive_avgpool_kernel one block per (output pixel, 32 channels, chunk of 64 window pixels),
 //     adaptive_avgpool_finish_kernel  then one thread per output element sums the chunks in order
@@ -65,6 +68,27 @@ __device__ __forceinline__ float maxpool_window(const float* __restrict__ acc, c
   return y;
 }
 
+// The settle step of the max pooling output kernels: whether output pixel `pix`'s window holds an
+// active input pixel (else its mask_out is written false here).
+__device__ __forceinline__ bool maxpool_window_active(const bool* __restrict__ mask, bool* __restrict__ mask_out,
+                                                      const PoolGeom& g, int64_t pix) {
+  const int ow = (int)(pix % g.Wo);
+  const long long t = pix / g.Wo;
+  const int oh = (int)(t % g.Ho);
+  const bool* mn = mask + (t / g.Ho) * g.H * g.W;
+  const int hs = oh * g.sh - g.ph, ws = ow * g.sw - g.pw;
+  for (int ky = 0; ky < g.KH; ++ky) {
+    const int ih = hs + ky * g.dh;
+    if (ih < 0 || ih >= g.H) continue;
+    for (int kx = 0; kx < g.KW; ++kx) {
+      const int iw = ws + kx * g.dw;
+      if (iw >= 0 && iw < g.W && mn[ih * g.W + iw]) return true;
+    }
+  }
+  mask_out[pix] = false;
+  return false;
+}
+
 // Persistent warps (pw::for_each_active_pixel): one lane tests an output pixel's window for an
 // active input pixel; a warp per output pixel whose window has one, its 32 lanes striding over the
 // channels.
@@ -75,23 +99,7 @@ __global__ void __launch_bounds__(256)
                        bool* __restrict__ mask_out, PoolGeom g, float threshold, float rms_limit,
                        long long total_pix) {
   grid_dependency_sync();
-  const auto settle = [&](int64_t pix) {
-    const int ow = (int)(pix % g.Wo);
-    const long long t = pix / g.Wo;
-    const int oh = (int)(t % g.Ho);
-    const bool* mn = mask + (t / g.Ho) * g.H * g.W;
-    const int hs = oh * g.sh - g.ph, ws = ow * g.sw - g.pw;
-    for (int ky = 0; ky < g.KH; ++ky) {
-      const int ih = hs + ky * g.dh;
-      if (ih < 0 || ih >= g.H) continue;
-      for (int kx = 0; kx < g.KW; ++kx) {
-        const int iw = ws + kx * g.dw;
-        if (iw >= 0 && iw < g.W && mn[ih * g.W + iw]) return true;
-      }
-    }
-    mask_out[pix] = false;
-    return false;
-  };
+  const auto settle = [&](int64_t pix) { return maxpool_window_active(mask, mask_out, g, pix); };
   pw::for_each_active_pixel(total_pix, 5, settle, [&](const pw::PixelGroup& warp) {
     const long long pix = warp.pixel;
     const int lane = warp.lane;
@@ -114,6 +122,70 @@ __global__ void __launch_bounds__(256)
       float s = to_f(*sp);
       yp[c] = from_f<T>(pw::send_element<T>(maxpool_window(acc, as, g, n, c, hs, ws), s));
       *sp = from_f<T>(s);
+    }
+  });
+}
+
+constexpr int kMaxpoolVec = 4;     // channels per lane and load (a float4 of acc)
+constexpr int kMaxpoolChunks = 4;  // channel chunks of 32 lanes x 4 a lane holds: C <= 512
+
+// acc [N, C, H, W] and sent [N, C, Ho, Wo] channels_last (C % 4 == 0, C <= 512, 16-byte aligned);
+// y [N, C, Ho, Wo] channels_last. log2_lanes: lanes per output pixel, C / 4 rounded up to a power of
+// two (at most 32). Same results as maxpool_out_kernel (the same window order and NaN rule).
+template <typename T>
+__global__ void __launch_bounds__(256)
+    maxpool_out_cl_kernel(const bool* __restrict__ mask, const float* __restrict__ acc, T* __restrict__ sent,
+                          const bool* __restrict__ key, T* __restrict__ y, bool* __restrict__ mask_out, PoolGeom g,
+                          float threshold, float rms_limit, long long total_pix, int log2_lanes) {
+  grid_dependency_sync();
+  const auto settle = [&](int64_t pix) { return maxpool_window_active(mask, mask_out, g, pix); };
+  pw::for_each_active_pixel(total_pix, log2_lanes, settle, [&](const pw::PixelGroup& grp) {
+    const long long pix = grp.pixel;
+    const int ow = (int)(pix % g.Wo);
+    const long long t = pix / g.Wo;
+    const int oh = (int)(t % g.Ho);
+    const long long n = t / g.Ho;
+    const int hs = oh * g.sh - g.ph, ws = ow * g.sw - g.pw;
+    const float* an = acc + n * g.H * g.W * (long long)g.C;
+    const int step = grp.lanes * kMaxpoolVec;
+    float mx[kMaxpoolChunks][kMaxpoolVec];
+    pw::PendingSize size;
+#pragma unroll
+    for (int k = 0; k < kMaxpoolChunks; ++k) {
+      const int c = grp.lane * kMaxpoolVec + k * step;
+      if (c >= g.C) break;
+      pw::fill(mx[k], -INFINITY);
+      for (int ky = 0; ky < g.KH; ++ky) {
+        const int ih = hs + ky * g.dh;
+        if (ih < 0 || ih >= g.H) continue;
+        for (int kx = 0; kx < g.KW; ++kx) {
+          const int iw = ws + kx * g.dw;
+          if (iw < 0 || iw >= g.W) continue;
+          float v[kMaxpoolVec];
+          pw::load_f<kMaxpoolVec>(an + ((long long)ih * g.W + iw) * g.C + c, v);
+#pragma unroll
+          for (int i = 0; i < kMaxpoolVec; ++i)
+            if (v[i] > mx[k][i] || isnan(v[i])) mx[k][i] = v[i];
+        }
+      }
+      float s[kMaxpoolVec];
+      pw::load_f<kMaxpoolVec>(sent + pix * g.C + c, s);
+#pragma unroll
+      for (int i = 0; i < kMaxpoolVec; ++i) size.add(pw::pending_change<T>(mx[k][i], s[i]), threshold);
+    }
+    const bool send = pw::group_exceeds(grp, size, rms_limit) || key_of(key, (int)n);
+    if (grp.lane == 0) mask_out[pix] = send;
+    if (!send) return;
+#pragma unroll
+    for (int k = 0; k < kMaxpoolChunks; ++k) {
+      const int c = grp.lane * kMaxpoolVec + k * step;
+      if (c >= g.C) break;
+      float s[kMaxpoolVec], out[kMaxpoolVec];
+      pw::load_f<kMaxpoolVec>(sent + pix * g.C + c, s);
+#pragma unroll
+      for (int i = 0; i < kMaxpoolVec; ++i) out[i] = pw::send_element<T>(mx[k][i], s[i]);
+      pw::store_f<kMaxpoolVec>(y + pix * g.C + c, out);
+      pw::store_f<kMaxpoolVec>(sent + pix * g.C + c, s);
     }
   });
 }
