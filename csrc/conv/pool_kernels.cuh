@@ -51,20 +51,34 @@ __global__ void __launch_bounds__(256)
   });
 }
 
-__device__ __forceinline__ float maxpool_window(const float* __restrict__ acc, const Strides4& as, const PoolGeom& g,
-                                                long long n, int c, int hs, int ws) {
-  float y = -INFINITY;
-  const float* ap = acc + n * as.n + c * as.c;
+// Calls visit(ih, iw) for each input pixel of the pooling window whose top-left tap is (hs, ws) and
+// that lies inside the map, row by row; stops at the first call that returns true and says so.
+template <typename Visit>
+__device__ __forceinline__ bool for_each_window_pixel(const PoolGeom& g, int hs, int ws, Visit&& visit) {
   for (int ky = 0; ky < g.KH; ++ky) {
     const int ih = hs + ky * g.dh;
     if (ih < 0 || ih >= g.H) continue;
     for (int kx = 0; kx < g.KW; ++kx) {
       const int iw = ws + kx * g.dw;
-      if (iw < 0 || iw >= g.W) continue;
-      const float v = ap[ih * as.h + iw * as.w];
-      if (v > y || isnan(v)) y = v;
+      if (iw >= 0 && iw < g.W && visit(ih, iw)) return true;
     }
   }
+  return false;
+}
+
+// NaN-propagating running maximum (as torch's max pooling)
+__device__ __forceinline__ void max_into(float& y, float v) {
+  if (v > y || isnan(v)) y = v;
+}
+
+__device__ __forceinline__ float maxpool_window(const float* __restrict__ acc, const Strides4& as, const PoolGeom& g,
+                                                long long n, int c, int hs, int ws) {
+  float y = -INFINITY;
+  const float* ap = acc + n * as.n + c * as.c;
+  for_each_window_pixel(g, hs, ws, [&](int ih, int iw) {
+    max_into(y, ap[ih * as.h + iw * as.w]);
+    return false;
+  });
   return y;
 }
 
@@ -77,14 +91,7 @@ __device__ __forceinline__ bool maxpool_window_active(const bool* __restrict__ m
   const int oh = (int)(t % g.Ho);
   const bool* mn = mask + (t / g.Ho) * g.H * g.W;
   const int hs = oh * g.sh - g.ph, ws = ow * g.sw - g.pw;
-  for (int ky = 0; ky < g.KH; ++ky) {
-    const int ih = hs + ky * g.dh;
-    if (ih < 0 || ih >= g.H) continue;
-    for (int kx = 0; kx < g.KW; ++kx) {
-      const int iw = ws + kx * g.dw;
-      if (iw >= 0 && iw < g.W && mn[ih * g.W + iw]) return true;
-    }
-  }
+  if (for_each_window_pixel(g, hs, ws, [&](int ih, int iw) { return mn[ih * g.W + iw]; })) return true;
   mask_out[pix] = false;
   return false;
 }
@@ -155,19 +162,13 @@ __global__ void __launch_bounds__(256)
       const int c = grp.lane * kMaxpoolVec + k * step;
       if (c >= g.C) break;
       pw::fill(mx[k], -INFINITY);
-      for (int ky = 0; ky < g.KH; ++ky) {
-        const int ih = hs + ky * g.dh;
-        if (ih < 0 || ih >= g.H) continue;
-        for (int kx = 0; kx < g.KW; ++kx) {
-          const int iw = ws + kx * g.dw;
-          if (iw < 0 || iw >= g.W) continue;
-          float v[kMaxpoolVec];
-          pw::load_f<kMaxpoolVec>(an + ((long long)ih * g.W + iw) * g.C + c, v);
+      for_each_window_pixel(g, hs, ws, [&](int ih, int iw) {
+        float v[kMaxpoolVec];
+        pw::load_f<kMaxpoolVec>(an + ((long long)ih * g.W + iw) * g.C + c, v);
 #pragma unroll
-          for (int i = 0; i < kMaxpoolVec; ++i)
-            if (v[i] > mx[k][i] || isnan(v[i])) mx[k][i] = v[i];
-        }
-      }
+        for (int i = 0; i < kMaxpoolVec; ++i) max_into(mx[k][i], v[i]);
+        return false;
+      });
       float s[kMaxpoolVec];
       pw::load_f<kMaxpoolVec>(sent + pix * g.C + c, s);
 #pragma unroll
