@@ -168,6 +168,16 @@ unsigned persistent_grid(void (*kernel)(KArgs...), int threads, int64_t wanted) 
 
 inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
+// log2 of the lanes a pixel group gives `channels` channels in packs of `vec` (4 per lane without
+// vector loads), at most 32 lanes (pw::PixelGroup: the pointwise and max pooling kernels).
+inline int log2_lanes_for(int64_t channels, int vec) {
+  const int per_lane = vec == 1 ? 4 : vec;
+  const int64_t packs = (channels + per_lane - 1) / per_lane;
+  int l = 0;
+  while (l < 5 && (int64_t{1} << l) < packs) ++l;
+  return l;
+}
+
 // Whether `p` is 16-byte aligned (a 16-byte vector load or store may use it).
 inline bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15) == 0; }
 

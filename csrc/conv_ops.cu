@@ -326,7 +326,7 @@ CUtensorMap stationary_weight_map(const void* w, bool half, const ConvGeom& g, i
                 "); set DELTACONV_TC_STATIONARY=0 to use the 3x3 kernels without it");
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   }();
-  TORCH_CHECK(reinterpret_cast<uintptr_t>(w) % 16 == 0, "deltaconv::conv2d: the 3x3 weight's data must be 16-byte "
+  TORCH_CHECK(aligned16(w), "deltaconv::conv2d: the 3x3 weight's data must be 16-byte "
               "aligned, got address ", w);
   CUtensorMap map;
   const cuuint64_t dims[2] = {(cuuint64_t)9 * g.Cin, (cuuint64_t)g.Cout};
@@ -475,8 +475,7 @@ void dispatch_tc_3x3(const conv::tc::TcArgs& a, int64_t tiles, bool stride2, boo
 Tensor relayout_weight(const Tensor& weight, at::ScalarType dtype, int64_t cin_to = 0) {
   const int64_t cin = weight.size(1);
   const Tensor view = weight.permute({0, 2, 3, 1});  // [Cout][KH][KW][Cin]
-  if (cin_to <= cin && weight.scalar_type() == dtype && view.is_contiguous() &&
-      reinterpret_cast<uintptr_t>(view.const_data_ptr()) % 16 == 0)
+  if (cin_to <= cin && weight.scalar_type() == dtype && view.is_contiguous() && aligned16(view.const_data_ptr()))
     return view;
   const bool pad = cin_to > cin;  // the padding channels must be zero
   const auto opts = weight.options().dtype(dtype);
@@ -1026,8 +1025,7 @@ std::tuple<Tensor, Tensor> max_pool2d_cuda(const Tensor& delta, const Tensor& ma
                     C <= 32 * conv::kMaxpoolVec * conv::kMaxpoolChunks && aligned16(acc.data_ptr()) &&
                     aligned16(sent.data_ptr()) && aligned16(y.data_ptr());
     if (cl) {
-      int log2_lanes = 0;
-      while ((1 << log2_lanes) * conv::kMaxpoolVec < C && log2_lanes < 5) ++log2_lanes;
+      const int log2_lanes = log2_lanes_for(C, conv::kMaxpoolVec);
       const auto kernel = conv::maxpool_out_cl_kernel<scalar_t>;
       launch_kernel(kernel, persistent_grid(kernel, 256, ((total_pix << log2_lanes) + 255) / 256), 256, 0, stream,
                     m.data_ptr<bool>(), acc.data_ptr<float>(), reinterpret_cast<scalar_t*>(sent.data_ptr()),

@@ -117,14 +117,6 @@ bool all_aligned(std::initializer_list<const void*> ptrs) {
 // log2 of the threads per pixel: the smallest power of two covering C / vec packs, at most 32.
 // Unvectorised kernels (vec 1) give each lane at least 4 channels: a 3-channel input frame then
 // takes one thread per pixel, not four (a quarter of the blocks to schedule).
-int log2_lanes_for(int64_t channels, int vec) {
-  const int per_lane = vec == 1 ? 4 : vec;
-  const int64_t packs = (channels + per_lane - 1) / per_lane;
-  int l = 0;
-  while (l < 5 && (int64_t{1} << l) < packs) ++l;
-  return l;
-}
-
 dim3 grid_for(int64_t pixels, int log2_lanes) {
   const int64_t threads = pixels << log2_lanes;
   return dim3(static_cast<unsigned>((threads + pw::kThreads - 1) / pw::kThreads));

@@ -488,14 +488,19 @@ def _interpolate_args(shape, size, scale_factor):
     return [math.floor(float(h) * sh), math.floor(float(w) * sw)], sh, sw
 
 
+def _resampling_ok(size, scale_factor) -> bool:
+    """Whether the kernels take these ``F.interpolate`` sizes: one of ``size`` / ``scale_factor``, for
+    two spatial dims."""
+    return (size is None) != (scale_factor is None) and (
+        size is None or isinstance(size, int) or len(size) == 2) and (
+        scale_factor is None or not isinstance(scale_factor, (list, tuple)) or len(scale_factor) == 2)
+
+
 def interpolate(delta: Tensor, mask: Tensor, size, scale_factor, mode: str,
                 align_corners: Optional[bool]) -> tuple[Tensor, Tensor]:
     """``F.interpolate`` in a mode with non-negative weights: linear; the mask follows the same
     resampling (kernels: nearest, nearest-exact, bilinear)."""
-    sizes_ok = (size is None) != (scale_factor is None) and (
-        size is None or isinstance(size, int) or len(size) == 2) and (
-        scale_factor is None or not isinstance(scale_factor, (list, tuple)) or len(scale_factor) == 2)
-    if not (sizes_ok and _native("interpolate", delta, mask) and delta.dim() == 4 and delta.dtype in _ACT_DTYPES
+    if not (_resampling_ok(size, scale_factor) and _native("interpolate", delta, mask) and delta.dim() == 4 and delta.dtype in _ACT_DTYPES
             and mode in ("nearest", "nearest-exact", "bilinear")):
         return _ref.interpolate(delta, mask, size, scale_factor, mode, align_corners)
     out_size, sh, sw = _interpolate_args(delta.shape, size, scale_factor)
@@ -513,10 +518,7 @@ def _interpolate_fake(delta, mask, out_size, scale_h, scale_w, mode, align_corne
 def resample(x: Tensor, size, scale_factor, mode: str, align_corners: Optional[bool]) -> Tensor:
     """``F.interpolate`` of a dense map (the output densifier's, where a model ends in an
     upsampling), into a contiguous (NCHW) tensor (kernel: nearest, nearest-exact, bilinear)."""
-    sizes_ok = (size is None) != (scale_factor is None) and (
-        size is None or isinstance(size, int) or len(size) == 2) and (
-        scale_factor is None or not isinstance(scale_factor, (list, tuple)) or len(scale_factor) == 2)
-    if not (sizes_ok and _native("resample", x) and x.dim() == 4 and x.dtype in _ACT_DTYPES
+    if not (_resampling_ok(size, scale_factor) and _native("resample", x) and x.dim() == 4 and x.dtype in _ACT_DTYPES
             and mode in ("nearest", "nearest-exact", "bilinear")):
         return _ref.resample(x, size, scale_factor, mode, align_corners)
     out_size, sh, sw = _interpolate_args(x.shape, size, scale_factor)

@@ -316,18 +316,20 @@ def interpolate(delta: Tensor, mask: Tensor, size, scale_factor, mode: str,
                 align_corners: Optional[bool]) -> tuple[Tensor, Tensor]:
     """``F.interpolate`` in a mode with non-negative weights (nearest, nearest-exact, bilinear,
     area): linear; the mask follows the same resampling."""
-    def op(t):
-        ac = align_corners if mode in ("linear", "bilinear", "bicubic", "trilinear") else None
-        return F.interpolate(t, size=size, scale_factor=scale_factor, mode=mode, align_corners=ac)
-    return linear_spatial(delta, mask, op)
+    return linear_spatial(delta, mask, lambda t: _interpolate(t, size, scale_factor, mode, align_corners))
+
+
+def _interpolate(t: Tensor, size, scale_factor, mode: str, align_corners: Optional[bool]) -> Tensor:
+    """``F.interpolate`` with ``align_corners`` passed only to the modes that take it."""
+    ac = align_corners if mode in ("linear", "bilinear", "bicubic", "trilinear") else None
+    return F.interpolate(t, size=size, scale_factor=scale_factor, mode=mode, align_corners=ac)
 
 
 def resample(x: Tensor, size, scale_factor, mode: str, align_corners: Optional[bool]) -> Tensor:
     """``F.interpolate`` of a dense map (the output densifier's, where a model ends in an
     upsampling), into a contiguous (NCHW) tensor: PyTorch resamples NCHW several times faster than
     channels_last."""
-    ac = align_corners if mode in ("linear", "bilinear", "bicubic", "trilinear") else None
-    return F.interpolate(x.contiguous(), size=size, scale_factor=scale_factor, mode=mode, align_corners=ac)
+    return _interpolate(x.contiguous(), size, scale_factor, mode, align_corners)
 
 
 def max_pool2d(delta: Tensor, mask: Tensor, acc: Tensor, sent: Tensor, kernel_size, stride, padding, dilation,
