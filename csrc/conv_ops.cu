@@ -650,20 +650,20 @@ void launch_small_cin_tc(const Tensor& x, const Tensor& m, const ConvWeights& tw
 // Depthwise 3x3 / 5x5, stride 1 / 2, dilation 1 / 2 (equal along both axes), channels in whole
 // 16-byte vectors: the vectorised kernel. launch_dwconv_vec returns false (nothing launched) for
 // any other case.
-template <typename T, int KS, int S, int D, int NV>
+template <typename T, int KS, int S, int D, int NV, int PPT>
 void run_dwconv_vec_nv(const Tensor& x, const Tensor& m, const Tensor& w, const c10::optional<Tensor>& b,
                        const c10::optional<Tensor>& key, const Tensor& y, const WorkList& wl, const ConvGeom& g,
                        int64_t tiles, cudaStream_t stream) {
-  using Cfg = conv::DwVecCfg<T, KS, S, D, NV>;
-  auto kernel = conv::dwconv_vec_kernel<T, KS, S, D, NV>;
+  using Cfg = conv::DwVecCfg<T, KS, S, D, NV, PPT>;
+  auto kernel = conv::dwconv_vec_kernel<T, KS, S, D, NV, PPT>;
   TORCH_CHECK(allow_smem(kernel, Cfg::SMEM), "deltaconv::conv2d: depthwise kernel needs ", Cfg::SMEM,
               " bytes of shared memory");
   // tiles are walked grid-stride: two waves of resident blocks are enough, and a frame with no tile
   // then launches a few hundred blocks instead of up to 16 per multiprocessor per channel block
   const int cblocks = ceil_div(g.Cout, Cfg::CB);
-  const int waves2 = std::max(1, 2 * resident_blocks(kernel, conv::CONV_THREADS, Cfg::SMEM) / cblocks);
+  const int waves2 = std::max(1, 2 * resident_blocks(kernel, Cfg::THREADS, Cfg::SMEM) / cblocks);
   const dim3 grid((unsigned)std::min(list_grid(tiles), waves2), (unsigned)cblocks);
-  launch_kernel(kernel, grid, conv::CONV_THREADS, Cfg::SMEM, stream, reinterpret_cast<const T*>(x.const_data_ptr()),
+  launch_kernel(kernel, grid, Cfg::THREADS, Cfg::SMEM, stream, reinterpret_cast<const T*>(x.const_data_ptr()),
                 m.data_ptr<bool>(), reinterpret_cast<const T*>(w.const_data_ptr()),
                 b.has_value() ? reinterpret_cast<const T*>(b->const_data_ptr()) : nullptr, key_ptr(key),
                 reinterpret_cast<T*>(y.data_ptr()), wl.list, wl.count, g);
@@ -676,14 +676,37 @@ inline bool dwconv_narrow_blocks(int cvecs) {
   return idle4 < idle8;
 }
 
+// Output pixels per thread of the vectorised depthwise kernel: DELTACONV_DW_PPT=<1, 2 or 4> (read on
+// every call, for A/B runs and tests of each), or 0 / unset: 4 at stride 1, where a thread's four
+// adjacent outputs share the input columns it loads (1.25-1.36x faster than 2 at 50-100 % changed,
+// H200, 2026-11-22; benchmarks/results/dwconv_ab.txt section 5), else NV / 4 (at stride 2 the
+// outputs share hardly any input and 4 was no faster).
+int dwconv_pixels_per_thread(int stride, int nv) {
+  const int64_t v = env_int("DELTACONV_DW_PPT", 0);
+  TORCH_CHECK(v == 0 || v == 1 || v == 2 || v == 4, "deltaconv: environment variable DELTACONV_DW_PPT must be "
+              "an integer among 0, 1, 2 and 4, got '", std::getenv("DELTACONV_DW_PPT"), "'");
+  return v != 0 ? (int)v : stride == 1 ? 4 : nv / 4;
+}
+
+template <typename T, int KS, int S, int D, int NV>
+void run_dwconv_vec_ppt(const Tensor& x, const Tensor& m, const Tensor& w, const c10::optional<Tensor>& b,
+                        const c10::optional<Tensor>& key, const Tensor& y, const WorkList& wl, const ConvGeom& g,
+                        int64_t tiles, cudaStream_t stream) {
+  switch (dwconv_pixels_per_thread(S, NV)) {
+    case 4: run_dwconv_vec_nv<T, KS, S, D, NV, 4>(x, m, w, b, key, y, wl, g, tiles, stream); break;
+    case 2: run_dwconv_vec_nv<T, KS, S, D, NV, 2>(x, m, w, b, key, y, wl, g, tiles, stream); break;
+    default: run_dwconv_vec_nv<T, KS, S, D, NV, 1>(x, m, w, b, key, y, wl, g, tiles, stream); break;
+  }
+}
+
 template <typename T, int KS, int S, int D>
 void run_dwconv_vec(const Tensor& x, const Tensor& m, const Tensor& w, const c10::optional<Tensor>& b,
                     const c10::optional<Tensor>& key, const Tensor& y, const WorkList& wl, const ConvGeom& g,
                     int64_t tiles, cudaStream_t stream) {
   if (dwconv_narrow_blocks(g.Cout / conv::Vec16<T>::N))
-    run_dwconv_vec_nv<T, KS, S, D, 4>(x, m, w, b, key, y, wl, g, tiles, stream);
+    run_dwconv_vec_ppt<T, KS, S, D, 4>(x, m, w, b, key, y, wl, g, tiles, stream);
   else
-    run_dwconv_vec_nv<T, KS, S, D, 8>(x, m, w, b, key, y, wl, g, tiles, stream);
+    run_dwconv_vec_ppt<T, KS, S, D, 8>(x, m, w, b, key, y, wl, g, tiles, stream);
 }
 
 template <typename T>

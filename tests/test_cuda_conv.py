@@ -632,7 +632,8 @@ def test_conv2d_gemm_k_split(case, dtype, mma, ksplit, monkeypatch):
 @pytest.mark.parametrize("var, value", [("DELTACONV_TC_SPLIT", "0.3x"), ("DELTACONV_TC_SPLIT", "65"),
                                         ("DELTACONV_TC_SPLIT", "-1"), ("DELTACONV_TC_SPLIT_MIN", "-5"),
                                         ("DELTACONV_TC_FINE_MAX", "many"), ("DELTACONV_TC_FINE_MAX", "2.5"),
-                                        ("DELTACONV_TC_PREFETCH1", "nan")])
+                                        ("DELTACONV_TC_PREFETCH1", "nan"), ("DELTACONV_DW_PPT", "3"),
+                                        ("DELTACONV_DW_PPT", "four")])
 def test_conv2d_malformed_tuning_variable_names_it(var, value, monkeypatch):
     """A tuning variable that is not a number, or out of its range, is an error naming it and its
     value (not silently a default)."""
@@ -645,9 +646,10 @@ def test_conv2d_malformed_tuning_variable_names_it(var, value, monkeypatch):
     mask = make_mask((0.3, 0.3), 17, 23, gen)
     delta = make_delta(2, 64, 17, 23, mask, torch.float16, gen)
     kernel = 1 if var == "DELTACONV_TC_PREFETCH1" else 3
-    w = (torch.randn(64, 64, kernel, kernel, generator=gen) / 20).cuda()
+    groups = 64 if var == "DELTACONV_DW_PPT" else 1  # read only by the depthwise kernel's launches
+    w = (torch.randn(64, 64 // groups, kernel, kernel, generator=gen) / 20).cuda()
     with pytest.raises(RuntimeError, match=f"environment variable {var} must be an? .*, got '{value}'"):
-        ops().conv2d(delta, mask.cuda(), w, None, [1, 1], [kernel // 2] * 2, [1, 1], 1, None)
+        ops().conv2d(delta, mask.cuda(), w, None, [1, 1], [kernel // 2] * 2, [1, 1], groups, None)
 
 
 @pytest.mark.gpu
@@ -709,6 +711,29 @@ def test_depthwise_on_frames_larger_than_its_grid(case, dtype):
     masks; a key stream; NaN at inactive input pixels, which the halo copies read and must zero)."""
     run_conv2d(case, dtype, (0.3, 1.0), (False, True), seed=31)
     run_conv2d(case, dtype, (0.02, 0.6), None, seed=32, bias=False)
+
+
+# depthwise cases of the vectorised kernel for each DELTACONV_DW_PPT (output pixels per thread):
+# 8- and 4-vector channel blocks, 3x3 / 5x5, stride 1 / 2, dilation 2, a partial channel block
+DEPTHWISE_PPT = [
+    (64, 64, (3, 3), 1, 1, 1, 64, (31, 45)),
+    (32, 32, (3, 3), 1, 1, 1, 32, (31, 45)),     # fp16: blocks of 4 vectors
+    (96, 96, (3, 3), 2, 1, 1, 96, (31, 45)),
+    (40, 40, (5, 5), 1, 2, 1, 40, (21, 30)),
+    (32, 32, (3, 3), 1, 2, 2, 32, (31, 45)),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ppt", ["1", "2", "4"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("case", DEPTHWISE_PPT, ids=_case_id)
+def test_depthwise_each_pixels_per_thread(case, dtype, ppt, monkeypatch):
+    """Every choice of output pixels per thread of the vectorised depthwise kernel equals the
+    reference, on small maps at every fraction and on a frame of more tiles than its grid."""
+    monkeypatch.setenv("DELTACONV_DW_PPT", ppt)
+    run_conv2d_every_fraction_and_key(case, dtype, seed=50)
+    run_conv2d(case[:-1] + ((300, 640),), dtype, (0.3, 1.0), (False, True), seed=51)
 
 
 # ----------------------------------------------------------------------------- conv_transpose2d

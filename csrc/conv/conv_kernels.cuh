@@ -6,7 +6,8 @@
 //                                memory per chunk of input channels. KH = KW = 0: runtime size.
 //   conv1x1_kernel<T>            1x1 conv: a GEMM over groups of 64 listed active pixels.
 //   dwconv_kernel<T, KS>         depthwise (groups == Cin == Cout): 8x8 tile x 32 channels.
-//   dwconv_vec_kernel<T,KS,S,D,NV> depthwise 3x3 / 5x5, stride 1 / 2, dilation 1 / 2, 16-byte vectors.
+//   dwconv_vec_kernel<T,KS,S,D,NV,PPT> depthwise 3x3 / 5x5, stride 1 / 2, dilation 1 / 2, 16-byte
+//                                vectors, PPT output pixels per thread.
 //   conv_direct_kernel<T, TR>    smem-free fallback for any geometry and the transposed conv.
 #pragma once
 
@@ -362,22 +363,24 @@ struct Vec16 {
 // tile's halo is in flight while the block computes the current one (one barrier per tile). The
 // halo is copied whatever the mask (outside the image and past the channels zero-filled); the
 // mask byte of each copied vector is loaded with it and inactive pixels are zeroed in shared memory
-// once the copy has landed, so no load waits on the mask. Thread t computes PPT = NV / 4 adjacent
-// output pixels of one row of the 8x8 tile for vector t % NV; fp32 accumulation, weights as fp32
-// [KS*KS][channels of the block] in shared memory.
-template <typename T, int KS, int S, int D, int NV_>
+// once the copy has landed, so no load waits on the mask. Thread t computes PPT adjacent output
+// pixels of one row of the 8x8 tile for vector t % NV (a block has NV * 64 / PPT threads; at stride
+// 1 the PPT pixels share all but KS - 1 of the input columns a thread reads, which the compiler
+// loads once); fp32 accumulation, weights as fp32 [KS*KS][channels of the block] in shared memory.
+template <typename T, int KS, int S, int D, int NV_, int PPT_>
 struct DwVecCfg {
   static_assert(NV_ == 4 || NV_ == 8, "depthwise channel block: 4 or 8 vectors");
+  static_assert(PPT_ == 1 || PPT_ == 2 || PPT_ == 4, "depthwise: 1, 2 or 4 output pixels per thread");
   static constexpr int NV = NV_;                           // 16-byte vectors per block
   static constexpr int STRIDE = S;
   static constexpr int VEC = Vec16<T>::N;
   static constexpr int CB = NV * VEC;                      // channels per block
-  static constexpr int PPT = NV / 4;                       // output pixels per thread (one row)
+  static constexpr int PPT = PPT_;                         // output pixels per thread (one row)
   static constexpr int GPR = TILE_W / PPT;                 // thread groups per tile row
-  static_assert(CONV_THREADS == NV * TILE_PIX / PPT, "one thread per vector and PPT pixels");
+  static constexpr int THREADS = NV * TILE_PIX / PPT;      // one thread per vector and PPT pixels
   static constexpr int FW = (TILE_W - 1) * S + (KS - 1) * D + 1;  // halo width (= height)
   static constexpr int HALO = FW * FW * NV;                // 16-byte vectors per halo buffer
-  static constexpr int LOADS = (HALO + CONV_THREADS - 1) / CONV_THREADS;  // vectors per thread
+  static constexpr int LOADS = (HALO + THREADS - 1) / THREADS;  // vectors per thread
   static constexpr int SMEM = 2 * HALO * 16 + KS * KS * CB * 4;  // bytes: two halo buffers, weights
 };
 
@@ -393,7 +396,7 @@ __device__ __forceinline__ void dwv_stage_halo(uint4* buf, bool (&active)[Cfg::L
   const uint4* xn = xv + (size_t)at.n * g.H * g.W * cvecs;
 #pragma unroll
   for (int l = 0; l < Cfg::LOADS; ++l) {
-    const int idx = threadIdx.x + l * CONV_THREADS;
+    const int idx = threadIdx.x + l * Cfg::THREADS;
     active[l] = false;
     if (idx < Cfg::HALO) {
       const int q = idx / Cfg::NV, vv = idx % Cfg::NV;
@@ -407,13 +410,13 @@ __device__ __forceinline__ void dwv_stage_halo(uint4* buf, bool (&active)[Cfg::L
   cp_async_commit();
 }
 
-template <typename T, int KS, int S, int D, int NV>
-__global__ void __launch_bounds__(CONV_THREADS)
+template <typename T, int KS, int S, int D, int NV, int PPT_>
+__global__ void __launch_bounds__(NV * TILE_PIX / PPT_)
     dwconv_vec_kernel(const T* __restrict__ x, const bool* __restrict__ mask, const T* __restrict__ w,
                       const T* __restrict__ bias, const bool* __restrict__ key, T* __restrict__ y,
                       const int* __restrict__ list, const int* __restrict__ count_in, ConvGeom g) {
   grid_dependency_sync();
-  using Cfg = DwVecCfg<T, KS, S, D, NV>;
+  using Cfg = DwVecCfg<T, KS, S, D, NV, PPT_>;
   constexpr int VEC = Cfg::VEC, CB = Cfg::CB, FW = Cfg::FW, KK = KS * KS, PPT = Cfg::PPT;
   extern __shared__ float4 smem4[];
   uint4* halo_s = reinterpret_cast<uint4*>(smem4);                     // [2][FW * FW][NV]
@@ -433,7 +436,7 @@ __global__ void __launch_bounds__(CONV_THREADS)
   bool active[Cfg::LOADS];
   dwv_stage_halo<Cfg>(halo_s, active, xv, mask, list[1 + blockIdx.x], g, v0, cvecs);
 
-  for (int idx = tid; idx < KK * CB; idx += CONV_THREADS) {
+  for (int idx = tid; idx < KK * CB; idx += Cfg::THREADS) {
     const int cc = idx % CB, k = idx / CB;
     const int c = v0 * VEC + cc;
     w_s[idx] = c < C ? to_f(w[(size_t)c * KK + k]) : 0.f;
@@ -448,7 +451,7 @@ __global__ void __launch_bounds__(CONV_THREADS)
     cp_async_wait<0>();  // this thread's copies of the item's halo have landed: zero its inactive pixels
 #pragma unroll
     for (int l = 0; l < Cfg::LOADS; ++l) {
-      const int idx = tid + l * CONV_THREADS;
+      const int idx = tid + l * Cfg::THREADS;
       if (idx < Cfg::HALO && !active[l]) in_s[idx] = make_uint4(0, 0, 0, 0);
     }
     // the halo (and, first time, w_s) is complete; every thread is done with the other buffer
