@@ -678,21 +678,21 @@ inline bool dwconv_narrow_blocks(int cvecs) {
 
 // Output pixels per thread of the vectorised depthwise kernel: DELTACONV_DW_PPT=<1, 2 or 4> (read on
 // every call, for A/B runs and tests of each), or 0 / unset: 4 at stride 1, where a thread's four
-// adjacent outputs share the input columns it loads (1.25-1.36x faster than 2 at 50-100 % changed,
-// H200, 2026-11-22; benchmarks/results/dwconv_ab.txt section 5), else NV / 4 (at stride 2 the
-// outputs share hardly any input and 4 was no faster).
-int dwconv_pixels_per_thread(int stride, int nv) {
+// adjacent outputs share the input columns it loads (1.25-1.36x faster than 2 at 50-100 % changed),
+// and 2 at stride 2 (1.12-1.29x faster than 1 in 4-vector channel blocks, equal to 4 within 3 % in
+// 8-vector ones). H200, 2026-11-22; benchmarks/results/dwconv_ab.txt sections 5 and 6.
+int dwconv_pixels_per_thread(int stride) {
   const int64_t v = env_int("DELTACONV_DW_PPT", 0);
   TORCH_CHECK(v == 0 || v == 1 || v == 2 || v == 4, "deltaconv: environment variable DELTACONV_DW_PPT must be "
               "an integer among 0, 1, 2 and 4, got '", std::getenv("DELTACONV_DW_PPT"), "'");
-  return v != 0 ? (int)v : stride == 1 ? 4 : nv / 4;
+  return v != 0 ? (int)v : stride == 1 ? 4 : 2;
 }
 
 template <typename T, int KS, int S, int D, int NV>
 void run_dwconv_vec_ppt(const Tensor& x, const Tensor& m, const Tensor& w, const c10::optional<Tensor>& b,
                         const c10::optional<Tensor>& key, const Tensor& y, const WorkList& wl, const ConvGeom& g,
                         int64_t tiles, cudaStream_t stream) {
-  switch (dwconv_pixels_per_thread(S, NV)) {
+  switch (dwconv_pixels_per_thread(S)) {
     case 4: run_dwconv_vec_nv<T, KS, S, D, NV, 4>(x, m, w, b, key, y, wl, g, tiles, stream); break;
     case 2: run_dwconv_vec_nv<T, KS, S, D, NV, 2>(x, m, w, b, key, y, wl, g, tiles, stream); break;
     default: run_dwconv_vec_nv<T, KS, S, D, NV, 1>(x, m, w, b, key, y, wl, g, tiles, stream); break;
