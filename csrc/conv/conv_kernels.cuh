@@ -365,8 +365,9 @@ struct Vec16 {
 // mask byte of each copied vector is loaded with it and inactive pixels are zeroed in shared memory
 // once the copy has landed, so no load waits on the mask. Thread t computes PPT adjacent output
 // pixels of one row of the 8x8 tile for vector t % NV (a block has NV * 64 / PPT threads; at stride
-// 1 the PPT pixels share all but KS - 1 of the input columns a thread reads, which the compiler
-// loads once); fp32 accumulation, weights as fp32 [KS*KS][channels of the block] in shared memory.
+// 1 the PPT pixels share all but KS - 1 of the input columns a thread reads, and each input vector
+// is converted to float once for all of them); fp32 accumulation, weights as fp32
+// [KS*KS][channels of the block] in shared memory.
 template <typename T, int KS, int S, int D, int NV_, int PPT_>
 struct DwVecCfg {
   static_assert(NV_ == 4 || NV_ == 8, "depthwise channel block: 4 or 8 vectors");
