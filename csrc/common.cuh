@@ -168,8 +168,10 @@ unsigned persistent_grid(void (*kernel)(KArgs...), int threads, int64_t wanted) 
 
 inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
-// log2 of the lanes a pixel group gives `channels` channels in packs of `vec` (4 per lane without
-// vector loads), at most 32 lanes (pw::PixelGroup: the pointwise and max pooling kernels).
+// log2 of the lanes a pixel group gives `channels` channels in packs of `vec`: the smallest power of
+// two covering the packs, at most 32 lanes (pw::PixelGroup: the pointwise and max pooling kernels).
+// Unvectorised kernels (vec 1) give each lane at least 4 channels: a 3-channel input frame then takes
+// one thread per pixel, not four (a quarter of the blocks to schedule).
 inline int log2_lanes_for(int64_t channels, int vec) {
   const int per_lane = vec == 1 ? 4 : vec;
   const int64_t packs = (channels + per_lane - 1) / per_lane;

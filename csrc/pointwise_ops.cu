@@ -114,9 +114,8 @@ bool all_aligned(std::initializer_list<const void*> ptrs) {
   return true;
 }
 
-// log2 of the threads per pixel: the smallest power of two covering C / vec packs, at most 32.
-// Unvectorised kernels (vec 1) give each lane at least 4 channels: a 3-channel input frame then
-// takes one thread per pixel, not four (a quarter of the blocks to schedule).
+// The grid of a kernel with one group of 2^log2_lanes threads per pixel (pw::pixel_group; the lanes
+// from log2_lanes_for, common.cuh).
 dim3 grid_for(int64_t pixels, int log2_lanes) {
   const int64_t threads = pixels << log2_lanes;
   return dim3(static_cast<unsigned>((threads + pw::kThreads - 1) / pw::kThreads));
@@ -565,7 +564,7 @@ Tensor resample(const Tensor& x, at::IntArrayRef out_size, std::optional<double>
                                    static_cast<int>(r.h), static_cast<int>(r.w), static_cast<int>(r.oh),
                                    static_cast<int>(r.ow), C, r.mode, align_corners};
     // one block per output row, its input rows in shared memory, where they fit in the default 48 KiB
-    const int64_t smem = (mode_rows(r.mode)) * r.w * C * static_cast<int64_t>(sizeof(scalar_t));
+    const int64_t smem = mode_rows(r.mode) * r.w * C * static_cast<int64_t>(sizeof(scalar_t));
     if (smem <= 48 * 1024 && r.n * r.oh < (int64_t{1} << 31)) {
       launch_kernel(pw::resample_rows_kernel<scalar_t>, dim3(static_cast<unsigned>(r.n * r.oh)), pw::kThreads,
                     static_cast<size_t>(smem), stream(), p);

@@ -568,11 +568,12 @@ def test_concatenate_other_dim_falls_back():
 RESAMPLES = [  # (size, scale_factor)
     (None, 2.0), (None, 0.5), (None, (1.7, 2.3)), ((15, 20), None), ((4, 5), None), (1, None), (None, 3),
 ]
+# (mode, align_corners) of interpolate and resample
+RESAMPLE_MODES = [("nearest", None), ("nearest-exact", None), ("bilinear", False), ("bilinear", True)]
 
 
 @pytest.mark.parametrize("resample", RESAMPLES[:3] if QUICK else RESAMPLES, ids=str)
-@pytest.mark.parametrize("mode,align", [("nearest", None), ("nearest-exact", None), ("bilinear", False),
-                                        ("bilinear", True)])
+@pytest.mark.parametrize("mode,align", RESAMPLE_MODES)
 @pytest.mark.parametrize("c", [3, 64] if QUICK else [1, 3, 17, 64])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_interpolate(dtype, c, mode, align, resample):
@@ -611,8 +612,7 @@ def test_interpolate_area_falls_back():
 
 
 @pytest.mark.parametrize("resample", RESAMPLES[:3] if QUICK else RESAMPLES, ids=str)
-@pytest.mark.parametrize("mode,align", [("nearest", None), ("nearest-exact", None), ("bilinear", False),
-                                        ("bilinear", True)])
+@pytest.mark.parametrize("mode,align", RESAMPLE_MODES)
 @pytest.mark.parametrize("c", [3, 21] if QUICK else [1, 3, 21, 64])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_resample(dtype, c, mode, align, resample):
