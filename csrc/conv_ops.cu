@@ -222,15 +222,16 @@ bool tc_enabled() { return env_switch("DELTACONV_TC"); }
 // kernel when the build has the sm_90a target (DC_SM90A: setup.py's default TORCH_CUDA_ARCH_LIST
 // "9.0a") and the device is compute capability 9.0; otherwise they use mma.sync.
 // DELTACONV_WGMMA=0 forces mma.sync (read on every call: A/B runs, tests of both paths).
-bool wgmma_enabled() {
+// sm90a_device: the build has the sm_90a code and the current device is compute capability 9.0.
+bool sm90a_device() {
 #if defined(DC_SM90A) && DC_SM90A
-  if (!env_switch("DELTACONV_WGMMA")) return false;
   const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
   return prop->major == 9 && prop->minor == 0;
 #else
   return false;
 #endif
 }
+bool wgmma_enabled() { return env_switch("DELTACONV_WGMMA") && sm90a_device(); }
 
 // Opt-in to the device's maximum dynamic shared memory (less the kernel's static shared memory)
 // once per kernel, and the resident blocks per multiprocessor (>= 1) at `threads` threads and
@@ -311,21 +312,29 @@ int k_split_cluster(Kernel kernel, int64_t cin) {
   return ks;
 }
 
+// cuTensorMapEncodeTiled from the driver (fetched once); `fallback` (how to run without it) goes into
+// the error when the driver lacks it.
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder(const char* fallback) {
+  static const std::pair<PFN_cuTensorMapEncodeTiled_v12000, int> fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    C10_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &found));
+    return std::make_pair(reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f), (int)found);
+  }();
+  TORCH_CHECK(fn.first != nullptr && fn.second == (int)cudaDriverEntryPointSuccess,
+              "deltaconv: the CUDA driver does not provide cuTensorMapEncodeTiled (query result ", fn.second, "); ",
+              fallback);
+  return fn.first;
+}
+
 // The weight of a weight-stationary 3x3 conv ([Cout][3][3][Cin], fp16 or bf16 at `w`) as the 2-D
 // tensor map its TMA copies read (conv3x3_stationary.cuh): Cout rows of 9 Cin values, boxes of `bn`
 // rows x 64 values (128 bytes) with the 128-byte swizzle; rows past Cout read as zeros. The map
 // holds the address and is encoded on every call (host work), so a captured graph keeps the weight
 // it was captured with, as for every other argument.
 CUtensorMap stationary_weight_map(const void* w, bool half, const ConvGeom& g, int bn) {
-  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    C10_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found));
-    TORCH_CHECK(fn != nullptr && found == cudaDriverEntryPointSuccess,
-                "deltaconv: the CUDA driver does not provide cuTensorMapEncodeTiled (query result ", (int)found,
-                "); set DELTACONV_TC_STATIONARY=0 to use the 3x3 kernels without it");
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }();
+  const auto encode =
+      tensor_map_encoder("set DELTACONV_TC_STATIONARY=0 to use the 3x3 kernels without it");
   TORCH_CHECK(aligned16(w), "deltaconv::conv2d: the 3x3 weight's data must be 16-byte "
               "aligned, got address ", w);
   CUtensorMap map;
@@ -339,6 +348,31 @@ CUtensorMap stationary_weight_map(const void* w, bool half, const ConvGeom& g, i
                             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   TORCH_CHECK(r == CUDA_SUCCESS, "deltaconv::conv2d: cuTensorMapEncodeTiled failed (CUresult ", (int)r,
               ") for a 3x3 weight of ", g.Cout, " x 3 x 3 x ", g.Cin);
+  return map;
+}
+
+// The input of a depthwise conv (`x`: [N, C, H, W] channels_last, 16-byte aligned, C * its element
+// size a multiple of 16 bytes) as the 4-D tensor map (C innermost, W, H, N) of the depthwise
+// kernel's TMA halo copies (conv_kernels.cuh): boxes of `fw` x `fw` pixels x `cb` channels, no
+// swizzle; box elements outside the tensor read as zeros. Encoded on every call, as
+// stationary_weight_map.
+CUtensorMap depthwise_halo_map(const Tensor& x, int cb, int fw) {
+  const auto encode = tensor_map_encoder("set DELTACONV_DW_TMA=0 to stage the depthwise halo without it");
+  const CUtensorMapDataType type = x.scalar_type() == at::kHalf       ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                   : x.scalar_type() == at::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                                      : CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
+  const cuuint64_t es = (cuuint64_t)x.element_size();
+  const cuuint64_t N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
+  CUtensorMap map;
+  const cuuint64_t dims[4] = {C, W, H, N};
+  const cuuint64_t strides[3] = {C * es, W * C * es, H * W * C * es};  // bytes, of dims 1..3
+  const cuuint32_t box[4] = {(cuuint32_t)cb, (cuuint32_t)fw, (cuuint32_t)fw, 1};
+  const cuuint32_t step[4] = {1, 1, 1, 1};
+  const CUresult r = encode(&map, type, 4, const_cast<void*>(x.const_data_ptr()), dims, strides, box, step,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  TORCH_CHECK(r == CUDA_SUCCESS, "deltaconv::conv2d: cuTensorMapEncodeTiled failed (CUresult ", (int)r,
+              ") for a depthwise input of ", x.sizes(), ", boxes of ", fw, " x ", fw, " x ", cb);
   return map;
 }
 
@@ -650,12 +684,14 @@ void launch_small_cin_tc(const Tensor& x, const Tensor& m, const ConvWeights& tw
 // Depthwise 3x3 / 5x5, stride 1 / 2, dilation 1 / 2 (equal along both axes), channels in whole
 // 16-byte vectors: the vectorised kernel. launch_dwconv_vec returns false (nothing launched) for
 // any other case.
-template <typename T, int KS, int S, int D, int NV, int PPT>
+template <typename T, int KS, int S, int D, int NV, int PPT, bool TMA>
 void run_dwconv_vec_nv(const Tensor& x, const Tensor& m, const Tensor& w, const c10::optional<Tensor>& b,
                        const c10::optional<Tensor>& key, const Tensor& y, const WorkList& wl, const ConvGeom& g,
                        int64_t tiles, cudaStream_t stream) {
   using Cfg = conv::DwVecCfg<T, KS, S, D, NV, PPT>;
-  auto kernel = conv::dwconv_vec_kernel<T, KS, S, D, NV, PPT>;
+  auto kernel = conv::dwconv_vec_kernel<T, KS, S, D, NV, PPT, TMA>;
+  CUtensorMap x_map{};
+  if constexpr (TMA) x_map = depthwise_halo_map(x, Cfg::CB, Cfg::FW);
   TORCH_CHECK(allow_smem(kernel, Cfg::SMEM), "deltaconv::conv2d: depthwise kernel needs ", Cfg::SMEM,
               " bytes of shared memory");
   // tiles are walked grid-stride: two waves of resident blocks are enough, and a frame with no tile
@@ -666,7 +702,7 @@ void run_dwconv_vec_nv(const Tensor& x, const Tensor& m, const Tensor& w, const 
   launch_kernel(kernel, grid, Cfg::THREADS, Cfg::SMEM, stream, reinterpret_cast<const T*>(x.const_data_ptr()),
                 m.data_ptr<bool>(), reinterpret_cast<const T*>(w.const_data_ptr()),
                 b.has_value() ? reinterpret_cast<const T*>(b->const_data_ptr()) : nullptr, key_ptr(key),
-                reinterpret_cast<T*>(y.data_ptr()), wl.list, wl.count, g);
+                reinterpret_cast<T*>(y.data_ptr()), wl.list, wl.count, g, x_map);
 }
 
 // Channel blocks of 4 vectors where they leave fewer vectors idle than blocks of 8 (32 or 96
@@ -681,21 +717,38 @@ inline bool dwconv_narrow_blocks(int cvecs) {
 // adjacent outputs share the input columns it loads (1.25-1.36x faster than 2 at 50-100 % changed),
 // and 2 at stride 2 (1.12-1.29x faster than 1 in 4-vector channel blocks, equal to 4 within 3 % in
 // 8-vector ones). H200, 2026-11-22; benchmarks/results/dwconv_ab.txt sections 5 and 6.
+constexpr int dwconv_auto_ppt(int stride) { return stride == 1 ? 4 : 2; }
 int dwconv_pixels_per_thread(int stride) {
   const int64_t v = env_int("DELTACONV_DW_PPT", 0);
   TORCH_CHECK(v == 0 || v == 1 || v == 2 || v == 4, "deltaconv: environment variable DELTACONV_DW_PPT must be "
               "an integer among 0, 1, 2 and 4, got '", std::getenv("DELTACONV_DW_PPT"), "'");
-  return v != 0 ? (int)v : stride == 1 ? 4 : 2;
+  return v != 0 ? (int)v : dwconv_auto_ppt(stride);
 }
+
+// The depthwise halo copied by the copy engine (TMA: Hopper, an sm_90a build, channel blocks of 8
+// vectors, the default pixels per thread), unless DELTACONV_DW_TMA=0 (read on every call, for A/B
+// runs and tests of both): then by cp.async. In 8-vector blocks the TMA copy was 1.03-1.13x faster
+// at 50-100 % changed (C=64 at 1080x1920: 0.215 against 0.237 ms at 100 %), equal at 10 %; in
+// 4-vector blocks (64-byte box rows) 0.80-0.95x, so those stay on cp.async (H200, 2026-11-22;
+// benchmarks/results/dwconv_ab.txt section 7).
+bool dwconv_tma_enabled() { return env_switch("DELTACONV_DW_TMA") && sm90a_device(); }
 
 template <typename T, int KS, int S, int D, int NV>
 void run_dwconv_vec_ppt(const Tensor& x, const Tensor& m, const Tensor& w, const c10::optional<Tensor>& b,
                         const c10::optional<Tensor>& key, const Tensor& y, const WorkList& wl, const ConvGeom& g,
                         int64_t tiles, cudaStream_t stream) {
-  switch (dwconv_pixels_per_thread(S)) {
-    case 4: run_dwconv_vec_nv<T, KS, S, D, NV, 4>(x, m, w, b, key, y, wl, g, tiles, stream); break;
-    case 2: run_dwconv_vec_nv<T, KS, S, D, NV, 2>(x, m, w, b, key, y, wl, g, tiles, stream); break;
-    default: run_dwconv_vec_nv<T, KS, S, D, NV, 1>(x, m, w, b, key, y, wl, g, tiles, stream); break;
+  constexpr int kAutoPpt = dwconv_auto_ppt(S);
+  const int ppt = dwconv_pixels_per_thread(S);
+  if constexpr (NV == 8) {
+    if (ppt == kAutoPpt && dwconv_tma_enabled()) {
+      run_dwconv_vec_nv<T, KS, S, D, NV, kAutoPpt, true>(x, m, w, b, key, y, wl, g, tiles, stream);
+      return;
+    }
+  }
+  switch (ppt) {
+    case 4: run_dwconv_vec_nv<T, KS, S, D, NV, 4, false>(x, m, w, b, key, y, wl, g, tiles, stream); break;
+    case 2: run_dwconv_vec_nv<T, KS, S, D, NV, 2, false>(x, m, w, b, key, y, wl, g, tiles, stream); break;
+    default: run_dwconv_vec_nv<T, KS, S, D, NV, 1, false>(x, m, w, b, key, y, wl, g, tiles, stream); break;
   }
 }
 

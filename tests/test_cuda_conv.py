@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 
 import pytest
 import torch
@@ -736,6 +737,33 @@ def test_depthwise_each_pixels_per_thread(case, dtype, ppt, monkeypatch):
     monkeypatch.setenv("DELTACONV_DW_PPT", ppt)
     run_conv2d_every_fraction_and_key(case, dtype, seed=50)
     run_conv2d(case[:-1] + ((300, 640),), dtype, (0.3, 1.0), (False, True), seed=51)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tma", ["1", "0"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("case", DEPTHWISE_PPT, ids=_case_id)
+def test_depthwise_halo_by_tma_or_cp_async(case, dtype, tma, monkeypatch):
+    """The vectorised depthwise kernel with its halo copied by the copy engine (TMA: 8-vector channel
+    blocks on Hopper, with DELTACONV_DW_TMA unset or 1; inactive pixels zeroed after the copy lands)
+    and by cp.async (DELTACONV_DW_TMA=0) equals the reference on small maps at every fraction and on
+    a frame of more tiles than its grid; the TMA kernel runs exactly where it should."""
+    monkeypatch.setenv("DELTACONV_DW_TMA", tma)
+    run_conv2d_every_fraction_and_key(case, dtype, seed=52)
+    run_conv2d(case[:-1] + ((300, 640),), dtype, (0.3, 1.0), (False, True), seed=53)
+    cin, cout, k, s, p, d, g, (H, W) = case
+    gen = torch.Generator().manual_seed(8)
+    mask = make_mask(FRACS[1], H, W, gen).cuda()
+    delta = make_delta(1, cin, H, W, mask.cpu(), dtype, gen)
+    weight = torch.randn(cout, 1, *k, generator=gen).to(dtype).cuda()
+    names = cuda_kernel_names(lambda: ops().conv2d(delta, mask, weight, None, [s, s], [p, p], [d, d], g, None))
+    if not names:
+        pytest.skip("the CUDA profiler recorded no kernel (CUPTI unavailable, e.g. under compute-sanitizer)")
+    vectors = cin * dtype.itemsize // 16
+    eight = -(-vectors // 8) * 8 - vectors <= -(-vectors // 4) * 4 - vectors  # dwconv_narrow_blocks
+    expected = runs_wgmma_kernels() and tma == "1" and eight
+    assert any("dwconv_vec_kernel" in n for n in names), names
+    assert any(re.search(r"dwconv_vec_kernel<[^>]*, true>", n) for n in names) == expected, names
 
 
 # ----------------------------------------------------------------------------- conv_transpose2d

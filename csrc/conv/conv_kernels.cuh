@@ -6,12 +6,14 @@
 //                                memory per chunk of input channels. KH = KW = 0: runtime size.
 //   conv1x1_kernel<T>            1x1 conv: a GEMM over groups of 64 listed active pixels.
 //   dwconv_kernel<T, KS>         depthwise (groups == Cin == Cout): 8x8 tile x 32 channels.
-//   dwconv_vec_kernel<T,KS,S,D,NV,PPT> depthwise 3x3 / 5x5, stride 1 / 2, dilation 1 / 2, 16-byte
-//                                vectors, PPT output pixels per thread.
+//   dwconv_vec_kernel<T,KS,S,D,NV,PPT,TMA> depthwise 3x3 / 5x5, stride 1 / 2, dilation 1 / 2,
+//                                16-byte vectors, PPT output pixels per thread; TMA: the halo copied
+//                                by the copy engine (Hopper).
 //   conv_direct_kernel<T, TR>    smem-free fallback for any geometry and the transposed conv.
 #pragma once
 
 #include "conv_common.cuh"
+#include "tma.cuh"
 
 namespace deltaconv {
 namespace conv {
@@ -368,6 +370,12 @@ struct Vec16 {
 // 1 the PPT pixels share all but KS - 1 of the input columns a thread reads, and each input vector
 // is converted to float once for all of them); fp32 accumulation, weights as fp32
 // [KS*KS][channels of the block] in shared memory.
+// TMA (sm_90a; the launcher takes it for 8-vector blocks): one thread has the copy engine fetch the
+// whole halo as one box of a 4-D tensor map of the input ([N][H][W][C]: outside the image and past
+// the channels it writes zeros), completing on an mbarrier per buffer; each thread looks up the mask
+// of 1-3 halo pixels (not of each of its 7-19 vectors) and zeroes the vectors of those that are
+// inactive once the box has landed. This takes the per-vector address arithmetic, bounds tests and
+// mask loads of the cp.async staging off every thread.
 template <typename T, int KS, int S, int D, int NV_, int PPT_>
 struct DwVecCfg {
   static_assert(NV_ == 4 || NV_ == 8, "depthwise channel block: 4 or 8 vectors");
@@ -381,8 +389,11 @@ struct DwVecCfg {
   static constexpr int THREADS = NV * TILE_PIX / PPT;      // one thread per vector and PPT pixels
   static constexpr int FW = (TILE_W - 1) * S + (KS - 1) * D + 1;  // halo width (= height)
   static constexpr int HALO = FW * FW * NV;                // 16-byte vectors per halo buffer
-  static constexpr int LOADS = (HALO + THREADS - 1) / THREADS;  // vectors per thread
-  static constexpr int SMEM = 2 * HALO * 16 + KS * KS * CB * 4;  // bytes: two halo buffers, weights
+  static constexpr int HALO_VECS = (HALO + 7) / 8 * 8;     // a buffer's size, 128-byte aligned (TMA)
+  static constexpr int LOADS = (HALO + THREADS - 1) / THREADS;  // vectors per thread (cp.async)
+  static constexpr int MASKS = (FW * FW + THREADS - 1) / THREADS;  // halo pixels per thread (TMA)
+  // bytes: two halo buffers, the weights, two mbarriers (TMA)
+  static constexpr int SMEM = 2 * HALO_VECS * 16 + KS * KS * CB * 4 + 16;
 };
 
 // Issues the cp.async copies of tile `tile`'s input halo (channel vectors [v0, v0 + NV)) into
@@ -411,17 +422,51 @@ __device__ __forceinline__ void dwv_stage_halo(uint4* buf, bool (&active)[Cfg::L
   cp_async_commit();
 }
 
-template <typename T, int KS, int S, int D, int NV, int PPT_>
+// TMA: has the copy engine fetch tile `tile`'s input halo (channels [v0 * VEC, + CB), as
+// dwv_stage_halo) from `map` into shared memory at `dst`, completing on the mbarrier `bar`. One
+// thread calls it.
+template <typename Cfg>
+__device__ __forceinline__ void dwv_tma_halo(uint32_t dst, const CUtensorMap* map, uint32_t bar, int tile,
+                                             const ConvGeom& g, int v0) {
+  const TileAt at = tile_at(tile, g);
+  tc::mbarrier_arrive_expect_tx(bar, Cfg::HALO * 16);  // the whole box, its zero-filled part included
+  tc::tma_load_4d(dst, map, v0 * Cfg::VEC, at.ow0 * Cfg::STRIDE - g.pw, at.oh0 * Cfg::STRIDE - g.ph, at.n, bar);
+}
+
+// TMA: loads into `zero[l]` whether halo pixel threadIdx.x + l * THREADS of tile `tile` lies in the
+// image and is inactive (so that its copied vectors must be zeroed).
+template <typename Cfg>
+__device__ __forceinline__ void dwv_halo_inactive(bool (&zero)[Cfg::MASKS], const bool* mask, int tile,
+                                                  const ConvGeom& g) {
+  const TileAt at = tile_at(tile, g);
+  const int ih0 = at.oh0 * Cfg::STRIDE - g.ph, iw0 = at.ow0 * Cfg::STRIDE - g.pw;
+  const bool* mn = mask + (size_t)at.n * g.H * g.W;
+#pragma unroll
+  for (int l = 0; l < Cfg::MASKS; ++l) {
+    const int q = threadIdx.x + l * Cfg::THREADS;
+    zero[l] = false;
+    if (q < Cfg::FW * Cfg::FW) {
+      const int ih = ih0 + q / Cfg::FW, iw = iw0 + q % Cfg::FW;
+      if (ih >= 0 && ih < g.H && iw >= 0 && iw < g.W) zero[l] = !mn[ih * g.W + iw];
+    }
+  }
+}
+
+// x_map (TMA only): the input as a 4-D tensor map with boxes of FW x FW pixels x CB channels.
+template <typename T, int KS, int S, int D, int NV, int PPT_, bool TMA>
 __global__ void __launch_bounds__(NV * TILE_PIX / PPT_)
     dwconv_vec_kernel(const T* __restrict__ x, const bool* __restrict__ mask, const T* __restrict__ w,
                       const T* __restrict__ bias, const bool* __restrict__ key, T* __restrict__ y,
-                      const int* __restrict__ list, const int* __restrict__ count_in, ConvGeom g) {
+                      const int* __restrict__ list, const int* __restrict__ count_in, ConvGeom g,
+                      const __grid_constant__ CUtensorMap x_map) {
   grid_dependency_sync();
   using Cfg = DwVecCfg<T, KS, S, D, NV, PPT_>;
   constexpr int VEC = Cfg::VEC, CB = Cfg::CB, FW = Cfg::FW, KK = KS * KS, PPT = Cfg::PPT;
-  extern __shared__ float4 smem4[];
-  uint4* halo_s = reinterpret_cast<uint4*>(smem4);                     // [2][FW * FW][NV]
-  float* w_s = reinterpret_cast<float*>(smem4) + 2 * Cfg::HALO * 4;    // [KK][CB]
+  if constexpr (TMA && !DC_HAS_WGMMA) __trap();  // the host launches TMA only on sm_90a builds
+  extern __shared__ __align__(128) float4 smem4[];
+  uint4* halo_s = reinterpret_cast<uint4*>(smem4);                        // [2][HALO_VECS]: [FW * FW][NV]
+  float* w_s = reinterpret_cast<float*>(smem4) + 2 * Cfg::HALO_VECS * 4;  // [KK][CB]
+  const uint32_t bar_s = smem_u32(w_s + KK * CB);                         // TMA: an mbarrier per buffer
   const int C = g.Cout;
   const int cvecs = C / VEC;
   const int v0 = blockIdx.y * NV;  // first vector of this block
@@ -434,8 +479,20 @@ __global__ void __launch_bounds__(NV * TILE_PIX / PPT_)
   if ((int)blockIdx.x >= count) return;  // no tile for this block: skip staging the weights
   const uint4* xv = reinterpret_cast<const uint4*>(x);
   uint4* yv = reinterpret_cast<uint4*>(y);
-  bool active[Cfg::LOADS];
-  dwv_stage_halo<Cfg>(halo_s, active, xv, mask, list[1 + blockIdx.x], g, v0, cvecs);
+  bool active[Cfg::LOADS];  // cp.async: the mask of each vector this thread copies
+  bool zero[Cfg::MASKS];    // TMA: the halo pixels of this thread to zero
+  if constexpr (TMA) {
+    if (tid == 0) {
+      tc::mbarrier_init(bar_s, 1);
+      tc::mbarrier_init(bar_s + 8, 1);
+      tc::fence_mbarrier_init();
+      dwv_tma_halo<Cfg>(smem_u32(halo_s), &x_map, bar_s, list[1 + blockIdx.x], g, v0);
+    }
+    dwv_halo_inactive<Cfg>(zero, mask, list[1 + blockIdx.x], g);
+    __syncthreads();  // the mbarriers are initialised before any thread waits on them
+  } else {
+    dwv_stage_halo<Cfg>(halo_s, active, xv, mask, list[1 + blockIdx.x], g, v0, cvecs);
+  }
 
   for (int idx = tid; idx < KK * CB; idx += Cfg::THREADS) {
     const int cc = idx % CB, k = idx / CB;
@@ -447,20 +504,44 @@ __global__ void __launch_bounds__(NV * TILE_PIX / PPT_)
   for (int i = 0; i < VEC; ++i) b[i] = (bias != nullptr && vok) ? to_f(bias[(v0 + v) * VEC + i]) : 0.f;
 
   int buf = 0;
+  unsigned phases = 0;  // TMA: bit b, the parity of buffer b's next mbarrier phase
   for (int item = blockIdx.x; item < count; item += gridDim.x, buf ^= 1) {
-    uint4* in_s = halo_s + buf * Cfg::HALO;
-    cp_async_wait<0>();  // this thread's copies of the item's halo have landed: zero its inactive pixels
+    uint4* in_s = halo_s + buf * Cfg::HALO_VECS;
+    if constexpr (TMA) {
+      tc::mbarrier_wait(bar_s + 8 * buf, (phases >> buf) & 1u);  // the item's halo has landed
+      phases ^= 1u << buf;
 #pragma unroll
-    for (int l = 0; l < Cfg::LOADS; ++l) {
-      const int idx = tid + l * Cfg::THREADS;
-      if (idx < Cfg::HALO && !active[l]) in_s[idx] = make_uint4(0, 0, 0, 0);
+      for (int l = 0; l < Cfg::MASKS; ++l) {
+        if (zero[l]) {  // lanes start at different vectors: their 16-byte stores spread over the banks
+          uint4* px = in_s + (tid + l * Cfg::THREADS) * NV;
+#pragma unroll
+          for (int k = 0; k < NV; ++k) px[(k + tid) & (NV - 1)] = make_uint4(0, 0, 0, 0);
+        }
+      }
+      // orders this thread's accesses to the buffers before the copy engine's next writes to them
+      tc::fence_proxy_async();
+    } else {
+      cp_async_wait<0>();  // this thread's copies of the item's halo have landed: zero its inactive pixels
+#pragma unroll
+      for (int l = 0; l < Cfg::LOADS; ++l) {
+        const int idx = tid + l * Cfg::THREADS;
+        if (idx < Cfg::HALO && !active[l]) in_s[idx] = make_uint4(0, 0, 0, 0);
+      }
     }
     // the halo (and, first time, w_s) is complete; every thread is done with the other buffer
     __syncthreads();
     const int tile = list[1 + item];
     const int next = item + gridDim.x;
-    if (next < count)
-      dwv_stage_halo<Cfg>(halo_s + (buf ^ 1) * Cfg::HALO, active, xv, mask, list[1 + next], g, v0, cvecs);
+    if (next < count) {
+      if constexpr (TMA) {
+        if (tid == 0)
+          dwv_tma_halo<Cfg>(smem_u32(halo_s + (buf ^ 1) * Cfg::HALO_VECS), &x_map, bar_s + 8 * (buf ^ 1),
+                            list[1 + next], g, v0);
+        dwv_halo_inactive<Cfg>(zero, mask, list[1 + next], g);
+      } else {
+        dwv_stage_halo<Cfg>(halo_s + (buf ^ 1) * Cfg::HALO_VECS, active, xv, mask, list[1 + next], g, v0, cvecs);
+      }
+    }
     const TileAt at = tile_at(tile, g);
     const int n = at.n, oh0 = at.oh0, ow0 = at.ow0;
     float acc[PPT][VEC];

@@ -1,6 +1,7 @@
-// Hopper's tensor memory accelerator (TMA, sm_90a) for the weight-stationary 3x3 kernel: a 2-D tile
-// of a tensor in global memory copied into shared memory by the copy engine, its completion counted
-// in bytes on an mbarrier. ATen-free; the host side (the CUtensorMap) is in conv_ops.cu.
+// Hopper's tensor memory accelerator (TMA, sm_90a) for the weight-stationary 3x3 kernel (2-D boxes of
+// its weight) and the depthwise kernel (4-D boxes of its input halo): a box of a tensor in global
+// memory copied into shared memory by the copy engine, its completion counted in bytes on an
+// mbarrier. ATen-free; the host side (the CUtensorMaps) is in conv_ops.cu.
 //
 // Unlike cp.async, these copies are not part of the issuing thread's cp.async groups, so a kernel
 // can wait for them and for its own cp.async groups independently (weights by chunk, halos by stage).
@@ -63,6 +64,20 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
           dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
+      : "memory");
+#endif
+}
+
+// Copies the box of the 4-D `map` at element coordinates (c0 innermost .. c3) into shared memory at
+// `dst` (128-byte aligned), completing its bytes on `bar`; box elements outside the tensor (negative
+// coordinates included) are written as zeros. `map` as for tma_load_2d.
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2, int c3,
+                                            uint32_t bar) {
+#if DC_HAS_WGMMA
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
+      "[%6];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
       : "memory");
 #endif
 }
