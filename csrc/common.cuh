@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <string>
@@ -21,6 +22,9 @@
 #include <utility>
 
 namespace deltaconv {
+
+// The largest int: sizes and counts the kernels index with int must be at most this.
+constexpr int64_t kIntMax = std::numeric_limits<int>::max();
 
 // The activation dtypes every op supports.
 inline bool is_activation_dtype(at::ScalarType t) {

@@ -34,8 +34,6 @@ using conv::ConvGeom;
 using conv::PoolGeom;
 using conv::Strides4;
 
-constexpr int64_t kIntMax = std::numeric_limits<int>::max();
-
 // Argument `name` (tensor t) a CUDA tensor of dtype `dtype` on the device of `delta`.
 #define DC_CHECK_BESIDE_DELTA(OP, name, t, delta, dtype)                                              \
   do {                                                                                                \

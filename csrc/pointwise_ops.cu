@@ -512,8 +512,7 @@ Resampling resampling(const char* op, const char* name, const Tensor& x, at::Int
   r.n = x.size(0), r.h = x.size(2), r.w = x.size(3), r.oh = out_size[0], r.ow = out_size[1];
   TORCH_CHECK(r.h > 0 && r.w > 0, "deltaconv::", op, ": argument '", name,
               "' must have non-empty spatial dims, got shape ", x.sizes());
-  constexpr int64_t kIntMax = int64_t{1} << 31;
-  TORCH_CHECK(r.h < kIntMax && r.w < kIntMax && r.oh < kIntMax && r.ow < kIntMax, "deltaconv::", op,
+  TORCH_CHECK(r.h <= kIntMax && r.w <= kIntMax && r.oh <= kIntMax && r.ow <= kIntMax, "deltaconv::", op,
               ": spatial sizes must fit in int32");
   const bool linear = r.mode == pw::kBilinear;
   r.scale_h = linear ? linear_scale(scale_h, r.h, r.oh, align_corners) : nearest_scale(scale_h, r.h, r.oh);
