@@ -241,6 +241,7 @@ TC3_CASES = [
     (16, 24, (3, 3), 2, 0, 1, 1, (21, 30)),      # stride 2, no padding
     (64, 64, (3, 3), 1, 1, 1, 1, (135, 240)),    # many tiles
     (64, 64, (3, 3), 1, 2, 2, 1, (31, 45)),      # dilation 2 (segmentation backbones)
+    (128, 136, (3, 3), 1, 2, 2, 1, (31, 45)),    # dilation 2, C_out > 64 (128-channel blocks), partial
     (96, 136, (3, 3), 1, 4, 4, 1, (21, 30)),     # dilation 4, 2 chunks of C_in, 2 C_out blocks
     (32, 64, (3, 3), 1, 1, 2, 1, (31, 45)),      # dilation 2, padding 1 (not "same")
     (64, 64, (3, 3), 1, 4, 4, 1, (135, 240)),    # dilation 4, many tiles
