@@ -216,11 +216,7 @@ void launch_direct(const Tensor& x, const Tensor& m, const Tensor& w, const c10:
 // 3x3 launch (-1: always coarse, a huge value: always fine).
 bool tc_enabled() { return env_switch("DELTACONV_TC"); }
 
-// Hopper's wgmma runs the gathered-rows GEMM (1x1 convs, gathered taps) and the stride-1 3x3 tile
-// kernel when the build has the sm_90a target (DC_SM90A: setup.py's default TORCH_CUDA_ARCH_LIST
-// "9.0a") and the device is compute capability 9.0; otherwise they use mma.sync.
-// DELTACONV_WGMMA=0 forces mma.sync (read on every call: A/B runs, tests of both paths).
-// sm90a_device: the build has the sm_90a code and the current device is compute capability 9.0.
+// Whether the build has the sm_90a code (DC_SM90A) and the current device is compute capability 9.0.
 bool sm90a_device() {
 #if defined(DC_SM90A) && DC_SM90A
   const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
@@ -229,6 +225,11 @@ bool sm90a_device() {
   return false;
 #endif
 }
+
+// Hopper's wgmma runs the gathered-rows GEMM (1x1 convs, gathered taps) and the stride-1 3x3 tile
+// kernel when the build has the sm_90a target (DC_SM90A: setup.py's default TORCH_CUDA_ARCH_LIST
+// "9.0a") and the device is compute capability 9.0; otherwise they use mma.sync.
+// DELTACONV_WGMMA=0 forces mma.sync (read on every call: A/B runs, tests of both paths).
 bool wgmma_enabled() { return env_switch("DELTACONV_WGMMA") && sm90a_device(); }
 
 // Opt-in to the device's maximum dynamic shared memory (less the kernel's static shared memory)
@@ -710,12 +711,14 @@ inline bool dwconv_narrow_blocks(int cvecs) {
   return idle4 < idle8;
 }
 
+// The default output pixels per thread of the vectorised depthwise kernel at `stride`.
+constexpr int dwconv_auto_ppt(int stride) { return stride == 1 ? 4 : 2; }
+
 // Output pixels per thread of the vectorised depthwise kernel: DELTACONV_DW_PPT=<1, 2 or 4> (read on
 // every call, for A/B runs and tests of each), or 0 / unset: 4 at stride 1, where a thread's four
 // adjacent outputs share the input columns it loads (1.25-1.36x faster than 2 at 50-100 % changed),
 // and 2 at stride 2 (1.12-1.29x faster than 1 in 4-vector channel blocks, equal to 4 within 3 % in
 // 8-vector ones). H200, 2026-11-22; benchmarks/results/dwconv_ab.txt sections 5 and 6.
-constexpr int dwconv_auto_ppt(int stride) { return stride == 1 ? 4 : 2; }
 int dwconv_pixels_per_thread(int stride) {
   const int64_t v = env_int("DELTACONV_DW_PPT", 0);
   TORCH_CHECK(v == 0 || v == 1 || v == 2 || v == 4, "deltaconv: environment variable DELTACONV_DW_PPT must be "
