@@ -184,6 +184,13 @@ inline int log2_lanes_for(int64_t channels, int vec) {
   return l;
 }
 
+// Blocks of `threads` threads that give each of `pixels` pixels a group of 2^log2_lanes threads
+// (pw::pixel_group; lanes from log2_lanes_for): the grid of a one-group-per-pixel launch, or the
+// blocks a persistent one (pw::for_each_active_pixel) would want.
+inline int64_t group_blocks(int64_t pixels, int log2_lanes, int threads) {
+  return ((pixels << log2_lanes) + threads - 1) / threads;
+}
+
 // Whether `p` is 16-byte aligned (a 16-byte vector load or store may use it).
 inline bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15) == 0; }
 

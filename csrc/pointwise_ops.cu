@@ -114,11 +114,9 @@ bool all_aligned(std::initializer_list<const void*> ptrs) {
   return true;
 }
 
-// The grid of a kernel with one group of 2^log2_lanes threads per pixel (pw::pixel_group; the lanes
-// from log2_lanes_for, common.cuh).
+// The grid of a kernel with one group of 2^log2_lanes threads per pixel (group_blocks, common.cuh).
 dim3 grid_for(int64_t pixels, int log2_lanes) {
-  const int64_t threads = pixels << log2_lanes;
-  return dim3(static_cast<unsigned>((threads + pw::kThreads - 1) / pw::kThreads));
+  return dim3(static_cast<unsigned>(group_blocks(pixels, log2_lanes, pw::kThreads)));
 }
 
 cudaStream_t stream() { return at::cuda::getCurrentCUDAStream(); }

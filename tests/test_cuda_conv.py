@@ -728,6 +728,13 @@ DEPTHWISE_PPT = [
 ]
 
 
+def run_depthwise_small_and_large(case, dtype, seed):
+    """A DEPTHWISE_PPT case at every fraction and key pattern on its small map (seed), and on a
+    300x640 frame of more tiles than the grid (seed + 1)."""
+    run_conv2d_every_fraction_and_key(case, dtype, seed=seed)
+    run_conv2d(case[:-1] + ((300, 640),), dtype, (0.3, 1.0), (False, True), seed=seed + 1)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("ppt", ["1", "2", "4"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=str)
@@ -736,8 +743,7 @@ def test_depthwise_each_pixels_per_thread(case, dtype, ppt, monkeypatch):
     """Every choice of output pixels per thread of the vectorised depthwise kernel equals the
     reference, on small maps at every fraction and on a frame of more tiles than its grid."""
     monkeypatch.setenv("DELTACONV_DW_PPT", ppt)
-    run_conv2d_every_fraction_and_key(case, dtype, seed=50)
-    run_conv2d(case[:-1] + ((300, 640),), dtype, (0.3, 1.0), (False, True), seed=51)
+    run_depthwise_small_and_large(case, dtype, seed=50)
 
 
 @pytest.mark.gpu
@@ -750,8 +756,7 @@ def test_depthwise_halo_by_tma_or_cp_async(case, dtype, tma, monkeypatch):
     and by cp.async (DELTACONV_DW_TMA=0) equals the reference on small maps at every fraction and on
     a frame of more tiles than its grid; the TMA kernel runs exactly where it should."""
     monkeypatch.setenv("DELTACONV_DW_TMA", tma)
-    run_conv2d_every_fraction_and_key(case, dtype, seed=52)
-    run_conv2d(case[:-1] + ((300, 640),), dtype, (0.3, 1.0), (False, True), seed=53)
+    run_depthwise_small_and_large(case, dtype, seed=52)
     cin, cout, k, s, p, d, g, (H, W) = case
     gen = torch.Generator().manual_seed(8)
     mask = make_mask(FRACS[1], H, W, gen).cuda()

@@ -422,23 +422,21 @@ __device__ __forceinline__ void dwv_stage_halo(uint4* buf, bool (&active)[Cfg::L
   cp_async_commit();
 }
 
-// TMA: has the copy engine fetch tile `tile`'s input halo (channels [v0 * VEC, + CB), as
+// TMA: has the copy engine fetch the input halo of the tile at `at` (channels [v0 * VEC, + CB), as
 // dwv_stage_halo) from `map` into shared memory at `dst`, completing on the mbarrier `bar`. One
 // thread calls it.
 template <typename Cfg>
-__device__ __forceinline__ void dwv_tma_halo(uint32_t dst, const CUtensorMap* map, uint32_t bar, int tile,
+__device__ __forceinline__ void dwv_tma_halo(uint32_t dst, const CUtensorMap* map, uint32_t bar, const TileAt& at,
                                              const ConvGeom& g, int v0) {
-  const TileAt at = tile_at(tile, g);
   tc::mbarrier_arrive_expect_tx(bar, Cfg::HALO * 16);  // the whole box, its zero-filled part included
   tc::tma_load_4d(dst, map, v0 * Cfg::VEC, at.ow0 * Cfg::STRIDE - g.pw, at.oh0 * Cfg::STRIDE - g.ph, at.n, bar);
 }
 
-// TMA: loads into `zero[l]` whether halo pixel threadIdx.x + l * THREADS of tile `tile` lies in the
-// image and is inactive (so that its copied vectors must be zeroed).
+// TMA: loads into `zero[l]` whether halo pixel threadIdx.x + l * THREADS of the tile at `at` lies in
+// the image and is inactive (so that its copied vectors must be zeroed).
 template <typename Cfg>
-__device__ __forceinline__ void dwv_halo_inactive(bool (&zero)[Cfg::MASKS], const bool* mask, int tile,
+__device__ __forceinline__ void dwv_halo_inactive(bool (&zero)[Cfg::MASKS], const bool* mask, const TileAt& at,
                                                   const ConvGeom& g) {
-  const TileAt at = tile_at(tile, g);
   const int ih0 = at.oh0 * Cfg::STRIDE - g.ph, iw0 = at.ow0 * Cfg::STRIDE - g.pw;
   const bool* mn = mask + (size_t)at.n * g.H * g.W;
 #pragma unroll
@@ -482,13 +480,14 @@ __global__ void __launch_bounds__(NV * TILE_PIX / PPT_)
   bool active[Cfg::LOADS];  // cp.async: the mask of each vector this thread copies
   bool zero[Cfg::MASKS];    // TMA: the halo pixels of this thread to zero
   if constexpr (TMA) {
+    const TileAt first = tile_at(list[1 + blockIdx.x], g);
     if (tid == 0) {
       tc::mbarrier_init(bar_s, 1);
       tc::mbarrier_init(bar_s + 8, 1);
       tc::fence_mbarrier_init();
-      dwv_tma_halo<Cfg>(smem_u32(halo_s), &x_map, bar_s, list[1 + blockIdx.x], g, v0);
+      dwv_tma_halo<Cfg>(smem_u32(halo_s), &x_map, bar_s, first, g, v0);
     }
-    dwv_halo_inactive<Cfg>(zero, mask, list[1 + blockIdx.x], g);
+    dwv_halo_inactive<Cfg>(zero, mask, first, g);
     __syncthreads();  // the mbarriers are initialised before any thread waits on them
   } else {
     dwv_stage_halo<Cfg>(halo_s, active, xv, mask, list[1 + blockIdx.x], g, v0, cvecs);
@@ -503,13 +502,13 @@ __global__ void __launch_bounds__(NV * TILE_PIX / PPT_)
 #pragma unroll
   for (int i = 0; i < VEC; ++i) b[i] = (bias != nullptr && vok) ? to_f(bias[(v0 + v) * VEC + i]) : 0.f;
 
-  int buf = 0;
-  unsigned phases = 0;  // TMA: bit b, the parity of buffer b's next mbarrier phase
-  for (int item = blockIdx.x; item < count; item += gridDim.x, buf ^= 1) {
+  // this block's k-th item uses halo buffer k & 1, for the (k >> 1)-th time (TMA: that parity of the
+  // buffer's mbarrier phase)
+  for (int item = blockIdx.x, k = 0; item < count; item += gridDim.x, ++k) {
+    const int buf = k & 1;
     uint4* in_s = halo_s + buf * Cfg::HALO_VECS;
     if constexpr (TMA) {
-      tc::mbarrier_wait(bar_s + 8 * buf, (phases >> buf) & 1u);  // the item's halo has landed
-      phases ^= 1u << buf;
+      tc::mbarrier_wait(bar_s + 8 * buf, (k >> 1) & 1);  // the item's halo has landed
 #pragma unroll
       for (int l = 0; l < Cfg::MASKS; ++l) {
         if (zero[l]) {  // lanes start at different vectors: their 16-byte stores spread over the banks
@@ -534,10 +533,11 @@ __global__ void __launch_bounds__(NV * TILE_PIX / PPT_)
     const int next = item + gridDim.x;
     if (next < count) {
       if constexpr (TMA) {
+        const TileAt at_next = tile_at(list[1 + next], g);
         if (tid == 0)
-          dwv_tma_halo<Cfg>(smem_u32(halo_s + (buf ^ 1) * Cfg::HALO_VECS), &x_map, bar_s + 8 * (buf ^ 1),
-                            list[1 + next], g, v0);
-        dwv_halo_inactive<Cfg>(zero, mask, list[1 + next], g);
+          dwv_tma_halo<Cfg>(smem_u32(halo_s + (buf ^ 1) * Cfg::HALO_VECS), &x_map, bar_s + 8 * (buf ^ 1), at_next,
+                            g, v0);
+        dwv_halo_inactive<Cfg>(zero, mask, at_next, g);
       } else {
         dwv_stage_halo<Cfg>(halo_s + (buf ^ 1) * Cfg::HALO_VECS, active, xv, mask, list[1 + next], g, v0, cvecs);
       }

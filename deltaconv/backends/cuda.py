@@ -500,8 +500,8 @@ def interpolate(delta: Tensor, mask: Tensor, size, scale_factor, mode: str,
                 align_corners: Optional[bool]) -> tuple[Tensor, Tensor]:
     """``F.interpolate`` in a mode with non-negative weights: linear; the mask follows the same
     resampling (kernels: nearest, nearest-exact, bilinear)."""
-    if not (_resampling_ok(size, scale_factor) and _native("interpolate", delta, mask) and delta.dim() == 4 and delta.dtype in _ACT_DTYPES
-            and mode in ("nearest", "nearest-exact", "bilinear")):
+    if not (_resampling_ok(size, scale_factor) and _native("interpolate", delta, mask) and delta.dim() == 4
+            and delta.dtype in _ACT_DTYPES and mode in ("nearest", "nearest-exact", "bilinear")):
         return _ref.interpolate(delta, mask, size, scale_factor, mode, align_corners)
     out_size, sh, sw = _interpolate_args(delta.shape, size, scale_factor)
     return torch.ops.deltaconv.interpolate(_value4(delta), _mask4(mask), out_size, sh, sw, mode,
