@@ -20,6 +20,7 @@
 
 #include "common.cuh"
 #include "conv/conv_kernels.cuh"
+#include "conv/conv3x3_ring.cuh"
 #include "conv/conv3x3_stationary.cuh"
 #include "conv/conv_small_cin_tc.cuh"
 #include "conv/conv_tc.cuh"
@@ -326,14 +327,14 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder(const char* fallback) {
   return fn.first;
 }
 
-// The weight of a weight-stationary 3x3 conv ([Cout][3][3][Cin], fp16 or bf16 at `w`) as the 2-D
-// tensor map its TMA copies read (conv3x3_stationary.cuh): Cout rows of 9 Cin values, boxes of `bn`
-// rows x 64 values (128 bytes) with the 128-byte swizzle; rows past Cout read as zeros. The map
-// holds the address and is encoded on every call (host work), so a captured graph keeps the weight
-// it was captured with, as for every other argument.
-CUtensorMap stationary_weight_map(const void* w, bool half, const ConvGeom& g, int bn) {
-  const auto encode =
-      tensor_map_encoder("set DELTACONV_TC_STATIONARY=0 to use the 3x3 kernels without it");
+// The weight of a 3x3 conv ([Cout][3][3][Cin], fp16 or bf16 at `w`) as the 2-D tensor map the TMA
+// copies of the weight-stationary and the warp-specialised kernels read (conv3x3_stationary.cuh,
+// conv3x3_ring.cuh): Cout rows of 9 Cin values, boxes of `bn` rows x 64 values (128 bytes) with the
+// 128-byte swizzle; rows past Cout read as zeros. The map holds the address and is encoded on
+// every call (host work), so a captured graph keeps the weight it was captured with, as for every
+// other argument. `fallback`: the switch that runs without the kernel, for the error.
+CUtensorMap conv3x3_weight_map(const void* w, bool half, const ConvGeom& g, int bn, const char* fallback) {
+  const auto encode = tensor_map_encoder(fallback);
   TORCH_CHECK(aligned16(w), "deltaconv::conv2d: the 3x3 weight's data must be 16-byte "
               "aligned, got address ", w);
   CUtensorMap map;
@@ -354,7 +355,7 @@ CUtensorMap stationary_weight_map(const void* w, bool half, const ConvGeom& g, i
 // size a multiple of 16 bytes) as the 4-D tensor map (C innermost, W, H, N) of the depthwise
 // kernel's TMA halo copies (conv_kernels.cuh): boxes of `fw` x `fw` pixels x `cb` channels, no
 // swizzle; box elements outside the tensor read as zeros. Encoded on every call, as
-// stationary_weight_map.
+// conv3x3_weight_map.
 CUtensorMap depthwise_halo_map(const Tensor& x, int cb, int fw) {
   const auto encode = tensor_map_encoder("set DELTACONV_DW_TMA=0 to stage the depthwise halo without it");
   const CUtensorMapDataType type = x.scalar_type() == at::kHalf       ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
@@ -385,34 +386,50 @@ void launch_tc_3x3_stationary(const conv::tc::TcArgs& a, int64_t tiles, cudaStre
   (void)prepare_kernel(kernel, Cfg::THREADS, Cfg::smem());
   const int nb = ceil_div(a.g.Cout, Cfg::BN);
   const int64_t gx = std::max<int64_t>(1, std::min<int64_t>((tiles + Cfg::WGS - 1) / Cfg::WGS, num_sms() / nb));
-  const CUtensorMap w_map = stationary_weight_map(a.w, std::is_same<T, __half>::value, a.g, BN);
+  const CUtensorMap w_map = conv3x3_weight_map(a.w, std::is_same<T, __half>::value, a.g, BN,
+                                               "set DELTACONV_TC_STATIONARY=0 to use the 3x3 kernels without it");
   launch_kernel(kernel, dim3((unsigned)gx, (unsigned)nb), Cfg::THREADS, Cfg::smem(), stream, a, w_map);
+}
+
+// Whether the coarse 3x3 launch runs on the warp-specialised kernel (conv3x3_ring.cuh) in place of
+// conv3x3_tc_kernel: Hopper wgmma, stride 1 (the caller's), 128 channels of C_out per block (the
+// caller's), C_in % 64 == 0. DELTACONV_TC_RING=0: never (read on every call: A/B runs, tests of both).
+bool ring_enabled(const ConvGeom& g) {
+  return g.Cin % conv::tc::CK == 0 && wgmma_enabled() && env_switch("DELTACONV_TC_RING");
 }
 
 // One 3x3 configuration: (coarse, fine) pair of instantiations for one dtype / stride / width /
 // dilation. STAT: the weight-stationary kernel with 4 chunks of C_in (256) and 32 channels per
-// block takes the fine launch's tiles (few tiles, and the coarse launch's tail).
+// block takes the fine launch's tiles (few tiles, and the coarse launch's tail). The coarse launch
+// runs on the warp-specialised kernel where ring_enabled (WG, stride 1, 128-channel blocks).
 template <typename T, int S, int TPB, int NWc, int NTc, int NWf, int NTf, int D = 1, bool WG = false,
           bool STAT = false>
 void run_tc_3x3(conv::tc::TcArgs a, int64_t tiles, cudaStream_t stream) {
   using CC = conv::tc::Conv3Cfg<S, TPB, NWc, NTc, D>;
   using CF = conv::tc::Conv3Cfg<S, 1, NWf, NTf, D>;
+  using RC = conv::tc::RingCfg<D>;
   static_assert(CC::BN == CF::BN, "coarse and fine launches must split Cout alike");
   auto kc = conv::tc::conv3x3_tc_kernel<T, S, TPB, NWc, NTc, false, D, WG>;
   auto kf = conv::tc::conv3x3_tc_kernel<T, S, 1, NWf, NTf, true, D, WG>;
+  auto kr = conv::tc::conv3x3_ring_kernel<T, D>;
+  const bool ring = WG && S == 1 && CC::BN == RC::BN && ring_enabled(a.g);
   a.cap = (int)tiles;
   const int smem_c = CC::smem(conv::tc::conv3x3_weight_slots(WG, false));
   const int smem_f = CF::smem(conv::tc::conv3x3_weight_slots(WG, true));
-  const int occ_c = prepare_kernel(kc, CC::THREADS, smem_c);
+  const int occ_c = ring ? prepare_kernel(kr, RC::THREADS, RC::smem()) : prepare_kernel(kc, CC::THREADS, smem_c);
+  const int tpb = ring ? RC::WGS : TPB;  // tiles per group of the coarse launch
   if constexpr (!STAT) (void)prepare_kernel(kf, CF::THREADS, smem_f);
   const int sms = num_sms();
   const int nb = ceil_div(a.g.Cout, CC::BN);
   // The coarse launch unless it would fill less than half of the machine (the count is only
-  // known on the device: both are launched and one returns at once).
-  int64_t fine_max = (int64_t)occ_c * sms * TPB / (2 * nb);
+  // known on the device: both are launched and one returns at once). The warp-specialised kernel
+  // spreads few tiles over all its blocks, a tile per warpgroup: it takes them from a tile per two
+  // multiprocessors on (C = 256 at 270 x 480: 22.9 against 24.4 us at 50 tiles, 27.1 against 37.6
+  // at 132; dilation 2: faster from 33 tiles on; H200, 2026-11-22, benchmarks/results/ring_ab.txt).
+  int64_t fine_max = ring ? sms / (2 * nb) : (int64_t)occ_c * sms * tpb / (2 * nb);
   fine_max = env_int("DELTACONV_TC_FINE_MAX", fine_max);
   a.fine_max = (int)std::max<int64_t>(std::min<int64_t>(fine_max, kIntMax), -1);
-  const int64_t groups_c = (tiles + TPB - 1) / TPB;
+  const int64_t groups_c = (tiles + tpb - 1) / tpb;
   const int64_t gx_c = std::max<int64_t>(1, std::min<int64_t>(groups_c, std::max<int64_t>(1, (int64_t)occ_c * sms / nb)));
   const int64_t gx_f = std::max<int64_t>(1, std::min<int64_t>(tiles, std::max<int64_t>(a.fine_max, 1)));
   const int cluster = a.fine_max >= 0 && !STAT ? k_split_cluster(kf, a.g.Cin) : 1;
@@ -425,12 +442,18 @@ void run_tc_3x3(conv::tc::TcArgs a, int64_t tiles, cudaStream_t stream) {
   // list's order, which its atomics make vary from call to call, and a split tile's sum is rounded
   // differently: so not under torch.use_deterministic_algorithms(True). DELTACONV_TC_TAIL=0: never
   // (A/B runs, tests).
-  a.coarse_round = (int)std::min<int64_t>(gx_c * TPB, kIntMax);
+  a.coarse_round = (int)std::min<int64_t>(gx_c * tpb, kIntMax);
   const bool tail = (STAT || cluster > 1) && env_switch("DELTACONV_TC_TAIL") &&
                     !at::globalContext().deterministicAlgorithms();
   a.tail_max = tail ? (int)std::min<int64_t>(sms / (2 * nb), gx_f) : 0;
   if (a.fine_max < tiles) {  // the coarse launch can have work
-    launch_kernel(kc, dim3((unsigned)gx_c, (unsigned)nb), CC::THREADS, smem_c, stream, a);
+    if (ring) {
+      const CUtensorMap w_map = conv3x3_weight_map(a.w, std::is_same<T, __half>::value, a.g, RC::BN,
+                                                   "set DELTACONV_TC_RING=0 to use the 3x3 kernels without it");
+      launch_kernel(kr, dim3((unsigned)gx_c, (unsigned)nb), RC::THREADS, RC::smem(), stream, a, w_map);
+    } else {
+      launch_kernel(kc, dim3((unsigned)gx_c, (unsigned)nb), CC::THREADS, smem_c, stream, a);
+    }
   }
   if (a.fine_max >= 0) {  // the fine launch can have work
     if constexpr (STAT) {

@@ -217,6 +217,34 @@ def run_conv2d_every_fraction_and_key(case, dtype, seed: int) -> None:
             run_conv2d(case, dtype, fracs, key, seed=seed + i, bias=(i % 2 == 0) or key is not None)
 
 
+def repeatable_conv2d(case, dtype, fracs, seed: int):
+    """The conv2d of a 3x3 ``case`` (groups 1, no bias) on a delta with changed fractions ``fracs``,
+    as a function of no arguments, after asserting that three calls give bit-identical outputs."""
+    cin, cout, k, s, p, d, g, (H, W) = case
+    gen = torch.Generator().manual_seed(seed)
+    mask = make_mask(fracs, H, W, gen).cuda()
+    delta = make_delta(len(fracs), cin, H, W, mask.cpu(), dtype, gen)
+    weight = (torch.randn(cout, cin, *k, generator=gen) / math.sqrt(cin * 9)).cuda()
+
+    def call():
+        return ops().conv2d(delta, mask, weight, None, [s, s], [p, p], [d, d], 1, None)
+
+    first, mo = call()
+    active = mo.expand_as(first)
+    for _ in range(2):
+        out, mo2 = call()
+        assert torch.equal(mo2, mo) and torch.equal(out[active], first[active]), "outputs differ between calls"
+    return call
+
+
+def kernel_names_or_skip(call) -> list[str]:
+    """cuda_kernel_names(call); skips the test when the profiler records none."""
+    names = cuda_kernel_names(call)
+    if not names:
+        pytest.skip("the CUDA profiler recorded no kernel (CUPTI unavailable, e.g. under compute-sanitizer)")
+    return names
+
+
 def set_tile_split(monkeypatch, split: str) -> None:
     """DELTACONV_TC_SPLIT and DELTACONV_TC_SPLIT_MIN from "bound/least" ("huge": never enough pixel rows)."""
     bound, _, least = split.partition("/")
@@ -307,36 +335,54 @@ def test_conv2d_3x3_weight_stationary(case, dtype, split, monkeypatch):
     (and not with DELTACONV_TC_STATIONARY=0), and its outputs are bit-identical from call to call."""
     set_tile_split(monkeypatch, split)
     run_conv2d_every_fraction_and_key(case, dtype, seed=40)
-    cin, cout, k, s, p, d, g, (H, W) = case
-    gen = torch.Generator().manual_seed(6)
-    mask = make_mask(FRACS[1], H, W, gen).cuda()
-    delta = make_delta(2, cin, H, W, mask.cpu(), dtype, gen)
-    weight = (torch.randn(cout, cin, *k, generator=gen) / math.sqrt(cin * 9)).cuda()
-
-    def call():
-        return ops().conv2d(delta, mask, weight, None, [s, s], [p, p], [d, d], 1, None)
-
-    first, mo = call()
-    active = mo.expand_as(first)
-    for _ in range(2):
-        out, mo2 = call()
-        assert torch.equal(mo2, mo) and torch.equal(out[active], first[active]), "outputs differ between calls"
+    call = repeatable_conv2d(case, dtype, FRACS[1], seed=6)
     hopper = runs_wgmma_kernels()
     for switch in ("1", "0"):
         monkeypatch.setenv("DELTACONV_TC_STATIONARY", switch)
-        names = cuda_kernel_names(call)
-        if not names:
-            pytest.skip("the CUDA profiler recorded no kernel (CUPTI unavailable, e.g. under compute-sanitizer)")
-        ran = any("conv3x3_stationary_kernel" in n for n in names)
+        ran = any("conv3x3_stationary_kernel" in n for n in kernel_names_or_skip(call))
         assert ran == (hopper and switch == "1"), f"DELTACONV_TC_STATIONARY={switch}: kernels {names}"
 
 
+# 3x3 cases of the warp-specialised kernel (Hopper wgmma, stride 1, C_in % 64 == 0, C_out > 64;
+# conv3x3_ring.cuh), which takes the coarse launch's tiles unless DELTACONV_TC_RING=0
+RING_CASES = [
+    (64, 128, (3, 3), 1, 1, 1, 1, (31, 45)),     # one input chunk: each tile's halo once
+    (128, 136, (3, 3), 1, 1, 1, 1, (31, 45)),    # two input chunks, 2 C_out blocks, the last one partial
+    (192, 72, (3, 3), 1, 0, 1, 1, (21, 30)),     # three input chunks, one partial C_out block, no padding
+    (256, 256, (3, 3), 1, 1, 1, 1, (68, 120)),   # many tiles: several groups per block
+    (128, 136, (3, 3), 1, 2, 2, 1, (31, 45)),    # dilation 2 (12 x 12 halos)
+    (256, 128, (3, 3), 1, 1, 2, 1, (45, 60)),    # dilation 2, padding 1 (not "same")
+    (128, 72, (3, 3), 1, 4, 4, 1, (31, 45)),     # dilation 4: 16 x 16 halos, two warpgroups per block
+]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", STATIONARY_CASES[:3] + STATIONARY_CASES[7:8] + STATIONARY_CASES[10:11], ids=_case_id)
+@pytest.mark.parametrize("ring", ["1", "0"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("case", RING_CASES, ids=_case_id)
+def test_conv2d_3x3_warp_specialised_coarse_launch(case, dtype, ring, monkeypatch):
+    """The coarse 3x3 launch, forced for every tile count, on the warp-specialised kernel (weights
+    streamed by TMA through a ring that its warpgroups share, a tile per warpgroup) and with
+    DELTACONV_TC_RING=0 on conv3x3_tc_kernel, equals the reference at every changed fraction, with
+    and without key streams; the warp-specialised kernel runs exactly on Hopper with the switch on,
+    and its outputs are bit-identical from call to call."""
+    monkeypatch.setenv("DELTACONV_TC_RING", ring)
+    monkeypatch.setenv("DELTACONV_TC_STATIONARY", "0")  # C_in = 64 / 128: not the weight-stationary kernel
+    monkeypatch.setenv("DELTACONV_TC_FINE_MAX", "-1")
+    monkeypatch.setenv("DELTACONV_TC_SPLIT", "0")
+    run_conv2d_every_fraction_and_key(case, dtype, seed=60)
+    call = repeatable_conv2d(case, dtype, FRACS[-1], seed=7)
+    ran = any("conv3x3_ring_kernel" in n for n in kernel_names_or_skip(call))
+    assert ran == (runs_wgmma_kernels() and ring == "1"), f"DELTACONV_TC_RING={ring}: kernels {names}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", STATIONARY_CASES[:3] + STATIONARY_CASES[7:8] + STATIONARY_CASES[10:11]
+                         + RING_CASES[3:4], ids=_case_id)
 def test_conv2d_3x3_unaligned_weight_view(case):
     """A channels_last weight view that is not 16-byte aligned (the kernels copy weights in 16-byte
-    pieces, the weight-stationary one by a TMA tensor map that needs the alignment) gives the same
-    outputs as an aligned copy of it, bit for bit."""
+    pieces, the weight-stationary and warp-specialised ones by a TMA tensor map that needs the
+    alignment) gives the same outputs as an aligned copy of it, bit for bit."""
     cin, cout, k, s, p, d, g, (H, W) = case
     gen = torch.Generator().manual_seed(7)
     mask = make_mask(FRACS[1], H, W, gen).cuda()
@@ -552,6 +598,7 @@ def test_conv2d_takes_block_ranks_when_few_tiles_have_work(monkeypatch):
     channel blocks), the first-on-a-multiprocessor ticket at most once per multiprocessor; with
     DELTACONV_SPREAD=0 none, and the outputs are the same."""
     monkeypatch.setenv("DELTACONV_TC_STATIONARY", "0")  # C_in = 64: not the weight-stationary kernel
+    monkeypatch.setenv("DELTACONV_TC_RING", "0")  # the fine launch's grid of conv3x3_tc_kernel (64 tile slots)
     gen = torch.Generator().manual_seed(8)
     H = W = 64
     mask = torch.zeros(1, 1, H, W, dtype=torch.bool)
@@ -762,9 +809,7 @@ def test_depthwise_halo_by_tma_or_cp_async(case, dtype, tma, monkeypatch):
     mask = make_mask(FRACS[1], H, W, gen).cuda()
     delta = make_delta(1, cin, H, W, mask.cpu(), dtype, gen)
     weight = torch.randn(cout, 1, *k, generator=gen).to(dtype).cuda()
-    names = cuda_kernel_names(lambda: ops().conv2d(delta, mask, weight, None, [s, s], [p, p], [d, d], g, None))
-    if not names:
-        pytest.skip("the CUDA profiler recorded no kernel (CUPTI unavailable, e.g. under compute-sanitizer)")
+    names = kernel_names_or_skip(lambda: ops().conv2d(delta, mask, weight, None, [s, s], [p, p], [d, d], g, None))
     vectors = cin * dtype.itemsize // 16
     eight = -(-vectors // 8) * 8 - vectors <= -(-vectors // 4) * 4 - vectors  # dwconv_narrow_blocks
     expected = runs_wgmma_kernels() and tma == "1" and eight

@@ -49,29 +49,22 @@ struct StationaryCfg {
   static constexpr int WGS = W_BYTES <= TAPS * 64 * 128 ? 4 : 3;  // warpgroups per block (one block per multiprocessor)
   static constexpr int THREADS = 128 * WGS;
   static constexpr int HALO_W = Halo<1, 1>::W;     // 10: an 8x8 output tile's input rows / columns
-  static constexpr int HALO_ROWS = Halo<1, 1>::PIX;
-  static constexpr int HALO_BYTES = (HALO_ROWS * 128 + 1023) / 1024 * 1024;  // 1024-byte aligned (swizzle)
-  static constexpr int ROW_STEP = 128 / 8;         // a warpgroup copies 16 halo rows per pass (8 threads a row)
-  static constexpr int ROWS_PER_THREAD = (HALO_ROWS + ROW_STEP - 1) / ROW_STEP;
+  static constexpr int HALO_BYTES = WarpgroupHalo<1>::BYTES;
   static constexpr int BAR_BYTES = 8 * CHUNKS;    // an mbarrier per chunk of the weights
   // bytes of dynamic shared memory: weights, two halo buffers per warpgroup, the mbarriers, 1024 for
   // alignment
   static constexpr int smem() { return W_BYTES + WGS * 2 * HALO_BYTES + BAR_BYTES + 1024; }
 };
 
-// Barrier of the 128 threads of warpgroup `wg` (named barrier 1 + wg; 0 is __syncthreads').
-__device__ __forceinline__ void warpgroup_sync(int wg) {
-  asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
-}
-
 // w_map: the weight [C_out][3][3][C_in] as a 2-D tensor map of C_out rows of 9 C_in values, boxes of
-// BN rows x 64 values with the 128-byte swizzle (conv_ops.cu: stationary_weight_map).
+// BN rows x 64 values with the 128-byte swizzle (conv_ops.cu: conv3x3_weight_map).
 template <typename T, int CHUNKS, int BN>
 __global__ void __launch_bounds__(StationaryCfg<CHUNKS, BN>::THREADS, 1)
     conv3x3_stationary_kernel(const TcArgs a, const __grid_constant__ CUtensorMap w_map) {
 #if DC_HAS_WGMMA
   using Cfg = StationaryCfg<CHUNKS, BN>;
-  constexpr int R = Cfg::ROWS_PER_THREAD;
+  using WH = WarpgroupHalo<1>;
+  constexpr int R = WH::R;
   constexpr int CIN = CHUNKS * CK;
   const ConvGeom& g = a.g;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -128,36 +121,18 @@ __global__ void __launch_bounds__(StationaryCfg<CHUNKS, BN>::THREADS, 1)
   const int stages = first < count ? ((count - 1 - first) / slots + 1) * CHUNKS : 0;
   const uint32_t halo_s = w_s + Cfg::W_BYTES + wg * 2 * Cfg::HALO_BYTES;
   const T* __restrict__ x = static_cast<const T*>(a.x);
-  const int wj = wt & 7;   // this thread's 16-byte piece of every halo row it copies
-  const int er = wt >> 3;  // its first halo row; then every ROW_STEP-th
 
-  // p[k]: the input pixel of halo row er + k * ROW_STEP of stage s's tile (-1: zero), found when s
-  // starts a tile and kept for its other chunks; false when there is no stage s
+  // p: the halo sources of stage s's tile (WarpgroupHalo), found when s starts a tile and kept for
+  // its other chunks; false when there is no stage s
   auto entry = [&](int s) { return first + s / CHUNKS * slots; };  // the list entry of stage s's tile
   auto sources = [&](int s, int (&p)[R]) {
     if (s >= stages) return false;
-    if (s % CHUNKS != 0) return true;
-    const TileAt at = tile_at(split_tile_entry(a, listed, entry(s), 0), g);
-#pragma unroll
-    for (int k = 0; k < R; ++k) {
-      const int e = er + k * Cfg::ROW_STEP;
-      p[k] = e < Cfg::HALO_ROWS ? halo_source<1, 1>(a, at, e) : -1;
-    }
+    if (s % CHUNKS == 0) WH::sources(a, tile_at(split_tile_entry(a, listed, entry(s), 0), g), wt, p);
     return true;
   };
   // copy input chunk `chunk` of a halo into buffer `buf` (nothing if !any), one cp.async group either way
   auto load_halo = [&](bool any, const int (&p)[R], int buf, int chunk) {
-    if (any) {
-      const uint32_t hb = halo_s + buf * Cfg::HALO_BYTES;
-      const T* xc = x + chunk * CK + wj * 8;
-#pragma unroll
-      for (int k = 0; k < R; ++k) {
-        const int e = er + k * Cfg::ROW_STEP;
-        if (e < Cfg::HALO_ROWS)
-          cp_async16(hb + e * 128 + ((wj ^ Halo<1, 1>::swz(e)) << 4), p[k] >= 0 ? xc + (size_t)p[k] * CIN : x,
-                     p[k] >= 0);
-      }
-    }
+    if (any) WH::copy(x, CIN, chunk * CK, halo_s + buf * Cfg::HALO_BYTES, wt, p);
     cp_async_commit();
   };
 

@@ -25,7 +25,9 @@
 //       WG (stride 1, sm_90a): a warpgroup per tile issues wgmma with A straight from the halo,
 //       one wgmma group in flight across stages (prefetch distance 1, a 3-slot weight ring).
 //       (On Hopper, stride-1 undilated convs with C_in = 64 or 128 run on conv3x3_stationary_kernel
-//       instead, and with C_in = 256 it takes the fine launch's tiles: conv3x3_stationary.cuh.)
+//       instead, and with C_in = 256 it takes the fine launch's tiles: conv3x3_stationary.cuh. The
+//       coarse launch of stride-1 convs with C_in % 64 == 0 and C_out > 64 runs on
+//       conv3x3_ring_kernel, which streams the weights by TMA through a ring: conv3x3_ring.cuh.)
 //   conv_gather_tc_kernel<T, NW, NT, ROWS, WG>
 //       groups 1, Cin % 8 == 0: a GEMM over 128 output pixels x BN output channels per item, K in
 //       chunks of 64 channels (x taps), 3-slot cp.async ring over the flattened (item, tap, chunk)
@@ -281,6 +283,37 @@ __device__ __forceinline__ int halo_source(const TcArgs& a, const TileAt& at, in
   const int pix = (at.n * g.H + ih) * g.W + iw;
   return a.mask[pix] ? pix : -1;
 }
+
+// A warpgroup's staging of the halo of one 8x8 output tile (3x3, stride 1, dilation D), 64 input
+// channels at a time: the weight-stationary and warp-specialised 3x3 kernels. Thread wt (0..127) of
+// the warpgroup copies 16-byte piece wt % 8 of halo rows wt / 8 + 16 k, k < R; p[k] holds the input
+// pixel of its row k (-1: a zero row), looked up once per tile (sources) and kept for its chunks.
+template <int D>
+struct WarpgroupHalo {
+  static constexpr int ROWS = Halo<1, D>::PIX;
+  static constexpr int BYTES = (ROWS * 128 + 1023) / 1024 * 1024;  // one buffer, 1024-byte aligned (swizzle)
+  static constexpr int R = (ROWS + 15) / 16;                       // rows per thread
+  static __device__ __forceinline__ void sources(const TcArgs& a, const TileAt& at, int wt, int (&p)[R]) {
+#pragma unroll
+    for (int k = 0; k < R; ++k) {
+      const int e = (wt >> 3) + 16 * k;
+      p[k] = e < ROWS ? halo_source<1, D>(a, at, e) : -1;
+    }
+  }
+  // cp.async of input channels [c0, c0 + 64) of this thread's rows (x: [pixels][cin]) into the buffer
+  // at `hb`, 128-byte swizzled rows; the caller commits
+  template <typename T>
+  static __device__ __forceinline__ void copy(const T* x, int cin, int c0, uint32_t hb, int wt, const int (&p)[R]) {
+    const int wj = wt & 7;
+    const T* xc = x + c0 + wj * 8;
+#pragma unroll
+    for (int k = 0; k < R; ++k) {
+      const int e = (wt >> 3) + 16 * k;
+      if (e < ROWS)
+        cp_async16(hb + e * 128 + ((wj ^ Halo<1, D>::swz(e)) << 4), p[k] >= 0 ? xc + (size_t)p[k] * cin : x, p[k] >= 0);
+    }
+  }
+};
 
 template <int S, int TPB, int NW, int NT, int D = 1>
 struct Conv3Cfg {

@@ -1,7 +1,7 @@
-// Hopper's tensor memory accelerator (TMA, sm_90a) for the weight-stationary 3x3 kernel (2-D boxes of
-// its weight) and the depthwise kernel (4-D boxes of its input halo): a box of a tensor in global
-// memory copied into shared memory by the copy engine, its completion counted in bytes on an
-// mbarrier. ATen-free; the host side (the CUtensorMaps) is in conv_ops.cu.
+// Hopper's tensor memory accelerator (TMA, sm_90a) for the weight-stationary and the warp-specialised
+// 3x3 kernels (2-D boxes of their weight) and the depthwise kernel (4-D boxes of its input halo): a box
+// of a tensor in global memory copied into shared memory by the copy engine, its completion counted
+// in bytes on an mbarrier. ATen-free; the host side (the CUtensorMaps) is in conv_ops.cu.
 //
 // Unlike cp.async, these copies are not part of the issuing thread's cp.async groups, so a kernel
 // can wait for them and for its own cp.async groups independently (weights by chunk, halos by stage).
@@ -39,6 +39,13 @@ __device__ __forceinline__ void fence_mbarrier_init() {
 __device__ __forceinline__ void mbarrier_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
 #if DC_HAS_WGMMA
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+#endif
+}
+
+// Arrives on `bar` (one of its `count` arrivals of the current phase).
+__device__ __forceinline__ void mbarrier_arrive(uint32_t bar) {
+#if DC_HAS_WGMMA
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 #endif
 }
 

@@ -53,6 +53,10 @@ __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 #endif
 }
+// Barrier of the 128 threads of warpgroup `wg` (named barrier 1 + wg; 0 is __syncthreads').
+__device__ __forceinline__ void warpgroup_sync(int wg) {
+  asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
+}
 __device__ __forceinline__ void wgmma_fence() {
 #if DC_HAS_WGMMA
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
