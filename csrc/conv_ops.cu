@@ -392,8 +392,8 @@ void launch_tc_3x3_stationary(const conv::tc::TcArgs& a, int64_t tiles, cudaStre
 }
 
 // Whether the coarse 3x3 launch runs on the warp-specialised kernel (conv3x3_ring.cuh) in place of
-// conv3x3_tc_kernel: Hopper wgmma, stride 1 (the caller's), 128 channels of C_out per block (the
-// caller's), C_in % 64 == 0. DELTACONV_TC_RING=0: never (read on every call: A/B runs, tests of both).
+// conv3x3_tc_kernel: Hopper wgmma, stride 1 or 2 (the caller's), 128 channels of C_out per block
+// (the caller's), C_in % 64 == 0. DELTACONV_TC_RING=0: never (read on every call: A/B runs, tests of both).
 bool ring_enabled(const ConvGeom& g) {
   return g.Cin % conv::tc::CK == 0 && wgmma_enabled() && env_switch("DELTACONV_TC_RING");
 }
@@ -401,18 +401,20 @@ bool ring_enabled(const ConvGeom& g) {
 // One 3x3 configuration: (coarse, fine) pair of instantiations for one dtype / stride / width /
 // dilation. STAT: the weight-stationary kernel with 4 chunks of C_in (256) and 32 channels per
 // block takes the fine launch's tiles (few tiles, and the coarse launch's tail). The coarse launch
-// runs on the warp-specialised kernel where ring_enabled (WG, stride 1, 128-channel blocks).
+// runs on the warp-specialised kernel where ring_enabled (stride 1 with WG or stride 2 without
+// dilation, 128-channel blocks).
 template <typename T, int S, int TPB, int NWc, int NTc, int NWf, int NTf, int D = 1, bool WG = false,
           bool STAT = false>
 void run_tc_3x3(conv::tc::TcArgs a, int64_t tiles, cudaStream_t stream) {
   using CC = conv::tc::Conv3Cfg<S, TPB, NWc, NTc, D>;
   using CF = conv::tc::Conv3Cfg<S, 1, NWf, NTf, D>;
-  using RC = conv::tc::RingCfg<D>;
+  using RC = conv::tc::RingCfg<D, S>;
   static_assert(CC::BN == CF::BN, "coarse and fine launches must split Cout alike");
   auto kc = conv::tc::conv3x3_tc_kernel<T, S, TPB, NWc, NTc, false, D, WG>;
   auto kf = conv::tc::conv3x3_tc_kernel<T, S, 1, NWf, NTf, true, D, WG>;
-  auto kr = conv::tc::conv3x3_ring_kernel<T, D>;
-  const bool ring = WG && S == 1 && CC::BN == RC::BN && ring_enabled(a.g);
+  auto kr = conv::tc::conv3x3_ring_kernel<T, D, S>;
+  // (stride 2 runs mma.sync in the halo kernel, WG false, and on the warp-specialised one wgmma)
+  const bool ring = (S == 1 ? WG : D == 1) && CC::BN == RC::BN && ring_enabled(a.g);
   a.cap = (int)tiles;
   const int smem_c = CC::smem(conv::tc::conv3x3_weight_slots(WG, false));
   const int smem_f = CF::smem(conv::tc::conv3x3_weight_slots(WG, true));

@@ -343,7 +343,7 @@ def test_conv2d_3x3_weight_stationary(case, dtype, split, monkeypatch):
         assert ran == (hopper and switch == "1"), f"DELTACONV_TC_STATIONARY={switch}: kernels {names}"
 
 
-# 3x3 cases of the warp-specialised kernel (Hopper wgmma, stride 1, C_in % 64 == 0, C_out > 64;
+# 3x3 cases of the warp-specialised kernel (Hopper wgmma, stride 1 or 2, C_in % 64 == 0, C_out > 64;
 # conv3x3_ring.cuh), which takes the coarse launch's tiles unless DELTACONV_TC_RING=0
 RING_CASES = [
     (64, 128, (3, 3), 1, 1, 1, 1, (31, 45)),     # one input chunk: each tile's halo once
@@ -353,6 +353,8 @@ RING_CASES = [
     (128, 136, (3, 3), 1, 2, 2, 1, (31, 45)),    # dilation 2 (12 x 12 halos)
     (256, 128, (3, 3), 1, 1, 2, 1, (45, 60)),    # dilation 2, padding 1 (not "same")
     (128, 72, (3, 3), 1, 4, 4, 1, (31, 45)),     # dilation 4: 16 x 16 halos, two warpgroups per block
+    (128, 136, (3, 3), 2, 1, 1, 1, (31, 45)),    # stride 2: 17 x 17 halos, even and odd columns apart
+    (256, 128, (3, 3), 2, 0, 1, 1, (45, 60)),    # stride 2, no padding, four input chunks
 ]
 
 

@@ -20,10 +20,12 @@ from common import capture_graph, clustered_mask, run_info, time_cuda, time_in_g
 from deltaconv.modules.linear import kernel_weight_layout  # noqa: E402
 import deltaconv.backends.cuda  # noqa: E402,F401
 
-# (C_in, C_out, (H, W), dilation): the kernel sweep's C = 256 cell, resnet50's layer3 3x3 conv at
-# 1080p input, and fcn_resnet50's dilated layer3 / layer4 3x3 convs at 1080p input
-CONFIGS = [(256, 256, (270, 480), 1), (256, 256, (68, 120), 1), (256, 256, (135, 240), 2),
-           (512, 512, (135, 240), 4)]
+# (C_in, C_out, (H, W) of the input, dilation, stride): the kernel sweep's C = 256 cell, resnet50's
+# layer3 3x3 conv at 1080p input, fcn_resnet50's dilated layer3 / layer4 3x3 convs at 1080p input,
+# and resnet50's stride-2 3x3 convs (layer2 / 3 / 4's first blocks) at 1080p input
+CONFIGS = [(256, 256, (270, 480), 1, 1), (256, 256, (68, 120), 1, 1), (256, 256, (135, 240), 2, 1),
+           (512, 512, (135, 240), 4, 1), (128, 128, (270, 480), 1, 2), (256, 256, (135, 240), 1, 2),
+           (512, 512, (68, 120), 1, 2)]
 FRACTIONS = [0.05, 0.1, 0.25, 0.5, 1.0]
 
 
@@ -41,24 +43,24 @@ def main() -> None:
     torch.backends.cudnn.benchmark = True
     info = run_info()
     print(f"# {info['device']}, {info['date']}, torch {torch.__version__}, {args.dtype}", flush=True)
-    print("cin,cout,HxW,dilation,changed,cudnn_graph_us,ring_graph_us,tc_graph_us,speedup_ring,speedup_tc,"
+    print("cin,cout,HxW,dilation,stride,changed,cudnn_graph_us,ring_graph_us,tc_graph_us,speedup_ring,speedup_tc,"
           "cudnn_in_graph_us,ring_in_graph_us,tc_in_graph_us" + "".join(f",ring_fm{v}_graph_us" for v in args.fine_max),
           flush=True)
     for i in args.configs:
-        cin, cout, (h, w), d = CONFIGS[i]
+        cin, cout, (h, w), d, st = CONFIGS[i]
         x = torch.randn(1, cin, h, w, device="cuda", dtype=dtype).contiguous(memory_format=torch.channels_last)
         wt = torch.randn(cout, cin, 3, 3, device="cuda", dtype=dtype) * (1.0 / (cin * 9)) ** 0.5
         wdc = wt.contiguous(memory_format=kernel_weight_layout(wt, 1))
         wcl = wt.contiguous(memory_format=torch.channels_last)
-        cudnn = min(time_cuda(capture_graph(lambda: F.conv2d(x, wc, None, 1, d, d))[0], iters=60)
+        cudnn = min(time_cuda(capture_graph(lambda: F.conv2d(x, wc, None, st, d, d))[0], iters=60)
                     for wc in (wt, wcl)) * 1000
-        cudnn_in = min(time_in_graph(lambda: F.conv2d(x, wc, None, 1, d, d)) for wc in (wt, wcl)) * 1000
+        cudnn_in = min(time_in_graph(lambda: F.conv2d(x, wc, None, st, d, d)) for wc in (wt, wcl)) * 1000
         for frac in args.fractions:
             mask = clustered_mask(1, h, w, frac)
             delta = (x * mask).contiguous(memory_format=torch.channels_last)
 
             def conv():
-                return torch.ops.deltaconv.conv2d(delta, mask, wdc, None, [1, 1], [d, d], [d, d], 1, None)
+                return torch.ops.deltaconv.conv2d(delta, mask, wdc, None, [st, st], [d, d], [d, d], 1, None)
 
             graph, in_graph = {"1": [], "0": []}, {"1": [], "0": []}
             fm = {v: [] for v in args.fine_max}
@@ -74,7 +76,7 @@ def main() -> None:
                     os.environ.pop("DELTACONV_TC_FINE_MAX")
             os.environ.pop("DELTACONV_TC_RING")
             gr, gt = min(graph["1"]), min(graph["0"])
-            print(f"{cin},{cout},{h}x{w},{d},{frac},{cudnn:.1f},{gr:.1f},{gt:.1f},{cudnn / gr:.2f},{cudnn / gt:.2f},"
+            print(f"{cin},{cout},{h}x{w},{d},{st},{frac},{cudnn:.1f},{gr:.1f},{gt:.1f},{cudnn / gr:.2f},{cudnn / gt:.2f},"
                   f"{cudnn_in:.1f},{min(in_graph['1']):.1f},{min(in_graph['0']):.1f}"
                   + "".join(f",{min(fm[v]):.1f}" for v in args.fine_max), flush=True)
         del x, wt, wdc, wcl

@@ -1,7 +1,7 @@
 // Warp-specialised 3x3 convolution on Hopper wgmma for C_in % 64 == 0 (the coarse launch's tiles):
 //
-//   conv3x3_ring_kernel<T, D>
-//       3x3 conv, stride 1, dilation D (1, 2 or 4), any padding, groups 1, C_in % 64 == 0,
+//   conv3x3_ring_kernel<T, D, S>
+//       3x3 conv, stride S (1, or 2 with D = 1), dilation D (1, 2 or 4), any padding, groups 1, C_in % 64 == 0,
 //       C_out % 8 == 0 (the host takes it for C_out > 64), fp16 / bf16 deltas; in place of conv3x3_tc_kernel's coarse launch (the
 //       tiles [0, coarse_tile_end) of the 3x3 tile list, TcArgs as there). Block (x, y) computes
 //       output channels [128 y, 128 y + 128) of its groups of up to WGS tiles, a tile per warpgroup (list
@@ -20,8 +20,8 @@
 //     group per stage with one more in flight; it frees the previous stage's slot when that group
 //     is done, so the warpgroups only meet at the ring and drift apart (one's epilogue overlaps the
 //     others' tensor-core work);
-//   - a warpgroup stages its own halo ((7 + 2D + 1)^2 pixels x 64 channels per input chunk,
-//     inactive and outside pixels zero) with cp.async, double buffered: chunk h + 1's copies are
+//   - a warpgroup stages its own halo ((7S + 2D + 1)^2 pixels x 64 channels per input chunk,
+//     inactive and outside pixels zero; WarpgroupHalo's layout) with cp.async, double buffered: chunk h + 1's copies are
 //     issued at tap 1 of chunk h, once chunk h - 1's wgmmas (same buffer) are done, and waited for
 //     before chunk h + 1's first tap; warpgroup-local barriers only.
 // A warpgroup without a tile in a group (the block's last) still waits for and frees every stage of
@@ -40,11 +40,10 @@ namespace tc {
 // block's 227 KiB): WGS warpgroups' two halo buffers each, and as many 16 KiB weight slots as fit.
 constexpr int kRingSmem = 227 * 1024;
 
-template <int D>
+template <int D, int S = 1>
 struct RingCfg {
   static constexpr int BN = 128;                   // output channels per block
-  static constexpr int HALO_W = Halo<1, D>::W;     // 10, 12, 16: an 8x8 output tile's input rows / columns
-  static constexpr int HALO_BYTES = WarpgroupHalo<D>::BYTES;
+  static constexpr int HALO_BYTES = WarpgroupHalo<D, S>::BYTES;
   static constexpr int WGS = HALO_BYTES <= 20 * 1024 ? 4 : 2;  // consumer warpgroups = tiles per group
   static constexpr int THREADS = 128 * WGS + 32;   // and the producer warp
   static constexpr int SLOT_BYTES = BN * 128;      // one (chunk, tap): BN rows of 64 input channels
@@ -57,13 +56,13 @@ struct RingCfg {
 
 // w_map: the weight [C_out][3][3][C_in] as a 2-D tensor map of C_out rows of 9 C_in values, boxes of
 // 128 rows x 64 values with the 128-byte swizzle (conv_ops.cu: conv3x3_weight_map).
-template <typename T, int D>
-__global__ void __launch_bounds__(RingCfg<D>::THREADS, 1)
+template <typename T, int D, int S>
+__global__ void __launch_bounds__(RingCfg<D, S>::THREADS, 1)
     conv3x3_ring_kernel(const TcArgs a, const __grid_constant__ CUtensorMap w_map) {
   grid_dependency_sync();
 #if DC_HAS_WGMMA
-  using Cfg = RingCfg<D>;
-  using WH = WarpgroupHalo<D>;
+  using Cfg = RingCfg<D, S>;
+  using WH = WarpgroupHalo<D, S>;
   constexpr int R = WH::R;
   constexpr int WGS = Cfg::WGS;
   const ConvGeom& g = a.g;
@@ -177,7 +176,7 @@ __global__ void __launch_bounds__(RingCfg<D>::THREADS, 1)
         wgmma_fence_operands(acc);
         wgmma_fence();
         const int ky = tap >= 6 ? 2 : (tap >= 3 ? 1 : 0);
-        const uint64_t da = wgmma_desc(hb + D * (ky * Cfg::HALO_W + tap - 3 * ky) * 128, Cfg::HALO_W * 128);
+        const uint64_t da = wgmma_desc(hb + WH::tap_row(ky, tap - 3 * ky) * 128, WH::GROUP_STRIDE);
         const uint64_t db = wgmma_desc(w_s + slot * Cfg::SLOT_BYTES);
 #pragma unroll
         for (int ks = 0; ks < CK / 16; ++ks)

@@ -26,8 +26,9 @@
 //       one wgmma group in flight across stages (prefetch distance 1, a 3-slot weight ring).
 //       (On Hopper, stride-1 undilated convs with C_in = 64 or 128 run on conv3x3_stationary_kernel
 //       instead, and with C_in = 256 it takes the fine launch's tiles: conv3x3_stationary.cuh. The
-//       coarse launch of stride-1 convs with C_in % 64 == 0 and C_out > 64 runs on
-//       conv3x3_ring_kernel, which streams the weights by TMA through a ring: conv3x3_ring.cuh.)
+//       coarse launch of convs with C_in % 64 == 0 and C_out > 64, stride 1 or stride 2 without
+//       dilation, runs on conv3x3_ring_kernel, which streams the weights by TMA through a ring:
+//       conv3x3_ring.cuh.)
 //   conv_gather_tc_kernel<T, NW, NT, ROWS, WG>
 //       groups 1, Cin % 8 == 0: a GEMM over 128 output pixels x BN output channels per item, K in
 //       chunks of 64 channels (x taps), 3-slot cp.async ring over the flattened (item, tap, chunk)
@@ -284,24 +285,45 @@ __device__ __forceinline__ int halo_source(const TcArgs& a, const TileAt& at, in
   return a.mask[pix] ? pix : -1;
 }
 
-// A warpgroup's staging of the halo of one 8x8 output tile (3x3, stride 1, dilation D), 64 input
-// channels at a time: the weight-stationary and warp-specialised 3x3 kernels. Thread wt (0..127) of
-// the warpgroup copies 16-byte piece wt % 8 of halo rows wt / 8 + 16 k, k < R; p[k] holds the input
-// pixel of its row k (-1: a zero row), looked up once per tile (sources) and kept for its chunks.
-template <int D>
+// A warpgroup's staging of the halo of one 8x8 output tile (3x3, stride S, dilation D), 64 input
+// channels at a time, for wgmma with A straight from it: the weight-stationary and warp-specialised
+// 3x3 kernels. Thread wt (0..127) of the warpgroup copies 16-byte piece wt % 8 of halo rows
+// wt / 8 + 16 k, k < R (halo_source's order); p[k] holds the input pixel of its row k (-1: a zero
+// row), looked up once per tile (sources) and kept for its chunks. Row q is stored at row slot(q) of
+// the buffer, 128-byte swizzled by that row's address. Stride 1: slot(q) = q. Stride 2: within each
+// halo row the even input columns come first, then the odd ones, so that the 8 inputs that a tap
+// reads for the 8 pixels of an output row (2 columns apart) are consecutive rows, as wgmma's A
+// operand needs; tap_row / GROUP_STRIDE give its first row and the bytes between output rows.
+template <int D, int S = 1>
 struct WarpgroupHalo {
-  static constexpr int ROWS = Halo<1, D>::PIX;
+  static_assert(S == 1 || D == 1, "stride 2 without dilation");
+  static constexpr int W = Halo<S, D>::W;
+  static constexpr int ROWS = Halo<S, D>::PIX;
   static constexpr int BYTES = (ROWS * 128 + 1023) / 1024 * 1024;  // one buffer, 1024-byte aligned (swizzle)
   static constexpr int R = (ROWS + 15) / 16;                       // rows per thread
+  static constexpr int GROUP_STRIDE = S * W * 128;                 // bytes from one output row's A rows to the next's
+  static __device__ __forceinline__ int slot(int q) {
+    if constexpr (S == 1) {
+      return q;
+    } else {
+      const int hy = q / W, hx = q - hy * W;
+      return hy * W + ((hx & 1) ? (W + 1) / 2 + (hx >> 1) : (hx >> 1));
+    }
+  }
+  // the stored row of tap (ky, kx)'s input for output pixel (0, 0) of the tile
+  static __device__ __forceinline__ int tap_row(int ky, int kx) {
+    if constexpr (S == 1) return D * (ky * W + kx);
+    else return ky * W + ((kx & 1) ? (W + 1) / 2 : (kx >> 1));
+  }
   static __device__ __forceinline__ void sources(const TcArgs& a, const TileAt& at, int wt, int (&p)[R]) {
 #pragma unroll
     for (int k = 0; k < R; ++k) {
       const int e = (wt >> 3) + 16 * k;
-      p[k] = e < ROWS ? halo_source<1, D>(a, at, e) : -1;
+      p[k] = e < ROWS ? halo_source<S, D>(a, at, e) : -1;
     }
   }
   // cp.async of input channels [c0, c0 + 64) of this thread's rows (x: [pixels][cin]) into the buffer
-  // at `hb`, 128-byte swizzled rows; the caller commits
+  // at `hb`; the caller commits
   template <typename T>
   static __device__ __forceinline__ void copy(const T* x, int cin, int c0, uint32_t hb, int wt, const int (&p)[R]) {
     const int wj = wt & 7;
@@ -309,8 +331,10 @@ struct WarpgroupHalo {
 #pragma unroll
     for (int k = 0; k < R; ++k) {
       const int e = (wt >> 3) + 16 * k;
-      if (e < ROWS)
-        cp_async16(hb + e * 128 + ((wj ^ Halo<1, D>::swz(e)) << 4), p[k] >= 0 ? xc + (size_t)p[k] * cin : x, p[k] >= 0);
+      if (e < ROWS) {
+        const int r = slot(e);
+        cp_async16(hb + r * 128 + ((wj ^ (r & 7)) << 4), p[k] >= 0 ? xc + (size_t)p[k] * cin : x, p[k] >= 0);
+      }
     }
   }
 };
