@@ -136,7 +136,10 @@ def spread_tiles_mask(h: int, w: int, tiles: int, dilation: int = 1, seed: int =
     """A ``[1, 1, h, w]`` bool mask that makes exactly ``tiles`` 8x8 output tiles of a 3x3 conv
     (dilation and padding ``dilation``) active, chosen at random over the map (the same prefix of one
     permutation for every count): each a block inset by ``dilation`` so that its footprint stays in
-    its tile. ``None`` when the map has fewer tiles."""
+    its tile, so ``dilation`` is 1, 2 or 3. ``None`` when the map has fewer tiles."""
+    if not 1 <= dilation <= 3:
+        raise ValueError(f"spread_tiles_mask: dilation must be 1, 2 or 3 (an 8x8 block inset by it on every "
+                         f"side keeps a pixel), got {dilation}")
     th, tw = (h + 7) // 8, (w + 7) // 8
     if tiles > th * tw:
         return None

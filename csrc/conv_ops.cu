@@ -1117,7 +1117,8 @@ std::tuple<Tensor, Tensor> max_pool2d_cuda(const Tensor& delta, const Tensor& ma
     const int64_t in_pix = N * H * W;
     if (in_pix > 0 && C > 0) {
       launch_kernel(conv::maxpool_acc_kernel<scalar_t>,
-                    persistent_grid(conv::maxpool_acc_kernel<scalar_t>, 256, group_blocks(in_pix, 5, 256)), 256, 0, stream,
+                    persistent_grid(conv::maxpool_acc_kernel<scalar_t>, 256, group_blocks(in_pix, 5, 256)), 256, 0,
+                    stream,
                     reinterpret_cast<const scalar_t*>(x.const_data_ptr()), m.data_ptr<bool>(), acc.data_ptr<float>(),
                     as, (int)C, (int)H, (int)W, in_pix);
     }
@@ -1136,7 +1137,8 @@ std::tuple<Tensor, Tensor> max_pool2d_cuda(const Tensor& delta, const Tensor& ma
       return;
     }
     launch_kernel(conv::maxpool_out_kernel<scalar_t>,
-                  persistent_grid(conv::maxpool_out_kernel<scalar_t>, 256, group_blocks(total_pix, 5, 256)), 256, 0, stream,
+                  persistent_grid(conv::maxpool_out_kernel<scalar_t>, 256, group_blocks(total_pix, 5, 256)), 256, 0,
+                  stream,
                   m.data_ptr<bool>(), acc.data_ptr<float>(), as, reinterpret_cast<scalar_t*>(sent.data_ptr()), ss,
                   key_ptr(key), reinterpret_cast<scalar_t*>(y.data_ptr()), mask_out.data_ptr<bool>(), g,
                   static_cast<float>(threshold), rms_limit(rms, threshold, C), total_pix);

@@ -562,7 +562,7 @@ Tensor resample(const Tensor& x, at::IntArrayRef out_size, std::optional<double>
                                    static_cast<int>(r.ow), C, r.mode, align_corners};
     // one block per output row, its input rows in shared memory, where they fit in the default 48 KiB
     const int64_t smem = mode_rows(r.mode) * r.w * C * static_cast<int64_t>(sizeof(scalar_t));
-    if (smem <= 48 * 1024 && r.n * r.oh < (int64_t{1} << 31)) {
+    if (smem <= 48 * 1024 && r.n * r.oh <= kIntMax) {
       launch_kernel(pw::resample_rows_kernel<scalar_t>, dim3(static_cast<unsigned>(r.n * r.oh)), pw::kThreads,
                     static_cast<size_t>(smem), stream(), p);
     } else {

@@ -339,7 +339,8 @@ def test_conv2d_3x3_weight_stationary(case, dtype, split, monkeypatch):
     hopper = runs_wgmma_kernels()
     for switch in ("1", "0"):
         monkeypatch.setenv("DELTACONV_TC_STATIONARY", switch)
-        ran = any("conv3x3_stationary_kernel" in n for n in kernel_names_or_skip(call))
+        names = kernel_names_or_skip(call)
+        ran = any("conv3x3_stationary_kernel" in n for n in names)
         assert ran == (hopper and switch == "1"), f"DELTACONV_TC_STATIONARY={switch}: kernels {names}"
 
 
@@ -374,7 +375,8 @@ def test_conv2d_3x3_warp_specialised_coarse_launch(case, dtype, ring, monkeypatc
     monkeypatch.setenv("DELTACONV_TC_SPLIT", "0")
     run_conv2d_every_fraction_and_key(case, dtype, seed=60)
     call = repeatable_conv2d(case, dtype, FRACS[-1], seed=7)
-    ran = any("conv3x3_ring_kernel" in n for n in kernel_names_or_skip(call))
+    names = kernel_names_or_skip(call)
+    ran = any("conv3x3_ring_kernel" in n for n in names)
     assert ran == (runs_wgmma_kernels() and ring == "1"), f"DELTACONV_TC_RING={ring}: kernels {names}"
 
 

@@ -76,7 +76,8 @@ def main() -> None:
                     os.environ.pop("DELTACONV_TC_FINE_MAX")
             os.environ.pop("DELTACONV_TC_RING")
             gr, gt = min(graph["1"]), min(graph["0"])
-            print(f"{cin},{cout},{h}x{w},{d},{st},{frac},{cudnn:.1f},{gr:.1f},{gt:.1f},{cudnn / gr:.2f},{cudnn / gt:.2f},"
+            print(f"{cin},{cout},{h}x{w},{d},{st},{frac},{cudnn:.1f},{gr:.1f},{gt:.1f},"
+                  f"{cudnn / gr:.2f},{cudnn / gt:.2f},"
                   f"{cudnn_in:.1f},{min(in_graph['1']):.1f},{min(in_graph['0']):.1f}"
                   + "".join(f",{min(fm[v]):.1f}" for v in args.fine_max), flush=True)
         del x, wt, wdc, wcl

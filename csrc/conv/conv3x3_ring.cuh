@@ -1,11 +1,12 @@
 // Warp-specialised 3x3 convolution on Hopper wgmma for C_in % 64 == 0 (the coarse launch's tiles):
 //
 //   conv3x3_ring_kernel<T, D, S>
-//       3x3 conv, stride S (1, or 2 with D = 1), dilation D (1, 2 or 4), any padding, groups 1, C_in % 64 == 0,
-//       C_out % 8 == 0 (the host takes it for C_out > 64), fp16 / bf16 deltas; in place of conv3x3_tc_kernel's coarse launch (the
-//       tiles [0, coarse_tile_end) of the 3x3 tile list, TcArgs as there). Block (x, y) computes
-//       output channels [128 y, 128 y + 128) of its groups of up to WGS tiles, a tile per warpgroup (list
-//       entries x + k gridDim.x: few tiles spread over all blocks).
+//       3x3 conv, stride S (1, or 2 with D = 1), dilation D (1, 2 or 4), any padding, groups 1,
+//       C_in % 64 == 0, C_out % 8 == 0 (the host takes it for C_out > 64), fp16 / bf16 deltas; in
+//       place of conv3x3_tc_kernel's coarse launch (the tiles [0, coarse_tile_end) of the 3x3 tile
+//       list, TcArgs as there). Block (x, y) computes output channels [128 y, 128 y + 128) of its
+//       groups of up to WGS tiles, a tile per warpgroup (list entries x + k gridDim.x: few tiles
+//       spread over all blocks).
 //
 // Why: conv3x3_tc_kernel's coarse launch streams a [128 x 64] weight slice per (chunk, tap) stage
 // with cp.async from all its threads, one stage ahead, and synchronises its block on every stage;
@@ -21,12 +22,12 @@
 //     is done, so the warpgroups only meet at the ring and drift apart (one's epilogue overlaps the
 //     others' tensor-core work);
 //   - a warpgroup stages its own halo ((7S + 2D + 1)^2 pixels x 64 channels per input chunk,
-//     inactive and outside pixels zero; WarpgroupHalo's layout) with cp.async, double buffered: chunk h + 1's copies are
-//     issued at tap 1 of chunk h, once chunk h - 1's wgmmas (same buffer) are done, and waited for
-//     before chunk h + 1's first tap; warpgroup-local barriers only.
+//     inactive and outside pixels zero; WarpgroupHalo's layout) with cp.async, double buffered:
+//     chunk h + 1's copies are issued at tap 1 of chunk h, once chunk h - 1's wgmmas (same buffer)
+//     are done, and waited for before chunk h + 1's first tap; warpgroup-local barriers only.
 // A warpgroup without a tile in a group (the block's last) still waits for and frees every stage of
-// the ring (its thread 0 alone), so that the ring's phases stay the same for all. Each tile's sum runs in one fixed
-// order: results do not depend on the grid.
+// the ring (its thread 0 alone), so that the ring's phases stay the same for all. Each tile's sum
+// runs in one fixed order: results do not depend on the grid.
 #pragma once
 
 #include "conv_tc.cuh"
@@ -50,8 +51,21 @@ struct RingCfg {
   static constexpr int FIXED = WGS * 2 * HALO_BYTES + 1024;  // halos, alignment
   static constexpr int SLOTS = (kRingSmem - FIXED - 256) / SLOT_BYTES;
   static_assert(SLOTS >= 3 && SLOTS <= 16, "weight ring");
-  // bytes of dynamic shared memory: weight ring, halos, 2 SLOTS mbarriers, 1024 for alignment
-  static constexpr int smem() { return SLOTS * SLOT_BYTES + WGS * 2 * HALO_BYTES + 2 * 8 * SLOTS + 1024; }
+  // bytes of dynamic shared memory: weight ring, halos and alignment, 2 SLOTS mbarriers
+  static constexpr int smem() { return SLOTS * SLOT_BYTES + FIXED + 2 * 8 * SLOTS; }
+};
+
+// A position in the weight ring: the slot of a stage and the parity of that slot's current round
+// (its mbarriers' phase), advanced one stage at a time by the producer and by each consumer.
+template <int SLOTS>
+struct RingPos {
+  int slot = 0, phase = 0;
+  __device__ __forceinline__ void next() {
+    if (++slot == SLOTS) {
+      slot = 0;
+      phase ^= 1;
+    }
+  }
 };
 
 // w_map: the weight [C_out][3][3][C_in] as a 2-D tensor map of C_out rows of 9 C_in values, boxes of
@@ -93,20 +107,16 @@ __global__ void __launch_bounds__(RingCfg<D, S>::THREADS, 1)
 
   if (tid >= 128 * WGS) {  // ---- the producer warp: one lane issues the weight slices
     if (tid == 128 * WGS) {
-      int slot = 0, phase = 0;
+      RingPos<Cfg::SLOTS> r;
 #pragma unroll 1
       for (int gi = 0; gi < my_groups; ++gi)
 #pragma unroll 1
         for (int c0 = 0; c0 < Cin; c0 += CK)
 #pragma unroll 1
-          for (int tap = 0; tap < 9; ++tap) {
-            mbarrier_wait(empty_s + 8 * slot, phase ^ 1);  // a fresh barrier passes parity 1 at once
-            mbarrier_arrive_expect_tx(full_s + 8 * slot, Cfg::SLOT_BYTES);
-            tma_load_2d(w_s + slot * Cfg::SLOT_BYTES, &w_map, tap * Cin + c0, n0, full_s + 8 * slot);
-            if (++slot == Cfg::SLOTS) {
-              slot = 0;
-              phase ^= 1;
-            }
+          for (int tap = 0; tap < 9; ++tap, r.next()) {
+            mbarrier_wait(empty_s + 8 * r.slot, r.phase ^ 1);  // a fresh barrier passes parity 1 at once
+            mbarrier_arrive_expect_tx(full_s + 8 * r.slot, Cfg::SLOT_BYTES);
+            tma_load_2d(w_s + r.slot * Cfg::SLOT_BYTES, &w_map, tap * Cin + c0, n0, full_s + 8 * r.slot);
           }
     }
     return;  // the consumers wait for every copy before they exit
@@ -136,13 +146,7 @@ __global__ void __launch_bounds__(RingCfg<D, S>::THREADS, 1)
   load_halo(sources(0, 0, p), p, 0, 0);
   float acc[2][Cfg::BN / 16][4];  // warp w: tile rows 2w, 2w + 1; acc[h]: channels n0 + 64 h .. + 63
   zero_acc(acc);  // (and after each tile: zeroed inside the stage loop, ptxas would drain every stage)
-  int slot = 0, phase = 0;
-  auto next_slot = [&]() {
-    if (++slot == Cfg::SLOTS) {
-      slot = 0;
-      phase ^= 1;
-    }
-  };
+  RingPos<Cfg::SLOTS> r;
   int held = -1;  // the slot of the stage whose wgmma group may still run (freed after the next one)
   int h = 0;      // halo index
 #pragma unroll 1
@@ -153,9 +157,9 @@ __global__ void __launch_bounds__(RingCfg<D, S>::THREADS, 1)
       if (wt == 0) {
 #pragma unroll 1
         for (int s = (my_groups - gi) * chunks * 9; s > 0; --s) {
-          mbarrier_wait(full_s + 8 * slot, phase);
-          mbarrier_arrive(empty_s + 8 * slot);
-          next_slot();
+          mbarrier_wait(full_s + 8 * r.slot, r.phase);
+          mbarrier_arrive(empty_s + 8 * r.slot);
+          r.next();
         }
       }
       break;
@@ -172,12 +176,12 @@ __global__ void __launch_bounds__(RingCfg<D, S>::THREADS, 1)
       warpgroup_sync(wg);
 #pragma unroll 1
       for (int tap = 0; tap < 9; ++tap) {
-        mbarrier_wait(full_s + 8 * slot, phase);
+        mbarrier_wait(full_s + 8 * r.slot, r.phase);
         wgmma_fence_operands(acc);
         wgmma_fence();
         const int ky = tap >= 6 ? 2 : (tap >= 3 ? 1 : 0);
         const uint64_t da = wgmma_desc(hb + WH::tap_row(ky, tap - 3 * ky) * 128, WH::GROUP_STRIDE);
-        const uint64_t db = wgmma_desc(w_s + slot * Cfg::SLOT_BYTES);
+        const uint64_t db = wgmma_desc(w_s + r.slot * Cfg::SLOT_BYTES);
 #pragma unroll
         for (int ks = 0; ks < CK / 16; ++ks)
           Wgmma<T, Cfg::BN>::run(acc[0], acc[1], wgmma_desc_add(da, ks * 32), wgmma_desc_add(db, ks * 32));
@@ -190,12 +194,12 @@ __global__ void __launch_bounds__(RingCfg<D, S>::THREADS, 1)
         // free the previous stage's slot (one arrival per warpgroup: a warpgroup's wgmma completes
         // as a whole, so one lane's wait covers its four warps)
         if (wt == 0 && held >= 0) mbarrier_arrive(empty_s + 8 * held);
-        held = slot;
+        held = r.slot;
         if (tap == 1) {  // chunk h - 1's wgmmas (the other buffer) are done in every warp
           warpgroup_sync(wg);
           load_halo(next_any, p, (h + 1) & 1, next_chunk);
         }
-        next_slot();
+        r.next();
       }
     }
     // the tile's last stage: drain, free its slot, store

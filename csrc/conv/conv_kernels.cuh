@@ -514,7 +514,7 @@ __global__ void __launch_bounds__(NV * TILE_PIX / PPT_)
         if (zero[l]) {  // lanes start at different vectors: their 16-byte stores spread over the banks
           uint4* px = in_s + (tid + l * Cfg::THREADS) * NV;
 #pragma unroll
-          for (int k = 0; k < NV; ++k) px[(k + tid) & (NV - 1)] = make_uint4(0, 0, 0, 0);
+          for (int j = 0; j < NV; ++j) px[(j + tid) & (NV - 1)] = make_uint4(0, 0, 0, 0);
         }
       }
       // orders this thread's accesses to the buffers before the copy engine's next writes to them
