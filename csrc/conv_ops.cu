@@ -20,6 +20,7 @@
 
 #include "common.cuh"
 #include "conv/conv_kernels.cuh"
+#include "conv/conv1x1_ring.cuh"
 #include "conv/conv3x3_ring.cuh"
 #include "conv/conv3x3_stationary.cuh"
 #include "conv/conv_small_cin_tc.cuh"
@@ -327,19 +328,20 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder(const char* fallback) {
   return fn.first;
 }
 
-// The weight of a 3x3 conv ([Cout][3][3][Cin], fp16 or bf16 at `w`) as the 2-D tensor map the TMA
-// copies of the weight-stationary and the warp-specialised kernels read (conv3x3_stationary.cuh,
-// conv3x3_ring.cuh): Cout rows of 9 Cin values, boxes of `bn` rows x 64 values (128 bytes) with the
-// 128-byte swizzle; rows past Cout read as zeros. The map holds the address and is encoded on
-// every call (host work), so a captured graph keeps the weight it was captured with, as for every
-// other argument. `fallback`: the switch that runs without the kernel, for the error.
-CUtensorMap conv3x3_weight_map(const void* w, bool half, const ConvGeom& g, int bn, const char* fallback) {
+// The weight of a 3x3 or 1x1 conv ([Cout][taps][Cin], taps 9 or 1, fp16 or bf16 at `w`) as the 2-D
+// tensor map the TMA copies of the weight-stationary and the warp-specialised kernels read
+// (conv3x3_stationary.cuh, conv3x3_ring.cuh, conv1x1_ring.cuh): Cout rows of taps * Cin values,
+// boxes of `bn` rows x 64 values (128 bytes) with the 128-byte swizzle; rows past Cout read as
+// zeros. The map holds the address and is encoded on every call (host work), so a captured graph
+// keeps the weight it was captured with, as for every other argument. `fallback`: the switch that
+// runs without the kernel, for the error.
+CUtensorMap conv_weight_map(const void* w, bool half, const ConvGeom& g, int taps, int bn, const char* fallback) {
   const auto encode = tensor_map_encoder(fallback);
-  TORCH_CHECK(aligned16(w), "deltaconv::conv2d: the 3x3 weight's data must be 16-byte "
+  TORCH_CHECK(aligned16(w), "deltaconv::conv2d: the ", taps == 9 ? "3x3" : "1x1", " weight's data must be 16-byte "
               "aligned, got address ", w);
   CUtensorMap map;
-  const cuuint64_t dims[2] = {(cuuint64_t)9 * g.Cin, (cuuint64_t)g.Cout};
-  const cuuint64_t row_bytes[1] = {(cuuint64_t)9 * g.Cin * 2};
+  const cuuint64_t dims[2] = {(cuuint64_t)taps * g.Cin, (cuuint64_t)g.Cout};
+  const cuuint64_t row_bytes[1] = {(cuuint64_t)taps * g.Cin * 2};
   const cuuint32_t box[2] = {(cuuint32_t)conv::tc::CK, (cuuint32_t)bn};
   const cuuint32_t step[2] = {1, 1};
   const CUresult r = encode(&map, half ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
@@ -347,7 +349,7 @@ CUtensorMap conv3x3_weight_map(const void* w, bool half, const ConvGeom& g, int 
                             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   TORCH_CHECK(r == CUDA_SUCCESS, "deltaconv::conv2d: cuTensorMapEncodeTiled failed (CUresult ", (int)r,
-              ") for a 3x3 weight of ", g.Cout, " x 3 x 3 x ", g.Cin);
+              ") for a weight of ", g.Cout, " x ", taps, " taps x ", g.Cin);
   return map;
 }
 
@@ -355,7 +357,7 @@ CUtensorMap conv3x3_weight_map(const void* w, bool half, const ConvGeom& g, int 
 // size a multiple of 16 bytes) as the 4-D tensor map (C innermost, W, H, N) of the depthwise
 // kernel's TMA halo copies (conv_kernels.cuh): boxes of `fw` x `fw` pixels x `cb` channels, no
 // swizzle; box elements outside the tensor read as zeros. Encoded on every call, as
-// conv3x3_weight_map.
+// conv_weight_map.
 CUtensorMap depthwise_halo_map(const Tensor& x, int cb, int fw) {
   const auto encode = tensor_map_encoder("set DELTACONV_DW_TMA=0 to stage the depthwise halo without it");
   const CUtensorMapDataType type = x.scalar_type() == at::kHalf       ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
@@ -386,8 +388,8 @@ void launch_tc_3x3_stationary(const conv::tc::TcArgs& a, int64_t tiles, cudaStre
   (void)prepare_kernel(kernel, Cfg::THREADS, Cfg::smem());
   const int nb = ceil_div(a.g.Cout, Cfg::BN);
   const int64_t gx = std::max<int64_t>(1, std::min<int64_t>((tiles + Cfg::WGS - 1) / Cfg::WGS, num_sms() / nb));
-  const CUtensorMap w_map = conv3x3_weight_map(a.w, std::is_same<T, __half>::value, a.g, BN,
-                                               "set DELTACONV_TC_STATIONARY=0 to use the 3x3 kernels without it");
+  const CUtensorMap w_map = conv_weight_map(a.w, std::is_same<T, __half>::value, a.g, 9, BN,
+                                            "set DELTACONV_TC_STATIONARY=0 to use the 3x3 kernels without it");
   launch_kernel(kernel, dim3((unsigned)gx, (unsigned)nb), Cfg::THREADS, Cfg::smem(), stream, a, w_map);
 }
 
@@ -450,8 +452,8 @@ void run_tc_3x3(conv::tc::TcArgs a, int64_t tiles, cudaStream_t stream) {
   a.tail_max = tail ? (int)std::min<int64_t>(sms / (2 * nb), gx_f) : 0;
   if (a.fine_max < tiles) {  // the coarse launch can have work
     if (ring) {
-      const CUtensorMap w_map = conv3x3_weight_map(a.w, std::is_same<T, __half>::value, a.g, RC::BN,
-                                                   "set DELTACONV_TC_RING=0 to use the 3x3 kernels without it");
+      const CUtensorMap w_map = conv_weight_map(a.w, std::is_same<T, __half>::value, a.g, 9, RC::BN,
+                                                "set DELTACONV_TC_RING=0 to use the 3x3 kernels without it");
       launch_kernel(kr, dim3((unsigned)gx_c, (unsigned)nb), RC::THREADS, RC::smem(), stream, a, w_map);
     } else {
       launch_kernel(kc, dim3((unsigned)gx_c, (unsigned)nb), CC::THREADS, smem_c, stream, a);
@@ -608,8 +610,39 @@ void launch_tc_3x3(const Tensor& x, const Tensor& m, const ConvWeights& tw, cons
 
 constexpr int kGatherSplitChunks = 8;
 
+// Whether a 1x1 GEMM over at most `pixels` rows (kRows1x1, wgmma, 128 channels of C_out per block:
+// the caller's) runs on the warp-specialised kernel (conv1x1_ring.cuh): C_in % 64 == 0, and the
+// frame holds at least an item of 64 rows per block of a full grid (a block per multiprocessor and
+// channel block). Below that, even with every pixel changed, a block has one warpgroup busy,
+// which runs its chunks one after another, and conv_gather_tc_kernel, which splits their K over
+// clusters, is faster (2048 -> 512 channels at 34 x 60, resnet50's layer4 at 1080p: 28.1 against
+// 38.8 us at 100 %, 27.0 against 28.2 at 25 %; H200, 2026-11-22, benchmarks/results/ring_ab.txt
+// section 8). DELTACONV_TC_RING1=0: never; DELTACONV_TC_RING1_MIN=n: from n items on instead (tests
+// force small frames onto it with 0). Both read on every call: A/B runs, tests of both.
+bool ring1_enabled(const ConvGeom& g, int64_t pixels) {
+  using Cfg = conv::tc::Ring1Cfg;
+  const int64_t min_items = env_int("DELTACONV_TC_RING1_MIN", num_sms() / ceil_div(g.Cout, Cfg::BN));
+  return g.Cin % conv::tc::CK == 0 && (pixels + Cfg::BM - 1) / Cfg::BM >= min_items && env_switch("DELTACONV_TC_RING1");
+}
+
+// conv1x1_ring_kernel over `pixels` (the list's capacity): a block per multiprocessor and
+// 128-channel block of C_out, at most one group of WGS items per block in the first round.
+template <typename T>
+void launch_tc_1x1_ring(const conv::tc::TcArgs& a, int64_t pixels, cudaStream_t stream) {
+  using Cfg = conv::tc::Ring1Cfg;
+  auto kernel = conv::tc::conv1x1_ring_kernel<T>;
+  (void)prepare_kernel(kernel, Cfg::THREADS, Cfg::smem());
+  const int nb = ceil_div(a.g.Cout, Cfg::BN);
+  const int64_t groups = ((pixels + Cfg::BM - 1) / Cfg::BM + Cfg::WGS - 1) / Cfg::WGS;
+  const int64_t gx = std::max<int64_t>(1, std::min<int64_t>(groups, num_sms() / nb));
+  const CUtensorMap w_map = conv_weight_map(a.w, std::is_same<T, __half>::value, a.g, 1, Cfg::BN,
+                                            "set DELTACONV_TC_RING1=0 to use the 1x1 kernel without it");
+  launch_kernel(kernel, dim3((unsigned)gx, (unsigned)nb), Cfg::THREADS, Cfg::smem(), stream, a, w_map);
+}
+
 // The gathered-rows GEMM kernel (conv_tc.cuh): `items` = the list's capacity in its units (pixels,
-// or tiles for kRowsTiles); for kRows1x1 the list's side data holds the input pixels.
+// or tiles for kRowsTiles); for kRows1x1 the list's side data holds the input pixels. 1x1 convs with
+// 128-channel blocks go to the warp-specialised kernel where ring1_enabled.
 template <typename T, int NW, int NT, int ROWS, bool WG>
 void run_tc_gather(conv::tc::TcArgs a, int64_t items, cudaStream_t stream) {
   using Cfg = conv::tc::Conv1Cfg<NW, NT, WG>;
@@ -617,6 +650,12 @@ void run_tc_gather(conv::tc::TcArgs a, int64_t items, cudaStream_t stream) {
   // prefetch distance in stages; wgmma keeps one more slot for the group in flight (wgmma_chunk)
   a.prefetch = (int)std::min<int64_t>(5, std::max<int64_t>(1, env_int("DELTACONV_TC_PREFETCH1", WG ? 1 : 2)));
   a.cap = (int)items;
+  if constexpr (ROWS == conv::tc::kRows1x1 && WG && Cfg::BN == 128) {
+    if (ring1_enabled(a.g, items)) {
+      launch_tc_1x1_ring<T>(a, items, stream);
+      return;
+    }
+  }
   const int smem = Cfg::smem(a.prefetch + (WG ? 2 : 1));
   const int occ = prepare_kernel(k, Cfg::THREADS, smem);
   const int nb = ceil_div(a.g.Cout, Cfg::BN);

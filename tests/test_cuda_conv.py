@@ -218,7 +218,7 @@ def run_conv2d_every_fraction_and_key(case, dtype, seed: int) -> None:
 
 
 def repeatable_conv2d(case, dtype, fracs, seed: int):
-    """The conv2d of a 3x3 ``case`` (groups 1, no bias) on a delta with changed fractions ``fracs``,
+    """The conv2d of a ``case`` (groups 1, no bias) on a delta with changed fractions ``fracs``,
     as a function of no arguments, after asserting that three calls give bit-identical outputs."""
     cin, cout, k, s, p, d, g, (H, W) = case
     gen = torch.Generator().manual_seed(seed)
@@ -651,6 +651,38 @@ def test_conv2d_gemm_wgmma_and_mma_sync(case, dtype, mma, monkeypatch):
         run_conv2d(case, dtype, fracs, KEYS[i % len(KEYS)], seed=30 + i, bias=i % 2 == 0)
 
 
+# 1x1 cases of the warp-specialised GEMM (Hopper wgmma, C_in % 64 == 0, C_out > 64; conv1x1_ring.cuh),
+# which takes the 1x1 convs of conv_gather_tc_kernel unless DELTACONV_TC_RING1=0
+RING1_CASES = [
+    (64, 128, (1, 1), 1, 0, 1, 1, (31, 45)),     # one input chunk
+    (128, 136, (1, 1), 1, 0, 1, 1, (31, 45)),    # two chunks, 2 C_out blocks, the last one partial
+    (192, 72, (1, 1), 1, 0, 1, 1, (21, 30)),     # three chunks, one partial C_out block
+    (256, 256, (1, 1), 1, 0, 1, 1, (68, 120)),   # many items: several groups per block
+    (512, 256, (1, 1), 2, 0, 1, 1, (45, 60)),    # stride 2: input pixels apart from output pixels
+    (128, 96, (1, 1), 1, 1, 1, 1, (13, 17)),     # padding: border outputs read padding (zero rows)
+    (2048, 512, (1, 1), 1, 0, 1, 1, (9, 15)),    # 32 chunks (resnet50's layer4), few items, 4 blocks
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ring", ["1", "0"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("case", RING1_CASES, ids=_case_id)
+def test_conv2d_1x1_warp_specialised(case, dtype, ring, monkeypatch):
+    """The 1x1 GEMM on the warp-specialised kernel (weights streamed by TMA through a ring that its
+    warpgroups share, 64 rows per warpgroup) and with DELTACONV_TC_RING1=0 on conv_gather_tc_kernel
+    equals the reference at every changed fraction, with and without key streams; the
+    warp-specialised kernel runs exactly on Hopper with the switch on, and its outputs are
+    bit-identical from call to call."""
+    monkeypatch.setenv("DELTACONV_TC_RING1", ring)
+    monkeypatch.setenv("DELTACONV_TC_RING1_MIN", "0")  # small frames too
+    run_conv2d_every_fraction_and_key(case, dtype, seed=70)
+    call = repeatable_conv2d(case, dtype, FRACS[-1], seed=8)
+    names = kernel_names_or_skip(call)
+    ran = any("conv1x1_ring_kernel" in n for n in names)
+    assert ran == (runs_wgmma_kernels() and ring == "1"), f"DELTACONV_TC_RING1={ring}: kernels {names}"
+
+
 # gathered-rows GEMM cases for its K split (from 8 64-channel chunks of C_in on)
 GEMM_KSPLIT_CASES = [
     (136, 72, (1, 1), 1, 0, 1, 1, (19, 27)),        # 3 chunks: no split
@@ -674,6 +706,7 @@ def test_conv2d_gemm_k_split(case, dtype, mma, ksplit, monkeypatch):
     in counters[3]."""
     monkeypatch.setenv("DELTACONV_WGMMA", "1" if mma == "wgmma" else "0")
     monkeypatch.setenv("DELTACONV_TC_KSPLIT", ksplit)
+    monkeypatch.setenv("DELTACONV_TC_RING1", "0")  # 1x1: conv_gather_tc_kernel, which splits K
     for i, fracs in enumerate(FRACS):
         run_conv2d(case, dtype, fracs, KEYS[i % len(KEYS)], seed=40 + i, bias=i % 2 == 0)
     rows_per_item = 64 if case[2] != (1, 1) else 1  # listed pixels, or the 64 pixels of each listed tile
@@ -685,7 +718,8 @@ def test_conv2d_gemm_k_split(case, dtype, mma, ksplit, monkeypatch):
 @pytest.mark.parametrize("var, value", [("DELTACONV_TC_SPLIT", "0.3x"), ("DELTACONV_TC_SPLIT", "65"),
                                         ("DELTACONV_TC_SPLIT", "-1"), ("DELTACONV_TC_SPLIT_MIN", "-5"),
                                         ("DELTACONV_TC_FINE_MAX", "many"), ("DELTACONV_TC_FINE_MAX", "2.5"),
-                                        ("DELTACONV_TC_PREFETCH1", "nan"), ("DELTACONV_DW_PPT", "3"),
+                                        ("DELTACONV_TC_PREFETCH1", "nan"), ("DELTACONV_TC_RING1_MIN", "1e-3"),
+                                        ("DELTACONV_DW_PPT", "3"),
                                         ("DELTACONV_DW_PPT", "four")])
 def test_conv2d_malformed_tuning_variable_names_it(var, value, monkeypatch):
     """A tuning variable that is not a number, or out of its range, is an error naming it and its
@@ -695,12 +729,15 @@ def test_conv2d_malformed_tuning_variable_names_it(var, value, monkeypatch):
         monkeypatch.setenv("DELTACONV_TC_SPLIT", "16")
     if var == "DELTACONV_TC_FINE_MAX":  # read only by conv3x3_tc_kernel's launches
         monkeypatch.setenv("DELTACONV_TC_STATIONARY", "0")  # C_in = 64: not the weight-stationary kernel
+    if var == "DELTACONV_TC_RING1_MIN" and not runs_wgmma_kernels():
+        pytest.skip("read only where the warp-specialised 1x1 GEMM can run (Hopper wgmma)")
     gen = torch.Generator().manual_seed(0)
     mask = make_mask((0.3, 0.3), 17, 23, gen)
     delta = make_delta(2, 64, 17, 23, mask, torch.float16, gen)
-    kernel = 1 if var == "DELTACONV_TC_PREFETCH1" else 3
+    kernel = 1 if var in ("DELTACONV_TC_PREFETCH1", "DELTACONV_TC_RING1_MIN") else 3
     groups = 64 if var == "DELTACONV_DW_PPT" else 1  # read only by the depthwise kernel's launches
-    w = (torch.randn(64, 64 // groups, kernel, kernel, generator=gen) / 20).cuda()
+    cout = 128 if var == "DELTACONV_TC_RING1_MIN" else 64  # read for 128-channel blocks of C_out
+    w = (torch.randn(cout, 64 // groups, kernel, kernel, generator=gen) / 20).cuda()
     with pytest.raises(RuntimeError, match=f"environment variable {var} must be an? .*, got '{value}'"):
         ops().conv2d(delta, mask.cuda(), w, None, [1, 1], [kernel // 2] * 2, [1, 1], groups, None)
 

@@ -31,16 +31,14 @@
 #pragma once
 
 #include "conv_tc.cuh"
-#include "tma.cuh"
+#include "weight_ring.cuh"
 
 namespace deltaconv {
 namespace conv {
 namespace tc {
 
-// Shared memory of one block of conv3x3_ring_kernel (at most kRingSmem bytes: an H100 / H200
-// block's 227 KiB): WGS warpgroups' two halo buffers each, and as many 16 KiB weight slots as fit.
-constexpr int kRingSmem = 227 * 1024;
-
+// Shared memory of one block of conv3x3_ring_kernel (at most kRingSmem bytes): WGS warpgroups' two
+// halo buffers each, and as many 16 KiB weight slots as fit.
 template <int D, int S = 1>
 struct RingCfg {
   static constexpr int BN = 128;                   // output channels per block
@@ -55,21 +53,8 @@ struct RingCfg {
   static constexpr int smem() { return SLOTS * SLOT_BYTES + FIXED + 2 * 8 * SLOTS; }
 };
 
-// A position in the weight ring: the slot of a stage and the parity of that slot's current round
-// (its mbarriers' phase), advanced one stage at a time by the producer and by each consumer.
-template <int SLOTS>
-struct RingPos {
-  int slot = 0, phase = 0;
-  __device__ __forceinline__ void next() {
-    if (++slot == SLOTS) {
-      slot = 0;
-      phase ^= 1;
-    }
-  }
-};
-
 // w_map: the weight [C_out][3][3][C_in] as a 2-D tensor map of C_out rows of 9 C_in values, boxes of
-// 128 rows x 64 values with the 128-byte swizzle (conv_ops.cu: conv3x3_weight_map).
+// 128 rows x 64 values with the 128-byte swizzle (conv_ops.cu: conv_weight_map with 9 taps).
 template <typename T, int D, int S>
 __global__ void __launch_bounds__(RingCfg<D, S>::THREADS, 1)
     conv3x3_ring_kernel(const TcArgs a, const __grid_constant__ CUtensorMap w_map) {
@@ -86,13 +71,7 @@ __global__ void __launch_bounds__(RingCfg<D, S>::THREADS, 1)
   const uint32_t full_s = halos_s + WGS * 2 * Cfg::HALO_BYTES;      // mbarrier full[k] at + 8 k
   const uint32_t empty_s = full_s + 8 * Cfg::SLOTS;                 // mbarrier empty[k] at + 8 k
   const int tid = threadIdx.x;
-  if (tid == 0) {
-    for (int k = 0; k < Cfg::SLOTS; ++k) {
-      mbarrier_init(full_s + 8 * k, 1);
-      mbarrier_init(empty_s + 8 * k, WGS);
-    }
-    fence_mbarrier_init();
-  }
+  if (tid == 0) ring_init<Cfg::SLOTS>(full_s, empty_s, WGS);
   const int listed = *a.count;
   const int count = coarse_tile_end(a, split_tile_count(a));  // this launch's tiles: [0, count)
   // group gi of block x: the list entries x + (gi WGS + w) gridDim.x of its warpgroups w (few tiles
@@ -106,19 +85,8 @@ __global__ void __launch_bounds__(RingCfg<D, S>::THREADS, 1)
   const int n0 = (int)blockIdx.y * Cfg::BN;
 
   if (tid >= 128 * WGS) {  // ---- the producer warp: one lane issues the weight slices
-    if (tid == 128 * WGS) {
-      RingPos<Cfg::SLOTS> r;
-#pragma unroll 1
-      for (int gi = 0; gi < my_groups; ++gi)
-#pragma unroll 1
-        for (int c0 = 0; c0 < Cin; c0 += CK)
-#pragma unroll 1
-          for (int tap = 0; tap < 9; ++tap, r.next()) {
-            mbarrier_wait(empty_s + 8 * r.slot, r.phase ^ 1);  // a fresh barrier passes parity 1 at once
-            mbarrier_arrive_expect_tx(full_s + 8 * r.slot, Cfg::SLOT_BYTES);
-            tma_load_2d(w_s + r.slot * Cfg::SLOT_BYTES, &w_map, tap * Cin + c0, n0, full_s + 8 * r.slot);
-          }
-    }
+    if (tid == 128 * WGS)
+      ring_produce_groups<Cfg::SLOTS, Cfg::SLOT_BYTES, 9>(full_s, empty_s, w_s, &w_map, my_groups, Cin, n0);
     return;  // the consumers wait for every copy before they exit
   }
 
@@ -146,22 +114,13 @@ __global__ void __launch_bounds__(RingCfg<D, S>::THREADS, 1)
   load_halo(sources(0, 0, p), p, 0, 0);
   float acc[2][Cfg::BN / 16][4];  // warp w: tile rows 2w, 2w + 1; acc[h]: channels n0 + 64 h .. + 63
   zero_acc(acc);  // (and after each tile: zeroed inside the stage loop, ptxas would drain every stage)
-  RingPos<Cfg::SLOTS> r;
-  int held = -1;  // the slot of the stage whose wgmma group may still run (freed after the next one)
-  int h = 0;      // halo index
+  RingReader<Cfg::SLOTS, Cfg::SLOT_BYTES> ring;
+  const bool leader = wt == 0;
+  int h = 0;  // halo index
 #pragma unroll 1
   for (int gi = 0; gi < my_groups; ++gi) {
     if (entry(gi) >= count) {  // no tile in this group nor later: pass the ring's remaining stages on
-      // (one thread waits and frees: had the others waited too, one could fall a phase behind the
-      // thread that frees, wait for a phase of its slot that never completes, and hang the block)
-      if (wt == 0) {
-#pragma unroll 1
-        for (int s = (my_groups - gi) * chunks * 9; s > 0; --s) {
-          mbarrier_wait(full_s + 8 * r.slot, r.phase);
-          mbarrier_arrive(empty_s + 8 * r.slot);
-          r.next();
-        }
-      }
+      if (leader) ring.pass(full_s, empty_s, (my_groups - gi) * chunks * 9);
       break;
     }
 #pragma unroll 1
@@ -176,37 +135,20 @@ __global__ void __launch_bounds__(RingCfg<D, S>::THREADS, 1)
       warpgroup_sync(wg);
 #pragma unroll 1
       for (int tap = 0; tap < 9; ++tap) {
-        mbarrier_wait(full_s + 8 * r.slot, r.phase);
-        wgmma_fence_operands(acc);
-        wgmma_fence();
         const int ky = tap >= 6 ? 2 : (tap >= 3 ? 1 : 0);
         const uint64_t da = wgmma_desc(hb + WH::tap_row(ky, tap - 3 * ky) * 128, WH::GROUP_STRIDE);
-        const uint64_t db = wgmma_desc(w_s + r.slot * Cfg::SLOT_BYTES);
-#pragma unroll
-        for (int ks = 0; ks < CK / 16; ++ks)
-          Wgmma<T, Cfg::BN>::run(acc[0], acc[1], wgmma_desc_add(da, ks * 32), wgmma_desc_add(db, ks * 32));
-        wgmma_commit();
-        wgmma_fence_operands(acc);
         // while the tensor cores run: the next halo's sources (its tile's input mask)
-        if (tap == 1) next_any = sources(next_gi, next_chunk, p);
-        wgmma_wait<1>();  // the previous stage's group is done
-        wgmma_fence_operands(acc);
-        // free the previous stage's slot (one arrival per warpgroup: a warpgroup's wgmma completes
-        // as a whole, so one lane's wait covers its four warps)
-        if (wt == 0 && held >= 0) mbarrier_arrive(empty_s + 8 * held);
-        held = r.slot;
+        ring.template stage<T, Cfg::BN>(acc, full_s, empty_s, w_s, da, leader, [&] {
+          if (tap == 1) next_any = sources(next_gi, next_chunk, p);
+        });
         if (tap == 1) {  // chunk h - 1's wgmmas (the other buffer) are done in every warp
           warpgroup_sync(wg);
           load_halo(next_any, p, (h + 1) & 1, next_chunk);
         }
-        r.next();
       }
     }
     // the tile's last stage: drain, free its slot, store
-    wgmma_wait<0>();
-    wgmma_fence_operands(acc);
-    if (wt == 0) mbarrier_arrive(empty_s + 8 * held);
-    held = -1;
+    ring.template drain<Cfg::BN>(acc, empty_s, leader);
     const int t = entry(gi);
     store_tile<T, Cfg::BN / 16>(a, split_tile_entry(a, listed, t, 0), split_tile_entry(a, listed, t, 1), n0, acc,
                                 wt >> 5, 0, Cfg::BN / 2);

@@ -57,7 +57,7 @@ struct StationaryCfg {
 };
 
 // w_map: the weight [C_out][3][3][C_in] as a 2-D tensor map of C_out rows of 9 C_in values, boxes of
-// BN rows x 64 values with the 128-byte swizzle (conv_ops.cu: conv3x3_weight_map).
+// BN rows x 64 values with the 128-byte swizzle (conv_ops.cu: conv_weight_map with 9 taps).
 template <typename T, int CHUNKS, int BN>
 __global__ void __launch_bounds__(StationaryCfg<CHUNKS, BN>::THREADS, 1)
     conv3x3_stationary_kernel(const TcArgs a, const __grid_constant__ CUtensorMap w_map) {
