@@ -429,8 +429,11 @@ void run_tc_3x3(conv::tc::TcArgs a, int64_t tiles, cudaStream_t stream) {
   // known on the device: both are launched and one returns at once). The warp-specialised kernel
   // spreads few tiles over all its blocks, a tile per warpgroup: it takes them from a tile per two
   // multiprocessors on (C = 256 at 270 x 480: 22.9 against 24.4 us at 50 tiles, 27.1 against 37.6
-  // at 132; dilation 2: faster from 33 tiles on; H200, 2026-11-22, benchmarks/results/ring_ab.txt).
-  int64_t fine_max = ring ? sms / (2 * nb) : (int64_t)occ_c * sms * tpb / (2 * nb);
+  // at 132; dilation 2: faster from 33 tiles on; H200, 2026-11-22, benchmarks/results/ring_ab.txt),
+  // and at stride 2, where the fine launch runs mma.sync, every tile: resnet50's stride-2 convs at
+  // 1080p input, 1-25 % changed, took 14.1-34.6 us on it against 14.2-56.9 on the fine launch
+  // (ring_ab.txt section 9), so the fine launch is not launched at all.
+  int64_t fine_max = ring ? (S == 2 ? -1 : sms / (2 * nb)) : (int64_t)occ_c * sms * tpb / (2 * nb);
   fine_max = env_int("DELTACONV_TC_FINE_MAX", fine_max);
   a.fine_max = (int)std::max<int64_t>(std::min<int64_t>(fine_max, kIntMax), -1);
   const int64_t groups_c = (tiles + tpb - 1) / tpb;

@@ -21,8 +21,8 @@
 //   - a warpgroup gathers its own rows' input chunks with cp.async into A_SLOTS slots of its own,
 //     A_SLOTS - 2 chunks ahead (across items: the next item's first chunks load during this one's
 //     last), with warpgroup-local barriers only.
-// A warpgroup without an item in a group still passes the ring's stages on (RingReader::pass). Each item's
-// sum runs in one fixed order: results do not depend on the grid.
+// A warpgroup without an item in a group still passes the ring's stages on (RingReader::pass). Each
+// item's sum runs in one fixed order: results do not depend on the grid.
 #pragma once
 
 #include "conv_tc.cuh"
@@ -65,7 +65,7 @@ __global__ void __launch_bounds__(Ring1Cfg::THREADS, 1)
   const ConvGeom& g = a.g;
   extern __shared__ __align__(128) unsigned char smem[];
   const uint32_t w_s = (smem_u32(smem) + 1023u) & ~1023u;      // weight slot k at + k SLOT_BYTES
-  const uint32_t in_s = w_s + Cfg::SLOTS * Cfg::SLOT_BYTES;    // warpgroup w's input slot k at + (w A_SLOTS + k) A_BYTES
+  const uint32_t in_s = w_s + Cfg::SLOTS * Cfg::SLOT_BYTES;    // warpgroup w's slot k: + (w A_SLOTS + k) A_BYTES
   const uint32_t full_s = in_s + WGS * A_SLOTS * Cfg::A_BYTES;  // mbarrier full[k] at + 8 k
   const uint32_t empty_s = full_s + 8 * Cfg::SLOTS;             // mbarrier empty[k] at + 8 k
   const int tid = threadIdx.x;

@@ -64,7 +64,8 @@ __device__ __forceinline__ void ring_produce_groups(uint32_t full_s, uint32_t em
 #pragma unroll 1
     for (int c0 = 0; c0 < cin; c0 += 64)
 #pragma unroll 1
-      for (int tap = 0; tap < TAPS; ++tap) ring_produce<SLOTS, SLOT_BYTES>(r, full_s, empty_s, slots_s, map, tap * cin + c0, n0);
+      for (int tap = 0; tap < TAPS; ++tap)
+        ring_produce<SLOTS, SLOT_BYTES>(r, full_s, empty_s, slots_s, map, tap * cin + c0, n0);
 }
 
 // A consumer warpgroup's side of the ring: its position, and the slot whose wgmma group may still
