@@ -433,7 +433,8 @@ void run_tc_3x3(conv::tc::TcArgs a, int64_t tiles, cudaStream_t stream) {
   // and at stride 2, where the fine launch runs mma.sync, every tile: resnet50's stride-2 convs at
   // 1080p input, 1-25 % changed, took 14.1-34.6 us on it against 14.2-56.9 on the fine launch
   // (ring_ab.txt section 9), so the fine launch is not launched at all.
-  int64_t fine_max = ring ? (S == 2 ? -1 : sms / (2 * nb)) : (int64_t)occ_c * sms * tpb / (2 * nb);
+  int64_t fine_max = ring ? (S == 2 ? -1 : sms / (2 * nb))
+                          : (int64_t)occ_c * sms * tpb / (2 * nb);
   fine_max = env_int("DELTACONV_TC_FINE_MAX", fine_max);
   a.fine_max = (int)std::max<int64_t>(std::min<int64_t>(fine_max, kIntMax), -1);
   const int64_t groups_c = (tiles + tpb - 1) / tpb;
@@ -653,7 +654,7 @@ void run_tc_gather(conv::tc::TcArgs a, int64_t items, cudaStream_t stream) {
   // prefetch distance in stages; wgmma keeps one more slot for the group in flight (wgmma_chunk)
   a.prefetch = (int)std::min<int64_t>(5, std::max<int64_t>(1, env_int("DELTACONV_TC_PREFETCH1", WG ? 1 : 2)));
   a.cap = (int)items;
-  if constexpr (ROWS == conv::tc::kRows1x1 && WG && Cfg::BN == 128) {
+  if constexpr (ROWS == conv::tc::kRows1x1 && WG && Cfg::BN == conv::tc::Ring1Cfg::BN) {
     if (ring1_enabled(a.g, items)) {
       launch_tc_1x1_ring<T>(a, items, stream);
       return;

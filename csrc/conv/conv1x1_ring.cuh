@@ -72,11 +72,11 @@ __global__ void __launch_bounds__(Ring1Cfg::THREADS, 1)
   if (tid == 0) ring_init<Cfg::SLOTS>(full_s, empty_s, WGS);
   const int count = *a.count;  // GEMM rows
   const int items = (count + Cfg::BM - 1) / Cfg::BM;
-  const int round = WGS * (int)gridDim.x;
+  const RingStripes<WGS> stripes(items);
   if ((int)blockIdx.x >= items) return;
   __syncthreads();  // the mbarriers initialised before anyone uses them: the only block-wide barrier
   if (a.k_split != nullptr && blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) *a.k_split = 1;
-  const int my_groups = (items - 1 - (int)blockIdx.x) / round + 1;
+  const int my_groups = stripes.groups(0);
   const int Cin = g.Cin;
   const int chunks = Cin / CK;
   const int n0 = (int)blockIdx.y * Cfg::BN;
@@ -87,13 +87,12 @@ __global__ void __launch_bounds__(Ring1Cfg::THREADS, 1)
     return;  // the consumers wait for every copy before they exit
   }
 
-  // ---- consumer warpgroup wg: item gi of its own is list rows (first + gi round) * BM .. + BM - 1
+  // ---- consumer warpgroup wg: item gi of its own is list rows stripes.entry(gi, wg) * BM .. + BM - 1
   const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);  // warp-uniform (wgmma descriptors in uniform registers)
   const int wt = tid & 127;
   const int lane = tid & 31;
   const uint32_t a_s = in_s + wg * A_SLOTS * Cfg::A_BYTES;
-  const int first = (int)blockIdx.x + wg * (int)gridDim.x;
-  const int mine = first < items ? (items - 1 - first) / round + 1 : 0;  // items of this warpgroup
+  const int mine = stripes.groups(wg);  // items of this warpgroup
   const int stages = mine * chunks;
   const T* __restrict__ x = static_cast<const T*>(a.x);
   const int* __restrict__ srcs = a.list + 1 + (size_t)a.cap;
@@ -107,7 +106,7 @@ __global__ void __launch_bounds__(Ring1Cfg::THREADS, 1)
   auto load_next = [&]() {
     if (l_q < stages) {
       if (l_chunk == 0) {
-        const int l0 = (first + l_gi * round) * Cfg::BM;
+        const int l0 = stripes.entry(l_gi, wg) * Cfg::BM;
 #pragma unroll
         for (int k = 0; k < RPT; ++k) {
           const int l = l0 + (wt >> 3) + 16 * k;
@@ -146,7 +145,7 @@ __global__ void __launch_bounds__(Ring1Cfg::THREADS, 1)
     int opix[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int l = (first + gi * round) * Cfg::BM + (wt >> 5) * 16 + (lane >> 2) + 8 * h;
+      const int l = stripes.entry(gi, wg) * Cfg::BM + (wt >> 5) * 16 + (lane >> 2) + 8 * h;
       opix[h] = l < count ? a.list[1 + l] : -1;
     }
 #pragma unroll 1

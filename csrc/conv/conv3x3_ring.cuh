@@ -74,12 +74,10 @@ __global__ void __launch_bounds__(RingCfg<D, S>::THREADS, 1)
   if (tid == 0) ring_init<Cfg::SLOTS>(full_s, empty_s, WGS);
   const int listed = *a.count;
   const int count = coarse_tile_end(a, split_tile_count(a));  // this launch's tiles: [0, count)
-  // group gi of block x: the list entries x + (gi WGS + w) gridDim.x of its warpgroups w (few tiles
-  // spread over all blocks, a tile per warpgroup first)
-  const int round = WGS * (int)gridDim.x;
+  const RingStripes<WGS> stripes(count);
   if ((int)blockIdx.x >= count) return;
   __syncthreads();  // the mbarriers initialised before anyone uses them: the only block-wide barrier
-  const int my_groups = (count - 1 - (int)blockIdx.x) / round + 1;
+  const int my_groups = stripes.groups(0);
   const int Cin = g.Cin;
   const int chunks = Cin / CK;
   const int n0 = (int)blockIdx.y * Cfg::BN;
@@ -95,7 +93,7 @@ __global__ void __launch_bounds__(RingCfg<D, S>::THREADS, 1)
   const int wt = tid & 127;
   const uint32_t halo_s = halos_s + wg * 2 * Cfg::HALO_BYTES;
   const T* __restrict__ x = static_cast<const T*>(a.x);
-  auto entry = [&](int gi) { return (int)blockIdx.x + gi * round + wg * (int)gridDim.x; };  // list entry of tile gi
+  auto entry = [&](int gi) { return stripes.entry(gi, wg); };  // list entry of tile gi
 
   // p: the halo sources of group gi's tile (WarpgroupHalo), found at its first chunk and kept for the
   // others; false when this warpgroup has no tile in group gi

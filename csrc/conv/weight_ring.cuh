@@ -17,6 +17,25 @@ namespace tc {
 // 227 KiB (one block per multiprocessor).
 constexpr int kRingSmem = 227 * 1024;
 
+// How a warp-specialised launch stripes its list entries (tiles, items) [0, count) over its blocks
+// and their WGS consumer warpgroups: warpgroup w of block x takes entries x + (gi WGS + w) gridDim.x,
+// gi = 0, 1, ... (few entries spread over all blocks, one per warpgroup first). Group gi of a block
+// is its warpgroups' gi-th entries; every warpgroup passes through the ring stages of all the groups
+// of warpgroup 0, which has the most.
+template <int WGS>
+struct RingStripes {
+  int count, round;
+  __device__ __forceinline__ explicit RingStripes(int entries) : count(entries), round(WGS * (int)gridDim.x) {}
+  __device__ __forceinline__ int entry(int gi, int w) const {
+    return (int)blockIdx.x + w * (int)gridDim.x + gi * round;
+  }
+  // the groups in which warpgroup w has an entry
+  __device__ __forceinline__ int groups(int w) const {
+    const int first = entry(0, w);
+    return first < count ? (count - 1 - first) / round + 1 : 0;
+  }
+};
+
 // A position in the weight ring: the slot of a stage and the parity of that slot's current round
 // (its mbarriers' phase), advanced one stage at a time by the producer and by each consumer.
 template <int SLOTS>
