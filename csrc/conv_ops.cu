@@ -862,6 +862,29 @@ bool launch_dwconv_vec(const Tensor& x, const Tensor& m, const Tensor& w, const 
   }
 }
 
+// A 1x1 conv (groups 1) over the pixel list `wl` (conv1x1_mask_kernel's or an activation's, see
+// pw::append_sent_rows): the tensor-core GEMM when `use_tc` (`tw` from conv_weights(..., true)), else
+// conv1x1_kernel on CUDA cores. y [N, Cout, Ho, Wo] channels_last, written at the listed pixels.
+void launch_conv1x1(const Tensor& x, const Tensor& m, const ConvWeights& tw, const c10::optional<Tensor>& key,
+                    const Tensor& y, const WorkList& wl, const ConvGeom& g, int64_t total, bool use_tc,
+                    cudaStream_t stream) {
+  if (use_tc) {
+    launch_tc_gather<conv::tc::kRows1x1>(x, m, tw, key, y, wl, g, total, stream);
+    return;
+  }
+  const Tensor& w = tw.w;
+  const c10::optional<Tensor>& b = tw.b;
+  const int64_t cob = (int64_t)g.groups * ((g.cout_g + conv::CONV_COB - 1) / conv::CONV_COB);  // <= 65535: checked
+  const dim3 grid(list_grid((total + conv::TILE_PIX - 1) / conv::TILE_PIX), (unsigned)cob);
+  DC_DISPATCH_ACTIVATION_TYPES(x.scalar_type(), "deltaconv::conv2d", [&] {
+    launch_kernel(conv::conv1x1_kernel<scalar_t>, grid, conv::CONV_THREADS, 0, stream,
+                  reinterpret_cast<const scalar_t*>(x.const_data_ptr()), m.data_ptr<bool>(),
+                  reinterpret_cast<const scalar_t*>(w.const_data_ptr()),
+                  b.has_value() ? reinterpret_cast<const scalar_t*>(b->const_data_ptr()) : nullptr, key_ptr(key),
+                  reinterpret_cast<scalar_t*>(y.data_ptr()), wl.list, wl.count, g);
+  });
+}
+
 // ------------------------------------------------------------------------------------- conv2d
 std::tuple<Tensor, Tensor> conv2d_cuda(const Tensor& delta, const Tensor& mask, const Tensor& weight,
                                        const c10::optional<Tensor>& bias, IntArrayRef stride, IntArrayRef padding,
@@ -971,6 +994,7 @@ std::tuple<Tensor, Tensor> conv2d_cuda(const Tensor& delta, const Tensor& mask, 
   if (KH == 1 && KW == 1 && !depthwise) {
     const int64_t total = N * Ho * Wo;
     const WorkList wl = work_list(delta, total, stream, counters);
+    const ConvWeights tw = conv_weights(weight, bias, x.scalar_type(), use_tc);
     constexpr int64_t per_block = conv::MASK1_THREADS * conv::MASK1_PPT;
     const bool same = sh == 1 && sw == 1 && ph == 0 && pw == 0 &&
                       reinterpret_cast<uintptr_t>(m.const_data_ptr()) % 4 == 0 &&
@@ -978,22 +1002,7 @@ std::tuple<Tensor, Tensor> conv2d_cuda(const Tensor& delta, const Tensor& mask, 
     launch_kernel(same ? conv::conv1x1_mask_kernel<true> : conv::conv1x1_mask_kernel<false>,
                   (unsigned)((total + per_block - 1) / per_block), conv::MASK1_THREADS, 0, stream, m.data_ptr<bool>(),
                   kp, mask_out.data_ptr<bool>(), wl.list, wl.count, g, (int)total);
-    if (use_tc) {
-      launch_tc_gather<conv::tc::kRows1x1>(x, m, conv_weights(weight, bias, x.scalar_type(), true), key, y, wl, g, total,
-                                           stream);
-      return {y, mask_out};
-    }
-    const ConvWeights cw = conv_weights(weight, bias, delta.scalar_type());
-    const Tensor& w = cw.w;
-    const c10::optional<Tensor>& b = cw.b;
-    const dim3 grid(list_grid((total + conv::TILE_PIX - 1) / conv::TILE_PIX), (unsigned)cob);
-    DC_DISPATCH_ACTIVATION_TYPES(x.scalar_type(), "deltaconv::conv2d", [&] {
-      launch_kernel(conv::conv1x1_kernel<scalar_t>, grid, conv::CONV_THREADS, 0, stream,
-                    reinterpret_cast<const scalar_t*>(x.const_data_ptr()), m.data_ptr<bool>(),
-                    reinterpret_cast<const scalar_t*>(w.const_data_ptr()),
-                    b.has_value() ? reinterpret_cast<const scalar_t*>(b->const_data_ptr()) : nullptr, kp,
-                    reinterpret_cast<scalar_t*>(y.data_ptr()), wl.list, wl.count, g);
-    });
+    launch_conv1x1(x, m, tw, key, y, wl, g, total, use_tc, stream);
     return {y, mask_out};
   }
 
@@ -1046,6 +1055,50 @@ std::tuple<Tensor, Tensor> conv2d_cuda(const Tensor& delta, const Tensor& mask, 
   }
   if (!done) launch_direct<false>(x, m, w, b, key, y, wl, g, tiles, stream);
   return {y, mask_out};
+}
+
+// ------------------------------------------------------------------------------------- conv1x1_rows
+// conv2d for a 1x1 kernel, stride 1, no padding, groups 1, on a delta frame (no key), over the pixels
+// that the activation before it listed (rows, with the count in counters[0]): conv2d without its
+// mask pass. The output mask is `mask` itself (the caller keeps it).
+Tensor conv1x1_rows_cuda(const Tensor& delta, const Tensor& mask, const Tensor& weight,
+                         const c10::optional<Tensor>& bias, const Tensor& rows, Tensor& counters) {
+  DC_CHECK_DELTA_MASK("conv1x1_rows", delta, mask);
+  const c10::optional<Tensor> counters_opt = counters;
+  DC_CHECK_COUNTERS("conv1x1_rows", counters_opt, delta);
+  DC_CHECK_FLOAT_PARAM("conv1x1_rows", "weight", weight, delta);
+  DC_CHECK_DIM("conv1x1_rows", "weight", weight, 4);
+  const int64_t N = delta.size(0), Cin = delta.size(1), H = delta.size(2), W = delta.size(3);
+  const int64_t Cout = weight.size(0);
+  TORCH_CHECK(weight.size(1) == Cin && weight.size(2) == 1 && weight.size(3) == 1 && Cout >= 1 && Cout <= kIntMax,
+              "deltaconv::conv1x1_rows: argument 'weight' must have shape [Cout, ", Cin, ", 1, 1], got ",
+              weight.sizes());
+  if (bias.has_value()) {
+    DC_CHECK_FLOAT_PARAM("conv1x1_rows", "bias", (*bias), delta);
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == Cout, "deltaconv::conv1x1_rows: argument 'bias' must have shape [",
+                Cout, "], got ", bias->sizes());
+  }
+  const int64_t total = N * H * W;
+  DC_CHECK_BESIDE_DELTA("conv1x1_rows", "rows", rows, delta, at::kInt);
+  TORCH_CHECK(rows.dim() == 1 && rows.is_contiguous() && rows.numel() >= 1 + 2 * total,
+              "deltaconv::conv1x1_rows: argument 'rows' must be a contiguous 1-D tensor of at least ", 1 + 2 * total,
+              " elements, got shape ", rows.sizes(), " and strides ", rows.strides());
+  c10::cuda::CUDAGuard guard(delta.device());
+  Tensor y = empty_delta(delta, N, Cout, H, W);
+  if (y.numel() == 0) return y;
+  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const Tensor x = delta.contiguous(at::MemoryFormat::ChannelsLast);
+  const Tensor m = mask.contiguous();
+  const ConvGeom g = conv_geom(N, Cin, H, W, Cout, H, W, 1, 1, 1, 1, 0, 0, 1, 1, 1);
+  const bool tc_dtype = tc_enabled() && (x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16);
+  const bool use_tc = tc_dtype && Cin % 8 == 0 && Cout % 8 == 0 && Cout * Cin < kIntMax &&
+                      reinterpret_cast<uintptr_t>(x.const_data_ptr()) % 16 == 0;
+  TORCH_CHECK(use_tc || ceil_div((int)Cout, conv::CONV_COB) <= 65535, "deltaconv::conv1x1_rows: too many output channels (",
+              Cout, ")");
+  const WorkList wl{rows, const_cast<int*>(rows.const_data_ptr<int>()), counters.data_ptr<int>()};
+  launch_conv1x1(x, m, conv_weights(weight, bias, x.scalar_type(), use_tc), c10::nullopt, y, wl, g, total, use_tc,
+                 stream);
+  return y;
 }
 
 // ---------------------------------------------------------------------------- conv_transpose2d
@@ -1328,6 +1381,7 @@ std::tuple<Tensor, Tensor> linear_cuda(const Tensor& delta, const Tensor& mask, 
 
 TORCH_LIBRARY_IMPL(deltaconv, CUDA, m) {
   m.impl("conv2d", &deltaconv::conv2d_cuda);
+  m.impl("conv1x1_rows", &deltaconv::conv1x1_rows_cuda);
   m.impl("conv_transpose2d", &deltaconv::conv_transpose2d_cuda);
   m.impl("max_pool2d", &deltaconv::max_pool2d_cuda);
   m.impl("avg_pool2d", &deltaconv::avg_pool2d_cuda);

@@ -27,12 +27,14 @@ TORCH_LIBRARY(deltaconv, m) {
   m.def("sparsify(Tensor x, Tensor(a!) sent, float threshold, Tensor? key, Tensor? measure) -> (Tensor, Tensor)");
   m.def("densify(Tensor delta, Tensor mask, Tensor(a!) acc, ScalarType out_dtype) -> Tensor");
   // ---- pointwise
+  // rows / rows_count (optional, together): the sent pixels listed for a 1x1 conv after it (conv1x1_rows)
   m.def("activation(Tensor delta, Tensor mask, Tensor(a!) acc, Tensor(b!) sent, str kind, float param, "
-        "float threshold, Tensor? key, bool rms=False) -> (Tensor, Tensor)");
+        "float threshold, Tensor? key, bool rms=False, Tensor(c!)? rows=None, Tensor(d!)? rows_count=None) -> "
+        "(Tensor, Tensor)");
   // activation(add(delta_a, delta_b, alpha)) in one pass; returns (out, mask_out, mask_a | mask_b)
   m.def("add_activation(Tensor delta_a, Tensor mask_a, Tensor delta_b, Tensor mask_b, float alpha, Tensor(a!) acc, "
-        "Tensor(b!) sent, str kind, float param, float threshold, Tensor? key, bool rms=False) -> "
-        "(Tensor, Tensor, Tensor)");
+        "Tensor(b!) sent, str kind, float param, float threshold, Tensor? key, bool rms=False, "
+        "Tensor(c!)? rows=None, Tensor(d!)? rows_count=None) -> (Tensor, Tensor, Tensor)");
   m.def("affine_channel(Tensor delta, Tensor mask, Tensor? scale, Tensor? shift, Tensor? key) -> (Tensor, Tensor)");
   m.def("add(Tensor delta_a, Tensor mask_a, Tensor delta_b, Tensor mask_b, float alpha) -> (Tensor, Tensor)");
   m.def("mul(Tensor delta_a, Tensor mask_a, Tensor(a!) acc_a, Tensor delta_b, Tensor mask_b, Tensor(b!) acc_b, "
@@ -47,6 +49,10 @@ TORCH_LIBRARY(deltaconv, m) {
   // K split is recorded (conv_common.cuh: kConvCounters; None: zeroed per call)
   m.def("conv2d(Tensor delta, Tensor mask, Tensor weight, Tensor? bias, int[2] stride, int[2] padding, "
         "int[2] dilation, int groups, Tensor? key, Tensor(a!)? counters=None) -> (Tensor, Tensor)");
+  // a 1x1 conv, stride 1, no padding, groups 1, of a delta frame (no key) over the rows an activation listed
+  // (rows: int32 [1 + 2 * N*H*W]; counters: as in conv2d, the row count at [0], zeroed before the activation)
+  m.def("conv1x1_rows(Tensor delta, Tensor mask, Tensor weight, Tensor? bias, Tensor rows, Tensor(a!) counters) -> "
+        "Tensor");
   m.def("conv_transpose2d(Tensor delta, Tensor mask, Tensor weight, Tensor? bias, int[2] stride, int[2] padding, "
         "int[2] output_padding, int groups, int[2] dilation, Tensor? key, Tensor(a!)? counters=None) -> "
         "(Tensor, Tensor)");

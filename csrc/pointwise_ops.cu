@@ -12,8 +12,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common.cuh"
@@ -102,6 +104,32 @@ const float* check_channel_vector(const char* op, const char* name, const std::o
 int check_channels(const char* op, const Tensor& t) {
   TORCH_CHECK(t.size(1) <= (int64_t{1} << 30), "deltaconv::", op, ": too many channels (", t.size(1), ")");
   return static_cast<int>(t.size(1));
+}
+
+// The optional row list of the activations (pw::append_sent_rows): `rows` int32 [>= 1 + 2 * pixels]
+// and `rows_count` int32 [>= 1], both contiguous and 1-D on the device of `ref`, given together.
+struct RowList {
+  int* rows = nullptr;
+  int* count = nullptr;
+};
+
+RowList check_rows(const char* op, const std::optional<Tensor>& rows, const std::optional<Tensor>& rows_count,
+                   const Tensor& ref, int64_t pixels) {
+  TORCH_CHECK(rows.has_value() == rows_count.has_value(), "deltaconv::", op,
+              ": arguments 'rows' and 'rows_count' must be given together, got ",
+              rows.has_value() ? "'rows' only" : "'rows_count' only");
+  if (!rows.has_value()) return {};
+  for (const auto& [name, t, need] : {std::make_tuple("rows", &*rows, 1 + 2 * pixels),
+                                      std::make_tuple("rows_count", &*rows_count, int64_t{1})}) {
+    check_cuda(op, name, *t, ref);
+    check_dtype(op, name, *t, at::kInt);
+    TORCH_CHECK(t->dim() == 1 && t->is_contiguous() && t->numel() >= need, "deltaconv::", op, ": argument '", name,
+                "' must be a contiguous 1-D tensor of at least ", need, " elements, got shape ", t->sizes(),
+                " and strides ", t->strides());
+  }
+  TORCH_CHECK(pixels <= std::numeric_limits<int>::max(), "deltaconv::", op, ": too many pixels for a row list (",
+              pixels, ")");
+  return {rows->data_ptr<int>(), rows_count->data_ptr<int>()};
 }
 
 // ---------------------------------------------------------------- launch geometry
@@ -251,7 +279,9 @@ struct activation_kernel_of {
 std::tuple<Tensor, Tensor, Tensor> run_activation(const char* op, const Tensor& delta, const Tensor& mask,
                                                   const Tensor* delta_b, const Tensor* mask_b, double alpha,
                                                   Tensor& acc, Tensor& sent, c10::string_view kind, double param,
-                                                  double threshold, const std::optional<Tensor>& key, bool rms) {
+                                                  double threshold, const std::optional<Tensor>& key, bool rms,
+                                                  const std::optional<Tensor>& rows,
+                                                  const std::optional<Tensor>& rows_count) {
   const bool residual = delta_b != nullptr;
   const int kind_id = activation_kind(op, std::string(kind));
   check_value(op, residual ? "delta_a" : "delta", delta, delta);
@@ -267,11 +297,12 @@ std::tuple<Tensor, Tensor, Tensor> run_activation(const char* op, const Tensor& 
   const int64_t N = delta.size(0), H = delta.size(2), W = delta.size(3);
   const int C = check_channels(op, delta);
   const bool* key_ptr = check_key(op, key, delta, N);
+  const int64_t pixels = N * H * W;
+  const RowList row_list = check_rows(op, rows, rows_count, delta, pixels);
   c10::cuda::CUDAGuard guard(delta.device());
   Tensor out = empty_value(delta, delta.sizes(), delta.scalar_type());
   Tensor mask_out = empty_mask(delta, N, H, W);
   Tensor mask_sum = residual ? empty_mask(delta, N, H, W) : Tensor();
-  const int64_t pixels = N * H * W;
   DC_DISPATCH_ACTIVATION_TYPES(delta.scalar_type(), "deltaconv::activation", [&] {
     pw::ActivationParams<scalar_t> p{cptr<scalar_t>(delta), cptr<bool>(mask), ptr<float>(acc), ptr<scalar_t>(sent),
                                      key_ptr, ptr<scalar_t>(out), ptr<bool>(mask_out), kind_id,
@@ -279,7 +310,8 @@ std::tuple<Tensor, Tensor, Tensor> run_activation(const char* op, const Tensor& 
                                      rms_limit(rms, threshold, C), pixels, H * W, C, 0,
                                      residual ? cptr<scalar_t>(*delta_b) : nullptr,
                                      residual ? cptr<bool>(*mask_b) : nullptr,
-                                     residual ? ptr<bool>(mask_sum) : nullptr, static_cast<float>(alpha)};
+                                     residual ? ptr<bool>(mask_sum) : nullptr, static_cast<float>(alpha),
+                                     row_list.rows, row_list.count};
     const bool vec_ok = C % kVec<scalar_t> == 0 && all_aligned({p.delta, p.acc, p.sent, p.out}) &&
                         (!residual || all_aligned({p.delta_b}));
     // the common kinds with the activation fixed at compile time (with a residual: ReLU only)
@@ -305,9 +337,10 @@ std::tuple<Tensor, Tensor, Tensor> run_activation(const char* op, const Tensor& 
 
 std::tuple<Tensor, Tensor> activation(const Tensor& delta, const Tensor& mask, Tensor& acc, Tensor& sent,
                                       c10::string_view kind, double param, double threshold,
-                                      const std::optional<Tensor>& key, bool rms) {
-  auto [out, mask_out, unused] =
-      run_activation("activation", delta, mask, nullptr, nullptr, 1.0, acc, sent, kind, param, threshold, key, rms);
+                                      const std::optional<Tensor>& key, bool rms, const std::optional<Tensor>& rows,
+                                      const std::optional<Tensor>& rows_count) {
+  auto [out, mask_out, unused] = run_activation("activation", delta, mask, nullptr, nullptr, 1.0, acc, sent, kind, param,
+                                                threshold, key, rms, rows, rows_count);
   return {out, mask_out};
 }
 
@@ -315,9 +348,11 @@ std::tuple<Tensor, Tensor> activation(const Tensor& delta, const Tensor& mask, T
 std::tuple<Tensor, Tensor, Tensor> add_activation(const Tensor& delta_a, const Tensor& mask_a, const Tensor& delta_b,
                                                   const Tensor& mask_b, double alpha, Tensor& acc, Tensor& sent,
                                                   c10::string_view kind, double param, double threshold,
-                                                  const std::optional<Tensor>& key, bool rms) {
+                                                  const std::optional<Tensor>& key, bool rms,
+                                                  const std::optional<Tensor>& rows,
+                                                  const std::optional<Tensor>& rows_count) {
   return run_activation("add_activation", delta_a, mask_a, &delta_b, &mask_b, alpha, acc, sent, kind, param,
-                        threshold, key, rms);
+                        threshold, key, rms, rows, rows_count);
 }
 
 // ---------------------------------------------------------------- affine_channel

@@ -351,6 +351,36 @@ class _Converter:
                     note = notes[layer].note
                     notes[layer].note = (note + "; " if note else "") + f"fused with {other}"
 
+    def link_row_lists(self) -> None:
+        """Mark each activation whose output a 1x1 convolution of stride 1, no padding and one
+        group reads (the first such reader) as listing its sent pixels for it
+        (``DCActivation.lists_rows``, ``DCConv2d.takes_rows``): on the CUDA backend that convolution
+        then needs no mask pass of its own. Only layers called at one site; the report notes the
+        pairs."""
+        sites = Counter(n.target for n in self.graph.nodes if n.op == "call_module")
+        notes: dict = {}
+        for n in self.report.nodes:  # a layer's first node (a folded BatchNorm's node follows its conv's)
+            if n.layer:
+                notes.setdefault(n.layer, n)
+        for node in self.graph.nodes:
+            if node.op != "call_module" or sites[node.target] != 1:
+                continue
+            act = self.root.get_submodule(node.target)
+            if not isinstance(act, DCActivation):
+                continue
+            for user in node.users:
+                if user.op != "call_module" or sites[user.target] != 1 or user.args[:1] != (node,):
+                    continue
+                conv = self.root.get_submodule(user.target)
+                if not (isinstance(conv, DCConv2d) and conv.row_list_ok()):
+                    continue
+                act.lists_rows = conv.takes_rows = True
+                for layer, note in ((node.target, f"lists rows for {user.target}"),
+                                    (user.target, f"rows from {node.target}")):
+                    if layer in notes:
+                        notes[layer].note = (notes[layer].note + "; " if notes[layer].note else "") + note
+                break
+
     def _passthrough(self, key, node: fx.Node) -> bool:
         if key not in PASSTHROUGH_CALLS:
             return False
@@ -420,7 +450,10 @@ def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
             activation's pass (same results, one pass over memory fewer; the report notes the pairs,
             ``report.fused``), and where the model's output is an upsampling of a delta (the
             segmentation models' final ``F.interpolate``), densify before it and resample the dense
-            output (report status ``dense``). ``False`` keeps every layer's own pass.
+            output (report status ``dense``); and where a 1x1 convolution of stride 1 reads an
+            activation, the activation lists the pixels it sends for it, so that on the CUDA
+            backend the convolution makes no work list of its own (same results, a kernel fewer).
+            ``False`` keeps every layer's own pass.
     """
     from .model import DeltaModel
 
@@ -449,6 +482,7 @@ def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
     report = converter.run()
     if fuse:
         converter.fuse_add_activation()
+        converter.link_row_lists()
     if strict and report.fallbacks:
         raise ConversionError("convert(strict=True): no delta rule for " +
                               ", ".join(f"{n.node} ({n.target})" for n in report.fallbacks))

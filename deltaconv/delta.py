@@ -13,6 +13,7 @@ backend writes zeros there; the CUDA backend may leave them unwritten.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -34,6 +35,24 @@ def mask_shape(value_shape: torch.Size) -> list[int]:
 
 
 @dataclass
+class RowList:
+    """The pixels an activation sent, listed for the 1x1 convolution that reads its output (CUDA
+    backend; see :class:`~deltaconv.modules.DCActivation` ``lists_rows``).
+
+    ``rows``: int32 ``[1 + 2 * N*H*W]``, the work list of ``torch.ops.deltaconv.conv1x1_rows``
+    (``rows[1 + k]`` and ``rows[1 + N*H*W + k]`` the k-th listed pixel, as a linear index into the
+    ``[N, H, W]`` map); ``counters``: the zeroed int32 work counters (a slice of
+    :class:`~deltaconv.modules.WorkCounters`) whose ``[0]`` counts them, which the convolution
+    then uses as its own. ``filled``: set by the backend when its kernel wrote the list (a reader
+    must ignore a list that is not).
+    """
+
+    rows: torch.Tensor
+    counters: torch.Tensor
+    filled: bool = False
+
+
+@dataclass
 class Delta:
     """A change of a tensor since the previous frame, and where it is (see module docstring).
 
@@ -43,6 +62,8 @@ class Delta:
 
     value: torch.Tensor
     mask: torch.Tensor
+    #: the active pixels listed for a 1x1 convolution, when the layer that made this delta did so
+    rows: Optional[RowList] = None
 
     # --- shape queries, so traced shape arithmetic runs on deltas unchanged ---
     @property

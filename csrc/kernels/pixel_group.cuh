@@ -19,6 +19,8 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "grid_dependency.cuh"
 
 namespace deltaconv {
@@ -110,9 +112,22 @@ __device__ __forceinline__ PixelGroup pixel_group(int log2_lanes) {
 // settle(pixel) -> bool: called by one lane per pixel; writes what an inactive pixel needs and
 //                        returns whether the pixel is active.
 // body(g):               called by every lane of the group for each active pixel g.pixel; may only
-//                        synchronise within the group (g.mask).
-template <typename Settle, typename Body>
-__device__ __forceinline__ void for_each_active_pixel(int64_t pixels, int log2_lanes, Settle&& settle, Body&& body) {
+//                        synchronise within the group (g.mask). It may return a bool (the pixel
+//                        was sent), which the batch hook gets.
+// after(g, base, groups, sent): the batch hook, called by every lane of the warp after each batch
+//                        (so the warp's groups then take the same number of batches, those past
+//                        the end with none active): lane j of group g looked up pixel
+//                        base + j * groups, and bit j of `sent` (the same on the group's lanes) is
+//                        set where body returned true. Without it (NoBatchHook) a group stops
+//                        after its own last batch.
+struct NoBatchHook {
+  __device__ __forceinline__ void operator()(const PixelGroup&, int64_t, int64_t, unsigned) const {}
+};
+
+template <typename Settle, typename Body, typename After = NoBatchHook>
+__device__ __forceinline__ void for_each_active_pixel(int64_t pixels, int log2_lanes, Settle&& settle, Body&& body,
+                                                      After&& after = After{}) {
+  constexpr bool kHook = !std::is_same_v<std::decay_t<After>, NoBatchHook>;
   const int li = threadIdx.x & 31;
   PixelGroup g;
   g.lanes = 1 << log2_lanes;
@@ -121,16 +136,53 @@ __device__ __forceinline__ void for_each_active_pixel(int64_t pixels, int log2_l
   g.mask = g.lanes == 32 ? 0xffffffffu : (((1u << g.lanes) - 1u) << first_lane);
   const int64_t groups = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> log2_lanes;
   const int64_t gid = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> log2_lanes;
-  for (int64_t base = gid; base < pixels; base += groups << log2_lanes) {
+  // with a hook, the warp's first group sets the number of batches
+  const int64_t lead = kHook ? gid - (li >> log2_lanes) : gid;
+  for (int64_t base = gid; base - gid + lead < pixels; base += groups << log2_lanes) {
     const int64_t mine = base + g.lane * groups;
     const bool active = mine < pixels && settle(mine);
     unsigned bits = __ballot_sync(g.mask, active) >> first_lane;
+    unsigned sent = 0u;
     while (bits != 0u) {
       const int j = __ffs(static_cast<int>(bits)) - 1;
       bits &= bits - 1u;
       g.pixel = base + j * groups;
-      body(g);
+      if constexpr (std::is_same_v<decltype(body(g)), bool>) {
+        if (body(g)) sent |= 1u << j;
+      } else {
+        body(g);
+      }
     }
+    if constexpr (kHook) after(g, base, groups, sent);
+  }
+}
+
+// The batch hook that lists the sent pixels for a 1x1 convolution after this layer (stride 1, no
+// padding: output pixel = input pixel): appends each pixel of `sent` (see for_each_active_pixel) as
+// rows[1 + k] = rows[1 + cap + k] = pixel, k = atomicAdd(count, ...), the work list that
+// conv1x1_mask_kernel would write (conv_common.cuh); one atomic per warp and batch. Called by every
+// lane of the warp. cap: the pixels of the map (the list's capacity).
+__device__ __forceinline__ void append_sent_rows(const PixelGroup& g, int64_t base, int64_t groups, unsigned sent,
+                                                 int* rows, int* count, int64_t cap) {
+  const int li = threadIdx.x & 31;
+  const int first_lane = li & ~(g.lanes - 1);
+  const int n = g.lane == 0 ? __popc(sent) : 0;  // the group's rows, held by its lane 0
+  int incl = n;  // rows of the groups up to this lane's, inclusive
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int v = __shfl_up_sync(0xffffffffu, incl, o);
+    if (li >= o) incl += v;
+  }
+  const int total = __shfl_sync(0xffffffffu, incl, 31);
+  if (total == 0) return;  // uniform over the warp
+  int start = 0;
+  if (li == 0) start = atomicAdd(count, total);
+  start = __shfl_sync(0xffffffffu, start, 0) + __shfl_sync(0xffffffffu, incl - n, first_lane);
+  if ((sent >> g.lane) & 1u) {
+    const int k = start + __popc(sent & ((1u << g.lane) - 1u));
+    const int pixel = static_cast<int>(base + g.lane * groups);
+    rows[1 + k] = pixel;
+    rows[1 + cap + k] = pixel;
   }
 }
 

@@ -104,6 +104,7 @@ __global__ void __launch_bounds__(kThreads) densify_kernel(const DensifyParams<T
 // On active pixels: acc += delta; change = T(f(acc)) - sent; sent when the change's size exceeds
 // the threshold (PendingSize: max or rms over the channels) or the stream is a key stream; then
 // out = send_element(f(acc), sent).
+// With `rows` it also lists the sent pixels for the 1x1 convolution after it (conv1x1_rows).
 // With RESIDUAL (the add_activation op: a residual add fused into the activation after it) the
 // delta is the add's output, computed as add_kernel does: delta = T(a + T(alpha * b)) with
 // inactive operands counted as zero, active on mask | mask_b (written to mask_sum, the add's mask).
@@ -126,6 +127,10 @@ struct ActivationParams {
   const bool* mask_b;      // [N, 1, H, W]
   bool* mask_sum;          // [N, 1, H, W] mask | mask_b, written at every pixel
   float alpha;
+  // optional (nullptr: none): the sent pixels listed for the 1x1 convolution after this layer
+  // (append_sent_rows): rows [1 + 2 * pixels], the count added to rows_count[0]
+  int* rows;
+  int* rows_count;
 };
 
 // KIND: the activation fixed at compile time (an ActKind: the launcher does so for ReLU and
@@ -175,9 +180,12 @@ __global__ void __launch_bounds__(kThreads) activation_kernel(const ActivationPa
     }
     const bool send = group_exceeds(g, size, p.rms_limit) || key_flag(p.key, g.pixel, p.hw);
     if (g.lane == 0) p.mask_out[g.pixel] = send;
-    if (!send) return;
+    if (!send) return false;
     // second pass over this lane's own channels (acc as just written by this thread)
     send_row<T, VEC>(g, C, row, p.acc, p.sent, p.out, [&](float a) { return apply_activation(kind, p.param, a); });
+    return true;
+  }, [&](const PixelGroup& g, int64_t base, int64_t groups, unsigned sent) {
+    if (p.rows != nullptr) append_sent_rows(g, base, groups, sent, p.rows, p.rows_count, p.pixels);
   });
 }
 

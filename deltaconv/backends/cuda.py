@@ -23,6 +23,7 @@ import torch
 
 from .. import _extension
 from ..activations import NATIVE_KINDS
+from ..delta import RowList
 from . import reference as _ref
 
 Tensor = torch.Tensor
@@ -30,7 +31,7 @@ Tensor = torch.Tensor
 _LOADED = _extension.load()
 _OPS = ("sparsify", "densify", "activation", "add_activation", "affine_channel", "add", "mul", "concatenate",
         "interpolate", "resample", "conv2d", "conv_transpose2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d",
-        "linear", "count_active")
+        "linear", "count_active", "conv1x1_rows")
 
 
 def _registered_cuda_kernels() -> frozenset:
@@ -42,6 +43,10 @@ def _registered_cuda_kernels() -> frozenset:
 
 #: ops with a CUDA kernel in the loaded extension (the others run through the reference)
 NATIVE_OPS = _registered_cuda_kernels()
+
+#: whether an activation can list its sent pixels for the 1x1 convolution after it (``rows`` of
+#: :func:`activation` / :func:`add_activation`, read by :func:`conv1x1_rows`); the reference has no lists
+ROW_LISTS = "conv1x1_rows" in NATIVE_OPS
 
 _ACT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _CL = torch.channels_last
@@ -200,9 +205,21 @@ def _densify_fake(delta, mask, acc, out_dtype):
 
 
 # ----------------------------------------------------------------------------- pointwise
+def _row_args(rows: Optional[RowList], delta: Tensor) -> tuple[Optional[Tensor], Optional[Tensor]]:
+    """The ``rows`` / ``rows_count`` arguments of the activation kernels for ``rows`` (4-D deltas
+    only: the list indexes the ``[N, H, W]`` map of a 1x1 convolution); marks it filled."""
+    if rows is None or delta.dim() != 4:
+        return None, None
+    rows.filled = True
+    return rows.rows, rows.counters
+
+
 def activation(delta: Tensor, mask: Tensor, acc: Tensor, sent: Tensor, fn: Callable[[Tensor], Tensor],
-               threshold: float, key: Optional[Tensor], measure: str = "max") -> tuple[Tensor, Tensor]:
-    """Pointwise non-linearity ``fn``: ``fn(acc + d) - sent`` on active pixels, then truncation."""
+               threshold: float, key: Optional[Tensor], measure: str = "max",
+               rows: Optional[RowList] = None) -> tuple[Tensor, Tensor]:
+    """Pointwise non-linearity ``fn``: ``fn(acc + d) - sent`` on active pixels, then truncation.
+    ``rows``: a :class:`~deltaconv.delta.RowList` where the kernel also lists the sent pixels
+    (``rows.filled`` tells whether it ran; the reference path leaves it untouched)."""
     kind = getattr(fn, "kind", None)
     rms = _rms(measure)
     if not (kind in NATIVE_KINDS and _pointwise_ok("activation", delta, mask, acc, sent)
@@ -211,14 +228,15 @@ def activation(delta: Tensor, mask: Tensor, acc: Tensor, sent: Tensor, fn: Calla
     a4, a_copied = _state4(acc)
     s4, s_copied = _state4(sent)
     out, m = torch.ops.deltaconv.activation(_value4(delta), _mask4(mask), a4, s4, kind,
-                                            float(getattr(fn, "param", 0.0)), float(threshold), _key(key), rms)
+                                            float(getattr(fn, "param", 0.0)), float(threshold), _key(key), rms,
+                                            *_row_args(rows, delta))
     _write_back(acc, a4, a_copied)
     _write_back(sent, s4, s_copied)
     return _like(out, m, delta)
 
 
 @_fake("activation")
-def _activation_fake(delta, mask, acc, sent, kind, param, threshold, key, rms=False):
+def _activation_fake(delta, mask, acc, sent, kind, param, threshold, key, rms=False, rows=None, rows_count=None):
     return _empty_like_delta(delta)
 
 
@@ -260,21 +278,22 @@ def _add_fake(delta_a, mask_a, delta_b, mask_b, alpha):
 
 def add_activation(delta_a: Tensor, mask_a: Tensor, delta_b: Tensor, mask_b: Tensor, alpha: float, acc: Tensor,
                    sent: Tensor, fn: Callable[[Tensor], Tensor], threshold: float, key: Optional[Tensor],
-                   measure: str = "max") -> tuple[Tensor, Tensor, Tensor]:
+                   measure: str = "max", rows: Optional[RowList] = None) -> tuple[Tensor, Tensor, Tensor]:
     """A residual add and the activation after it (``activation(add(a, b, alpha))``), the add's mask
-    returned too: ``(out, out_mask, mask_a | mask_b)``. The CUDA backend runs it in one kernel."""
+    returned too: ``(out, out_mask, mask_a | mask_b)``. The CUDA backend runs it in one kernel.
+    ``rows``: as in :func:`activation`."""
     kind = getattr(fn, "kind", None)
     if not (kind in NATIVE_KINDS and _pointwise_ok("add_activation", delta_a, mask_a, delta_b, mask_b, acc, sent)
             and delta_a.shape == delta_b.shape and delta_a.dtype == delta_b.dtype and mask_a.shape == mask_b.shape
             and _state_ok(acc, delta_a.shape) and _sent_ok(sent, delta_a, delta_a.shape)):
         d, union = add(delta_a, mask_a, delta_b, mask_b, alpha)
-        out, out_mask = activation(d, union, acc, sent, fn, threshold, key, measure)
+        out, out_mask = activation(d, union, acc, sent, fn, threshold, key, measure, rows)
         return out, out_mask, union
     a4, a_copied = _state4(acc)
     s4, s_copied = _state4(sent)
     out, m, union = torch.ops.deltaconv.add_activation(
         _value4(delta_a), _mask4(mask_a), _value4(delta_b), _mask4(mask_b), float(alpha), a4, s4, kind,
-        float(getattr(fn, "param", 0.0)), float(threshold), _key(key), _rms(measure))
+        float(getattr(fn, "param", 0.0)), float(threshold), _key(key), _rms(measure), *_row_args(rows, delta_a))
     _write_back(acc, a4, a_copied)
     _write_back(sent, s4, s_copied)
     out, m = _like(out, m, delta_a)
@@ -282,7 +301,8 @@ def add_activation(delta_a: Tensor, mask_a: Tensor, delta_b: Tensor, mask_b: Ten
 
 
 @_fake("add_activation")
-def _add_activation_fake(delta_a, mask_a, delta_b, mask_b, alpha, acc, sent, kind, param, threshold, key, rms=False):
+def _add_activation_fake(delta_a, mask_a, delta_b, mask_b, alpha, acc, sent, kind, param, threshold, key, rms=False,
+                         rows=None, rows_count=None):
     out, mask = _empty_like_delta(delta_a)
     return out, mask, torch.empty_like(mask)
 
@@ -363,6 +383,19 @@ def conv2d(delta: Tensor, mask: Tensor, weight: Tensor, bias: Optional[Tensor], 
         return _ref.conv2d(delta, mask, weight, bias, stride, padding, dilation, groups, key, padding_mode)
     return torch.ops.deltaconv.conv2d(_value4(delta), _mask4(mask), weight, bias, _pair(stride), _pair(padding),
                                       _pair(dilation), int(groups), _key(key), counters)
+
+
+def conv1x1_rows(delta: Tensor, mask: Tensor, weight: Tensor, bias: Optional[Tensor], rows: RowList) -> Tensor:
+    """:func:`conv2d` of a 1x1 kernel, stride 1, no padding, groups 1, on a delta frame (no key),
+    over the pixels an activation listed in ``rows`` (filled): the same output at those pixels,
+    without the mask pass; the output mask is ``mask``. CUDA tensors, 4-D ``delta``."""
+    return torch.ops.deltaconv.conv1x1_rows(_value4(delta), _mask4(mask), weight, bias, rows.rows, rows.counters)
+
+
+@_fake("conv1x1_rows")
+def _conv1x1_rows_fake(delta, mask, weight, bias, rows, counters):
+    n, _, h, w = delta.shape
+    return _empty_value(delta, (n, weight.shape[0], h, w))
 
 
 def _conv_out(size, k, s, p, d):

@@ -95,6 +95,10 @@ class DCConv2d(DCModule):
     """
 
     kind = "conv2d"
+    #: set by :func:`~deltaconv.convert` (``fuse=True``) when the activation before it lists its
+    #: sent pixels (``DCActivation.lists_rows``): then, in delta frames on the CUDA backend, this
+    #: 1x1 convolution runs on that list (``conv1x1_rows``) instead of making its own from the mask.
+    takes_rows = False
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
                  groups: int = 1, bias: bool = True, padding_mode: str = "zeros") -> None:
@@ -130,8 +134,19 @@ class DCConv2d(DCModule):
         return self._folded.get(self.weight, self.bias, self.folded_bn, out_dim=0,
                                 layout=kernel_weight_layout(self.weight, self.groups))
 
+    def row_list_ok(self) -> bool:
+        """Whether this convolution can run on an activation's row list: 1x1, stride 1, no padding,
+        one group, zero padding mode (its output pixels are its input pixels)."""
+        return (tuple(self.kernel_size) == (1, 1) and tuple(self.stride) == (1, 1) and self.groups == 1
+                and not isinstance(self.padding, str) and tuple(self.padding) == (0, 0)
+                and self.padding_mode == "zeros")
+
     def forward(self, x: Delta) -> Delta:
         w, b = self.folded_weight_bias()
+        rows = x.rows if self.takes_rows else None
+        if rows is not None and rows.filled and self.key is None and self.row_list_ok():
+            v = self.ops.conv1x1_rows(x.value, x.mask, w, b, rows)
+            return self.observe(Delta(v, x.mask))  # stride 1, no padding: the input's active pixels
         v, m = self.ops.conv2d(x.value, x.mask, w, b, self.stride, self.padding, self.dilation, self.groups,
                                self.key, self.padding_mode, self.work_counters(x))
         return self.observe(Delta(v, m))

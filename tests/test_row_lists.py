@@ -1,0 +1,272 @@
+"""Row lists: an activation lists the pixels it sends for the 1x1 convolution after it
+(``DCActivation.lists_rows``, ``torch.ops.deltaconv.conv1x1_rows``), so that the convolution needs
+no mask pass of its own. The conversion pass runs everywhere; the kernels need a CUDA GPU and the
+built extension (those tests are skipped otherwise)."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+
+import deltaconv
+from deltaconv.activations import Activation
+from deltaconv.delta import RowList
+from deltaconv.modules import DCActivation, DCConv2d
+from helpers import cuda_backend_reason, cuda_kernel_names, randomize_bn, video_frames
+
+REASON = cuda_backend_reason()
+needs_gpu = pytest.mark.skipif(bool(REASON), reason=REASON or "ok")
+CL = torch.channels_last
+
+
+class Block(nn.Module):
+    """relu -> 1x1 (linked), relu -> 3x3 (not: 3x3), a residual add fused into a relu -> 1x1 (linked)
+    and a 1x1 of stride 2 on the same output (not: stride 2)."""
+
+    def __init__(self, c: int = 16) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, c, 3, padding=1)
+        self.r1, self.r2, self.r3 = nn.ReLU(), nn.ReLU(), nn.ReLU()
+        self.c1 = nn.Conv2d(c, c, 1)
+        self.c2 = nn.Conv2d(c, c, 3, padding=1)
+        self.c3 = nn.Conv2d(c, 2 * c, 1)
+        self.down = nn.Conv2d(c, 2 * c, 1, stride=2)
+
+    def forward(self, x):
+        x = self.r1(self.stem(x))
+        y = self.c2(self.r2(self.c1(x)))
+        y = self.r3(y + x)
+        return self.c3(y).mean() + self.down(y).mean()
+
+
+def linked(dm) -> tuple[set, set]:
+    """(names of the activations that list rows, names of the convolutions that take them)."""
+    acts = {n for n, m in dm.named_modules() if isinstance(m, DCActivation) and m.lists_rows}
+    convs = {n for n, m in dm.named_modules() if isinstance(m, DCConv2d) and m.takes_rows}
+    return acts, convs
+
+
+# ----------------------------------------------------------------------------- conversion
+def test_convert_links_each_activation_to_the_1x1_convolution_after_it():
+    dm = deltaconv.convert(Block().eval(), example_input=torch.randn(1, 3, 16, 16))
+    acts, convs = linked(dm)
+    assert acts == {"r1", "r3"} and convs == {"c1", "c3"}
+    notes = {n.layer: n.note for n in dm.report.nodes if n.layer}
+    assert "lists rows for c1" in notes["r1"] and "rows from r1" in notes["c1"]
+    assert "lists rows for c3" in notes["r3"] and "fused with" in notes["r3"]
+    off = deltaconv.convert(Block().eval(), example_input=torch.randn(1, 3, 16, 16), fuse=False)
+    assert linked(off) == (set(), set())
+
+
+def test_a_layer_called_at_two_sites_is_not_linked():
+    class Shared(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.relu, self.pw = nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 1)
+
+        def forward(self, x):
+            return self.pw(self.relu(self.conv(x))) + self.pw(self.relu(self.conv(x)))
+
+    dm = deltaconv.convert(Shared().eval(), example_input=torch.randn(1, 3, 8, 8))
+    assert linked(dm) == (set(), set())
+
+
+def test_reference_backend_runs_linked_layers_as_before():
+    """The reference backend has no row lists: a linked model gives the dense outputs (threshold 0)."""
+    torch.manual_seed(0)
+    model = Block().eval()
+    dm = deltaconv.convert(model, example_input=torch.randn(1, 3, 16, 16), backend="reference")
+    assert linked(dm)[0]
+    for t in range(3):
+        x = torch.randn(1, 3, 16, 16) if t != 1 else torch.zeros(1, 3, 16, 16)
+        with torch.no_grad():
+            torch.testing.assert_close(dm(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- kernels
+def _activation_case(dtype, c, frac, residual, shape=(2, 13, 21), seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    n, h, w = shape
+    mask = torch.rand((n, 1, h, w), generator=g, device="cuda") < frac
+    mask_b = torch.rand((n, 1, h, w), generator=g, device="cuda") < frac / 2
+
+    def value(m):
+        v = torch.randn((n, c, h, w), generator=g, device="cuda") * 0.1
+        return torch.where(m, v, torch.full((), float("nan"), device="cuda")).to(dtype).contiguous(memory_format=CL)
+
+    acc = (torch.randn((n, c, h, w), generator=g, device="cuda") * 0.1).contiguous(memory_format=CL)
+    sent = torch.zeros((n, c, h, w), device="cuda", dtype=dtype).contiguous(memory_format=CL)
+    return value(mask), mask, value(mask_b), mask_b, acc, sent
+
+
+def _run(ops, case, residual, rows):
+    d, m, db, mb, acc, sent = case
+    extra = {} if rows is None else {"rows": rows}
+    if residual:
+        out, mo, _ = ops.add_activation(d, m, db, mb, 1.0, acc, sent, Activation("relu"), 0.02, None, **extra)
+    else:
+        out, mo = ops.activation(d, m, acc, sent, Activation("relu"), 0.02, None, **extra)
+    return out, mo
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("frac", [0.0, 0.01, 0.3, 1.0])
+@pytest.mark.parametrize("c", [1, 3, 17, 32, 64, 130, 256])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_activation_lists_exactly_the_pixels_it_sends(dtype, c, frac, residual):
+    from deltaconv.backends import cuda as dcc
+    shape = (2, 13, 21) if c < 130 else (1, 9, 11)
+    case = _activation_case(dtype, c, frac, residual, shape)
+    plain = [t.clone() for t in case]
+    pixels = shape[0] * shape[1] * shape[2]
+    rows = RowList(torch.full((1 + 2 * pixels,), -7, dtype=torch.int32, device="cuda"),
+                   torch.zeros(16, dtype=torch.int32, device="cuda"))
+    out, mo = _run(dcc, case, residual, rows)
+    out_p, mo_p = _run(dcc, plain, residual, None)
+    assert rows.filled
+    # the same results as without the list: outputs at sent pixels, masks and both states
+    assert torch.equal(mo, mo_p)
+    sel = mo.expand_as(out)
+    assert torch.equal(out[sel], out_p[sel])
+    assert torch.equal(case[4], plain[4]) and torch.equal(case[5], plain[5])
+    # the list: every sent pixel once, both halves equal, nothing written past the count
+    n = int(rows.counters[0])
+    sent_pixels = torch.nonzero(mo.reshape(-1)).reshape(-1).to(torch.int32)
+    assert n == sent_pixels.numel()
+    listed = rows.rows[1:1 + n]
+    assert torch.equal(torch.sort(listed).values, sent_pixels)
+    assert torch.equal(rows.rows[1 + pixels:1 + pixels + n], listed)
+    assert bool((rows.rows[1 + n:1 + pixels] == -7).all()) and bool((rows.rows[1 + pixels + n:] == -7).all())
+    assert bool((rows.counters[1:] == 0).all())
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("frac", [0.01, 0.3])
+def test_activation_lists_rows_on_large_frames(frac):
+    """More pixels than the persistent grid's groups: the warps walk several batches."""
+    from deltaconv.backends import cuda as dcc
+    for c in (32, 256):  # 4 and 32 lanes per pixel (fp16)
+        shape = (2, 600, 640) if c == 32 else (1, 300, 320)
+        case = _activation_case(torch.float16, c, frac, False, shape, seed=3)
+        pixels = shape[0] * shape[1] * shape[2]
+        rows = RowList(torch.empty(1 + 2 * pixels, dtype=torch.int32, device="cuda"),
+                       torch.zeros(16, dtype=torch.int32, device="cuda"))
+        _, mo = _run(dcc, case, False, rows)
+        n = int(rows.counters[0])
+        assert n == int(mo.sum()) > 0
+        assert torch.equal(torch.sort(rows.rows[1:1 + n]).values,
+                           torch.nonzero(mo.reshape(-1)).reshape(-1).to(torch.int32))
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("cin,cout,dtype", [(64, 128, torch.float16), (64, 64, torch.bfloat16),
+                                            (256, 512, torch.float16), (24, 40, torch.float32),
+                                            (20, 16, torch.float16)])
+def test_conv1x1_rows_equals_conv2d_at_the_listed_pixels(cin, cout, dtype, monkeypatch):
+    """The GEMM over an activation's list gives conv2d's output bit for bit at the active pixels:
+    the tensor-core paths (warp-specialised and gathered-rows) and the CUDA-core kernel."""
+    from deltaconv.backends import cuda as dcc
+    monkeypatch.setenv("DELTACONV_TC_RING1_MIN", "0")  # the warp-specialised kernel on small maps too
+    g = torch.Generator(device="cuda").manual_seed(5)
+    w = (torch.randn((cout, cin, 1, 1), generator=g, device="cuda") / cin ** 0.5).to(dtype)
+    b = torch.randn(cout, generator=g, device="cuda").to(dtype)
+    for frac in (0.0, 0.05, 0.5, 1.0):
+        case = _activation_case(dtype, cin, frac, False, (2, 19, 23), seed=int(frac * 100))
+        pixels = 2 * 19 * 23
+        rows = RowList(torch.empty(1 + 2 * pixels, dtype=torch.int32, device="cuda"),
+                       torch.zeros(16, dtype=torch.int32, device="cuda"))
+        d, m = _run(dcc, case, False, rows)
+        y = dcc.conv1x1_rows(d, m, w, b, rows)
+        y_ref, m_ref = dcc.conv2d(d, m, w, b, 1, 0, 1, 1, None)
+        assert torch.equal(m_ref, m)
+        sel = m.expand_as(y)
+        assert torch.equal(y[sel], y_ref[sel]), frac
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_row_list_arguments_are_checked():
+    ops = torch.ops.deltaconv
+    d, m, _, _, acc, sent = _activation_case(torch.float16, 8, 0.5, False, (1, 4, 5))
+    rows = torch.zeros(41, dtype=torch.int32, device="cuda")
+    count = torch.zeros(16, dtype=torch.int32, device="cuda")
+    with pytest.raises(RuntimeError, match="'rows' and 'rows_count' must be given together, got 'rows' only"):
+        ops.activation(d, m, acc, sent, "relu", 0.0, 0.0, None, False, rows, None)
+    with pytest.raises(RuntimeError, match="argument 'rows' must be a contiguous 1-D tensor of at least 41 elements, "
+                                           "got shape \\[40\\]"):
+        ops.activation(d, m, acc, sent, "relu", 0.0, 0.0, None, False, rows[:40], count)
+    with pytest.raises(RuntimeError, match="activation: argument 'rows_count' must have dtype Int, got Long"):
+        ops.activation(d, m, acc, sent, "relu", 0.0, 0.0, None, False, rows, count.long())
+    w = torch.zeros(8, 8, 3, 3, device="cuda", dtype=torch.float16)
+    with pytest.raises(RuntimeError, match=r"conv1x1_rows: argument 'weight' must have shape \[Cout, 8, 1, 1\], "
+                                           r"got \[8, 8, 3, 3\]"):
+        ops.conv1x1_rows(d, m, w, None, rows, count)
+    with pytest.raises(RuntimeError, match="conv1x1_rows: argument 'rows' must be a contiguous 1-D tensor of at "
+                                           "least 41 elements"):
+        ops.conv1x1_rows(d, m, w[:, :, :1, :1].contiguous(), None, rows[:40], count)
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_opcheck_of_the_row_list_ops():
+    ops = torch.ops.deltaconv
+    d, m, db, mb, acc, sent = _activation_case(torch.float16, 16, 1.0, False, (1, 5, 7))
+    m = torch.ones_like(m)
+    d = torch.where(m, d, 0).contiguous(memory_format=CL)
+    rows = torch.zeros(71, dtype=torch.int32, device="cuda")
+    count = torch.zeros(16, dtype=torch.int32, device="cuda")
+    w = torch.randn(24, 16, 1, 1, device="cuda", dtype=torch.float16) / 4
+    # every pixel sent (threshold 0, fresh state): the list is complete, so conv1x1_rows writes every output
+    torch.library.opcheck(ops.activation.default, (d, m, acc, sent, "relu", 0.0, -1.0, None, False, rows, count),
+                          test_utils=("test_schema", "test_faketensor"))
+    count.zero_()
+    ops.activation(d, m, acc.clone(), sent.clone(), "relu", 0.0, -1.0, None, False, rows, count)
+    torch.library.opcheck(ops.conv1x1_rows.default, (d, m, w, None, rows, count))
+    torch.library.opcheck(ops.add_activation.default,
+                          (d, m, d, m, 1.0, acc, sent, "relu", 0.0, -1.0, None, False, rows, count),
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+# ----------------------------------------------------------------------------- whole models
+def _resnet(name):
+    import torchvision
+    torch.manual_seed(0)
+    return randomize_bn(getattr(torchvision.models, name)(weights=None).eval())
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("name", ["resnet50", "mobilenet_v2"])
+def test_row_lists_change_no_output_and_drop_the_mask_passes(name, dtype, monkeypatch):
+    """Converted with row lists (the default) and without (DELTACONV_ROW_LISTS=0): bit-equal
+    outputs over key and delta frames, eager and replayed from a CUDA graph; the linked 1x1
+    convolutions launch no conv1x1_mask_kernel."""
+    model = _resnet(name).cuda().to(dtype)
+    frames = [f.cuda().to(dtype) for f in video_frames(6, (96, 128))]
+    outs = {}
+    for lists in ("1", "0"):
+        monkeypatch.setenv("DELTACONV_ROW_LISTS", lists)
+        for graph in (False, True):
+            dm = deltaconv.convert(model, threshold=0.02, backend="cuda", example_input=frames[0],
+                                   cuda_graph=graph, check_finite=False)
+            with torch.no_grad():
+                outs[lists, graph] = [dm(f).clone() for f in frames[:4]]
+                dm.reset()
+                outs[lists, graph] += [dm(f).clone() for f in frames[4:]]
+            if not graph:
+                acts, convs = linked(dm)
+                assert len(acts) == len(convs) > 0
+                with torch.no_grad():
+                    names = cuda_kernel_names(lambda: dm(frames[1]))
+                if names:  # none recorded under compute-sanitizer
+                    masks = sum("conv1x1_mask_kernel" in k for k in names)
+                    total = sum(isinstance(m, DCConv2d) and m.kernel_size == (1, 1) for m in dm.modules())
+                    assert masks == (total if lists == "0" else total - len(convs)), (masks, total, len(convs))
+    for key, ys in outs.items():
+        for t, (y, ref) in enumerate(zip(ys, outs["0", False])):
+            torch.testing.assert_close(y, ref, rtol=0, atol=0, msg=f"{key} frame {t}")
