@@ -27,7 +27,8 @@ TORCH_LIBRARY(deltaconv, m) {
   m.def("sparsify(Tensor x, Tensor(a!) sent, float threshold, Tensor? key, Tensor? measure) -> (Tensor, Tensor)");
   m.def("densify(Tensor delta, Tensor mask, Tensor(a!) acc, ScalarType out_dtype) -> Tensor");
   // ---- pointwise
-  // rows / rows_count (optional, together): the sent pixels listed for a 1x1 conv after it (conv1x1_rows)
+  // rows / rows_count (optional, together): the sent (add: active) pixels listed for a 1x1 conv after it
+  // (conv1x1_rows)
   m.def("activation(Tensor delta, Tensor mask, Tensor(a!) acc, Tensor(b!) sent, str kind, float param, "
         "float threshold, Tensor? key, bool rms=False, Tensor(c!)? rows=None, Tensor(d!)? rows_count=None) -> "
         "(Tensor, Tensor)");
@@ -36,7 +37,8 @@ TORCH_LIBRARY(deltaconv, m) {
         "Tensor(b!) sent, str kind, float param, float threshold, Tensor? key, bool rms=False, "
         "Tensor(c!)? rows=None, Tensor(d!)? rows_count=None) -> (Tensor, Tensor, Tensor)");
   m.def("affine_channel(Tensor delta, Tensor mask, Tensor? scale, Tensor? shift, Tensor? key) -> (Tensor, Tensor)");
-  m.def("add(Tensor delta_a, Tensor mask_a, Tensor delta_b, Tensor mask_b, float alpha) -> (Tensor, Tensor)");
+  m.def("add(Tensor delta_a, Tensor mask_a, Tensor delta_b, Tensor mask_b, float alpha, Tensor(a!)? rows=None, "
+        "Tensor(b!)? rows_count=None) -> (Tensor, Tensor)");
   m.def("mul(Tensor delta_a, Tensor mask_a, Tensor(a!) acc_a, Tensor delta_b, Tensor mask_b, Tensor(b!) acc_b, "
         "Tensor(c!) sent, float threshold, Tensor? key, bool rms=False) -> (Tensor, Tensor)");
   m.def("concatenate(Tensor[] deltas, Tensor[] masks) -> (Tensor, Tensor)");

@@ -106,7 +106,7 @@ int check_channels(const char* op, const Tensor& t) {
   return static_cast<int>(t.size(1));
 }
 
-// The optional row list of the activations (pw::append_sent_rows): `rows` int32 [>= 1 + 2 * pixels]
+// The optional row list of the activations and the add (pw::append_sent_rows): `rows` int32 [>= 1 + 2 * pixels]
 // and `rows_count` int32 [>= 1], both contiguous and 1-D on the device of `ref`, given together.
 struct RowList {
   int* rows = nullptr;
@@ -381,7 +381,8 @@ std::tuple<Tensor, Tensor> affine_channel(const Tensor& delta, const Tensor& mas
 
 // ---------------------------------------------------------------- add
 std::tuple<Tensor, Tensor> add(const Tensor& delta_a, const Tensor& mask_a, const Tensor& delta_b,
-                               const Tensor& mask_b, double alpha) {
+                               const Tensor& mask_b, double alpha, const std::optional<Tensor>& rows,
+                               const std::optional<Tensor>& rows_count) {
   const char* op = "add";
   check_value(op, "delta_a", delta_a, delta_a);
   check_mask(op, "mask_a", mask_a, delta_a, delta_a.sizes());
@@ -391,13 +392,15 @@ std::tuple<Tensor, Tensor> add(const Tensor& delta_a, const Tensor& mask_a, cons
   check_mask(op, "mask_b", mask_b, delta_a, delta_a.sizes());
   const int64_t N = delta_a.size(0), H = delta_a.size(2), W = delta_a.size(3);
   const int C = check_channels(op, delta_a);
+  const int64_t pixels = N * H * W;
+  const RowList row_list = check_rows(op, rows, rows_count, delta_a, pixels);
   c10::cuda::CUDAGuard guard(delta_a.device());
   Tensor out = empty_value(delta_a, delta_a.sizes(), delta_a.scalar_type());
   Tensor mask_out = empty_mask(delta_a, N, H, W);
-  const int64_t pixels = N * H * W;
   DC_DISPATCH_ACTIVATION_TYPES(delta_a.scalar_type(), "deltaconv::add", [&] {
     pw::AddParams<scalar_t> p{cptr<scalar_t>(delta_a), cptr<bool>(mask_a), cptr<scalar_t>(delta_b), cptr<bool>(mask_b),
-                              ptr<scalar_t>(out), ptr<bool>(mask_out), static_cast<float>(alpha), pixels, C, 0};
+                              ptr<scalar_t>(out), ptr<bool>(mask_out), static_cast<float>(alpha), pixels, C, 0,
+                              row_list.rows, row_list.count};
     const bool vec_ok = C % kVec<scalar_t> == 0 && all_aligned({p.a, p.b, p.out});
     DC_LAUNCH_VEC(pw::add_kernel, p, vec_ok, pixels, C, true);
   });

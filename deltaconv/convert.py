@@ -352,21 +352,23 @@ class _Converter:
                     notes[layer].note = (note + "; " if note else "") + f"fused with {other}"
 
     def link_row_lists(self) -> None:
-        """Mark each activation whose output a 1x1 convolution of stride 1, no padding and one
-        group reads (the first such reader) as listing its sent pixels for it
-        (``DCActivation.lists_rows``, ``DCConv2d.takes_rows``): on the CUDA backend that convolution
-        then needs no mask pass of its own. Only layers called at one site; the report notes the
-        pairs."""
+        """Mark each layer that can list its output's active pixels (an activation, an add not fused
+        with the activation after it, or a 1x1 convolution that itself runs on a list) and whose
+        output a 1x1 convolution of stride 1, no padding and one group reads (the first such
+        reader): ``lists_rows`` on the layer, ``DCConv2d.takes_rows`` on the convolution. On the
+        CUDA backend that convolution then needs no mask pass of its own. Only layers called at
+        one site; the report notes the pairs."""
         sites = Counter(n.target for n in self.graph.nodes if n.op == "call_module")
         notes: dict = {}
         for n in self.report.nodes:  # a layer's first node (a folded BatchNorm's node follows its conv's)
             if n.layer:
                 notes.setdefault(n.layer, n)
-        for node in self.graph.nodes:
+        for node in self.graph.nodes:  # in order: a convolution's takes_rows is set before it is a producer
             if node.op != "call_module" or sites[node.target] != 1:
                 continue
-            act = self.root.get_submodule(node.target)
-            if not isinstance(act, DCActivation):
+            layer = self.root.get_submodule(node.target)
+            if not (isinstance(layer, DCActivation) or (isinstance(layer, DCAdd) and not layer.fuse_with_next)
+                    or (isinstance(layer, DCConv2d) and layer.takes_rows)):
                 continue
             for user in node.users:
                 if user.op != "call_module" or sites[user.target] != 1 or user.args[:1] != (node,):
@@ -374,11 +376,11 @@ class _Converter:
                 conv = self.root.get_submodule(user.target)
                 if not (isinstance(conv, DCConv2d) and conv.row_list_ok()):
                     continue
-                act.lists_rows = conv.takes_rows = True
-                for layer, note in ((node.target, f"lists rows for {user.target}"),
-                                    (user.target, f"rows from {node.target}")):
-                    if layer in notes:
-                        notes[layer].note = (notes[layer].note + "; " if notes[layer].note else "") + note
+                layer.lists_rows = conv.takes_rows = True
+                for name, note in ((node.target, f"lists rows for {user.target}"),
+                                   (user.target, f"rows from {node.target}")):
+                    if name in notes:
+                        notes[name].note = (notes[name].note + "; " if notes[name].note else "") + note
                 break
 
     def _passthrough(self, key, node: fx.Node) -> bool:

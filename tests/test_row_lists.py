@@ -1,6 +1,6 @@
-"""Row lists: an activation lists the pixels it sends for the 1x1 convolution after it
-(``DCActivation.lists_rows``, ``torch.ops.deltaconv.conv1x1_rows``), so that the convolution needs
-no mask pass of its own. The conversion pass runs everywhere; the kernels need a CUDA GPU and the
+"""Row lists: an activation (or an add, or a 1x1 convolution that itself runs on a list) lists its
+output's active pixels for the 1x1 convolution after it (``lists_rows``,
+``torch.ops.deltaconv.conv1x1_rows``), so that the convolution needs no mask pass of its own. The conversion pass runs everywhere; the kernels need a CUDA GPU and the
 built extension (those tests are skipped otherwise)."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch.nn as nn
 import deltaconv
 from deltaconv.activations import Activation
 from deltaconv.delta import RowList
-from deltaconv.modules import DCActivation, DCConv2d
+from deltaconv.modules import DCAdd, DCConv2d, DCModule
 from helpers import cuda_backend_reason, cuda_kernel_names, randomize_bn, video_frames
 
 REASON = cuda_backend_reason()
@@ -40,10 +40,10 @@ class Block(nn.Module):
 
 
 def linked(dm) -> tuple[set, set]:
-    """(names of the activations that list rows, names of the convolutions that take them)."""
-    acts = {n for n, m in dm.named_modules() if isinstance(m, DCActivation) and m.lists_rows}
+    """(names of the layers that list rows, names of the convolutions that take them)."""
+    listers = {n for n, m in dm.named_modules() if isinstance(m, DCModule) and m.lists_rows}
     convs = {n for n, m in dm.named_modules() if isinstance(m, DCConv2d) and m.takes_rows}
-    return acts, convs
+    return listers, convs
 
 
 # ----------------------------------------------------------------------------- conversion
@@ -56,6 +56,31 @@ def test_convert_links_each_activation_to_the_1x1_convolution_after_it():
     assert "lists rows for c3" in notes["r3"] and "fused with" in notes["r3"]
     off = deltaconv.convert(Block().eval(), example_input=torch.randn(1, 3, 16, 16), fuse=False)
     assert linked(off) == (set(), set())
+
+
+def test_convert_links_adds_and_chains_of_1x1_convolutions():
+    """An add not fused with an activation lists its active pixels, and a 1x1 convolution that runs
+    on a list passes it on to the 1x1 convolution after it (mobilenet_v2's projections and
+    expansions)."""
+    class Chain(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stem, self.r = nn.Conv2d(3, 8, 3, padding=1), nn.ReLU()
+            self.p1, self.p2, self.p3 = nn.Conv2d(8, 8, 1), nn.Conv2d(8, 8, 1), nn.Conv2d(8, 4, 1)
+
+        def forward(self, x):
+            b = self.p1(self.r(self.stem(x)))
+            return self.p3(self.p2(b) + b)
+
+    model = Chain().eval()
+    dm = deltaconv.convert(model, example_input=torch.randn(1, 3, 8, 8))
+    listers, convs = linked(dm)
+    adds = [n for n, m in dm.named_modules() if isinstance(m, DCAdd)]
+    assert len(adds) == 1
+    assert listers == {"r", "p1", adds[0]} and convs == {"p1", "p2", "p3"}
+    with torch.no_grad():
+        for x in (torch.randn(1, 3, 8, 8), torch.randn(1, 3, 8, 8)):
+            torch.testing.assert_close(dm(x), model(x), rtol=1e-5, atol=1e-5)
 
 
 def test_a_layer_called_at_two_sites_is_not_linked():
@@ -84,7 +109,7 @@ def test_reference_backend_runs_linked_layers_as_before():
 
 
 # ----------------------------------------------------------------------------- kernels
-def _activation_case(dtype, c, frac, residual, shape=(2, 13, 21), seed=0):
+def _activation_case(dtype, c, frac, shape=(2, 13, 21), seed=0):
     g = torch.Generator(device="cuda").manual_seed(seed)
     n, h, w = shape
     mask = torch.rand((n, 1, h, w), generator=g, device="cuda") < frac
@@ -99,10 +124,13 @@ def _activation_case(dtype, c, frac, residual, shape=(2, 13, 21), seed=0):
     return value(mask), mask, value(mask_b), mask_b, acc, sent
 
 
-def _run(ops, case, residual, rows):
+def _run(ops, case, op, rows):
+    """op: "activation", "add_activation" or "add" (the lists of the add: its active pixels)."""
     d, m, db, mb, acc, sent = case
     extra = {} if rows is None else {"rows": rows}
-    if residual:
+    if op == "add":
+        return ops.add(d, m, db, mb, -0.5, **extra)
+    if op == "add_activation":
         out, mo, _ = ops.add_activation(d, m, db, mb, 1.0, acc, sent, Activation("relu"), 0.02, None, **extra)
     else:
         out, mo = ops.activation(d, m, acc, sent, Activation("relu"), 0.02, None, **extra)
@@ -111,20 +139,20 @@ def _run(ops, case, residual, rows):
 
 @pytest.mark.gpu
 @needs_gpu
-@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("op", ["activation", "add_activation", "add"])
 @pytest.mark.parametrize("frac", [0.0, 0.01, 0.3, 1.0])
 @pytest.mark.parametrize("c", [1, 3, 17, 32, 64, 130, 256])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-def test_activation_lists_exactly_the_pixels_it_sends(dtype, c, frac, residual):
+def test_layers_list_exactly_the_pixels_they_send(dtype, c, frac, op):
     from deltaconv.backends import cuda as dcc
     shape = (2, 13, 21) if c < 130 else (1, 9, 11)
-    case = _activation_case(dtype, c, frac, residual, shape)
+    case = _activation_case(dtype, c, frac, shape)
     plain = [t.clone() for t in case]
     pixels = shape[0] * shape[1] * shape[2]
     rows = RowList(torch.full((1 + 2 * pixels,), -7, dtype=torch.int32, device="cuda"),
                    torch.zeros(16, dtype=torch.int32, device="cuda"))
-    out, mo = _run(dcc, case, residual, rows)
-    out_p, mo_p = _run(dcc, plain, residual, None)
+    out, mo = _run(dcc, case, op, rows)
+    out_p, mo_p = _run(dcc, plain, op, None)
     assert rows.filled
     # the same results as without the list: outputs at sent pixels, masks and both states
     assert torch.equal(mo, mo_p)
@@ -150,11 +178,11 @@ def test_activation_lists_rows_on_large_frames(frac):
     from deltaconv.backends import cuda as dcc
     for c in (32, 256):  # 4 and 32 lanes per pixel (fp16)
         shape = (2, 600, 640) if c == 32 else (1, 300, 320)
-        case = _activation_case(torch.float16, c, frac, False, shape, seed=3)
+        case = _activation_case(torch.float16, c, frac, shape, seed=3)
         pixels = shape[0] * shape[1] * shape[2]
         rows = RowList(torch.empty(1 + 2 * pixels, dtype=torch.int32, device="cuda"),
                        torch.zeros(16, dtype=torch.int32, device="cuda"))
-        _, mo = _run(dcc, case, False, rows)
+        _, mo = _run(dcc, case, "activation", rows)
         n = int(rows.counters[0])
         assert n == int(mo.sum()) > 0
         assert torch.equal(torch.sort(rows.rows[1:1 + n]).values,
@@ -175,11 +203,11 @@ def test_conv1x1_rows_equals_conv2d_at_the_listed_pixels(cin, cout, dtype, monke
     w = (torch.randn((cout, cin, 1, 1), generator=g, device="cuda") / cin ** 0.5).to(dtype)
     b = torch.randn(cout, generator=g, device="cuda").to(dtype)
     for frac in (0.0, 0.05, 0.5, 1.0):
-        case = _activation_case(dtype, cin, frac, False, (2, 19, 23), seed=int(frac * 100))
+        case = _activation_case(dtype, cin, frac, (2, 19, 23), seed=int(frac * 100))
         pixels = 2 * 19 * 23
         rows = RowList(torch.empty(1 + 2 * pixels, dtype=torch.int32, device="cuda"),
                        torch.zeros(16, dtype=torch.int32, device="cuda"))
-        d, m = _run(dcc, case, False, rows)
+        d, m = _run(dcc, case, "activation" if frac < 0.5 else "add", rows)
         y = dcc.conv1x1_rows(d, m, w, b, rows)
         y_ref, m_ref = dcc.conv2d(d, m, w, b, 1, 0, 1, 1, None)
         assert torch.equal(m_ref, m)
@@ -191,7 +219,7 @@ def test_conv1x1_rows_equals_conv2d_at_the_listed_pixels(cin, cout, dtype, monke
 @needs_gpu
 def test_row_list_arguments_are_checked():
     ops = torch.ops.deltaconv
-    d, m, _, _, acc, sent = _activation_case(torch.float16, 8, 0.5, False, (1, 4, 5))
+    d, m, _, _, acc, sent = _activation_case(torch.float16, 8, 0.5, (1, 4, 5))
     rows = torch.zeros(41, dtype=torch.int32, device="cuda")
     count = torch.zeros(16, dtype=torch.int32, device="cuda")
     with pytest.raises(RuntimeError, match="'rows' and 'rows_count' must be given together, got 'rows' only"):
@@ -201,6 +229,9 @@ def test_row_list_arguments_are_checked():
         ops.activation(d, m, acc, sent, "relu", 0.0, 0.0, None, False, rows[:40], count)
     with pytest.raises(RuntimeError, match="activation: argument 'rows_count' must have dtype Int, got Long"):
         ops.activation(d, m, acc, sent, "relu", 0.0, 0.0, None, False, rows, count.long())
+    with pytest.raises(RuntimeError, match="add: arguments 'rows' and 'rows_count' must be given together, got "
+                                           "'rows_count' only"):
+        ops.add(d, m, d, m, 1.0, None, count)
     w = torch.zeros(8, 8, 3, 3, device="cuda", dtype=torch.float16)
     with pytest.raises(RuntimeError, match=r"conv1x1_rows: argument 'weight' must have shape \[Cout, 8, 1, 1\], "
                                            r"got \[8, 8, 3, 3\]"):
@@ -214,7 +245,7 @@ def test_row_list_arguments_are_checked():
 @needs_gpu
 def test_opcheck_of_the_row_list_ops():
     ops = torch.ops.deltaconv
-    d, m, db, mb, acc, sent = _activation_case(torch.float16, 16, 1.0, False, (1, 5, 7))
+    d, m, db, mb, acc, sent = _activation_case(torch.float16, 16, 1.0, (1, 5, 7))
     m = torch.ones_like(m)
     d = torch.where(m, d, 0).contiguous(memory_format=CL)
     rows = torch.zeros(71, dtype=torch.int32, device="cuda")
@@ -228,6 +259,8 @@ def test_opcheck_of_the_row_list_ops():
     torch.library.opcheck(ops.conv1x1_rows.default, (d, m, w, None, rows, count))
     torch.library.opcheck(ops.add_activation.default,
                           (d, m, d, m, 1.0, acc, sent, "relu", 0.0, -1.0, None, False, rows, count),
+                          test_utils=("test_schema", "test_faketensor"))
+    torch.library.opcheck(ops.add.default, (d, m, d, m, 1.0, rows, count),
                           test_utils=("test_schema", "test_faketensor"))
 
 

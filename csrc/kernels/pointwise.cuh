@@ -104,7 +104,8 @@ __global__ void __launch_bounds__(kThreads) densify_kernel(const DensifyParams<T
 // On active pixels: acc += delta; change = T(f(acc)) - sent; sent when the change's size exceeds
 // the threshold (PendingSize: max or rms over the channels) or the stream is a key stream; then
 // out = send_element(f(acc), sent).
-// With `rows` it also lists the sent pixels for the 1x1 convolution after it (conv1x1_rows).
+// With `rows` it also lists the sent pixels for the 1x1 convolution after it (conv1x1_rows); so
+// does add_kernel with its active pixels.
 // With RESIDUAL (the add_activation op: a residual add fused into the activation after it) the
 // delta is the add's output, computed as add_kernel does: delta = T(a + T(alpha * b)) with
 // inactive operands counted as zero, active on mask | mask_b (written to mask_sum, the add's mask).
@@ -251,6 +252,8 @@ struct AddParams {
   float alpha;
   int64_t pixels;
   int channels, log2_lanes;
+  int* rows;               // optional (nullptr: none): the active pixels listed as in ActivationParams
+  int* rows_count;
 };
 
 template <typename T, int VEC>
@@ -273,6 +276,9 @@ __global__ void __launch_bounds__(kThreads) add_kernel(const AddParams<T> p) {
       for (int i = 0; i < VEC; ++i) va[i] = __fadd_rn(va[i], round_to<T>(__fmul_rn(p.alpha, vb[i])));
       store_f<VEC>(p.out + row + c, va);
     }
+    return true;
+  }, [&](const PixelGroup& g, int64_t base, int64_t groups, unsigned active) {
+    if (p.rows != nullptr) append_sent_rows(g, base, groups, active, p.rows, p.rows_count, p.pixels);
   });
 }
 

@@ -262,17 +262,19 @@ def _affine_channel_fake(delta, mask, scale, shift, key):
 
 
 def add(delta_a: Tensor, mask_a: Tensor, delta_b: Tensor, mask_b: Tensor,
-        alpha: float = 1.0) -> tuple[Tensor, Tensor]:
-    """``a + alpha * b`` of two changing tensors (broadcasting): linear, the union of masks."""
+        alpha: float = 1.0, rows: Optional[RowList] = None) -> tuple[Tensor, Tensor]:
+    """``a + alpha * b`` of two changing tensors (broadcasting): linear, the union of masks.
+    ``rows``: as in :func:`activation`, listing the output's active pixels."""
     if not (_pointwise_ok("add", delta_a, mask_a, delta_b, mask_b) and delta_a.shape == delta_b.shape
             and delta_a.dtype == delta_b.dtype and mask_a.shape == mask_b.shape):
         return _ref.add(delta_a, mask_a, delta_b, mask_b, alpha)
-    out, m = torch.ops.deltaconv.add(_value4(delta_a), _mask4(mask_a), _value4(delta_b), _mask4(mask_b), float(alpha))
+    out, m = torch.ops.deltaconv.add(_value4(delta_a), _mask4(mask_a), _value4(delta_b), _mask4(mask_b), float(alpha),
+                                     *_row_args(rows, delta_a))
     return _like(out, m, delta_a)
 
 
 @_fake("add")
-def _add_fake(delta_a, mask_a, delta_b, mask_b, alpha):
+def _add_fake(delta_a, mask_a, delta_b, mask_b, alpha, rows=None, rows_count=None):
     return _empty_like_delta(delta_a)
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import os
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Optional
@@ -11,7 +12,7 @@ import torch
 import torch.nn as nn
 
 from ..backends import reference
-from ..delta import Delta
+from ..delta import Delta, RowList
 from .work_counters import WorkCounters
 
 
@@ -77,6 +78,13 @@ class DCModule(nn.Module):
     #: which per-pixel measure of a change the threshold applies to (non-linear layers:
     #: ``"max"`` or ``"rms"``, see ``reference.MEASURES``; the input sparsifier always uses max)
     measure: str = "max"
+    #: set by :func:`~deltaconv.convert` (``fuse=True``) on an activation, an add or a row-list 1x1
+    #: convolution whose output a 1x1 convolution of stride 1, no padding and one group reads
+    #: (``DCConv2d.takes_rows``): on the CUDA backend, in delta frames, the layer then hands that
+    #: convolution the list of its output's active pixels (a :class:`~deltaconv.delta.RowList` on
+    #: its output), which then runs without a mask pass of its own. ``DELTACONV_ROW_LISTS=0`` in the
+    #: environment (read per call) turns the lists off.
+    lists_rows: bool = False
 
     def __init__(self) -> None:
         super().__init__()
@@ -198,6 +206,24 @@ class DCModule(nn.Module):
         """Zeroed counters for one CUDA convolution call on ``x`` within a frame of a DeltaModel, or
         ``None`` (the op then zeroes its own): see :class:`~deltaconv.modules.WorkCounters`."""
         return self.context.work_counters.take(x.value.device) if x.value.is_cuda else None
+
+    def row_list(self, shape, device: torch.device) -> Optional[RowList]:
+        """An empty row list for this call's output of ``shape`` (see ``lists_rows``), or ``None``:
+        not asked for, a key frame, a backend without lists, not a 4-D map, or outside a frame of a
+        DeltaModel. The list's storage stays this layer's from frame to frame (CUDA graphs replay it)."""
+        if not (self.lists_rows and self.key is None and getattr(self.ops, "ROW_LISTS", False) and len(shape) == 4
+                and device.type == "cuda" and os.environ.get("DELTACONV_ROW_LISTS") != "0"):
+            return None
+        counters = self.context.work_counters.take(device)
+        if counters is None:
+            return None
+        need = 1 + 2 * shape[0] * shape[2] * shape[3]
+        buf = getattr(self, "_rows_buf", None)
+        if buf is None or buf.numel() != need or buf.device != device:
+            with torch.inference_mode(False):  # shared by frames in and out of inference mode
+                buf = torch.empty(need, dtype=torch.int32, device=device)
+            self._rows_buf = buf
+        return RowList(buf, counters)
 
     @property
     def key(self) -> Optional[torch.Tensor]:

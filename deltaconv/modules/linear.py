@@ -95,9 +95,10 @@ class DCConv2d(DCModule):
     """
 
     kind = "conv2d"
-    #: set by :func:`~deltaconv.convert` (``fuse=True``) when the activation before it lists its
-    #: sent pixels (``DCActivation.lists_rows``): then, in delta frames on the CUDA backend, this
-    #: 1x1 convolution runs on that list (``conv1x1_rows``) instead of making its own from the mask.
+    #: set by :func:`~deltaconv.convert` (``fuse=True``) when the layer before it lists its output's
+    #: active pixels (``lists_rows``): then, in delta frames on the CUDA backend, this 1x1
+    #: convolution runs on that list (``conv1x1_rows``) instead of making its own from the mask, and
+    #: with ``lists_rows`` of its own passes the same list on (its output pixels are its input's).
     takes_rows = False
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
@@ -146,7 +147,8 @@ class DCConv2d(DCModule):
         rows = x.rows if self.takes_rows else None
         if rows is not None and rows.filled and self.key is None and self.row_list_ok():
             v = self.ops.conv1x1_rows(x.value, x.mask, w, b, rows)
-            return self.observe(Delta(v, x.mask))  # stride 1, no padding: the input's active pixels
+            # stride 1, no padding: the input's active pixels, and so its list
+            return self.observe(Delta(v, x.mask, rows if self.lists_rows else None))
         v, m = self.ops.conv2d(x.value, x.mask, w, b, self.stride, self.padding, self.dilation, self.groups,
                                self.key, self.padding_mode, self.work_counters(x))
         return self.observe(Delta(v, m))
@@ -383,9 +385,10 @@ class DCAdd(DCModule):
         return self.observe(_with_constant(d, sign, const, self.key))
 
     def add(self, a: Delta, b: Delta) -> Delta:
-        """The sum of two deltas, observed as this layer's output."""
-        v, m = self.ops.add(a.value, a.mask, b.value, b.mask, self.alpha)
-        return self.observe(Delta(v, m))
+        """The sum of two deltas, observed as this layer's output (with its row list, see ``lists_rows``)."""
+        rows = None if getattr(self, "fuse_with_next", False) else self.row_list(a.shape, a.device)
+        v, m = self.ops.add(a.value, a.mask, b.value, b.mask, self.alpha, **({} if rows is None else {"rows": rows}))
+        return self.observe(Delta(v, m, rows if rows is not None and rows.filled else None))
 
     def flops_per_output_pixel(self, out: Delta) -> float:
         return float(out.value.shape[1]) if out.value.dim() > 1 else 1.0

@@ -5,7 +5,6 @@ Each computes its new output from the accumulated inputs on the pixels a change 
 """
 from __future__ import annotations
 
-import os
 from typing import Callable, Optional
 
 import torch
@@ -13,7 +12,7 @@ import torch.nn as nn
 from torch.nn.modules.utils import _pair
 
 from .. import activations
-from ..delta import Delta, RowList, mask_shape
+from ..delta import Delta, mask_shape
 from .base import DCModule
 from .linear import DeferredSum, _map_deltas, _rebuild
 
@@ -24,18 +23,10 @@ class DCActivation(DCModule):
 
     kind = "activation"
     truncates = True
-    #: set by :func:`~deltaconv.convert` (``fuse=True``) where a 1x1 convolution of stride 1, no
-    #: padding and one group reads this layer's output: on the CUDA backend, in delta frames, the
-    #: layer then lists the pixels it sends (a :class:`~deltaconv.delta.RowList` on its output) and
-    #: that convolution (``DCConv2d.takes_rows``) runs on the list without a mask pass of its own.
-    #: ``DELTACONV_ROW_LISTS=0`` in the environment (read per call) turns the lists off.
-    lists_rows = False
-
     def __init__(self, fn: activations.Activation, threshold: float = 0.0) -> None:
         super().__init__()
         self.fn = fn
         self.threshold = float(threshold)
-        self._rows_buf: Optional[torch.Tensor] = None
 
     @classmethod
     def from_dense(cls, module: nn.Module) -> Optional["DCActivation"]:
@@ -48,7 +39,7 @@ class DCActivation(DCModule):
         like = x.a.value if fused else x.value  # (a DeferredSum's own value would compute the sum)
         acc = self.state("acc", x.shape, like.device, like.dtype)
         sent = self.state("sent", x.shape, like.device, like.dtype, sent=True)
-        rows = self._row_list(x.shape, like.device)
+        rows = self.row_list(x.shape, like.device)
         extra = {} if rows is None else {"rows": rows}
         if fused:
             a, b = x.a, x.b
@@ -59,23 +50,6 @@ class DCActivation(DCModule):
             v, m = self.ops.activation(x.value, x.mask, acc, sent, self.fn, self.threshold, self.key, self.measure,
                                        **extra)
         return self.observe(Delta(v, m, rows if rows is not None and rows.filled else None))
-
-    def _row_list(self, shape, device: torch.device) -> Optional[RowList]:
-        """An empty row list for this call (see ``lists_rows``), or ``None``: not asked for, a key
-        frame, a backend without lists, not a 4-D map, or outside a frame of a DeltaModel."""
-        if not (self.lists_rows and self.key is None and getattr(self.ops, "ROW_LISTS", False) and len(shape) == 4
-                and device.type == "cuda" and os.environ.get("DELTACONV_ROW_LISTS") != "0"):
-            return None
-        counters = self.context.work_counters.take(device)
-        if counters is None:
-            return None
-        need = 1 + 2 * shape[0] * shape[2] * shape[3]
-        buf = getattr(self, "_rows_buf", None)
-        if buf is None or buf.numel() != need or buf.device != device:
-            with torch.inference_mode(False):  # shared by frames in and out of inference mode
-                buf = torch.empty(need, dtype=torch.int32, device=device)
-            self._rows_buf = buf
-        return RowList(buf, counters)
 
     def flops_per_output_pixel(self, out: Delta) -> float:
         return float(out.value.shape[1]) if out.value.dim() > 1 else 1.0
