@@ -303,3 +303,26 @@ def test_row_lists_change_no_output_and_drop_the_mask_passes(name, dtype, monkey
     for key, ys in outs.items():
         for t, (y, ref) in enumerate(zip(ys, outs["0", False])):
             torch.testing.assert_close(y, ref, rtol=0, atol=0, msg=f"{key} frame {t}")
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_torch_compile_of_a_model_with_row_lists():
+    """torch.compile traces the row-list ops (their fake kernels) and gives the eager outputs."""
+    model = _resnet("mobilenet_v2").cuda().half()
+    frames = [f.cuda().half() for f in video_frames(4, (64, 96))]
+    eager = deltaconv.convert(model, threshold=0.02, backend="cuda", example_input=frames[0], check_finite=False)
+    traced = deltaconv.convert(model, threshold=0.02, backend="cuda", example_input=frames[0], check_finite=False)
+    assert linked(traced)[1]
+    compiled = torch.compile(traced._runner, fullgraph=False)
+    with torch.no_grad():
+        eager(frames[0])
+        traced(frames[0])
+        traced._context.ops = deltaconv.backends.select("cuda", frames[1].device)
+        for f in frames[1:]:
+            counters = traced._context.work_counters
+            counters.begin_frame()  # what a DeltaModel frame does around its runner: the lists need it
+            y = compiled(f)
+            counters.end_frame()
+            torch.testing.assert_close(y, eager(f), rtol=0, atol=0)
+    assert any(getattr(m, "_rows_buf", None) is not None for m in traced.modules())  # the lists ran
