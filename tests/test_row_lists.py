@@ -281,7 +281,7 @@ def test_row_lists_change_no_output_and_drop_the_mask_passes(name, dtype, monkey
     convolutions launch no conv1x1_mask_kernel."""
     model = _resnet(name).cuda().to(dtype)
     frames = [f.cuda().to(dtype) for f in video_frames(6, (96, 128))]
-    outs = {}
+    outs, held = {}, {}
     for lists in ("1", "0"):
         monkeypatch.setenv("DELTACONV_ROW_LISTS", lists)
         for graph in (False, True):
@@ -292,6 +292,11 @@ def test_row_lists_change_no_output_and_drop_the_mask_passes(name, dtype, monkey
                 dm.reset()
                 outs[lists, graph] += [dm(f).clone() for f in frames[4:]]
             if not graph:
+                held[lists] = dm.state_bytes()
+                rows = [m._rows_buf for m in dm.modules() if getattr(m, "_rows_buf", None) is not None]
+                assert (len(rows) > 0) == (lists == "1")
+                if lists == "1":  # the lists' storage is counted with the state
+                    extra = sum(r.numel() * r.element_size() for r in rows)
                 acts, convs = linked(dm)
                 assert len(acts) == len(convs) > 0
                 with torch.no_grad():
@@ -300,6 +305,7 @@ def test_row_lists_change_no_output_and_drop_the_mask_passes(name, dtype, monkey
                     masks = sum("conv1x1_mask_kernel" in k for k in names)
                     total = sum(isinstance(m, DCConv2d) and m.kernel_size == (1, 1) for m in dm.modules())
                     assert masks == (total if lists == "0" else total - len(convs)), (masks, total, len(convs))
+    assert held["1"] - held["0"] == extra > 0
     for key, ys in outs.items():
         for t, (y, ref) in enumerate(zip(ys, outs["0", False])):
             torch.testing.assert_close(y, ref, rtol=0, atol=0, msg=f"{key} frame {t}")

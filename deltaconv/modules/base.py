@@ -134,11 +134,13 @@ class DCModule(nn.Module):
         for name in self._state_names:
             self._buffers[name] = None
         self._stats = None
+        self._rows_buf = None
 
     def state_bytes(self) -> int:
-        """Bytes held by this layer's per-frame state."""
-        return sum(b.numel() * b.element_size() for n in self._state_names
-                   if (b := self._buffers.get(n)) is not None)
+        """Bytes held by this layer's per-frame state (and its row list's storage, see ``lists_rows``)."""
+        held = sum(b.numel() * b.element_size() for n in self._state_names if (b := self._buffers.get(n)) is not None)
+        rows = getattr(self, "_rows_buf", None)
+        return held + (0 if rows is None else rows.numel() * rows.element_size())
 
     # ------------------------------------------------------------------ statistics
     def reset_stats(self) -> None:
