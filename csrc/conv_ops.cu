@@ -1093,8 +1093,8 @@ Tensor conv1x1_rows_cuda(const Tensor& delta, const Tensor& mask, const Tensor& 
   const bool tc_dtype = tc_enabled() && (x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16);
   const bool use_tc = tc_dtype && Cin % 8 == 0 && Cout % 8 == 0 && Cout * Cin < kIntMax &&
                       reinterpret_cast<uintptr_t>(x.const_data_ptr()) % 16 == 0;
-  TORCH_CHECK(use_tc || ceil_div((int)Cout, conv::CONV_COB) <= 65535, "deltaconv::conv1x1_rows: too many output channels (",
-              Cout, ")");
+  TORCH_CHECK(use_tc || ceil_div((int)Cout, conv::CONV_COB) <= 65535,
+              "deltaconv::conv1x1_rows: too many output channels (", Cout, ")");
   const WorkList wl{rows, const_cast<int*>(rows.const_data_ptr<int>()), counters.data_ptr<int>()};
   launch_conv1x1(x, m, conv_weights(weight, bias, x.scalar_type(), use_tc), c10::nullopt, y, wl, g, total, use_tc,
                  stream);

@@ -339,8 +339,8 @@ std::tuple<Tensor, Tensor> activation(const Tensor& delta, const Tensor& mask, T
                                       c10::string_view kind, double param, double threshold,
                                       const std::optional<Tensor>& key, bool rms, const std::optional<Tensor>& rows,
                                       const std::optional<Tensor>& rows_count) {
-  auto [out, mask_out, unused] = run_activation("activation", delta, mask, nullptr, nullptr, 1.0, acc, sent, kind, param,
-                                                threshold, key, rms, rows, rows_count);
+  auto [out, mask_out, unused] = run_activation("activation", delta, mask, nullptr, nullptr, 1.0, acc, sent, kind,
+                                                param, threshold, key, rms, rows, rows_count);
   return {out, mask_out};
 }
 

@@ -1,7 +1,8 @@
 """Row lists: an activation (or an add, or a 1x1 convolution that itself runs on a list) lists its
 output's active pixels for the 1x1 convolution after it (``lists_rows``,
-``torch.ops.deltaconv.conv1x1_rows``), so that the convolution needs no mask pass of its own. The conversion pass runs everywhere; the kernels need a CUDA GPU and the
-built extension (those tests are skipped otherwise)."""
+``torch.ops.deltaconv.conv1x1_rows``), so that the convolution needs no mask pass of its own. The
+conversion pass runs everywhere; the kernels need a CUDA GPU and the built extension (those tests
+are skipped otherwise)."""
 from __future__ import annotations
 
 import pytest
