@@ -323,14 +323,25 @@ class _Converter:
         self._note(node, "converted", path, built.module)
 
     # -------------------------------------------------------------- fusion
+    def _module_sites(self) -> Counter:
+        """How many call sites each converted layer has in the graph."""
+        return Counter(n.target for n in self.graph.nodes if n.op == "call_module")
+
+    def _note_pair(self, a: str, note_a: str, b: str, note_b: str) -> None:
+        """Append ``note_a`` to layer ``a``'s report entry and ``note_b`` to ``b``'s (a layer's first
+        entry: a folded BatchNorm's entry follows its convolution's)."""
+        for layer, note in ((a, note_a), (b, note_b)):
+            entry = next((n for n in self.report.nodes if n.layer == layer), None)
+            if entry is not None:
+                entry.note = (entry.note + "; " if entry.note else "") + note
+
     def fuse_add_activation(self) -> None:
         """Mark each add of two deltas whose only reader is the activation after it (a residual
         block's ``relu(out + identity)``) as fused with it (``DCAdd.fuse_with_next``): the
         activation then runs the add in its own pass. Both layers keep their names, thresholds and
         statistics; the report notes the pair. Only adds called at one site, of equal shapes and
         dtypes (no broadcasting)."""
-        sites = Counter(n.target for n in self.graph.nodes if n.op == "call_module")
-        notes = {n.layer: n for n in self.report.nodes if n.layer}
+        sites = self._module_sites()
         for node in self.graph.nodes:
             if node.op != "call_module" or sites[node.target] != 1 or len(node.args) != 2 or node.kwargs:
                 continue
@@ -346,10 +357,7 @@ class _Converter:
             if not isinstance(self.root.get_submodule(user.target), DCActivation):
                 continue
             add.fuse_with_next = True
-            for layer, other in ((node.target, user.target), (user.target, node.target)):
-                if layer in notes:
-                    note = notes[layer].note
-                    notes[layer].note = (note + "; " if note else "") + f"fused with {other}"
+            self._note_pair(node.target, f"fused with {user.target}", user.target, f"fused with {node.target}")
 
     def link_row_lists(self) -> None:
         """Mark each layer that can list its output's active pixels (an activation, an add not fused
@@ -358,11 +366,7 @@ class _Converter:
         reader): ``lists_rows`` on the layer, ``DCConv2d.takes_rows`` on the convolution. On the
         CUDA backend that convolution then needs no mask pass of its own. Only layers called at
         one site; the report notes the pairs."""
-        sites = Counter(n.target for n in self.graph.nodes if n.op == "call_module")
-        notes: dict = {}
-        for n in self.report.nodes:  # a layer's first node (a folded BatchNorm's node follows its conv's)
-            if n.layer:
-                notes.setdefault(n.layer, n)
+        sites = self._module_sites()
         for node in self.graph.nodes:  # in order: a convolution's takes_rows is set before it is a producer
             if node.op != "call_module" or sites[node.target] != 1:
                 continue
@@ -377,10 +381,7 @@ class _Converter:
                 if not (isinstance(conv, DCConv2d) and conv.row_list_ok()):
                     continue
                 layer.lists_rows = conv.takes_rows = True
-                for name, note in ((node.target, f"lists rows for {user.target}"),
-                                   (user.target, f"rows from {node.target}")):
-                    if name in notes:
-                        notes[name].note = (notes[name].note + "; " if notes[name].note else "") + note
+                self._note_pair(node.target, f"lists rows for {user.target}", user.target, f"rows from {node.target}")
                 break
 
     def _passthrough(self, key, node: fx.Node) -> bool:

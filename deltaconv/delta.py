@@ -52,6 +52,11 @@ class RowList:
     filled: bool = False
 
 
+def filled_rows(rows: Optional[RowList]) -> Optional[RowList]:
+    """``rows`` when a backend kernel wrote it, else ``None`` (what a layer hands on with its output)."""
+    return rows if rows is not None and rows.filled else None
+
+
 @dataclass
 class Delta:
     """A change of a tensor since the previous frame, and where it is (see module docstring).

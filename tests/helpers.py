@@ -102,6 +102,18 @@ def randomize_bn(model: nn.Module, seed: int = 0) -> nn.Module:
     return model
 
 
+def torchvision_model(name: str) -> nn.Module:
+    """A torchvision classification or segmentation model without weights (nothing is downloaded),
+    seeded, with its BatchNorm statistics randomised (randomize_bn), in eval mode."""
+    import torchvision
+    fn = getattr(torchvision.models, name, None) or getattr(torchvision.models.segmentation, name)
+    kwargs = {"weights": None}
+    if name.startswith(("deeplab", "lraspp", "fcn")):
+        kwargs["weights_backbone"] = None
+    torch.manual_seed(0)
+    return randomize_bn(fn(**kwargs).eval())
+
+
 def _conv_block(cin: int, cout: int) -> nn.Sequential:
     return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True),
                          nn.Conv2d(cout, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True))

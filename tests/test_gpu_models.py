@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torchvision
 
 import deltaconv
-from helpers import cuda_backend_reason, cuda_kernel_names, randomize_bn, video_frames
+from helpers import cuda_backend_reason, cuda_kernel_names, torchvision_model as build, video_frames
 
 REASON = cuda_backend_reason()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(bool(REASON), reason=REASON or "ok")]
@@ -15,15 +14,6 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(bool(REASON), reason=REASON or
 MODELS = ["resnet18", "resnet50", "mobilenet_v2", "mobilenet_v3_large", "efficientnet_b0", "regnet_y_400mf",
           "shufflenet_v2_x1_0", "densenet121", "squeezenet1_1", "vgg11_bn", "deeplabv3_mobilenet_v3_large",
           "lraspp_mobilenet_v3_large"]
-
-
-def build(name: str) -> torch.nn.Module:
-    fn = getattr(torchvision.models, name, None) or getattr(torchvision.models.segmentation, name)
-    kwargs = {"weights": None}
-    if name.startswith(("deeplab", "lraspp", "fcn")):
-        kwargs["weights_backbone"] = None
-    torch.manual_seed(0)
-    return randomize_bn(fn(**kwargs).eval())
 
 
 def main_output(y):

@@ -13,7 +13,7 @@ import deltaconv
 from deltaconv.activations import Activation
 from deltaconv.delta import RowList
 from deltaconv.modules import DCAdd, DCConv2d, DCModule
-from helpers import cuda_backend_reason, cuda_kernel_names, randomize_bn, video_frames
+from helpers import cuda_backend_reason, cuda_kernel_names, torchvision_model, video_frames
 
 REASON = cuda_backend_reason()
 needs_gpu = pytest.mark.skipif(bool(REASON), reason=REASON or "ok")
@@ -95,6 +95,36 @@ def test_a_layer_called_at_two_sites_is_not_linked():
 
     dm = deltaconv.convert(Shared().eval(), example_input=torch.randn(1, 3, 8, 8))
     assert linked(dm) == (set(), set())
+
+
+def test_the_cuda_backend_takes_every_reference_argument_in_the_same_place():
+    """The layers call either backend with the same positional arguments (``rows`` included): each
+    reference function's parameters open the CUDA function of the same name, in order."""
+    import inspect
+
+    from deltaconv.backends import cuda as dcc
+    from deltaconv.backends import reference as ref
+    for name, fn in inspect.getmembers(ref, inspect.isfunction):
+        if name.startswith("_") or fn.__module__ != ref.__name__ or not hasattr(dcc, name):
+            continue
+        want = list(inspect.signature(fn).parameters)
+        got = list(inspect.signature(getattr(dcc, name)).parameters)
+        assert got[:len(want)] == want, (name, want, got)
+    for name in ("activation", "add_activation", "add"):
+        assert list(inspect.signature(getattr(ref, name)).parameters)[-1] == "rows", name
+
+
+def test_row_lists_switch_is_read_once_per_frame(monkeypatch):
+    from deltaconv.modules import WorkCounters
+    counters = WorkCounters()
+    assert counters.row_lists
+    monkeypatch.setenv("DELTACONV_ROW_LISTS", "0")
+    assert counters.row_lists  # not before the next frame
+    counters.begin_frame()
+    assert not counters.row_lists
+    monkeypatch.delenv("DELTACONV_ROW_LISTS")
+    counters.begin_frame()
+    assert counters.row_lists
 
 
 def test_reference_backend_runs_linked_layers_as_before():
@@ -266,12 +296,6 @@ def test_opcheck_of_the_row_list_ops():
 
 
 # ----------------------------------------------------------------------------- whole models
-def _resnet(name):
-    import torchvision
-    torch.manual_seed(0)
-    return randomize_bn(getattr(torchvision.models, name)(weights=None).eval())
-
-
 @pytest.mark.gpu
 @needs_gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
@@ -280,7 +304,7 @@ def test_row_lists_change_no_output_and_drop_the_mask_passes(name, dtype, monkey
     """Converted with row lists (the default) and without (DELTACONV_ROW_LISTS=0): bit-equal
     outputs over key and delta frames, eager and replayed from a CUDA graph; the linked 1x1
     convolutions launch no conv1x1_mask_kernel."""
-    model = _resnet(name).cuda().to(dtype)
+    model = torchvision_model(name).cuda().to(dtype)
     frames = [f.cuda().to(dtype) for f in video_frames(6, (96, 128))]
     outs, held = {}, {}
     for lists in ("1", "0"):
@@ -316,7 +340,7 @@ def test_row_lists_change_no_output_and_drop_the_mask_passes(name, dtype, monkey
 @needs_gpu
 def test_torch_compile_of_a_model_with_row_lists():
     """torch.compile traces the row-list ops (their fake kernels) and gives the eager outputs."""
-    model = _resnet("mobilenet_v2").cuda().half()
+    model = torchvision_model("mobilenet_v2").cuda().half()
     frames = [f.cuda().half() for f in video_frames(4, (64, 96))]
     eager = deltaconv.convert(model, threshold=0.02, backend="cuda", example_input=frames[0], check_finite=False)
     traced = deltaconv.convert(model, threshold=0.02, backend="cuda", example_input=frames[0], check_finite=False)

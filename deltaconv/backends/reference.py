@@ -29,7 +29,7 @@ from typing import Callable, Optional, Sequence
 import torch
 import torch.nn.functional as F
 
-from ..delta import reduce_mask
+from ..delta import RowList, reduce_mask
 
 Tensor = torch.Tensor
 
@@ -148,8 +148,10 @@ def densify(delta: Tensor, mask: Tensor, acc: Tensor, out_dtype: torch.dtype) ->
 
 # ----------------------------------------------------------------------------- pointwise
 def activation(delta: Tensor, mask: Tensor, acc: Tensor, sent: Tensor, fn: Callable[[Tensor], Tensor],
-               threshold: float, key: Optional[Tensor], measure: str = "max") -> tuple[Tensor, Tensor]:
-    """Pointwise non-linearity ``fn``: ``fn(acc + d) - sent`` on active pixels, then truncation."""
+               threshold: float, key: Optional[Tensor], measure: str = "max",
+               rows: Optional[RowList] = None) -> tuple[Tensor, Tensor]:
+    """Pointwise non-linearity ``fn``: ``fn(acc + d) - sent`` on active pixels, then truncation.
+    ``rows``: ignored (the CUDA backend lists the sent pixels there; here ``rows.filled`` stays false)."""
     acc += _zero_inactive(delta, mask).to(acc.dtype)
     return truncate(fn(acc), mask, sent, threshold, key, delta.dtype, measure)
 
@@ -171,15 +173,16 @@ def affine_channel(delta: Tensor, mask: Tensor, scale: Optional[Tensor], shift: 
 
 
 def add(delta_a: Tensor, mask_a: Tensor, delta_b: Tensor, mask_b: Tensor,
-        alpha: float = 1.0) -> tuple[Tensor, Tensor]:
-    """``a + alpha * b`` of two changing tensors (broadcasting): linear, the union of masks."""
+        alpha: float = 1.0, rows: Optional[RowList] = None) -> tuple[Tensor, Tensor]:
+    """``a + alpha * b`` of two changing tensors (broadcasting): linear, the union of masks.
+    ``rows``: ignored, as in :func:`activation`."""
     out = _zero_inactive(delta_a, mask_a) + alpha * _zero_inactive(delta_b, mask_b)
     return out, mask_a | mask_b
 
 
 def add_activation(delta_a: Tensor, mask_a: Tensor, delta_b: Tensor, mask_b: Tensor, alpha: float, acc: Tensor,
                    sent: Tensor, fn: Callable[[Tensor], Tensor], threshold: float, key: Optional[Tensor],
-                   measure: str = "max") -> tuple[Tensor, Tensor, Tensor]:
+                   measure: str = "max", rows: Optional[RowList] = None) -> tuple[Tensor, Tensor, Tensor]:
     """A residual add and the activation after it (``activation(add(a, b, alpha))``), the add's mask
     returned too: ``(out, out_mask, mask_a | mask_b)``. The CUDA backend runs it in one kernel."""
     d, union = add(delta_a, mask_a, delta_b, mask_b, alpha)

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import copy
 import importlib
-import os
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Optional
@@ -83,7 +82,7 @@ class DCModule(nn.Module):
     #: (``DCConv2d.takes_rows``): on the CUDA backend, in delta frames, the layer then hands that
     #: convolution the list of its output's active pixels (a :class:`~deltaconv.delta.RowList` on
     #: its output), which then runs without a mask pass of its own. ``DELTACONV_ROW_LISTS=0`` in the
-    #: environment (read per call) turns the lists off.
+    #: environment (read once per frame, ``WorkCounters.begin_frame``) turns the lists off.
     lists_rows: bool = False
 
     def __init__(self) -> None:
@@ -213,10 +212,11 @@ class DCModule(nn.Module):
         """An empty row list for this call's output of ``shape`` (see ``lists_rows``), or ``None``:
         not asked for, a key frame, a backend without lists, not a 4-D map, or outside a frame of a
         DeltaModel. The list's storage stays this layer's from frame to frame (CUDA graphs replay it)."""
-        if not (self.lists_rows and self.key is None and getattr(self.ops, "ROW_LISTS", False) and len(shape) == 4
-                and device.type == "cuda" and os.environ.get("DELTACONV_ROW_LISTS") != "0"):
+        work = self.context.work_counters
+        if not (self.lists_rows and work.row_lists and self.key is None and getattr(self.ops, "ROW_LISTS", False)
+                and len(shape) == 4 and device.type == "cuda"):
             return None
-        counters = self.context.work_counters.take(device)
+        counters = work.take(device)
         if counters is None:
             return None
         need = 1 + 2 * shape[0] * shape[2] * shape[3]

@@ -13,7 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.modules.utils import _pair
 
-from ..delta import Delta, reduce_mask
+from ..delta import Delta, filled_rows, reduce_mask
 from .base import DCModule
 
 
@@ -387,8 +387,8 @@ class DCAdd(DCModule):
     def add(self, a: Delta, b: Delta) -> Delta:
         """The sum of two deltas, observed as this layer's output (with its row list, see ``lists_rows``)."""
         rows = None if getattr(self, "fuse_with_next", False) else self.row_list(a.shape, a.device)
-        v, m = self.ops.add(a.value, a.mask, b.value, b.mask, self.alpha, **({} if rows is None else {"rows": rows}))
-        return self.observe(Delta(v, m, rows if rows is not None and rows.filled else None))
+        v, m = self.ops.add(a.value, a.mask, b.value, b.mask, self.alpha, rows)
+        return self.observe(Delta(v, m, filled_rows(rows)))
 
     def flops_per_output_pixel(self, out: Delta) -> float:
         return float(out.value.shape[1]) if out.value.dim() > 1 else 1.0

@@ -12,7 +12,7 @@ import torch.nn as nn
 from torch.nn.modules.utils import _pair
 
 from .. import activations
-from ..delta import Delta, mask_shape
+from ..delta import Delta, filled_rows, mask_shape
 from .base import DCModule
 from .linear import DeferredSum, _map_deltas, _rebuild
 
@@ -40,16 +40,15 @@ class DCActivation(DCModule):
         acc = self.state("acc", x.shape, like.device, like.dtype)
         sent = self.state("sent", x.shape, like.device, like.dtype, sent=True)
         rows = self.row_list(x.shape, like.device)
-        extra = {} if rows is None else {"rows": rows}
         if fused:
             a, b = x.a, x.b
             v, m, union = self.ops.add_activation(a.value, a.mask, b.value, b.mask, x.layer.alpha, acc, sent, self.fn,
-                                                  self.threshold, self.key, self.measure, **extra)
+                                                  self.threshold, self.key, self.measure, rows)
             x.layer.observe(Delta(a.value, union))  # the add's statistics: its output mask (a's value: its shape)
         else:
             v, m = self.ops.activation(x.value, x.mask, acc, sent, self.fn, self.threshold, self.key, self.measure,
-                                       **extra)
-        return self.observe(Delta(v, m, rows if rows is not None and rows.filled else None))
+                                       rows)
+        return self.observe(Delta(v, m, filled_rows(rows)))
 
     def flops_per_output_pixel(self, out: Delta) -> float:
         return float(out.value.shape[1]) if out.value.dim() > 1 else 1.0

@@ -34,15 +34,20 @@ class WorkCounters:
         self._retired: list[torch.Tensor] = []  # chunks of an earlier device, kept alive
         self._next = 0  # index of the next slice to hand out in this frame
         self._in_frame = False
+        #: whether the layers list their rows this frame (``DELTACONV_ROW_LISTS=0``, read by
+        #: :meth:`begin_frame`, turns it off: see ``DCModule.lists_rows``)
+        self.row_lists = True
 
     def begin_frame(self) -> None:
         """Zero every chunk (on the current stream) and start handing out slices from the first.
         ``DELTACONV_WORK_COUNTERS=0`` in the environment (read here, for A/B runs) hands out none:
-        every convolution zeroes its own counters again."""
+        every convolution zeroes its own counters again; ``DELTACONV_ROW_LISTS=0`` turns the row
+        lists off for the frame."""
         for chunk in self._chunks:
             chunk.zero_()
         self._next = 0
         self._in_frame = os.environ.get("DELTACONV_WORK_COUNTERS") != "0"
+        self.row_lists = os.environ.get("DELTACONV_ROW_LISTS") != "0"
 
     def end_frame(self) -> None:
         """Stop handing out slices until the next :meth:`begin_frame`."""
