@@ -78,6 +78,16 @@ using conv::Strides4;
                 "deltaconv::" OP ": argument '" name "' must be a floating tensor, got ", (t).scalar_type()); \
   } while (0)
 
+// An optional 1-D bias of `n` floats beside the delta.
+#define DC_CHECK_BIAS(OP, bias, n, delta)                                                                     \
+  do {                                                                                                      \
+    if ((bias).has_value()) {                                                                               \
+      DC_CHECK_FLOAT_PARAM(OP, "bias", (*(bias)), delta);                                                   \
+      TORCH_CHECK((bias)->dim() == 1 && (bias)->size(0) == (n), "deltaconv::" OP                            \
+                  ": argument 'bias' must have shape [", (n), "], got ", (bias)->sizes());                  \
+    }                                                                                                       \
+  } while (0)
+
 // An int[2] argument: 2 values (1 value is broadcast), each checked against `min`.
 std::pair<int, int> pair_arg(IntArrayRef a, const char* op, const char* name, int64_t min) {
   TORCH_CHECK(a.size() == 2 || a.size() == 1, "deltaconv::", op, ": argument '", name,
@@ -217,6 +227,18 @@ void launch_direct(const Tensor& x, const Tensor& m, const Tensor& w, const c10:
 // DELTACONV_TC_FINE_MAX=<tiles> overrides the device-side switch between the coarse and the fine
 // 3x3 launch (-1: always coarse, a huge value: always fine).
 bool tc_enabled() { return env_switch("DELTACONV_TC"); }
+
+// Whether the tensor-core convolutions take the delta x: fp16 / bf16, and not switched off.
+bool tc_dtype_ok(const Tensor& x) {
+  return tc_enabled() && (x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16);
+}
+
+// ... and their GEMM a conv (groups 1) of Cin -> Cout channels over `taps` taps: channels in
+// multiples of 8, 16-byte aligned rows, the weight's elements countable in int.
+bool tc_gemm_ok(const Tensor& x, int64_t Cin, int64_t Cout, int64_t taps) {
+  return tc_dtype_ok(x) && Cin % 8 == 0 && Cout % 8 == 0 && Cout * taps * Cin < kIntMax &&
+         reinterpret_cast<uintptr_t>(x.const_data_ptr()) % 16 == 0;
+}
 
 // Whether the build has the sm_90a code (DC_SM90A) and the current device is compute capability 9.0.
 bool sm90a_device() {
@@ -904,11 +926,7 @@ std::tuple<Tensor, Tensor> conv2d_cuda(const Tensor& delta, const Tensor& mask, 
               " input channels in ", groups, " groups");
   TORCH_CHECK(Cout >= 1 && KH >= 1 && KW >= 1 && KH <= 4096 && KW <= 4096,
               "deltaconv::conv2d: argument 'weight' has an empty or oversized shape ", weight.sizes());
-  if (bias.has_value()) {
-    DC_CHECK_FLOAT_PARAM("conv2d", "bias", (*bias), delta);
-    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == Cout, "deltaconv::conv2d: argument 'bias' must have shape [",
-                Cout, "], got ", bias->sizes());
-  }
+  DC_CHECK_BIAS("conv2d", bias, Cout, delta);
   const auto [sh, sw] = pair_arg(stride, "conv2d", "stride", 1);
   const auto [ph, pw] = pair_arg(padding, "conv2d", "padding", 0);
   const auto [dh, dw] = pair_arg(dilation, "conv2d", "dilation", 1);
@@ -936,9 +954,8 @@ std::tuple<Tensor, Tensor> conv2d_cuda(const Tensor& delta, const Tensor& mask, 
 
   // Tensor-core path: fp16 / bf16, groups 1, channels multiple of 8, 16-byte aligned rows;
   // 1x1 (any stride / padding) and 3x3 (dilation 1 with equal strides 1 or 2; dilation 2 or 4, stride 1).
-  const bool tc_dtype = tc_enabled() && (x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16);
-  const bool tc_ok = tc_dtype && groups == 1 && Cin % 8 == 0 && Cout % 8 == 0 && Cout * KH * KW * Cin < kIntMax &&
-                     reinterpret_cast<uintptr_t>(x.const_data_ptr()) % 16 == 0;
+  const bool tc_dtype = tc_dtype_ok(x);
+  const bool tc_ok = groups == 1 && tc_gemm_ok(x, Cin, Cout, KH * KW);
   // Few input channels (the stems: 3): fp16 / bf16, groups 1, dilation 1, equal strides 1 or 2,
   // 2..64 taps: two taps per k16 step from the tile's input halo (conv_small_cin_tc.cuh), the
   // delta padded to 8 channels.
@@ -1073,11 +1090,7 @@ Tensor conv1x1_rows_cuda(const Tensor& delta, const Tensor& mask, const Tensor& 
   TORCH_CHECK(weight.size(1) == Cin && weight.size(2) == 1 && weight.size(3) == 1 && Cout >= 1 && Cout <= kIntMax,
               "deltaconv::conv1x1_rows: argument 'weight' must have shape [Cout, ", Cin, ", 1, 1], got ",
               weight.sizes());
-  if (bias.has_value()) {
-    DC_CHECK_FLOAT_PARAM("conv1x1_rows", "bias", (*bias), delta);
-    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == Cout, "deltaconv::conv1x1_rows: argument 'bias' must have shape [",
-                Cout, "], got ", bias->sizes());
-  }
+  DC_CHECK_BIAS("conv1x1_rows", bias, Cout, delta);
   const int64_t total = N * H * W;
   DC_CHECK_BESIDE_DELTA("conv1x1_rows", "rows", rows, delta, at::kInt);
   TORCH_CHECK(rows.dim() == 1 && rows.is_contiguous() && rows.numel() >= 1 + 2 * total,
@@ -1090,12 +1103,10 @@ Tensor conv1x1_rows_cuda(const Tensor& delta, const Tensor& mask, const Tensor& 
   const Tensor x = delta.contiguous(at::MemoryFormat::ChannelsLast);
   const Tensor m = mask.contiguous();
   const ConvGeom g = conv_geom(N, Cin, H, W, Cout, H, W, 1, 1, 1, 1, 0, 0, 1, 1, 1);
-  const bool tc_dtype = tc_enabled() && (x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16);
-  const bool use_tc = tc_dtype && Cin % 8 == 0 && Cout % 8 == 0 && Cout * Cin < kIntMax &&
-                      reinterpret_cast<uintptr_t>(x.const_data_ptr()) % 16 == 0;
+  const bool use_tc = tc_gemm_ok(x, Cin, Cout, 1);
   TORCH_CHECK(use_tc || ceil_div((int)Cout, conv::CONV_COB) <= 65535,
               "deltaconv::conv1x1_rows: too many output channels (", Cout, ")");
-  const WorkList wl{rows, const_cast<int*>(rows.const_data_ptr<int>()), counters.data_ptr<int>()};
+  const WorkList wl{rows, rows.data_ptr<int>(), counters.data_ptr<int>()};
   launch_conv1x1(x, m, conv_weights(weight, bias, x.scalar_type(), use_tc), c10::nullopt, y, wl, g, total, use_tc,
                  stream);
   return y;
@@ -1122,11 +1133,7 @@ std::tuple<Tensor, Tensor> conv_transpose2d_cuda(const Tensor& delta, const Tens
   const int64_t Cout = weight.size(1) * groups, KH = weight.size(2), KW = weight.size(3);
   TORCH_CHECK(Cout >= 1 && KH >= 1 && KW >= 1 && KH <= 4096 && KW <= 4096,
               "deltaconv::conv_transpose2d: argument 'weight' has an empty or oversized shape ", weight.sizes());
-  if (bias.has_value()) {
-    DC_CHECK_FLOAT_PARAM("conv_transpose2d", "bias", (*bias), delta);
-    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == Cout,
-                "deltaconv::conv_transpose2d: argument 'bias' must have shape [", Cout, "], got ", bias->sizes());
-  }
+  DC_CHECK_BIAS("conv_transpose2d", bias, Cout, delta);
   const auto [sh, sw] = pair_arg(stride, "conv_transpose2d", "stride", 1);
   const auto [ph, pw] = pair_arg(padding, "conv_transpose2d", "padding", 0);
   const auto [oph, opw] = pair_arg(output_padding, "conv_transpose2d", "output_padding", 0);
@@ -1342,11 +1349,7 @@ std::tuple<Tensor, Tensor> linear_cuda(const Tensor& delta, const Tensor& mask, 
   TORCH_CHECK(weight.size(1) == K, "deltaconv::linear: argument 'weight' must have shape [out_features, ", K,
               "], got ", weight.sizes());
   const int64_t M = weight.size(0);
-  if (bias.has_value()) {
-    DC_CHECK_FLOAT_PARAM("linear", "bias", (*bias), delta);
-    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == M, "deltaconv::linear: argument 'bias' must have shape [", M,
-                "], got ", bias->sizes());
-  }
+  DC_CHECK_BIAS("linear", bias, M, delta);
   TORCH_CHECK(N <= kIntMax && K <= kIntMax && M <= kIntMax && N * M <= kIntMax * 8LL,
               "deltaconv::linear: sizes too large");
 

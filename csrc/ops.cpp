@@ -40,7 +40,8 @@ TORCH_LIBRARY(deltaconv, m) {
   m.def("add(Tensor delta_a, Tensor mask_a, Tensor delta_b, Tensor mask_b, float alpha, Tensor(a!)? rows=None, "
         "Tensor(b!)? rows_count=None) -> (Tensor, Tensor)");
   m.def("mul(Tensor delta_a, Tensor mask_a, Tensor(a!) acc_a, Tensor delta_b, Tensor mask_b, Tensor(b!) acc_b, "
-        "Tensor(c!) sent, float threshold, Tensor? key, bool rms=False) -> (Tensor, Tensor)");
+        "Tensor(c!) sent, float threshold, Tensor? key, bool rms=False, Tensor(d!)? rows=None, "
+        "Tensor(e!)? rows_count=None) -> (Tensor, Tensor)");
   m.def("concatenate(Tensor[] deltas, Tensor[] masks) -> (Tensor, Tensor)");
   m.def("interpolate(Tensor delta, Tensor mask, int[2] out_size, float? scale_h, float? scale_w, str mode, "
         "bool align_corners) -> (Tensor, Tensor)");

@@ -106,7 +106,7 @@ int check_channels(const char* op, const Tensor& t) {
   return static_cast<int>(t.size(1));
 }
 
-// The optional row list of the activations and the add (pw::append_sent_rows): `rows` int32 [>= 1 + 2 * pixels]
+// The optional row list of the activations, the add and the product (pw::append_sent_rows): `rows` int32 [>= 1 + 2 * pixels]
 // and `rows_count` int32 [>= 1], both contiguous and 1-D on the device of `ref`, given together.
 struct RowList {
   int* rows = nullptr;
@@ -410,7 +410,8 @@ std::tuple<Tensor, Tensor> add(const Tensor& delta_a, const Tensor& mask_a, cons
 // ---------------------------------------------------------------- mul
 std::tuple<Tensor, Tensor> mul(const Tensor& delta_a, const Tensor& mask_a, Tensor& acc_a, const Tensor& delta_b,
                                const Tensor& mask_b, Tensor& acc_b, Tensor& sent, double threshold,
-                               const std::optional<Tensor>& key, bool rms) {
+                               const std::optional<Tensor>& key, bool rms,
+                               const std::optional<Tensor>& rows, const std::optional<Tensor>& rows_count) {
   const char* op = "mul";
   check_value(op, "delta_a", delta_a, delta_a);
   check_value(op, "delta_b", delta_b, delta_a);
@@ -435,6 +436,7 @@ std::tuple<Tensor, Tensor> mul(const Tensor& delta_a, const Tensor& mask_a, Tens
   Tensor out = empty_value(delta_a, so, delta_a.scalar_type());
   Tensor mask_out = empty_mask(delta_a, N, H, W);
   const int64_t pixels = N * H * W;
+  const RowList row_list = check_rows(op, rows, rows_count, delta_a, pixels);
   DC_DISPATCH_ACTIVATION_TYPES(delta_a.scalar_type(), "deltaconv::mul", [&] {
     // the broadcast operand's acc first: every output pixel reads it
     const Tensor* small_d = a_bcast ? &delta_a : (b_bcast ? &delta_b : nullptr);
@@ -450,7 +452,7 @@ std::tuple<Tensor, Tensor> mul(const Tensor& delta_a, const Tensor& mask_a, Tens
                               cptr<scalar_t>(delta_b), cptr<bool>(mask_b), ptr<float>(acc_b),
                               ptr<scalar_t>(sent), key_ptr, ptr<scalar_t>(out), ptr<bool>(mask_out),
                               static_cast<float>(threshold), rms_limit(rms, threshold, C), pixels, H * W, C, 0,
-                              a_bcast, b_bcast};
+                              a_bcast, b_bcast, row_list.rows, row_list.count};
     const bool vec_ok = C % kVec<scalar_t> == 0 && all_aligned({p.a, p.acc_a, p.b, p.acc_b, p.sent, p.out});
     DC_LAUNCH_VEC(pw::mul_kernel, p, vec_ok, pixels, C, true);
   });

@@ -15,7 +15,8 @@ from torch.fx.passes.shape_prop import ShapeProp
 
 from . import backends
 from .backends.reference import check_measure
-from .modules import DCActivation, DCAdd, DCConv2d, DCDensify, DCFallback, DCModule, DCResample, DCSparsify
+from .modules import (DCActivation, DCAdd, DCConv2d, DCDensify, DCFallback, DCModule, DCMul, DCResample,
+                      DCSparsify)
 from .modules.linear import DCBatchNorm2d, DCConvTranspose2d, DCLinear, DCUpsample
 from .report import ConversionReport, NodeReport
 from .rules import FUNCTION_RULES, MODULE_RULES, PASSTHROUGH_CALLS, PASSTHROUGH_MODULES, Built, Site
@@ -360,21 +361,21 @@ class _Converter:
             self._note_pair(node.target, f"fused with {user.target}", user.target, f"fused with {node.target}")
 
     def link_row_lists(self) -> None:
-        """Mark each layer that can list its output's active pixels (an activation, an add not fused
-        with the activation after it, or a 1x1 convolution that itself runs on a list) and whose
-        output a 1x1 convolution of stride 1, no padding and one group reads (the first such
-        reader): ``lists_rows`` on the layer, ``DCConv2d.takes_rows`` on the convolution. On the
-        CUDA backend that convolution then needs no mask pass of its own. Only layers called at
-        one site; the report notes the pairs."""
+        """Mark each layer that can list its output's active pixels (an activation, a product, an
+        add not fused with the activation after it, or a 1x1 convolution that itself runs on a
+        list) and whose output 1x1 convolutions of stride 1, no padding and one group read (all of
+        them share the list): ``lists_rows`` on the layer, ``DCConv2d.takes_rows`` on the
+        convolutions. On the CUDA backend those convolutions then need no mask pass of their own.
+        Only layers called at one site; the report notes the pairs."""
         sites = self._module_sites()
         for node in self.graph.nodes:  # in order: a convolution's takes_rows is set before it is a producer
             if node.op != "call_module" or sites[node.target] != 1:
                 continue
             layer = self.root.get_submodule(node.target)
-            if not (isinstance(layer, DCActivation) or (isinstance(layer, DCAdd) and not layer.fuse_with_next)
+            if not (isinstance(layer, (DCActivation, DCMul)) or (isinstance(layer, DCAdd) and not layer.fuse_with_next)
                     or (isinstance(layer, DCConv2d) and layer.takes_rows)):
                 continue
-            for user in node.users:
+            for user in node.users:  # every such reader takes the same list
                 if user.op != "call_module" or sites[user.target] != 1 or user.args[:1] != (node,):
                     continue
                 conv = self.root.get_submodule(user.target)
@@ -382,7 +383,6 @@ class _Converter:
                     continue
                 layer.lists_rows = conv.takes_rows = True
                 self._note_pair(node.target, f"lists rows for {user.target}", user.target, f"rows from {node.target}")
-                break
 
     def _passthrough(self, key, node: fx.Node) -> bool:
         if key not in PASSTHROUGH_CALLS:

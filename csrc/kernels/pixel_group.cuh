@@ -186,6 +186,17 @@ __device__ __forceinline__ void append_sent_rows(const PixelGroup& g, int64_t ba
   }
 }
 
+// The batch hook of the kernels that can list their sent pixels: append_sent_rows when `rows` is
+// given (nullptr: nothing to list).
+struct SentRows {
+  int* rows;
+  int* count;
+  int64_t cap;
+  __device__ __forceinline__ void operator()(const PixelGroup& g, int64_t base, int64_t groups, unsigned sent) const {
+    if (rows != nullptr) append_sent_rows(g, base, groups, sent, rows, count, cap);
+  }
+};
+
 // Whether `pred` holds on any lane of the group.
 __device__ __forceinline__ bool group_any(const PixelGroup& g, bool pred) { return __any_sync(g.mask, pred) != 0; }
 

@@ -105,7 +105,7 @@ __global__ void __launch_bounds__(kThreads) densify_kernel(const DensifyParams<T
 // the threshold (PendingSize: max or rms over the channels) or the stream is a key stream; then
 // out = send_element(f(acc), sent).
 // With `rows` it also lists the sent pixels for the 1x1 convolution after it (conv1x1_rows); so
-// does add_kernel with its active pixels.
+// do mul_kernel, and add_kernel with its active pixels.
 // With RESIDUAL (the add_activation op: a residual add fused into the activation after it) the
 // delta is the add's output, computed as add_kernel does: delta = T(a + T(alpha * b)) with
 // inactive operands counted as zero, active on mask | mask_b (written to mask_sum, the add's mask).
@@ -185,9 +185,7 @@ __global__ void __launch_bounds__(kThreads) activation_kernel(const ActivationPa
     // second pass over this lane's own channels (acc as just written by this thread)
     send_row<T, VEC>(g, C, row, p.acc, p.sent, p.out, [&](float a) { return apply_activation(kind, p.param, a); });
     return true;
-  }, [&](const PixelGroup& g, int64_t base, int64_t groups, unsigned sent) {
-    if (p.rows != nullptr) append_sent_rows(g, base, groups, sent, p.rows, p.rows_count, p.pixels);
-  });
+  }, SentRows{p.rows, p.rows_count, p.pixels});
 }
 
 // ================================================================ affine_channel
@@ -277,9 +275,7 @@ __global__ void __launch_bounds__(kThreads) add_kernel(const AddParams<T> p) {
       store_f<VEC>(p.out + row + c, va);
     }
     return true;
-  }, [&](const PixelGroup& g, int64_t base, int64_t groups, unsigned active) {
-    if (p.rows != nullptr) append_sent_rows(g, base, groups, active, p.rows, p.rows_count, p.pixels);
-  });
+  }, SentRows{p.rows, p.rows_count, p.pixels});
 }
 
 // ================================================================ mul
@@ -304,6 +300,8 @@ struct MulParams {
   int64_t pixels, hw;      // of the output
   int channels, log2_lanes;
   bool a_bcast, b_bcast;
+  int* rows;               // optional (nullptr: none): the sent pixels listed as in ActivationParams
+  int* rows_count;
 };
 
 // acc[r, c] += delta[r, c] for rows r (streams) whose mask[r] is set; one thread per element.
@@ -363,7 +361,7 @@ __global__ void __launch_bounds__(kThreads) mul_kernel(const MulParams<T> p) {
     }
     const bool send = group_exceeds(g, size, p.rms_limit) || flag(p.key, n);
     if (g.lane == 0) p.mask_out[g.pixel] = send;
-    if (!send) return;
+    if (!send) return false;
     for (int c = g.lane * VEC; c < C; c += step) {
       float va[VEC], vb[VEC], s[VEC];
       load_f<VEC>(p.acc_a + (p.a_bcast ? brow : row) + c, va);
@@ -374,7 +372,8 @@ __global__ void __launch_bounds__(kThreads) mul_kernel(const MulParams<T> p) {
       store_f<VEC>(p.out + row + c, va);
       store_f<VEC>(p.sent + row + c, s);
     }
-  });
+    return true;
+  }, SentRows{p.rows, p.rows_count, p.pixels});
 }
 
 // ================================================================ concatenate (channels)

@@ -323,8 +323,10 @@ def _mul_shape(a: Tensor, b: Tensor) -> Optional[torch.Size]:
 
 
 def mul(delta_a: Tensor, mask_a: Tensor, acc_a: Tensor, delta_b: Tensor, mask_b: Tensor, acc_b: Tensor,
-        sent: Tensor, threshold: float, key: Optional[Tensor], measure: str = "max") -> tuple[Tensor, Tensor]:
-    """Product of two changing tensors (broadcasting, e.g. squeeze-excite): non-linear."""
+        sent: Tensor, threshold: float, key: Optional[Tensor], measure: str = "max",
+        rows: Optional[RowList] = None) -> tuple[Tensor, Tensor]:
+    """Product of two changing tensors (broadcasting, e.g. squeeze-excite): non-linear.
+    ``rows``: as in :func:`activation`."""
     rms = _rms(measure)
     shape = _mul_shape(delta_a, delta_b) if delta_a.dim() == delta_b.dim() else None
     if not (shape is not None and _pointwise_ok("mul", delta_a, mask_a, acc_a, delta_b, mask_b, acc_b, sent)
@@ -335,7 +337,7 @@ def mul(delta_a: Tensor, mask_a: Tensor, acc_a: Tensor, delta_b: Tensor, mask_b:
     b4, b_copied = _state4(acc_b)
     s4, s_copied = _state4(sent)
     out, m = torch.ops.deltaconv.mul(_value4(delta_a), _mask4(mask_a), a4, _value4(delta_b), _mask4(mask_b), b4, s4,
-                                     float(threshold), _key(key), rms)
+                                     float(threshold), _key(key), rms, *_row_args(rows, sent))
     _write_back(acc_a, a4, a_copied)
     _write_back(acc_b, b4, b_copied)
     _write_back(sent, s4, s_copied)
@@ -343,7 +345,8 @@ def mul(delta_a: Tensor, mask_a: Tensor, acc_a: Tensor, delta_b: Tensor, mask_b:
 
 
 @_fake("mul")
-def _mul_fake(delta_a, mask_a, acc_a, delta_b, mask_b, acc_b, sent, threshold, key, rms=False):
+def _mul_fake(delta_a, mask_a, acc_a, delta_b, mask_b, acc_b, sent, threshold, key, rms=False, rows=None,
+              rows_count=None):
     shape = delta_b.shape if delta_a.shape[2:] == (1, 1) and delta_a.shape != delta_b.shape else delta_a.shape
     n, _, h, w = shape
     return _empty_value(delta_a, shape), _empty_mask(delta_a, n, h, w)

@@ -191,8 +191,10 @@ def add_activation(delta_a: Tensor, mask_a: Tensor, delta_b: Tensor, mask_b: Ten
 
 
 def mul(delta_a: Tensor, mask_a: Tensor, acc_a: Tensor, delta_b: Tensor, mask_b: Tensor, acc_b: Tensor,
-        sent: Tensor, threshold: float, key: Optional[Tensor], measure: str = "max") -> tuple[Tensor, Tensor]:
-    """Product of two changing tensors (broadcasting, e.g. squeeze-excite): non-linear."""
+        sent: Tensor, threshold: float, key: Optional[Tensor], measure: str = "max",
+        rows: Optional[RowList] = None) -> tuple[Tensor, Tensor]:
+    """Product of two changing tensors (broadcasting, e.g. squeeze-excite): non-linear.
+    ``rows``: ignored, as in :func:`activation`."""
     acc_a += _zero_inactive(delta_a, mask_a).to(acc_a.dtype)
     acc_b += _zero_inactive(delta_b, mask_b).to(acc_b.dtype)
     region = mask_a | mask_b

@@ -77,11 +77,11 @@ class DCModule(nn.Module):
     #: which per-pixel measure of a change the threshold applies to (non-linear layers:
     #: ``"max"`` or ``"rms"``, see ``reference.MEASURES``; the input sparsifier always uses max)
     measure: str = "max"
-    #: set by :func:`~deltaconv.convert` (``fuse=True``) on an activation, an add or a row-list 1x1
-    #: convolution whose output a 1x1 convolution of stride 1, no padding and one group reads
-    #: (``DCConv2d.takes_rows``): on the CUDA backend, in delta frames, the layer then hands that
-    #: convolution the list of its output's active pixels (a :class:`~deltaconv.delta.RowList` on
-    #: its output), which then runs without a mask pass of its own. ``DELTACONV_ROW_LISTS=0`` in the
+    #: set by :func:`~deltaconv.convert` (``fuse=True``) on an activation, a product, an add or a
+    #: row-list 1x1 convolution whose output 1x1 convolutions of stride 1, no padding and one group read
+    #: (``DCConv2d.takes_rows``): on the CUDA backend, in delta frames, the layer then hands those
+    #: convolutions the list of its output's active pixels (a :class:`~deltaconv.delta.RowList` on
+    #: its output), which then run without a mask pass of their own. ``DELTACONV_ROW_LISTS=0`` in the
     #: environment (read once per frame, ``WorkCounters.begin_frame``) turns the lists off.
     lists_rows: bool = False
 

@@ -69,9 +69,10 @@ class DCMul(DCModule):
         acc_b = self.state("acc_b", b.shape, b.device, b.dtype)
         out_shape = torch.broadcast_shapes(a.shape, b.shape)
         sent = self.state("sent", out_shape, a.device, a.dtype, sent=True)
+        rows = self.row_list(out_shape, a.device)
         v, m = self.ops.mul(a.value, a.mask, acc_a, b.value, b.mask, acc_b, sent, self.threshold, self.key,
-                            self.measure)
-        return self.observe(Delta(v, m))
+                            self.measure, rows)
+        return self.observe(Delta(v, m, filled_rows(rows)))
 
     def flops_per_output_pixel(self, out: Delta) -> float:
         return float(out.value.shape[1]) if out.value.dim() > 1 else 1.0
