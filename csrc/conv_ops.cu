@@ -1316,15 +1316,28 @@ std::tuple<Tensor, Tensor> adaptive_avg_pool2d_cuda(const Tensor& delta, const T
               " pixels are too large");
   Tensor part = at::empty({chunks, pix, C}, delta.options().dtype(at::kFloat));
   Tensor any = at::empty({chunks, pix}, mask.options().dtype(at::kBool));
-  const dim3 grid((unsigned)pix, (unsigned)std::max<int64_t>(1, (C + 31) / 32), (unsigned)chunks);
-  const int64_t total = pix * std::max<int64_t>(C, 1);
+  const dim3 grid((unsigned)pix, (unsigned)chunks,
+                  (unsigned)std::max<int64_t>(1, (C + conv::kPoolGroup - 1) / conv::kPoolGroup));
+  const dim3 finish_grid((unsigned)pix, (unsigned)std::max<int64_t>(1, (C + 31) / 32));
+  // lanes of the first launch: the power of two at or above the channel group's vectors
+  auto log2_lanes = [&](int v) {
+    const int64_t vectors = (std::min<int64_t>(C, conv::kPoolGroup) + v - 1) / v;
+    int l = 0;
+    while ((int64_t{1} << l) < vectors) ++l;
+    return l;
+  };
   DC_DISPATCH_ACTIVATION_TYPES(x.scalar_type(), "deltaconv::adaptive_avg_pool2d", [&] {
-    launch_kernel(conv::adaptive_avgpool_kernel<scalar_t>, grid, 256, 0, stream,
-                  reinterpret_cast<const scalar_t*>(x.const_data_ptr()), m.data_ptr<bool>(), part.data_ptr<float>(),
-                  any.data_ptr<bool>(), g);
-    launch_kernel(conv::adaptive_avgpool_finish_kernel<scalar_t>, (unsigned)((total + 255) / 256), 256, 0, stream,
+    constexpr int kVec = 16 / (int)sizeof(scalar_t);
+    const auto* xp = reinterpret_cast<const scalar_t*>(x.const_data_ptr());
+    if (C % kVec == 0 && reinterpret_cast<uintptr_t>(xp) % 16 == 0)
+      launch_kernel(conv::adaptive_avgpool_kernel<scalar_t, kVec>, grid, conv::kPoolChunk, 0, stream, xp,
+                    m.data_ptr<bool>(), part.data_ptr<float>(), any.data_ptr<bool>(), g, log2_lanes(kVec));
+    else
+      launch_kernel(conv::adaptive_avgpool_kernel<scalar_t, 1>, grid, conv::kPoolChunk, 0, stream, xp,
+                    m.data_ptr<bool>(), part.data_ptr<float>(), any.data_ptr<bool>(), g, log2_lanes(1));
+    launch_kernel(conv::adaptive_avgpool_finish_kernel<scalar_t>, finish_grid, 256, 0, stream,
                   part.data_ptr<float>(), any.data_ptr<bool>(), reinterpret_cast<scalar_t*>(y.data_ptr()),
-                  mask_out.data_ptr<bool>(), g, (int)chunks, pix);
+                  mask_out.data_ptr<bool>(), g);
   });
   return {y, mask_out};
 }

@@ -9,8 +9,9 @@
 //                          group of C / 4 lanes (at most 32) per output pixel, 16-byte acc loads,
 //                          the window maxima kept in registers from the send decision to the send
 //   avgpool_kernel         one thread per output element; mask = window holds an active pixel
-//   adaptive_avgpool_kernel one block per (output pixel, 32 channels, chunk of 64 window pixels),
-//     adaptive_avgpool_finish_kernel  then one thread per output element sums the chunks in order
+//   adaptive_avgpool_kernel one block per (output pixel, chunk of 256 window pixels, 256 channels):
+//     lists the chunk's active pixels, sums them per channel; adaptive_avgpool_finish_kernel one
+//     block per (output pixel, 32 channels) then sums the active chunks in order
 //   linear_kernel          one warp per output element of an active (or key) row
 #pragma once
 
@@ -240,15 +241,26 @@ __device__ __forceinline__ int adaptive_end(int o, int out, int in) {
 }
 
 // Adaptive average pooling in two launches, so that a large window (global pooling of a whole
-// feature map) spreads over many blocks and the sum stays deterministic:
-//   adaptive_avgpool_kernel        grid (N * Ho * Wo, ceil(C / 32), chunks); block 256 = 32
-//                                  channels x 8 pixel rows. Block z sums the window's pixels
-//                                  [z * kPoolChunk, (z + 1) * kPoolChunk) (row-major in the
-//                                  window) into part[z][pix][c] (float32) and whether one of them is
-//                                  active into any[z][pix].
-//   adaptive_avgpool_finish_kernel one thread per (pix, c): sums part over z in order; mask =
-//                                  some chunk active; y = sum / window size.
-constexpr int kPoolChunk = 64;
+// feature map) spreads over many blocks and the sum stays deterministic (each sum in one fixed
+// order, whatever the timing):
+//   adaptive_avgpool_kernel        grid (N * Ho * Wo, chunks, ceil(C / kPoolGroup)); block 256
+//                                  (kPoolChunk). Block (pix, z, cg) takes the window's pixels
+//                                  [z * kPoolChunk, (z + 1) * kPoolChunk) (row-major in the window),
+//                                  one per thread, and lists the active ones in shared memory in
+//                                  window order (cg == 0 writes any[z][pix] = whether there is one);
+//                                  with none that is all it does. Otherwise its threads, as
+//                                  2^log2_lanes lanes of V channels x the rest as rows (row r: the
+//                                  r-th, (r + rows)-th, ... listed pixel), sum the listed pixels'
+//                                  values of channel group cg ([cg * kPoolGroup, + kPoolGroup)), the
+//                                  rows then added in order, into part[z][pix][c] (float32).
+//   adaptive_avgpool_finish_kernel grid (N * Ho * Wo, ceil(C / 32)); block 256 = 32 channels x 8
+//                                  rows: row r adds part[z] over the active chunks z = r, r + 8, ...
+//                                  of the window, the rows then added in order; mask = some chunk
+//                                  active; y = sum / window size.
+// With nothing active, the first launch reads the mask once per channel group and the second the
+// chunks' flags.
+constexpr int kPoolChunk = 256;
+constexpr int kPoolGroup = 256;
 
 __device__ __forceinline__ void adaptive_window(const PoolGeom& g, long long pix, long long& n, int& hs, int& ws,
                                                 int& wl, int& cnt) {
@@ -262,40 +274,71 @@ __device__ __forceinline__ void adaptive_window(const PoolGeom& g, long long pix
   cnt = (adaptive_end(oh, g.Ho, g.H) - hs) * wl;
 }
 
-template <typename T>
-__global__ void __launch_bounds__(256)
+// V: channels per lane (16-byte loads: C % V == 0 and x 16-byte aligned; else 1). 2^log2_lanes:
+// the power of two at or above min(C, kPoolGroup) / V.
+template <typename T, int V>
+__global__ void __launch_bounds__(kPoolChunk)
     adaptive_avgpool_kernel(const T* __restrict__ x, const bool* __restrict__ mask, float* __restrict__ part,
-                            bool* __restrict__ any_out, PoolGeom g) {
+                            bool* __restrict__ any_out, PoolGeom g, int log2_lanes) {
   grid_dependency_sync();
-  __shared__ float partial[8][33];
+  static_assert(kPoolGroup % V == 0, "a lane's channels must not straddle two channel groups");
+  constexpr int kWarps = kPoolChunk / 32;
+  __shared__ int listed[kPoolChunk];  // active pixels' offsets in the image, in window order
+  __shared__ int warp_active[kWarps];
+  __shared__ float partial[kPoolChunk * V];
   const long long pix = blockIdx.x;
   const long long npix = gridDim.x;
   long long n;
   int hs, ws, wl, cnt;
   adaptive_window(g, pix, n, hs, ws, wl, cnt);
-  const int q0 = blockIdx.z * kPoolChunk;
-  const int q1 = min(cnt, q0 + kPoolChunk);
-  const int cl = threadIdx.x % 32, r = threadIdx.x / 32;
-  const int c = blockIdx.y * 32 + cl;
-  const long long base = n * g.H * g.W;
-  float sum = 0.f;
-  bool any = false;
-  for (int q = q0 + r; q < q1; q += 8) {
-    const long long p = base + (hs + q / wl) * (long long)g.W + ws + q % wl;
-    if (mask[p]) {
-      any = true;
-      if (c < g.C) sum += to_f(x[p * g.C + c]);
+  const int q = blockIdx.y * kPoolChunk + threadIdx.x;
+  const long long image = n * g.H * g.W;
+  int off = 0;
+  bool act = false;
+  if (q < cnt) {
+    off = (hs + q / wl) * g.W + ws + q % wl;
+    act = mask[image + off];
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const unsigned ballot = __ballot_sync(0xffffffffu, act);
+  if (lane == 0) warp_active[warp] = __popc(ballot);
+  __syncthreads();
+  int before = 0, listed_count = 0;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    const int k = warp_active[w];
+    before += w < warp ? k : 0;
+    listed_count += k;
+  }
+  if (blockIdx.z == 0 && threadIdx.x == 0) any_out[blockIdx.y * npix + pix] = listed_count > 0;
+  if (listed_count == 0) return;  // uniform over the block
+  if (act) listed[before + __popc(ballot & ((1u << lane) - 1u))] = off;
+  __syncthreads();
+  const int lanes = 1 << log2_lanes, rows = kPoolChunk >> log2_lanes;
+  const int cl = threadIdx.x & (lanes - 1), r = threadIdx.x >> log2_lanes;
+  const int c = blockIdx.z * kPoolGroup + cl * V;  // cl * V < kPoolGroup: lanes <= kPoolGroup / V
+  float sum[V];
+  pw::fill(sum, 0.f);
+  if (c < g.C) {
+    const T* xc = x + image * g.C + c;
+#pragma unroll 4
+    for (int k = r; k < listed_count; k += rows) {
+      float v[V];
+      pw::load_f<V>(xc + (long long)listed[k] * g.C, v);
+#pragma unroll
+      for (int i = 0; i < V; ++i) sum[i] += v[i];
     }
   }
-  partial[r][cl] = sum;
-  const bool act = __syncthreads_or(any);
-  if (r == 0) {
-    if (blockIdx.y == 0 && cl == 0) any_out[blockIdx.z * npix + pix] = act;
-    if (c < g.C) {
-      float t = 0.f;
 #pragma unroll
-      for (int k = 0; k < 8; ++k) t += partial[k][cl];
-      part[(blockIdx.z * npix + pix) * g.C + c] = t;
+  for (int i = 0; i < V; ++i) partial[threadIdx.x * V + i] = sum[i];
+  __syncthreads();
+  if (r == 0 && c < g.C) {
+    float* out = part + (blockIdx.y * npix + pix) * g.C + c;
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+      float t = 0.f;
+      for (int k = 0; k < rows; ++k) t += partial[(k * lanes + cl) * V + i];
+      out[i] = t;
     }
   }
 }
@@ -303,25 +346,33 @@ __global__ void __launch_bounds__(256)
 template <typename T>
 __global__ void __launch_bounds__(256)
     adaptive_avgpool_finish_kernel(const float* __restrict__ part, const bool* __restrict__ any_in,
-                                   T* __restrict__ y, bool* __restrict__ mask_out, PoolGeom g, int chunks,
-                                   long long npix) {
+                                   T* __restrict__ y, bool* __restrict__ mask_out, PoolGeom g) {
   grid_dependency_sync();
-  const int cs = max(g.C, 1);  // channel slots: one even when C == 0, for the mask
-  const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-  if (i >= npix * cs) return;
-  const int c = (int)(i % cs);
-  const long long pix = i / cs;
-  bool act = false;
-  for (int z = 0; z < chunks; ++z) act = act || any_in[z * npix + pix];
-  if (c == 0) mask_out[pix] = act;
-  if (!act || c >= g.C) return;
+  __shared__ float partial[8][33];
+  const long long pix = blockIdx.x;
+  const long long npix = gridDim.x;
+  const int cl = threadIdx.x % 32, r = threadIdx.x / 32;
+  const int c = blockIdx.y * 32 + cl;
   long long n;
   int hs, ws, wl, cnt;
   adaptive_window(g, pix, n, hs, ws, wl, cnt);
   const int used = (cnt + kPoolChunk - 1) / kPoolChunk;  // chunks of this window
-  float s = 0.f;
-  for (int z = 0; z < used; ++z) s += part[(z * npix + pix) * g.C + c];
-  y[pix * g.C + c] = from_f<T>(s / (float)cnt);
+  float sum = 0.f;
+  bool any = false;
+  for (int z = r; z < used; z += 8) {
+    if (any_in[z * npix + pix]) {
+      any = true;
+      if (c < g.C) sum += part[(z * npix + pix) * g.C + c];
+    }
+  }
+  partial[r][cl] = sum;
+  const bool act = __syncthreads_or(any);
+  if (blockIdx.y == 0 && threadIdx.x == 0) mask_out[pix] = act;
+  if (!act || r != 0 || c >= g.C) return;
+  float t = 0.f;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) t += partial[k][cl];
+  y[pix * g.C + c] = from_f<T>(t / (float)cnt);
 }
 
 // One warp per (row n, output feature m); x [N, K], w [M, K], y [N, M]; mask / key per row.

@@ -1,0 +1,59 @@
+"""The adaptive average pooling op alone at the squeeze-excite and ASPP-pooling shapes of
+deeplabv3_mobilenet_v3_large at 1080x1920 input (global pooling, fp16, changes in 8x8 blocks):
+us per call, each call replayed from a CUDA graph of 10 calls, CUDA events around 5 replays,
+median of 30 after warm-up. Run once per build in alternating processes (the op's name is the
+same in both builds, so one process cannot load two):
+    cp old.so deltaconv/_C.abi3.so && PYTHONPATH=. python benchmarks/experiments/adaptive_pool_ab.py old
+    cp new.so deltaconv/_C.abi3.so && PYTHONPATH=. python benchmarks/experiments/adaptive_pool_ab.py new
+Kept as it ran for benchmarks/results/fixed_cost.txt section 9.
+"""
+import statistics
+import sys
+
+import torch
+
+import deltaconv._extension as _e
+
+if not torch.cuda.is_available():
+    raise SystemExit("no CUDA device: this benchmark times the CUDA kernels")
+if not _e.load():
+    raise SystemExit("deltaconv's CUDA extension did not load (build it: python setup.py build_ext --inplace)")
+ops = torch.ops.deltaconv
+tag = sys.argv[1] if len(sys.argv) > 1 else "-"
+# (channels, H, W): the eight squeeze-excite pools and the ASPP pooling
+SHAPES = [(72, 135, 240), (120, 135, 240), (480, 68, 120), (672, 68, 120), (960, 68, 120)]
+CALLS = 10
+
+
+def per_call_us(fn) -> float:
+    graph = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    with torch.cuda.graph(graph):
+        for _ in range(CALLS):
+            fn()
+    for _ in range(5):
+        graph.replay()
+    times = []
+    for _ in range(30):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(5):
+            graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / (5 * CALLS))
+    return statistics.median(times)
+
+
+torch.manual_seed(0)
+for C, H, W in SHAPES:
+    for density in (0.0, 0.02, 0.3, 1.0):
+        d = (torch.randn(1, C, H, W, device="cuda") * 0.1).half().contiguous(memory_format=torch.channels_last)
+        tiles = torch.rand(1, 1, (H + 7) // 8, (W + 7) // 8, device="cuda") < density
+        m = tiles.repeat_interleave(8, 2).repeat_interleave(8, 3)[:, :, :H, :W].contiguous()
+        t = per_call_us(lambda: ops.adaptive_avg_pool2d(d, m, [1, 1]))
+        print(f"{tag} C={C} {H}x{W} density={m.float().mean().item():.3f}: {t:.2f} us per call", flush=True)
