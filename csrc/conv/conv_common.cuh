@@ -242,6 +242,17 @@ __device__ __forceinline__ int block_append(int cnt, int* counter) {
 // kernel when there are enough of them (see TileSplit).
 // KS: 3 = non-transposed 3x3 (unrolled; stride 1 / dilation 1 along x reads each input byte
 // once), 0 = any geometry.
+// Whether conv_tile_mask_kernel's column-bitmask path takes geometry g: the input columns a
+// thread's 8 output pixels read along x (span = 7 sw + (KW - 1) dw + 1) fit one 32-bit word; with
+// dilation only where reading the span (KH x span bytes) beats looking up every tap of the 8 pixels
+// (8 KH KW: span < 8 KW), else the per-pixel path.
+template <int KS>
+__device__ __forceinline__ bool dilated_span_ok(const ConvGeom& g) {
+  const int KW = KS > 0 ? KS : g.KW;
+  const int span = 7 * g.sw + (KW - 1) * g.dw + 1;
+  return g.dw == 1 ? span <= 32 : span <= 32 && span < 8 * KW;
+}
+
 constexpr int MASK_STRIP = 32;
 constexpr int MASK_THREADS = TILE_H * MASK_STRIP;  // 256
 static_assert(TILE_W == 8 && TILE_H == 8, "conv_tile_mask_kernel assumes 8x8 tiles");
@@ -290,12 +301,12 @@ __global__ void __launch_bounds__(MASK_THREADS) conv_tile_mask_kernel(const bool
         }
       }
       act = (cols | (cols >> 1) | (cols >> 2)) & valid;
-    } else if (!TRANSPOSED && g.dw == 1 && 7 * g.sw + (KS > 0 ? KS : g.KW) <= 32) {
-      // the same with a runtime kernel size / stride (the stems: 7x7 or 3x3, stride 2): bit c of
-      // cols = input column ow0 * sw - pw + c active in any of the KH rows; output e reads bits
-      // [e * sw, e * sw + KW)
+    } else if (!TRANSPOSED && dilated_span_ok<KS>(g)) {
+      // the same with a runtime kernel size, stride and dilation (the stems: 7x7 or 3x3, stride
+      // 2; dilated depthwise convs): bit c of cols = input column ow0 * sw - pw + c active in any
+      // of the KH rows; output e reads bits e * sw + kx * dw, kx < KW
       const int KH = KS > 0 ? KS : g.KH, KW = KS > 0 ? KS : g.KW;
-      const int span = 7 * g.sw + KW;
+      const int span = 7 * g.sw + (KW - 1) * g.dw + 1;
       const int iw0 = ow0 * g.sw - g.pw;
       const bool* mn = mask + (size_t)n * g.H * g.W;
       unsigned cols = 0;
@@ -309,7 +320,8 @@ __global__ void __launch_bounds__(MASK_THREADS) conv_tile_mask_kernel(const bool
           }
         }
       }
-      const unsigned window = KW >= 32 ? 0xFFFFFFFFu : (1u << KW) - 1u;
+      unsigned window = 0u;  // bit kx * dw for kx < KW
+      for (int kx = 0; kx < KW; ++kx) window |= 1u << (kx * g.dw);
 #pragma unroll
       for (int e = 0; e < TILE_W; ++e)
         if ((cols >> (e * g.sw)) & window) act |= 1u << e;
