@@ -581,9 +581,6 @@ std::tuple<Tensor, Tensor> interpolate(const Tensor& delta, const Tensor& mask, 
   return {out, mask_out};
 }
 
-// Input rows one output row reads: two for bilinear, one for the nearest modes.
-int mode_rows(int mode) { return mode == pw::kBilinear ? 2 : 1; }
-
 // F.interpolate of a whole map x (channels_last) into a contiguous (NCHW) output.
 Tensor resample(const Tensor& x, at::IntArrayRef out_size, std::optional<double> scale_h,
                 std::optional<double> scale_w, c10::string_view mode, bool align_corners) {
@@ -600,11 +597,18 @@ Tensor resample(const Tensor& x, at::IntArrayRef out_size, std::optional<double>
     pw::ResampleParams<scalar_t> p{cptr<scalar_t>(x), ptr<scalar_t>(out), r.scale_h, r.scale_w, threads,
                                    static_cast<int>(r.h), static_cast<int>(r.w), static_cast<int>(r.oh),
                                    static_cast<int>(r.ow), C, r.mode, align_corners};
-    // one block per output row, its input rows in shared memory, where they fit in the default 48 KiB
-    const int64_t smem = mode_rows(r.mode) * r.w * C * static_cast<int64_t>(sizeof(scalar_t));
+    // one block per output row, its (blended) input row in shared memory, where it fits in the
+    // default 48 KiB: bilinear as float, nearest as T
+    const bool linear = r.mode == pw::kBilinear;
+    const int64_t smem = r.w * C * static_cast<int64_t>(linear ? sizeof(float) : sizeof(scalar_t));
     if (smem <= 48 * 1024 && r.n * r.oh <= kIntMax) {
-      launch_kernel(pw::resample_rows_kernel<scalar_t>, dim3(static_cast<unsigned>(r.n * r.oh)), pw::kThreads,
-                    static_cast<size_t>(smem), stream(), p);
+      const dim3 grid(static_cast<unsigned>(r.n * r.oh));
+      if (linear)
+        launch_kernel(pw::resample_rows_kernel<scalar_t, true>, grid, pw::kThreads, static_cast<size_t>(smem),
+                      stream(), p);
+      else
+        launch_kernel(pw::resample_rows_kernel<scalar_t, false>, grid, pw::kThreads, static_cast<size_t>(smem),
+                      stream(), p);
     } else {
       const dim3 grid(static_cast<unsigned>((threads + pw::kThreads - 1) / pw::kThreads));
       launch_kernel(pw::resample_kernel<scalar_t>, grid, pw::kThreads, 0, stream(), p);

@@ -197,24 +197,28 @@ __global__ void __launch_bounds__(kThreads) resample_kernel(const ResampleParams
   store_run<T>(p.out + row * p.out_w + ow0, r, p.out_w - ow0);
 }
 
-// resample_rows_kernel: the same output, one block per output row (n, oh) for every channel. The
-// block first copies the one or two input rows it reads ([W_in, C] each, channels_last order) into
-// shared memory (smem_rows * W_in * C elements of T, dynamic), then each thread computes runs of
-// kResampleRun columns, channel by channel, from shared memory. The launcher uses it when the rows
-// fit in shared memory; resample_kernel (every neighbour read from global memory) otherwise.
-template <typename T>
+// resample_rows_kernel: the same output, one block per output row (n, oh) for every channel. With
+// LINEAR (bilinear) the block first blends the two input rows it reads ([W_in, C] each,
+// channels_last order) into one float row in shared memory (W_in * C floats, dynamic: the vertical
+// step of the interpolation, once per input element instead of once per output element); otherwise
+// (nearest) it copies the one input row it reads (W_in * C elements of T). Then each thread
+// computes runs of kResampleRun columns, channel by channel, from shared memory (bilinear: two
+// columns of the blended row). The launcher uses it when the row fits in shared memory;
+// resample_kernel (every neighbour read from global memory) otherwise. Bilinear sums in another
+// order than resample_kernel and F.interpolate (vertical first), within float rounding.
+template <typename T, bool LINEAR>
 __global__ void __launch_bounds__(kThreads) resample_rows_kernel(const ResampleParams<T> p) {
   grid_dependency_sync();
+  using Row = std::conditional_t<LINEAR, float, T>;
   extern __shared__ __align__(16) unsigned char resample_smem[];
-  T* rows = reinterpret_cast<T*>(resample_smem);
+  Row* row = reinterpret_cast<Row*>(resample_smem);
   const int oh = static_cast<int>(blockIdx.x % p.out_h);
   const int64_t n = blockIdx.x / p.out_h;
   const int C = p.channels;
   const int64_t row_elems = static_cast<int64_t>(p.in_w) * C;
-  const bool linear = p.mode == kBilinear;
   int h1, h1p = 0;
   float h1lambda = 0.f;
-  if (linear) {
+  if constexpr (LINEAR) {
     const float h1r = linear_source(p.scale_h, oh, p.align_corners);
     h1 = static_cast<int>(h1r);
     h1p = (h1 < p.in_h - 1) ? 1 : 0;
@@ -224,12 +228,11 @@ __global__ void __launch_bounds__(kThreads) resample_rows_kernel(const ResampleP
   }
   const float h0lambda = 1.f - h1lambda;
   const T* src = p.x + (n * p.in_h + h1) * row_elems;
-  const int n_rows = linear ? 2 : 1;
-  for (int64_t i = threadIdx.x; i < n_rows * row_elems; i += blockDim.x) {
-    rows[i] = i < row_elems ? src[i] : src[h1p * row_elems + (i - row_elems)];
+  for (int64_t i = threadIdx.x; i < row_elems; i += blockDim.x) {
+    if constexpr (LINEAR) row[i] = h0lambda * to_f<T>(src[i]) + h1lambda * to_f<T>(src[h1p * row_elems + i]);
+    else row[i] = src[i];
   }
   __syncthreads();
-  const T* row1 = rows + (linear ? row_elems : 0);
   const int runs = (p.out_w + kResampleRun - 1) / kResampleRun;
   for (int run = threadIdx.x; run < runs; run += blockDim.x) {
     const int ow0 = run * kResampleRun;
@@ -238,7 +241,7 @@ __global__ void __launch_bounds__(kThreads) resample_rows_kernel(const ResampleP
 #pragma unroll
     for (int j = 0; j < kResampleRun; ++j) {
       const int ow = min(ow0 + j, p.out_w - 1);
-      if (linear) {
+      if constexpr (LINEAR) {
         const float w1r = linear_source(p.scale_w, ow, p.align_corners);
         const int w1 = static_cast<int>(w1r);
         a[j] = w1 * C;
@@ -254,13 +257,8 @@ __global__ void __launch_bounds__(kThreads) resample_rows_kernel(const ResampleP
       float r[kResampleRun];
 #pragma unroll
       for (int j = 0; j < kResampleRun; ++j) {
-        if (linear) {
-          const float w0l = 1.f - w1l[j];
-          r[j] = h0lambda * (w0l * to_f<T>(rows[a[j] + c]) + w1l[j] * to_f<T>(rows[b[j] + c])) +
-                 h1lambda * (w0l * to_f<T>(row1[a[j] + c]) + w1l[j] * to_f<T>(row1[b[j] + c]));
-        } else {
-          r[j] = to_f<T>(rows[a[j] + c]);
-        }
+        if constexpr (LINEAR) r[j] = (1.f - w1l[j]) * row[a[j] + c] + w1l[j] * row[b[j] + c];
+        else r[j] = to_f<T>(row[a[j] + c]);
       }
       store_run<T>(out, r, p.out_w - ow0);
     }

@@ -1,0 +1,57 @@
+"""The dense output resampling op alone (ops.resample: the densifier's map upsampled into NCHW, as
+after fcn_resnet50's and deeplabv3_mobilenet_v3_large's heads at 1080x1920: 21 channels at 135x240,
+bilinear, align_corners=False; and nearest for scale): us per call, each call replayed from a CUDA
+graph of 10 calls, CUDA events around 5 replays, median of 30 after warm-up. Run once per build in
+alternating processes (the op's name is the same in both builds):
+    cp a.so deltaconv/_C.abi3.so && PYTHONPATH=. python benchmarks/experiments/resample_ab.py a
+Kept as it ran for benchmarks/results/fixed_cost.txt section 11.
+"""
+import statistics
+import sys
+
+import torch
+
+import deltaconv._extension as _e
+
+if not torch.cuda.is_available():
+    raise SystemExit("no CUDA device: this benchmark times the CUDA kernels")
+if not _e.load():
+    raise SystemExit("deltaconv's CUDA extension did not load (build it: python setup.py build_ext --inplace)")
+ops = torch.ops.deltaconv
+tag = sys.argv[1] if len(sys.argv) > 1 else "-"
+CALLS = 10
+
+
+def per_call_us(fn) -> float:
+    graph = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    with torch.cuda.graph(graph):
+        for _ in range(CALLS):
+            fn()
+    for _ in range(5):
+        graph.replay()
+    times = []
+    for _ in range(30):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(5):
+            graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / (5 * CALLS))
+    return statistics.median(times)
+
+
+torch.manual_seed(0)
+for dtype in (torch.float16, torch.float32):
+    x = torch.randn(1, 21, 135, 240, device="cuda").to(dtype).contiguous(memory_format=torch.channels_last)
+    for mode in ("bilinear", "nearest"):
+        t = per_call_us(lambda: ops.resample(x, [1080, 1920], None, None, mode, False))
+        dense = per_call_us(lambda: torch.nn.functional.interpolate(
+            x.contiguous(), size=(1080, 1920), mode=mode, **({"align_corners": False} if mode == "bilinear" else {})))
+        print(f"{tag} {str(dtype).split('.')[-1]} {mode} 21x135x240 -> 1080x1920: {t:.2f} us per call "
+              f"(F.interpolate NCHW {dense:.2f} us)", flush=True)
