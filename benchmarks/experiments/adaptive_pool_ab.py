@@ -7,12 +7,15 @@ same in both builds, so one process cannot load two):
     cp new.so deltaconv/_C.abi3.so && PYTHONPATH=. python benchmarks/experiments/adaptive_pool_ab.py new
 Kept as it ran for benchmarks/results/fixed_cost.txt section 9.
 """
-import statistics
 import sys
+from pathlib import Path
 
 import torch
 
 import deltaconv._extension as _e
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from op_timing import per_call_us  # noqa: E402
 
 if not torch.cuda.is_available():
     raise SystemExit("no CUDA device: this benchmark times the CUDA kernels")
@@ -22,31 +25,6 @@ ops = torch.ops.deltaconv
 tag = sys.argv[1] if len(sys.argv) > 1 else "-"
 # (channels, H, W): the eight squeeze-excite pools and the ASPP pooling
 SHAPES = [(72, 135, 240), (120, 135, 240), (480, 68, 120), (672, 68, 120), (960, 68, 120)]
-CALLS = 10
-
-
-def per_call_us(fn) -> float:
-    graph = torch.cuda.CUDAGraph()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    with torch.cuda.graph(graph):
-        for _ in range(CALLS):
-            fn()
-    for _ in range(5):
-        graph.replay()
-    times = []
-    for _ in range(30):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(5):
-            graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / (5 * CALLS))
-    return statistics.median(times)
 
 
 torch.manual_seed(0)
