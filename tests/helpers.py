@@ -114,6 +114,11 @@ def torchvision_model(name: str) -> nn.Module:
     return randomize_bn(fn(**kwargs).eval())
 
 
+def main_output(y):
+    """A classifier's logits, or a torchvision segmentation model's "out" map."""
+    return y["out"] if isinstance(y, dict) else y
+
+
 def _conv_block(cin: int, cout: int) -> nn.Sequential:
     return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True),
                          nn.Conv2d(cout, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True))

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import deltaconv
-from helpers import cuda_backend_reason, cuda_kernel_names, torchvision_model as build, video_frames
+from helpers import cuda_backend_reason, cuda_kernel_names, main_output, torchvision_model as build, video_frames
 
 REASON = cuda_backend_reason()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(bool(REASON), reason=REASON or "ok")]
@@ -14,10 +14,6 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(bool(REASON), reason=REASON or
 MODELS = ["resnet18", "resnet50", "mobilenet_v2", "mobilenet_v3_large", "efficientnet_b0", "regnet_y_400mf",
           "shufflenet_v2_x1_0", "densenet121", "squeezenet1_1", "vgg11_bn", "deeplabv3_mobilenet_v3_large",
           "lraspp_mobilenet_v3_large"]
-
-
-def main_output(y):
-    return y["out"] if isinstance(y, dict) else y
 
 
 def rel(a, b) -> float:

@@ -13,7 +13,7 @@ import deltaconv
 from deltaconv.activations import Activation
 from deltaconv.delta import RowList
 from deltaconv.modules import DCAdd, DCConv2d, DCModule, DCMul
-from helpers import cuda_backend_reason, cuda_kernel_names, torchvision_model, video_frames
+from helpers import cuda_backend_reason, cuda_kernel_names, main_output, torchvision_model, video_frames
 
 REASON = cuda_backend_reason()
 needs_gpu = pytest.mark.skipif(bool(REASON), reason=REASON or "ok")
@@ -331,11 +331,6 @@ def test_opcheck_of_the_row_list_ops():
 
 
 # ----------------------------------------------------------------------------- whole models
-def _output(y):
-    """A classifier's logits, or a segmentation model's "out" map."""
-    return y["out"] if isinstance(y, dict) else y
-
-
 @pytest.mark.gpu
 @needs_gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
@@ -354,9 +349,9 @@ def test_row_lists_change_no_output_and_drop_the_mask_passes(name, dtype, monkey
             dm = deltaconv.convert(model, threshold=0.02, backend="cuda", example_input=frames[0],
                                    cuda_graph=graph, check_finite=False)
             with torch.no_grad():
-                outs[lists, graph] = [_output(dm(f)).clone() for f in frames[:4]]
+                outs[lists, graph] = [main_output(dm(f)).clone() for f in frames[:4]]
                 dm.reset()
-                outs[lists, graph] += [_output(dm(f)).clone() for f in frames[4:]]
+                outs[lists, graph] += [main_output(dm(f)).clone() for f in frames[4:]]
             if not graph:
                 held[lists] = dm.state_bytes()
                 rows = [m._rows_buf for m in dm.modules() if getattr(m, "_rows_buf", None) is not None]
