@@ -10,7 +10,6 @@ from typing import Callable, Optional
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from torch.nn.modules.utils import _pair
 
 from ..delta import Delta, filled_rows, reduce_mask
