@@ -12,16 +12,10 @@ from pathlib import Path
 
 import torch
 
-import deltaconv._extension as _e
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from op_timing import per_call_us  # noqa: E402
+from op_timing import deltaconv_ops, per_call_us  # noqa: E402
 
-if not torch.cuda.is_available():
-    raise SystemExit("no CUDA device: this benchmark times the CUDA kernels")
-if not _e.load():
-    raise SystemExit("deltaconv's CUDA extension did not load (build it: python setup.py build_ext --inplace)")
-ops = torch.ops.deltaconv
+ops = deltaconv_ops()
 tag = sys.argv[1] if len(sys.argv) > 1 else "-"
 # (channels, H, W): the eight squeeze-excite pools and the ASPP pooling
 SHAPES = [(72, 135, 240), (120, 135, 240), (480, 68, 120), (672, 68, 120), (960, 68, 120)]

@@ -6,6 +6,18 @@ import torch
 CALLS = 10  # calls per captured graph
 
 
+def deltaconv_ops():
+    """``torch.ops.deltaconv``, after checking for a CUDA device and the built extension (else
+    SystemExit with what is missing)."""
+    import deltaconv._extension as extension
+
+    if not torch.cuda.is_available():
+        raise SystemExit("no CUDA device: this benchmark times the CUDA kernels")
+    if not extension.load():
+        raise SystemExit("deltaconv's CUDA extension did not load (build it: python setup.py build_ext --inplace)")
+    return torch.ops.deltaconv
+
+
 def per_call_us(fn) -> float:
     """Microseconds per call of ``fn``: ``CALLS`` calls captured in one CUDA graph (after a warm-up
     call on a side stream), CUDA events around 5 replays, the median of 30 such pairs after 5
