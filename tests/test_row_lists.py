@@ -111,6 +111,16 @@ def test_every_1x1_reader_of_a_layer_takes_its_list():
             torch.testing.assert_close(dm(x), model(x), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("name,on_lists,of", [("resnet50", 31, 36), ("mobilenet_v2", 34, 34), ("fcn_resnet50", 34, 37),
+                                              ("deeplabv3_mobilenet_v3_large", 40, 50)])
+def test_zoo_models_run_their_1x1_convolutions_on_lists(name, on_lists, of):
+    """How many of each model's 1x1 convolutions convert() links to a row list (CPU: the conversion
+    only). The rest read a max pooling, have stride 2, or read a pooled or broadcast map."""
+    dm = deltaconv.convert(torchvision_model(name), example_input=torch.randn(1, 3, 64, 96))
+    ones = [m for m in dm.modules() if isinstance(m, DCConv2d) and tuple(m.kernel_size) == (1, 1)]
+    assert (sum(m.takes_rows for m in ones), len(ones)) == (on_lists, of)
+
+
 def test_a_layer_called_at_two_sites_is_not_linked():
     class Shared(nn.Module):
         def __init__(self) -> None:
