@@ -52,7 +52,7 @@ TORCH_LIBRARY(deltaconv, m) {
   // K split is recorded (conv_common.cuh: kConvCounters; None: zeroed per call)
   m.def("conv2d(Tensor delta, Tensor mask, Tensor weight, Tensor? bias, int[2] stride, int[2] padding, "
         "int[2] dilation, int groups, Tensor? key, Tensor(a!)? counters=None) -> (Tensor, Tensor)");
-  // a 1x1 conv, stride 1, no padding, groups 1, of a delta frame (no key) over the rows an activation listed
+  // a 1x1 conv, stride 1, no padding, groups 1, of a delta frame (no key) over the rows the layer before it listed
   // (rows: int32 [1 + 2 * N*H*W]; counters: as in conv2d, the row count at [0], zeroed before the activation)
   m.def("conv1x1_rows(Tensor delta, Tensor mask, Tensor weight, Tensor? bias, Tensor rows, Tensor(a!) counters) -> "
         "Tensor");

@@ -453,9 +453,10 @@ def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
             activation's pass (same results, one pass over memory fewer; the report notes the pairs,
             ``report.fused``), and where the model's output is an upsampling of a delta (the
             segmentation models' final ``F.interpolate``), densify before it and resample the dense
-            output (report status ``dense``); and where a 1x1 convolution of stride 1 reads an
-            activation, the activation lists the pixels it sends for it, so that on the CUDA
-            backend the convolution makes no work list of its own (same results, a kernel fewer).
+            output (report status ``dense``); and where 1x1 convolutions of stride 1 read an
+            activation, a product, an add or a 1x1 convolution that itself runs on a list, that
+            layer lists the pixels it sends for them, so that on the CUDA backend those
+            convolutions make no work list of their own (same results, a kernel fewer each).
             ``False`` keeps every layer's own pass.
     """
     from .model import DeltaModel

@@ -36,8 +36,8 @@ def mask_shape(value_shape: torch.Size) -> list[int]:
 
 @dataclass
 class RowList:
-    """The pixels an activation sent, listed for the 1x1 convolution that reads its output (CUDA
-    backend; see :class:`~deltaconv.modules.DCActivation` ``lists_rows``).
+    """The pixels a layer sent (an activation, a product, an add), listed for the 1x1 convolutions
+    that read its output (CUDA backend; see :class:`~deltaconv.modules.DCModule` ``lists_rows``).
 
     ``rows``: int32 ``[1 + 2 * N*H*W]``, the work list of ``torch.ops.deltaconv.conv1x1_rows``
     (``rows[1 + k]`` and ``rows[1 + N*H*W + k]`` the k-th listed pixel, as a linear index into the

@@ -44,8 +44,9 @@ def _registered_cuda_kernels() -> frozenset:
 #: ops with a CUDA kernel in the loaded extension (the others run through the reference)
 NATIVE_OPS = _registered_cuda_kernels()
 
-#: whether an activation can list its sent pixels for the 1x1 convolution after it (``rows`` of
-#: :func:`activation` / :func:`add_activation`, read by :func:`conv1x1_rows`); the reference has no lists
+#: whether a layer can list its sent pixels for the 1x1 convolutions after it (``rows`` of
+#: :func:`activation`, :func:`add_activation`, :func:`add` and :func:`mul`, read by :func:`conv1x1_rows`);
+#: the reference has no lists
 ROW_LISTS = "conv1x1_rows" in NATIVE_OPS
 
 _ACT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -392,7 +393,7 @@ def conv2d(delta: Tensor, mask: Tensor, weight: Tensor, bias: Optional[Tensor], 
 
 def conv1x1_rows(delta: Tensor, mask: Tensor, weight: Tensor, bias: Optional[Tensor], rows: RowList) -> Tensor:
     """:func:`conv2d` of a 1x1 kernel, stride 1, no padding, groups 1, on a delta frame (no key),
-    over the pixels an activation listed in ``rows`` (filled): the same output at those pixels,
+    over the pixels the layer before it listed in ``rows`` (filled): the same output at those pixels,
     without the mask pass; the output mask is ``mask``. CUDA tensors, 4-D ``delta``."""
     return torch.ops.deltaconv.conv1x1_rows(_value4(delta), _mask4(mask), weight, bias, rows.rows, rows.counters)
 

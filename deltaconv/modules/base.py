@@ -95,6 +95,7 @@ class DCModule(nn.Module):
         self._flops_dense = 0.0
         self._pixels = 0
         self._elements = 0
+        self._rows_buf: Optional[torch.Tensor] = None  # row list storage (row_list)
 
     # ------------------------------------------------------------------ state
     def state(self, name: str, shape, device: torch.device, dtype: torch.dtype = torch.float32,
@@ -138,7 +139,7 @@ class DCModule(nn.Module):
     def state_bytes(self) -> int:
         """Bytes held by this layer's per-frame state (and its row list's storage, see ``lists_rows``)."""
         held = sum(b.numel() * b.element_size() for n in self._state_names if (b := self._buffers.get(n)) is not None)
-        rows = getattr(self, "_rows_buf", None)
+        rows = self._rows_buf
         return held + (0 if rows is None else rows.numel() * rows.element_size())
 
     # ------------------------------------------------------------------ statistics
@@ -220,7 +221,7 @@ class DCModule(nn.Module):
         if counters is None:
             return None
         need = 1 + 2 * shape[0] * shape[2] * shape[3]
-        buf = getattr(self, "_rows_buf", None)
+        buf = self._rows_buf
         if buf is None or buf.numel() != need or buf.device != device:
             with torch.inference_mode(False):  # shared by frames in and out of inference mode
                 buf = torch.empty(need, dtype=torch.int32, device=device)

@@ -135,7 +135,7 @@ class DCConv2d(DCModule):
                                 layout=kernel_weight_layout(self.weight, self.groups))
 
     def row_list_ok(self) -> bool:
-        """Whether this convolution can run on an activation's row list: 1x1, stride 1, no padding,
+        """Whether this convolution can run on the row list of the layer before it: 1x1, stride 1, no padding,
         one group, zero padding mode (its output pixels are its input pixels)."""
         return (tuple(self.kernel_size) == (1, 1) and tuple(self.stride) == (1, 1) and self.groups == 1
                 and not isinstance(self.padding, str) and tuple(self.padding) == (0, 0)
