@@ -633,7 +633,6 @@ void count_active(at::TensorList masks, at::TensorList stats) {
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   for (size_t start = 0; start < masks.size(); start += stats::kMaxCount) {
     stats::CountBatch b{};
-    int max_blocks = 1;
     for (size_t i = start; i < std::min(masks.size(), start + stats::kMaxCount); ++i) {
       const std::string m_name = "masks[" + std::to_string(i) + "]", s_name = "stats[" + std::to_string(i) + "]";
       check_cuda("count_active", m_name.c_str(), masks[i], ref);
@@ -649,12 +648,11 @@ void count_active(at::TensorList masks, at::TensorList stats) {
       b.mask[k] = reinterpret_cast<const uint8_t*>(contiguous.back().const_data_ptr<bool>());
       b.stats[k] = stats[i].data_ptr<double>();
       b.n[k] = n;
-      b.blocks[k] = (int)std::max<int64_t>(1, std::min<int64_t>((n + stats::kCountPerBlock - 1) / stats::kCountPerBlock,
-                                                                 2 * sms));
-      max_blocks = std::max(max_blocks, b.blocks[k]);
+      const int blocks = (int)std::max<int64_t>(
+          1, std::min<int64_t>((n + stats::kCountPerBlock - 1) / stats::kCountPerBlock, 2 * sms));
+      b.first[k + 1] = b.first[k] + blocks;
     }
-    launch_kernel(stats::count_active_kernel, dim3((unsigned)max_blocks, (unsigned)b.count), stats::kCountThreads, 0,
-                  stream(), b);
+    launch_kernel(stats::count_active_kernel, dim3((unsigned)b.first[b.count]), stats::kCountThreads, 0, stream(), b);
   }
 }
 

@@ -662,13 +662,13 @@ SHAPES_COUNT = [(1, 1, 1, 1), (2, 1, 7, 9), (1, 1, 33, 65), (3, 1, 270, 481), (1
 def test_count_active(frac):
     """One launch for many masks: stats[i][0] = active pixels of mask i, stats[i][1] accumulates,
     the scratch pair returns to zero; equal to the reference for masks of different sizes, 16-byte
-    aligned and at odd byte offsets, and for more masks than one launch takes (64)."""
+    aligned and at odd byte offsets, and for more masks than one launch takes (256)."""
     g = gen(50)
     masks = []
     for shape in SHAPES_COUNT:
         flat = torch.rand(shape[0] * shape[2] * shape[3] + 3, generator=g, device=DEV) < frac
         masks += [flat[:-3].view(shape), flat[3:].view(shape)]  # aligned, then offset by 3 bytes
-    masks = masks * 7  # 70 masks: two launches
+    masks = masks * 26  # 260 masks: two launches
     stats = [torch.zeros(4, dtype=torch.float64, device=DEV) for _ in masks]
     expect = [torch.zeros(4, dtype=torch.float64) for _ in masks]
     for _ in range(2):

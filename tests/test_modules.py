@@ -666,6 +666,26 @@ def test_direct_linear_layers():
                [SHAPE])
 
 
+POOLED = (3, 5, 1, 1)  # a globally pooled delta: one pixel per sample
+
+
+@pytest.mark.parametrize("fn,args,fast", [
+    (nn.Flatten(), (), True), (torch.flatten, (1,), True), (torch.Tensor.flatten, (1,), True),
+    (torch.reshape, ((3, -1),), True), (torch.Tensor.view, (3, -1, 1), True),
+    (torch.Tensor.reshape, (3, 1, -1), False), (torch.Tensor.permute, (1, 0, 2, 3), False)],
+    ids=["Flatten", "torch.flatten", "method", "reshape", "view3d", "reshape-1C", "permute"])
+def test_flatten_of_pooled_delta(fn, args, fast):
+    """flatten / reshape / view of a [N, C, 1, 1] delta (the classifier head after global pooling)
+    to [N, K, 1, ...] keep one flag per sample: the output mask is then the input's, reshaped (a
+    view, no masking pass); other outputs and ops take the general path. Both match the dense op
+    (garbage at inactive samples)."""
+    layer = DCLinearFunction(fn)
+    run_direct(layer, lambda x: fn(x, *args), [POOLED], call=lambda d: layer(d, *args))
+    mask = torch.tensor([True, False, True]).view(3, 1, 1, 1)
+    out = layer(Delta(torch.randn(POOLED), mask), *args)
+    assert (out.mask.data_ptr() == mask.data_ptr()) == fast
+
+
 def test_direct_constant_add_and_scale():
     """DCAdd/DCScale with a static operand: called as (delta, constant) or (constant, delta)."""
     const = torch.linspace(-1, 1, 4).view(1, 4, 1, 1)

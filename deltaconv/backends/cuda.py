@@ -596,7 +596,7 @@ def _max_pool2d_fake(delta, mask, acc, sent, kernel_size, stride, padding, dilat
 
 # ----------------------------------------------------------------------------- statistics
 def count_active(masks: Sequence[Tensor], stats: Sequence[Tensor]) -> None:
-    """Per-layer statistics, one kernel per 64 masks: ``stats[i][0]`` = active pixels of
+    """Per-layer statistics, one kernel per 256 masks: ``stats[i][0]`` = active pixels of
     ``masks[i]``, ``stats[i][1] += stats[i][0]`` (each ``stats[i]`` at most once per call)."""
     if not (masks and all(_native("count_active", m, s) and m.dtype == torch.bool and s.dtype == torch.float64
                           and s.shape == (4,) and s.is_contiguous() for m, s in zip(masks, stats))

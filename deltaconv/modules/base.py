@@ -155,7 +155,7 @@ class DCModule(nn.Module):
     def observe(self, out: Delta) -> Delta:
         """Record how many output pixels are active and return ``out``. Inside a frame of a
         DeltaModel the mask is counted with every other layer's when the frame ends (one kernel
-        per 64 layers on the GPU, no host synchronisation, so it also accumulates under CUDA-graph
+        per 256 layers on the GPU, no host synchronisation, so it also accumulates under CUDA-graph
         replay); a layer called on its own counts at once. ``record_stats = False`` skips it."""
         ctx = self.context
         if not ctx.record_stats or not isinstance(out, Delta):

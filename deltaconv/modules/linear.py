@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 from torch.nn.modules.utils import _pair
 
-from ..delta import Delta, filled_rows, reduce_mask
+from ..delta import Delta, filled_rows, mask_shape, reduce_mask
 from .base import DCModule
 
 
@@ -534,14 +534,42 @@ class DCLinearFunction(DCModule):
         self.label = label or getattr(fn, "__name__", str(fn))
 
     def forward(self, *args, **kwargs):
+        out = self._per_sample_reshape(args, kwargs)
+        if out is not None:
+            return self.observe(out)
         values = self.fn(*_map_deltas(args, lambda d: torch.where(d.mask, d.value, 0)),
                          **_map_deltas(kwargs, lambda d: torch.where(d.mask, d.value, 0)))
         masks = self.fn(*_map_deltas(args, _expanded_mask), **_map_deltas(kwargs, _expanded_mask))
         out = _zip_outputs(values, masks)
         return self.observe(out) if isinstance(out, Delta) else out
 
+    def _per_sample_reshape(self, args: tuple, kwargs: dict) -> Optional[Delta]:
+        """The classifier head's ``flatten(x, 1)`` of a globally pooled ``[N, C, 1, 1]`` delta
+        (and a reshape or view of it to ``[N, K, 1, ...]``) without launching anything: each sample
+        is one pixel, so each output row is one sample and the mask is the input's, reshaped; the
+        general path's masking and mask reduction took four kernels. ``None`` where this does not
+        apply (the general path then runs)."""
+        if not _reshapes_samples(self.fn) or len(args) == 0 or not isinstance(args[0], Delta):
+            return None
+        d = args[0]
+        if d.value.dim() < 3 or any(n != 1 for n in d.value.shape[2:]) or any(
+                isinstance(a, Delta) for a in list(args[1:]) + list(kwargs.values())):
+            return None
+        value = self.fn(d.value, *args[1:], **kwargs)
+        if not torch.is_tensor(value) or value.dim() < 2 or value.shape[0] != d.value.shape[0] or any(
+                n != 1 for n in value.shape[2:]):
+            return None  # its mask would not be one flag per sample
+        return Delta(value, d.mask.reshape(mask_shape(value.shape)))
+
     def extra_repr(self) -> str:
         return f"{self.label}, " + super().extra_repr()
+
+
+def _reshapes_samples(fn) -> bool:
+    """Whether ``fn`` only reshapes (flatten, reshape, view): with dim 0 of its output equal to the
+    batch, each output row then holds exactly one sample's elements."""
+    return isinstance(fn, nn.Flatten) or fn in (torch.flatten, torch.reshape, torch.Tensor.flatten,
+                                                  torch.Tensor.reshape, torch.Tensor.view)
 
 
 def _zip_outputs(values, masks):
