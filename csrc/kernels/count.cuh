@@ -27,7 +27,7 @@ constexpr int kCountThreads = 256;
 constexpr int kMaxCount = 256;
 constexpr int64_t kCountPerBlock = (int64_t)kCountThreads * 64;  // bytes: 4 16-byte words per thread
 
-struct CountBatch {  // 8 + 8 + 8 + 4 bytes per mask, plus the count
+struct CountBatch {  // 8 + 8 + 8 + 4 bytes per mask, plus first[count] and the count
   const uint8_t* mask[kMaxCount];
   double* stats[kMaxCount];
   int64_t n[kMaxCount];
