@@ -5,6 +5,7 @@ import csv
 import datetime
 import os
 import platform
+import re
 import statistics
 from pathlib import Path
 from typing import Callable, Optional
@@ -161,6 +162,13 @@ def tile_stats(out_mask: torch.Tensor) -> tuple[float, float, float]:
     pixels, active_tiles = float(m.sum()), float(tiles.sum())
     fill = pixels / (64.0 * active_tiles) if active_tiles else float("nan")
     return pixels / m.numel(), active_tiles / tiles.numel(), fill
+
+
+def kernel_family(name: str) -> str:
+    """A profiled kernel's short family name: template arguments, parameters and namespaces dropped."""
+    name = re.sub(r"<.*", "", name)
+    name = re.sub(r"\(.*", "", name)
+    return name.split("::")[-1][:60]
 
 
 def device_name() -> str:

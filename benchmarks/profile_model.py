@@ -15,7 +15,6 @@ prints a summary. Run on a CUDA machine::
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -23,14 +22,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, graphed_model, run_info, time_frames, write_csv  # noqa: E402
-
-
-def _family(name: str) -> str:
-    """A short kernel family name: template arguments and namespaces dropped."""
-    name = re.sub(r"<.*", "", name)
-    name = re.sub(r"\(.*", "", name)
-    return name.split("::")[-1][:60]
+from common import RESULTS, graphed_model, kernel_family, run_info, time_frames, write_csv  # noqa: E402
 
 
 def profile_model(name: str, size: tuple, dtype: torch.dtype, threshold: float, frames: list, warmup: int,
@@ -54,7 +46,7 @@ def profile_model(name: str, size: tuple, dtype: torch.dtype, threshold: float, 
     per = defaultdict(lambda: [0, 0.0])
     for ev in prof.events():
         if ev.device_type == torch.autograd.DeviceType.CUDA:
-            fam = _family(ev.name)
+            fam = kernel_family(ev.name)
             per[fam][0] += 1
             per[fam][1] += ev.device_time
     busy_us = sum(v[1] for v in per.values()) / n_prof

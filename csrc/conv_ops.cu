@@ -1329,12 +1329,11 @@ std::tuple<Tensor, Tensor> adaptive_avg_pool2d_cuda(const Tensor& delta, const T
   DC_DISPATCH_ACTIVATION_TYPES(x.scalar_type(), "deltaconv::adaptive_avg_pool2d", [&] {
     constexpr int kVec = 16 / (int)sizeof(scalar_t);
     const auto* xp = reinterpret_cast<const scalar_t*>(x.const_data_ptr());
-    if (C % kVec == 0 && reinterpret_cast<uintptr_t>(xp) % 16 == 0)
-      launch_kernel(conv::adaptive_avgpool_kernel<scalar_t, kVec>, grid, conv::kPoolChunk, 0, stream, xp,
-                    m.data_ptr<bool>(), part.data_ptr<float>(), any.data_ptr<bool>(), g, log2_lanes(kVec));
-    else
-      launch_kernel(conv::adaptive_avgpool_kernel<scalar_t, 1>, grid, conv::kPoolChunk, 0, stream, xp,
-                    m.data_ptr<bool>(), part.data_ptr<float>(), any.data_ptr<bool>(), g, log2_lanes(1));
+    const bool vec = C % kVec == 0 && aligned16(xp);
+    const auto kernel =
+        vec ? conv::adaptive_avgpool_kernel<scalar_t, kVec> : conv::adaptive_avgpool_kernel<scalar_t, 1>;
+    launch_kernel(kernel, grid, conv::kPoolChunk, 0, stream, xp, m.data_ptr<bool>(), part.data_ptr<float>(),
+                  any.data_ptr<bool>(), g, log2_lanes(vec ? kVec : 1));
     launch_kernel(conv::adaptive_avgpool_finish_kernel<scalar_t>, finish_grid, 256, 0, stream,
                   part.data_ptr<float>(), any.data_ptr<bool>(), reinterpret_cast<scalar_t*>(y.data_ptr()),
                   mask_out.data_ptr<bool>(), g);

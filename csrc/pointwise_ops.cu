@@ -602,13 +602,9 @@ Tensor resample(const Tensor& x, at::IntArrayRef out_size, std::optional<double>
     const bool linear = r.mode == pw::kBilinear;
     const int64_t smem = r.w * C * static_cast<int64_t>(linear ? sizeof(float) : sizeof(scalar_t));
     if (smem <= 48 * 1024 && r.n * r.oh <= kIntMax) {
-      const dim3 grid(static_cast<unsigned>(r.n * r.oh));
-      if (linear)
-        launch_kernel(pw::resample_rows_kernel<scalar_t, true>, grid, pw::kThreads, static_cast<size_t>(smem),
-                      stream(), p);
-      else
-        launch_kernel(pw::resample_rows_kernel<scalar_t, false>, grid, pw::kThreads, static_cast<size_t>(smem),
-                      stream(), p);
+      const auto kernel = linear ? pw::resample_rows_kernel<scalar_t, true> : pw::resample_rows_kernel<scalar_t, false>;
+      launch_kernel(kernel, dim3(static_cast<unsigned>(r.n * r.oh)), pw::kThreads, static_cast<size_t>(smem), stream(),
+                    p);
     } else {
       const dim3 grid(static_cast<unsigned>((threads + pw::kThreads - 1) / pw::kThreads));
       launch_kernel(pw::resample_kernel<scalar_t>, grid, pw::kThreads, 0, stream(), p);

@@ -8,23 +8,26 @@ submitted kernels read neither). Run on a CUDA machine from the repository root:
     PYTHONPATH=. python benchmarks/experiments/activation_bandwidth.py
 """
 import os
-import statistics
+import sys
+from pathlib import Path
 
 import torch
 
 import deltaconv._extension as _e
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from common import time_cuda  # noqa: E402
+
 assert _e.load()
 torch.manual_seed(0)
 ops = torch.ops.deltaconv
-def timeit(fn, reps=40, warm=8):
-    for _ in range(warm): fn()
-    ts = []
-    for _ in range(reps):
-        s = torch.cuda.Event(enable_timing=True); e = torch.cuda.Event(enable_timing=True)
-        s.record()
-        for _ in range(10): fn()
-        e.record(); torch.cuda.synchronize(); ts.append(s.elapsed_time(e))
-    return statistics.median(ts) * 100
+
+
+def timeit(fn):
+    """us per call: 10 calls between two CUDA events, the median of 40 after 8 warm-up pairs."""
+    return time_cuda(lambda: [fn() for _ in range(10)], warmup=8, iters=40) * 100
+
+
 cl = torch.channels_last
 tag = os.environ.get("DELTACONV_ACT_WIDE", "-")
 x = torch.empty(64 << 20, device="cuda"); y = torch.empty_like(x)

@@ -1,11 +1,14 @@
 """The adaptive average pooling op alone at the squeeze-excite and ASPP-pooling shapes of
 deeplabv3_mobilenet_v3_large at 1080x1920 input (global pooling, fp16, changes in 8x8 blocks):
-us per call, each call replayed from a CUDA graph of 10 calls, CUDA events around 5 replays,
-median of 30 after warm-up. Run once per build in alternating processes (the op's name is the
+us per call, each call replayed from a CUDA graph of 10 calls (op_timing.per_call_us), median
+of 30 after warm-up. Run once per build in alternating processes (the op's name is the
 same in both builds, so one process cannot load two):
     cp old.so deltaconv/_C.abi3.so && PYTHONPATH=. python benchmarks/experiments/adaptive_pool_ab.py old
     cp new.so deltaconv/_C.abi3.so && PYTHONPATH=. python benchmarks/experiments/adaptive_pool_ab.py new
-Kept as it ran for benchmarks/results/fixed_cost.txt section 9.
+Kept as it ran for benchmarks/results/fixed_cost.txt section 9 (then with CUDA events around 5
+replays at a time; per_call_us now times each replay, common.time_in_graph). Re-run that way on
+the same kernels (NVIDIA H200, 2026-11-23 03:44 UTC): 4.8-6.0 us with nothing active, 12.2-14.1 us
+at 100 %, against 4.5-5.5 and 12.0-13.8 us in section 9.
 """
 import sys
 from pathlib import Path

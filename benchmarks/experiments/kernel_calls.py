@@ -5,9 +5,9 @@ and at t=0.02 (one-by-one's quiet start and vtest.avi). Kept as it ran for
 benchmarks/results/fixed_cost.txt sections 12-13. Run on a CUDA machine from the repository root:
     PYTHONPATH=. python benchmarks/experiments/kernel_calls.py OUT.txt
 """
-import re
 import sys
 from collections import defaultdict
+from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -16,12 +16,8 @@ import deltaconv
 from deltaconv import zoo
 from deltaconv.fidelity import video_frames
 
-
-def family(name: str) -> str:
-    """The kernel's name without namespaces and template arguments."""
-    name = re.sub(r"<.*", "", name)
-    name = re.sub(r"\(.*", "", name)
-    return name.split("::")[-1][:40]
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from common import kernel_family  # noqa: E402
 
 
 def run(model_name: str, video: str, threshold: float, out) -> None:
@@ -38,15 +34,15 @@ def run(model_name: str, video: str, threshold: float, out) -> None:
     events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     per = defaultdict(lambda: [0, 0.0])
     for e in events:
-        per[family(e.name)][0] += 1
-        per[family(e.name)][1] += e.device_time
+        per[kernel_family(e.name)][0] += 1
+        per[kernel_family(e.name)][1] += e.device_time
     busy = sum(e.device_time for e in events)
     print(f"=== {model_name} {video} t={threshold}: {len(events)} kernels, busy {busy:.1f} us", file=out)
     for k, (calls, us) in sorted(per.items(), key=lambda kv: -kv[1][1]):
-        print(f"  {k:42s} {calls:4d} calls {us:8.1f} us  {us / calls:6.2f}/call", file=out)
+        print(f"  {k:60s} {calls:4d} calls {us:8.1f} us  {us / calls:6.2f}/call", file=out)
     print("  -- calls in order (index, family, us)", file=out)
     for i, e in enumerate(events):
-        print(f"  {i:4d} {family(e.name):42s} {e.device_time:7.2f}", file=out)
+        print(f"  {i:4d} {kernel_family(e.name):60s} {e.device_time:7.2f}", file=out)
 
 
 if __name__ == "__main__":

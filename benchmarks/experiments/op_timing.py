@@ -1,7 +1,11 @@
 """Timing shared by the op-alone A/B scripts of this folder (adaptive_pool_ab.py, resample_ab.py)."""
-import statistics
+import sys
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from common import time_in_graph  # noqa: E402
 
 CALLS = 10  # calls per captured graph
 
@@ -19,27 +23,6 @@ def deltaconv_ops():
 
 
 def per_call_us(fn) -> float:
-    """Microseconds per call of ``fn``: ``CALLS`` calls captured in one CUDA graph (after a warm-up
-    call on a side stream), CUDA events around 5 replays, the median of 30 such pairs after 5
-    replays of warm-up."""
-    graph = torch.cuda.CUDAGraph()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    with torch.cuda.graph(graph):
-        for _ in range(CALLS):
-            fn()
-    for _ in range(5):
-        graph.replay()
-    times = []
-    for _ in range(30):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(5):
-            graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / (5 * CALLS))
-    return statistics.median(times)
+    """Microseconds per call of ``fn`` inside a CUDA graph of ``CALLS`` calls (common.time_in_graph:
+    CUDA events around each replay, the median of 30 after 5 replays of warm-up)."""
+    return time_in_graph(fn, calls=CALLS) * 1e3

@@ -1,10 +1,13 @@
 """The dense output resampling op alone (ops.resample: the densifier's map upsampled into NCHW, as
 after fcn_resnet50's and deeplabv3_mobilenet_v3_large's heads at 1080x1920: 21 channels at 135x240,
 bilinear, align_corners=False; and nearest for scale): us per call, each call replayed from a CUDA
-graph of 10 calls, CUDA events around 5 replays, median of 30 after warm-up. Run once per build in
+graph of 10 calls (op_timing.per_call_us), median of 30 after warm-up. Run once per build in
 alternating processes (the op's name is the same in both builds):
     cp a.so deltaconv/_C.abi3.so && PYTHONPATH=. python benchmarks/experiments/resample_ab.py a
-Kept as it ran for benchmarks/results/fixed_cost.txt section 11.
+Kept as it ran for benchmarks/results/fixed_cost.txt section 11 (then with CUDA events around 5
+replays at a time; per_call_us now times each replay, common.time_in_graph). Re-run that way on
+the same kernels (NVIDIA H200, 2026-11-23 03:44 UTC): fp16 bilinear 43.8, nearest 35.4, fp32
+bilinear 76.5, nearest 98.1 us, against 44.3 / 35.4 / 77.0 / 98.3 us in section 11.
 """
 import sys
 from pathlib import Path
