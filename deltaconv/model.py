@@ -56,6 +56,8 @@ class DeltaModel(nn.Module):
             layer = self.get_submodule(name)
             layer.layer_name = name
             layer.context = self._context
+        # read before every replay (``_settings``); a plain list, so deepcopy maps it to the copy's layers
+        self._truncating_layers = [layer for layer in self.delta_layers() if layer.truncates]
         self._signature = None
         self._pending_key: Optional[list[bool]] = None
         self._inputs = [n.meta.get("tensor_meta") for n in graph.nodes if n.op == "placeholder"]
@@ -68,6 +70,7 @@ class DeltaModel(nn.Module):
         self._lock = _FrameLock()
         self.cuda_graph = cuda_graph
         self._graph: Optional[_CapturedFrame] = None
+        self._recapture = False  # a graph was dropped for a change of settings: record it again
 
     # ------------------------------------------------------------------ running
     def forward(self, *frames: torch.Tensor):
@@ -90,9 +93,14 @@ class DeltaModel(nn.Module):
         elif self.refresh_every is not None and self._frames_since_key >= self.refresh_every:
             self.reset()
         key_frame = self._pending_key is not None and any(self._pending_key)
+        if self._graph is not None and (self._graph.settings != self._settings()
+                                        or (self._inference_state and not torch.is_inference_mode_enabled())):
+            # thresholds, measures, detector, statistics or backend changed since capture, or the state
+            # made under inference mode is about to be copied (``_match_inference_mode``)
+            self._drop_graph()
         if self._graph is not None and not key_frame:
             return self._replay(frames)
-        if self.cuda_graph and not key_frame and frames[0].is_cuda:
+        if (self.cuda_graph or self._recapture) and not key_frame and frames[0].is_cuda:
             return self._capture(frames)
         return self._run_eager(frames)
 
@@ -144,7 +152,10 @@ class DeltaModel(nn.Module):
 
         Replayed frames return the same output tensors each time, overwritten by the next frame
         (clone what you keep). Key frames (first frame, ``reset()``, shape changes) run eagerly;
-        a shape, dtype or device change drops the graph. Capture after loading new weights.
+        a shape, dtype or device change drops the graph. A change of what the recorded kernels
+        were given (a threshold, the truncation measure, the input's change detector,
+        :attr:`record_stats`, the backend) drops it too, and the next delta frame records it again.
+        Capture after loading new weights, and after changing a change detector's own settings.
         ``check_finite`` costs a device sync per frame: turn it off for full speed.
         """
         if not frames.is_cuda:
@@ -168,8 +179,23 @@ class DeltaModel(nn.Module):
         ctx.key = None
         with torch.no_grad(), torch.cuda.graph(graph):
             static_out = self._run_layers(static_in)
-        self._graph = _CapturedFrame(graph, static_in, static_out)
+        self._graph = _CapturedFrame(graph, static_in, static_out, self._settings())
+        self._recapture = False
         return out
+
+    def _settings(self) -> tuple:
+        """What a recorded frame's kernels were given besides the state: the backend, whether
+        statistics are counted, and every truncating layer's threshold, measure and change
+        detector (compared before each replay: a few microseconds of host time)."""
+        return (self.backend, self._context.record_stats,
+                tuple((layer.threshold, layer.measure, layer._modules.get("change_detector"))
+                      for layer in self._truncating_layers))
+
+    def _drop_graph(self) -> None:
+        """Forget the recorded frame (its settings or buffers are out of date); the next delta frame
+        records a new one."""
+        self._graph = None
+        self._recapture = True
 
     def _replay(self, frames: tuple) -> object:
         captured = self._graph
@@ -244,6 +270,7 @@ class DeltaModel(nn.Module):
 
     def _release_state(self) -> None:
         self._graph = None
+        self._recapture = False
         self._context.frames = 0
         for layer in self.delta_layers():
             layer.release_state()
@@ -379,8 +406,8 @@ class _FrameLock:
 class _CapturedFrame:
     """A recorded delta frame: the graph and its static input and output tensors."""
 
-    def __init__(self, graph, inputs: tuple, outputs) -> None:
-        self.graph, self.inputs, self.outputs = graph, inputs, outputs
+    def __init__(self, graph, inputs: tuple, outputs, settings: tuple) -> None:
+        self.graph, self.inputs, self.outputs, self.settings = graph, inputs, outputs, settings
 
     def __deepcopy__(self, memo) -> None:
         return None  # a copy re-captures (the graph points at the original's buffers)

@@ -142,6 +142,54 @@ def test_fused_residual_add_equals_separate_layers(name, dtype):
         assert not any("add_kernel" in k for k in names), names
 
 
+def test_cuda_graph_follows_changed_settings():
+    """Settings changed mid-stream reach a replayed model as they reach an eager one: after a change
+    of thresholds, of the truncation measure, of the input's change detector or of the statistics
+    switch, the model records its frame again, and its outputs stay bit-equal to eager ones."""
+    from deltaconv.sparsify import BoxBlur
+    model = build("resnet18").cuda().half()
+    frames = [f.cuda().half() for f in video_frames(14, (96, 128))]
+    runs = [deltaconv.convert(model, threshold=0.02, backend="cuda", example_input=frames[0], check_finite=False,
+                              cuda_graph=graph) for graph in (False, True)]
+    relu = next(layer.layer_name for layer in runs[0].delta_layers() if layer.kind == "activation")
+    changes = {3: lambda dm: dm.set_threshold_all(0.1),
+               5: lambda dm: setattr(dm, "truncation", "rms"),
+               7: lambda dm: dm.load_thresholds({relu: 0.0}),
+               9: lambda dm: setattr(dm.delta_layers()[0], "change_detector", BoxBlur(3)),
+               11: lambda dm: setattr(dm, "record_stats", False),
+               12: lambda dm: setattr(dm, "truncation", "rms")}  # what it is: the recording stays
+    recorded = []
+    with torch.no_grad():
+        for t, f in enumerate(frames):
+            for dm in runs:
+                changes.get(t, lambda dm: None)(dm)
+            eager, graphed = runs[0](f), runs[1](f)
+            torch.testing.assert_close(graphed, eager, rtol=0, atol=0, msg=f"frame {t}")
+            if not recorded or recorded[-1] is not runs[1]._graph:
+                recorded.append(runs[1]._graph)
+    assert len(recorded) == 7  # None at the key frame, then recorded at frames 1, 3, 5, 7, 9 and 11
+    assert recorded[0] is None and all(g is not None for g in recorded[1:])
+    e_stats, g_stats = runs[0].stats(), runs[1].stats()
+    assert [s["mean_density"] for s in g_stats] == pytest.approx([s["mean_density"] for s in e_stats], nan_ok=True)
+
+
+def test_cuda_graph_across_inference_mode():
+    """Frames under torch.inference_mode, then outside it, then a reset: a replayed model gives an
+    eager one's outputs bit for bit (its state is copied out of inference mode and recorded again)."""
+    model = build("resnet18").cuda().half()
+    frames = [f.cuda().half() for f in video_frames(8, (64, 96))]
+    runs = [deltaconv.convert(model, threshold=0.02, backend="cuda", example_input=frames[0], check_finite=False,
+                              cuda_graph=graph) for graph in (False, True)]
+    for t, f in enumerate(frames):
+        if t == 5:
+            for dm in runs:
+                dm.reset()
+        with torch.inference_mode(t < 3):
+            eager, graphed = runs[0](f), runs[1](f)
+        torch.testing.assert_close(graphed, eager, rtol=0, atol=0, msg=f"frame {t}")
+    assert runs[1]._graph is not None
+
+
 def test_capture_one_line():
     model = build("resnet18").cuda()
     frames = [f.cuda() for f in video_frames(5, (64, 96))]

@@ -599,3 +599,75 @@ def test_functional_conv_and_linear_have_delta_rules(make):
     assert {"DCFunctionalConv2d"} <= {n.dc_class for n in dm.report.nodes}
     for f in frames_of(3):
         assert rel_err(dm(f), model(f)) < 1e-5
+
+
+# ----------------------------------------------------------------------------- recorded frames
+class _CountingGraph:
+    """Stands in for a torch.cuda.CUDAGraph on the CPU: counts replays."""
+
+    def __init__(self) -> None:
+        self.replays = 0
+
+    def replay(self) -> None:
+        self.replays += 1
+
+
+def _with_fake_graph(dm, frame):
+    """Give ``dm`` a recorded frame of its current settings whose replay only counts (CPU)."""
+    from deltaconv.model import _CapturedFrame
+    fake = _CountingGraph()
+    dm._graph = _CapturedFrame(fake, (torch.empty_like(frame),), torch.zeros(1), dm._settings())
+    return fake
+
+
+@pytest.mark.parametrize("change", ["none", "threshold", "set_threshold_all", "load_thresholds", "truncation",
+                                    "change_detector", "record_stats", "backend", "same_threshold"])
+def test_recorded_frame_is_dropped_when_settings_change(small, change):
+    """A recorded frame replays only with the settings its kernels were given: a changed threshold,
+    measure, change detector, statistics switch or backend drops it, that frame runs eagerly (and
+    on CUDA records a new one), while setting a value to what it was keeps the recording."""
+    frames = frames_of(4)
+    dm = deltaconv.convert(small, threshold=0.01, example_input=frames[0])
+    dm(frames[0])
+    dm(frames[1])
+    fake = _with_fake_graph(dm, frames[2])
+    relu = next(layer.layer_name for layer in dm.delta_layers() if layer.truncates and layer.kind != "sparsify")
+    if change == "threshold":
+        dm.get_submodule(relu).threshold = 0.02
+    elif change == "set_threshold_all":
+        dm.set_threshold_all(0.05)
+    elif change == "load_thresholds":
+        dm.load_thresholds({relu: 0.3})
+    elif change == "truncation":
+        dm.truncation = "rms"
+    elif change == "change_detector":
+        dm.delta_layers()[0].change_detector = deltaconv.sparsify.BoxBlur(5)
+    elif change == "record_stats":
+        dm.record_stats = False
+    elif change == "backend":
+        dm.backend = "reference"
+    elif change == "same_threshold":
+        dm.set_threshold_all(0.01)
+    out = dm(frames[2])
+    kept = change in ("none", "same_threshold")
+    assert fake.replays == int(kept)
+    assert (dm._graph is not None) == kept
+    assert dm._recapture == (not kept)  # the next delta frame on CUDA records again
+    if not kept:
+        assert out.shape == (1, 4, 32, 48)  # this frame ran eagerly
+
+
+def test_recorded_frame_is_dropped_when_leaving_inference_mode(small):
+    """State made under torch.inference_mode is copied when frames run outside it; a recording that
+    reads and writes the old buffers is dropped first."""
+    frames = frames_of(4)
+    dm = deltaconv.convert(small, threshold=0.01, example_input=frames[0])
+    with torch.inference_mode():
+        dm(frames[0])
+        dm(frames[1])
+        fake = _with_fake_graph(dm, frames[2])
+        dm(frames[2])
+    assert fake.replays == 1
+    fake = _with_fake_graph(dm, frames[3])
+    assert rel_err(dm(frames[3]), small(frames[3])) < 0.05
+    assert fake.replays == 0 and dm._graph is None
