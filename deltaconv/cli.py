@@ -98,6 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--thresholds", metavar="JSON", help="per-layer thresholds (from deltaconv calibrate)")
     d.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     d.add_argument("--backend", default="auto", choices=("auto", "reference", "cuda"))
+    d.add_argument("--dtype", default="auto", choices=("auto", "float32", "float16", "bfloat16"),
+                   help="both models' dtype (default auto: float16 on cuda, float32 on cpu)")
+    d.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None,
+                   help="replay both models as CUDA graphs (default: on with --device cuda and the CUDA backend)")
     d.add_argument("--max-frames", type=_count_or_all, default=150, metavar="N",
                    help="frames to process (default 150; 0: the whole video)")
     d.add_argument("--size", type=parse_size, metavar="HxW", help="model input size (default: the video's)")
@@ -148,6 +152,13 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--sweep", type=_float_list, default=[0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5], metavar="T,T,...",
                    help="uniform thresholds of the trade-off table and plot")
     k.add_argument("--plot", metavar="PNG", help="trade-off plot (default: <out>.png)")
+    k.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                   help="where the models run while calibrating (default cpu)")
+    k.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"),
+                   help="the models' dtype while calibrating: the one you will deploy in (default float32)")
+    k.add_argument("--backend", default="auto", choices=("auto", "reference", "cuda"),
+                   help="the converted model's backend while calibrating (default auto: the CUDA kernels on "
+                        "--device cuda, else the reference)")
     k.set_defaults(func=cmd_calibrate)
     return p
 
@@ -166,7 +177,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     run_demo(video=args.video, camera=args.camera, model=args.model, threshold=args.threshold, device=args.device,
              max_frames=args.max_frames, size=args.size, out=args.out, backend=args.backend,
              thresholds=args.thresholds, snapshot=args.snapshot, snapshot_frame=args.snapshot_frame,
-             progress=not args.no_progress, verbose=True)
+             progress=not args.no_progress, verbose=True, dtype=args.dtype, cuda_graph=args.cuda_graph)
     return 0
 
 
@@ -287,22 +298,33 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from .demo import format_sweep, plot_tradeoff, threshold_sweep
     from .video import find_sample_video
 
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise CLIError("--device: 'cuda' asked but torch.cuda.is_available() is False")
     entry = zoo.load(args.model)
+    dtype = getattr(torch, args.dtype)
+    model = entry.model.to(args.device, dtype)
     video = args.video if args.video is not None else str(find_sample_video())
-    frames = _load_frames(video, args.frames, args.size)
+    frames = [f.to(args.device, dtype) for f in _load_frames(video, args.frames, args.size)]
     kwargs = {} if args.max_evals is None else {"max_evals": args.max_evals}
     if args.cost != "flops":
         kwargs["cost"] = args.cost
-    result = calibrate(entry.model, frames, args.tolerance, metric=args.metric, truncation=args.truncation, **kwargs)
+    backend = args.backend
+    if backend == "auto":  # calibrate()'s own default is the reference backend
+        backend = "cuda" if args.device == "cuda" else "reference"
+    result = calibrate(model, frames, args.tolerance, metric=args.metric, truncation=args.truncation,
+                       backend=backend, **kwargs)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     thresholds = _save_thresholds(result, out)
     detector = result.detector() if callable(getattr(result, "detector", None)) else None
-    rows = threshold_sweep(entry.model, frames, args.sweep, calibrated=thresholds, change_detector=detector,
-                           truncation=args.truncation)
+    rows = threshold_sweep(model, frames, args.sweep, backend=backend, calibrated=thresholds,
+                           change_detector=detector, truncation=args.truncation)
     h, w = frames[0].shape[-2:]
     print(f"calibrated {len(thresholds)} thresholds of {entry.name} on {len(frames)} frames of {video} at {h}x{w} "
-          f"for tolerance {args.tolerance:g} ({args.metric}); wrote {out}")
+          f"in {args.dtype} on {args.device} ({backend} backend) for tolerance {args.tolerance:g} ({args.metric}); "
+          f"wrote {out}")
     print(format_sweep(rows))
     plot = Path(args.plot) if args.plot else out.with_suffix(".png")
     plot_tradeoff(rows, plot, title=f"{entry.name} on {Path(video).name} at {h}x{w}, {len(frames)} frames",

@@ -78,16 +78,29 @@ def relative_error(out: Any, ref: Any) -> float:
     return float(_fid.relative_error(primary_output(out).float(), primary_output(ref).float()).mean())
 
 
-def _input_mask(dm) -> Optional[torch.Tensor]:
-    return getattr(dm, "_demo_last_mask", None)
+def _input_mask(dm, replayed: bool = False) -> Optional[torch.Tensor]:
+    """The input sparsifier's update mask of the last frame: the recorded graph's mask tensor when
+    that frame was replayed (hooks do not run in a replay), else the last eager one."""
+    return dm.__dict__.get("_demo_replay_mask" if replayed else "_demo_last_mask")
+
+
+def _eager_runs(dm) -> int:
+    """How many frames the input sparsifier of ``dm`` ran outside a graph replay (see ``_hook_sparsifier``)."""
+    return dm.__dict__.get("_demo_eager_runs", 0)
 
 
 def _hook_sparsifier(dm) -> None:
-    """Keep the input sparsifier's last update mask on ``dm._demo_last_mask`` ([N, 1, H, W])."""
+    """Keep the input sparsifier's last update mask ([N, 1, H, W]) on ``dm``: the eager one in
+    ``_demo_last_mask`` (counting ``_demo_eager_runs``), and the one made while a CUDA graph is
+    recorded in ``_demo_replay_mask`` (each replay rewrites that tensor)."""
     from .modules import DCSparsify
 
     def keep(module, args, out):
-        dm.__dict__["_demo_last_mask"] = out.mask
+        if out.mask.is_cuda and torch.cuda.is_current_stream_capturing():
+            dm.__dict__["_demo_replay_mask"] = out.mask
+        else:
+            dm.__dict__["_demo_last_mask"] = out.mask
+            dm.__dict__["_demo_eager_runs"] = _eager_runs(dm) + 1
 
     for layer in dm.delta_layers():
         if isinstance(layer, DCSparsify):
@@ -240,6 +253,45 @@ class _Timer:
         return out, (time.perf_counter() - t0) * 1e3
 
 
+class _DenseGraph:
+    """A dense model replayed as a CUDA graph, recorded on the first call (the baseline of a fast GPU
+    deployment). The output is the graph's own tensor, overwritten by the next call."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.graph: Optional[torch.cuda.CUDAGraph] = None
+
+    def __call__(self, x: torch.Tensor):
+        if self.graph is None:
+            self.static = x.clone()
+            side = torch.cuda.Stream(device=x.device)
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):  # warm-up on a side stream, as graph capture requires
+                self.model(self.static)
+            torch.cuda.current_stream().wait_stream(side)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.out = self.model(self.static)
+        self.static.copy_(x)
+        self.graph.replay()
+        return self.out
+
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def resolve_dtype(dtype: Union[None, str, torch.dtype], device: torch.device) -> torch.dtype:
+    """The demo's model dtype: ``None`` / ``"auto"`` gives float16 on a GPU (what a fast deployment
+    runs there, and what the CUDA kernels are built for) and float32 on the CPU."""
+    if dtype is None or dtype == "auto":
+        return torch.float16 if device.type == "cuda" else torch.float32
+    if isinstance(dtype, str) and dtype in _DTYPES:
+        return _DTYPES[dtype]
+    if isinstance(dtype, torch.dtype) and dtype in _DTYPES.values():
+        return dtype
+    raise ValueError(f"--dtype: must be auto, float32, float16 or bfloat16, got {dtype!r}")
+
+
 # ----------------------------------------------------------------------------- the demo
 class _NoBar:
     def update(self, n: int = 1) -> None:
@@ -273,7 +325,8 @@ def run_demo(video: Union[str, os.PathLike, None] = None, camera: Optional[int] 
              size: Optional[tuple[int, int]] = None, out: Union[str, os.PathLike, None] = "demo.mp4",
              backend: str = "auto", thresholds: Union[None, dict, str] = None,
              snapshot: Union[str, os.PathLike, None] = None, snapshot_frame: int = -1,
-             progress: bool = True, verbose: bool = True) -> dict:
+             progress: bool = True, verbose: bool = True, dtype: Union[None, str, torch.dtype] = None,
+             cuda_graph: Optional[bool] = None) -> dict:
     """Run the dense ``model`` and its converted delta model side by side on a video.
 
     Args:
@@ -288,9 +341,16 @@ def run_demo(video: Union[str, os.PathLike, None] = None, camera: Optional[int] 
             the video's own resolution).
         out: the mp4 to write (``None``: none); ``snapshot``: a PNG of one annotated frame
             (``snapshot_frame``, default the last).
+        dtype: both models' dtype, ``"float32"``, ``"float16"`` or ``"bfloat16"`` (``None``: float16
+            on a GPU, float32 on the CPU; see :func:`resolve_dtype`).
+        cuda_graph: replay both models as CUDA graphs (``None``: on a GPU with the CUDA backend), the
+            comparison that matters on a GPU; each records its graph on its first frame that is not a
+            key frame (the dense one on frame 0, the delta one on frame 1), and those frames are left
+            out of the mean timings.
 
-    Returns the summary dict (also printed when ``verbose``): frame count, mean dense and delta
-    milliseconds and their ratio ``speedup`` over the non-key frames, mean input ``density`` and
+    Returns the summary dict (also printed when ``verbose``): frame count, ``dtype``, ``cuda_graph``,
+    mean dense and delta milliseconds and their ratio ``speedup`` over the non-key frames (and frames
+    that recorded a graph), mean input ``density`` and
     FLOP fraction ``work``, mean and max relative error of the delta output against the dense one,
     and ``top1_agreement`` for classifiers (``None`` otherwise).
     """
@@ -310,6 +370,9 @@ def run_demo(video: Union[str, os.PathLike, None] = None, camera: Optional[int] 
         raise RuntimeError(f"--device: {device!r} asked but torch.cuda.is_available() is False")
     if dev.type not in ("cpu", "cuda"):
         raise ValueError(f"--device: must be cpu or cuda, got {device!r}")
+    dtype = resolve_dtype(dtype, dev)
+    if cuda_graph and dev.type != "cuda":
+        raise ValueError(f"--cuda-graph: CUDA graphs need --device cuda, got device {device!r}")
 
     change_detector = None
     if isinstance(thresholds, (str, os.PathLike)):
@@ -325,7 +388,7 @@ def run_demo(video: Union[str, os.PathLike, None] = None, camera: Optional[int] 
     elif thresholds is not None and callable(getattr(thresholds, "detector", None)):
         change_detector = thresholds.detector()
     entry = zoo.load(model)
-    dense = entry.model.to(dev)
+    dense = entry.model.to(dev, dtype)
     cap, source, fps, count = open_source(video, camera)
     frames = _read(cap, max_frames)
     first = next(frames, None)
@@ -333,13 +396,19 @@ def run_demo(video: Union[str, os.PathLike, None] = None, camera: Optional[int] 
         raise RuntimeError(f"--video: no frame could be read from {source!r}")
     if size is None:
         size = tuple(first.shape[:2])
-    x0 = to_tensor(first, size).to(dev)
+    x0 = to_tensor(first, size).to(dev, dtype)
     dm = convert(dense, threshold=float(threshold), backend=backend, thresholds=thresholds, example_input=x0,
                  change_detector=change_detector)
     _hook_sparsifier(dm)
     from . import backends
 
     used_backend = backends.select(dm.backend, dev).__name__.rsplit(".", 1)[-1]
+    if cuda_graph is None:
+        cuda_graph = dev.type == "cuda" and used_backend == "cuda"
+    run_dense = dense
+    if cuda_graph:
+        dm.cuda_graph, dm.check_finite = True, False  # decoded frames are finite; a check costs a sync
+        run_dense = _DenseGraph(dense)
     timer = _Timer(dev)
     total = min(count, max_frames) if count is not None and max_frames is not None else (count or max_frames)
 
@@ -358,17 +427,23 @@ def run_demo(video: Union[str, os.PathLike, None] = None, camera: Optional[int] 
             yield from frames
 
         for i, frame in enumerate(all_frames()):
-            x = to_tensor(frame, size).to(dev)
+            x = to_tensor(frame, size).to(dev, dtype)
             with torch.no_grad():
-                y_dense, ms_dense = timer(dense, x)
+                y_dense, ms_dense = timer(run_dense, x)
+                eager_runs = _eager_runs(dm)
                 y_delta, ms_delta = timer(dm, x)
+                replayed = _eager_runs(dm) == eager_runs
             if task is None:
                 task = infer_task(y_dense)
             stats = dm.stats()
             density = stats[0]["density"] if stats else math.nan
-            row = {"frame": i, "key": i == 0, "dense_ms": ms_dense, "delta_ms": ms_delta,
+            row = {"frame": i, "key": i == 0, "records_graph": bool(cuda_graph) and i == 1,
+                   "dense_ms": ms_dense, "delta_ms": ms_delta,
                    "density": density, "work": work_fraction(stats),
                    "rel_error": relative_error(y_delta, y_dense), "top1": None}
+            mask = _input_mask(dm, replayed)
+            # the update mask drawn in the right panel, as a fraction of pixels (equals "density")
+            row["mask_density"] = float(mask.float().mean()) if mask is not None else math.nan
             ref_label = None
             if task == "classification":
                 ref_label = int(primary_output(y_dense)[0].argmax())
@@ -380,15 +455,17 @@ def run_demo(video: Union[str, os.PathLike, None] = None, camera: Optional[int] 
             categories = entry.categories
             p_dense = _titled(draw_result(base, y_dense, task, categories), f"dense {entry.name}")
             p_delta = _titled(draw_result(base, y_delta, task, categories, ref_label), "delta (converted)")
-            p_mask = _titled(draw_mask(base, _input_mask(dm)), "update mask (input sparsifier)")
+            p_mask = _titled(draw_mask(base, mask), "update mask (input sparsifier)")
             speed = ms_dense / ms_delta if ms_delta > 0 else math.nan
             agree = (f"top-1 {'agrees' if row['top1'] else 'DIFFERS'} ({sum(agree_so_far)}/{len(agree_so_far)})"
                      if row["top1"] is not None else "")
-            lines = [f"frame {i + 1}{'/' + str(total) if total else ''}{' (key frame)' if i == 0 else ''}   "
+            note = " (key frame)" if row["key"] else " (records its graph)" if row["records_graph"] else ""
+            lines = [f"frame {i + 1}{'/' + str(total) if total else ''}{note}   "
                      f"dense {ms_dense:.1f} ms   delta {ms_delta:.1f} ms   speedup {speed:.2f}x   "
                      f"input density {density:.1%}   FLOPs {row['work']:.1%}",
                      f"rel. error vs dense {row['rel_error']:.2e}   {agree}   threshold {threshold:g}   "
-                     f"{size[0]}x{size[1]}   {dev.type}/{used_backend}"]
+                     f"{size[0]}x{size[1]}   {dev.type}/{used_backend} {str(dtype).split('.')[-1]}"
+                     f"{'   CUDA graphs' if cuda_graph else ''}"]
             img = compose(p_dense, p_delta, p_mask, lines)
             if writer is None and out is not None:
                 writer = cv2.VideoWriter(str(out), cv2.VideoWriter_fourcc(*"mp4v"), fps, (img.shape[1], img.shape[0]))
@@ -408,12 +485,13 @@ def run_demo(video: Union[str, os.PathLike, None] = None, camera: Optional[int] 
         Path(snapshot).parent.mkdir(parents=True, exist_ok=True)
         cv2.imwrite(str(snapshot), snap_img)
 
-    steady = [r for r in rows if not r["key"]] or rows
+    steady = [r for r in rows if not r["key"] and not r["records_graph"]] or rows
     dense_ms, delta_ms = _mean([r["dense_ms"] for r in steady]), _mean([r["delta_ms"] for r in steady])
     tops = [r["top1"] for r in rows if r["top1"] is not None]
     summary = {
         "model": entry.name, "weights": entry.weights, "task": task, "source": source, "frames": len(rows),
         "size": tuple(size), "threshold": float(threshold), "device": dev.type, "backend": used_backend,
+        "dtype": str(dtype).split(".")[-1], "cuda_graph": bool(cuda_graph),
         "dense_ms": dense_ms, "delta_ms": delta_ms, "speedup": dense_ms / delta_ms if delta_ms > 0 else math.nan,
         "density": _mean([r["density"] for r in steady]), "work": _mean([r["work"] for r in steady]),
         "rel_error": _mean([r["rel_error"] for r in steady]),
@@ -432,7 +510,8 @@ def format_summary(summary: dict) -> str:
     """The demo summary as a few human-readable lines."""
     s = summary
     lines = [f"deltaconv demo: {s['model']} ({s['weights']}) on {s['source']}, {s['frames']} frames at "
-             f"{s['size'][0]}x{s['size'][1]}, threshold {s['threshold']:g}, {s['device']}/{s['backend']}",
+             f"{s['size'][0]}x{s['size'][1]}, threshold {s['threshold']:g}, {s['device']}/{s['backend']} "
+             f"{s.get('dtype', 'float32')}{', both as CUDA graphs' if s.get('cuda_graph') else ''}",
              f"  mean over non-key frames: dense {s['dense_ms']:.1f} ms, delta {s['delta_ms']:.1f} ms, "
              f"speedup {s['speedup']:.2f}x, input density {s['density']:.1%}, FLOPs {s['work']:.1%} of dense",
              f"  agreement with dense: mean relative error {s['rel_error']:.2e} (max {s['max_rel_error']:.2e})"

@@ -141,7 +141,7 @@ def test_calibrate_writes_loadable_thresholds_table_and_plot(capsys, tmp_path, m
                               "--size", "32x48", "--out", str(out), "--sweep", "0,0.1", "--max-evals", "5")
     assert status == 0, err
     assert calls == {"frames": 3, "shape": (1, 3, 32, 48), "tolerance": 0.05, "metric": "rel_err", "max_evals": 5,
-                     "truncation": "max"}
+                     "truncation": "max", "backend": "reference"}
     data = json.loads(out.read_text())
     assert set(data) >= {"thresholds"} and all(v == 0.01 for v in data["thresholds"].values())
     assert "per-layer" in stdout and "threshold" in stdout and str(out) in stdout
@@ -198,3 +198,40 @@ def test_calibrate_truncation_option(capsys, tmp_path, monkeypatch):
     with pytest.raises(SystemExit):
         cli.main(["calibrate", "--tolerance", "0.05", "--cost", "time"])
     assert "invalid choice: 'time'" in capsys.readouterr().err
+
+
+def test_calibrate_device_dtype_and_backend_options(capsys, tmp_path, monkeypatch):
+    """--dtype converts the model and the frames before calibrate() and the sweep see them, --backend
+    reaches both (auto: the reference backend on the CPU); --device cuda without a GPU is refused."""
+    import torch
+
+    import deltaconv
+    from deltaconv import demo
+
+    calls, sweeps = {}, {}
+
+    def fake_calibrate(model, frames, tolerance, metric="rel_err", **kw):
+        calls.update(kw, model_dtype=next(model.parameters()).dtype, frame_dtype=frames[0].dtype)
+        return {n: 0.01 for n in deltaconv.convert(model, example_input=frames[0]).thresholds()}
+
+    def spy_sweep(model, frames, thresholds, **kw):
+        sweeps.update(kw, frame_dtype=frames[0].dtype)
+        return [{"threshold": None, "rel_error": 0.0, "max_rel_error": 0.0, "top1_agreement": 1.0, "density": 0.5,
+                 "work": 0.5}]
+
+    monkeypatch.setitem(sys.modules, "deltaconv.calibrate", types.SimpleNamespace(calibrate=fake_calibrate))
+    monkeypatch.setattr(demo, "threshold_sweep", spy_sweep)
+    out = tmp_path / "thresholds.json"
+    status, stdout, err = run(capsys, "calibrate", "--tolerance", "0.05", "--frames", "2", "--size", "32x48",
+                              "--out", str(out), "--dtype", "bfloat16")
+    assert status == 0, err
+    assert calls["model_dtype"] == calls["frame_dtype"] == sweeps["frame_dtype"] == torch.bfloat16
+    assert calls["backend"] == sweeps["backend"] == "reference"
+    assert "in bfloat16 on cpu (reference backend)" in stdout
+    status, _, err = run(capsys, "calibrate", "--tolerance", "0.05", "--frames", "2", "--size", "32x48",
+                         "--out", str(out), "--backend", "cuda")
+    assert status == 0, err
+    assert calls["backend"] == sweeps["backend"] == "cuda"  # as given
+    if not torch.cuda.is_available():
+        status, _, err = run(capsys, "calibrate", "--tolerance", "0.05", "--device", "cuda")
+        assert status == 2 and "--device: 'cuda' asked but torch.cuda.is_available() is False" in err

@@ -39,8 +39,12 @@ def test_tiny_demo_mobilenet_v2_real_weights(tmp_path):
     assert 0 < s["density"] <= 1 and s["dense_ms"] > 0 and s["delta_ms"] > 0
     assert math.isclose(s["speedup"], s["dense_ms"] / s["delta_ms"])
     assert [r["key"] for r in s["per_frame"]] == [True, False, False]
+    assert s["dtype"] == "float32" and s["cuda_graph"] is False  # the CPU's defaults
+    assert not any(r["records_graph"] for r in s["per_frame"])
+    # the right panel draws the input sparsifier's mask of the frame
+    assert [r["mask_density"] for r in s["per_frame"]] == pytest.approx([r["density"] for r in s["per_frame"]])
     text = demo.format_summary(s)
-    assert "top-1 agreement 100.0%" in text and "speedup" in text
+    assert "top-1 agreement 100.0%" in text and "speedup" in text and "float32" in text
 
 
 def test_missing_video_and_bad_arguments(tmp_path):
@@ -50,6 +54,19 @@ def test_missing_video_and_bad_arguments(tmp_path):
         demo.run_demo(threshold=-1, out=None)
     with pytest.raises(ValueError, match="--max-frames: must be >= 1, got 0"):
         demo.run_demo(max_frames=0, out=None)
+    with pytest.raises(ValueError, match="--dtype: must be auto, float32, float16 or bfloat16, got 'half'"):
+        demo.run_demo(dtype="half", out=None)
+    with pytest.raises(ValueError, match="--cuda-graph: CUDA graphs need --device cuda, got device 'cpu'"):
+        demo.run_demo(cuda_graph=True, device="cpu", out=None)
+
+
+def test_demo_dtype_defaults():
+    assert demo.resolve_dtype(None, torch.device("cpu")) == torch.float32
+    assert demo.resolve_dtype("auto", torch.device("cuda")) == torch.float16
+    assert demo.resolve_dtype("bfloat16", torch.device("cpu")) == torch.bfloat16
+    assert demo.resolve_dtype(torch.float16, torch.device("cpu")) == torch.float16
+    with pytest.raises(ValueError, match="got torch.int8"):
+        demo.resolve_dtype(torch.int8, torch.device("cpu"))
 
 
 def test_draw_result_tasks():
@@ -95,7 +112,28 @@ def test_threshold_sweep_and_plot(tmp_path):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
 def test_tiny_demo_on_gpu(tmp_path):
     s = demo.run_demo(model="mobilenet_v2", threshold=0.0, device="cuda", max_frames=3, size=(64, 96),
-                      out=tmp_path / "gpu.mp4", progress=False, verbose=False)
+                      out=tmp_path / "gpu.mp4", progress=False, verbose=False, dtype="float32", cuda_graph=False)
     assert s["device"] == "cuda" and s["frames"] == 3
     assert s["top1_agreement"] == 1.0 and s["rel_error"] < 1e-2  # TF32 / kernel rounding on the GPU
     assert s["dense_ms"] > 0 and s["delta_ms"] > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
+def test_demo_on_gpu_defaults_to_float16_graphs(tmp_path):
+    """On a GPU the demo compares float16 models replayed as CUDA graphs (the frames that record a
+    graph are left out of the means), with the same outputs and masks as eager runs of both."""
+    runs = {graph: demo.run_demo(model="mobilenet_v2", threshold=0.02, device="cuda", max_frames=6, size=(64, 96),
+                                 out=None, progress=False, verbose=False, cuda_graph=graph)
+            for graph in (None, False)}
+    s, eager = runs[None], runs[False]
+    assert s["dtype"] == "float16" and s["cuda_graph"] is True and eager["cuda_graph"] is False
+    assert [r["records_graph"] for r in s["per_frame"]] == [False, True, False, False, False, False]
+    steady = [r["delta_ms"] for r in s["per_frame"][2:]]
+    assert s["delta_ms"] == pytest.approx(sum(steady) / len(steady))
+    assert "both as CUDA graphs" in demo.format_summary(s)
+    for a, b in zip(s["per_frame"], eager["per_frame"]):
+        assert a["rel_error"] == pytest.approx(b["rel_error"], rel=1e-3, abs=1e-6), a["frame"]
+        assert a["density"] == b["density"], a["frame"]
+        assert a["mask_density"] == pytest.approx(a["density"]), a["frame"]  # the replayed frame's mask
+    assert 0 < s["density"] < 1
