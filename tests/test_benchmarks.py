@@ -172,6 +172,8 @@ def test_fidelity_sweep_names_thresholds_files_by_truncation_and_cost(tmp_path):
     assert fs.thresholds_path(tmp_path, "vtest.avi", 0.02, "max").name == "fidelity_thresholds_vtest_0.02.json"
     assert fs.thresholds_path(tmp_path, "vtest.avi", 0.02, "rms", "elements").name == \
         "fidelity_thresholds_vtest_0.02_rms_elements.json"
+    assert fs.thresholds_path(tmp_path, "one-by-one-person-detection.mp4", 0.02, "rms", "flops", "float16").name == \
+        "fidelity_thresholds_one_0.02_rms_float16.json"
     speed = load("fidelity_speed")
     row = {"video": "vtest.avi", "param": "0.02", "truncation": "rms", "cost": "elements"}
     assert speed.thresholds_file(row, tmp_path).name == "fidelity_thresholds_vtest_0.02_rms_elements.json"
@@ -191,7 +193,7 @@ def test_fidelity_sweep_calibrates_alone_into_a_new_folder(tmp_path, monkeypatch
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1),
                                 torch.nn.Flatten(), torch.nn.Linear(8, 5)).eval()
     frames = [torch.rand(1, 3, 16, 16) for _ in range(6)]
-    monkeypatch.setattr(fs, "load_model", lambda device: model)
+    monkeypatch.setattr(fs, "load_model", lambda device, dtype=torch.float32: model.to(dtype))
     monkeypatch.setattr(fs, "video_frames", lambda video, size, n: frames[:n])
     out = tmp_path / "new" / "f.csv"
     fs.main(["--videos", "vtest.avi", "--size", "16", "16", "--device", "cpu", "--uniform", "--detectors", "none",
@@ -199,7 +201,15 @@ def test_fidelity_sweep_calibrates_alone_into_a_new_folder(tmp_path, monkeypatch
              "--max-evals", "4", "--out", str(out), "--quiet"])
     rows = fs.read_csv(out)
     assert [r["method"] for r in rows] == ["calibrated"]
+    assert rows[0]["dtype"] == "float32" and rows[0]["backend"] == "reference"
     assert (out.parent / "fidelity_thresholds_vtest_0.02.json").is_file()
+    # in another dtype the thresholds file says so, and the rows record it
+    fs.main(["--videos", "vtest.avi", "--size", "16", "16", "--device", "cpu", "--uniform", "--detectors", "none",
+             "--calib-clips", "1", "--calib-frames", "3", "--calib-span", "3", "--eval-frames", "3",
+             "--max-evals", "4", "--out", str(out), "--quiet", "--dtype", "bfloat16", "--append"])
+    rows = fs.read_csv(out)
+    assert [r["dtype"] for r in rows] == ["float32", "bfloat16"]
+    assert (out.parent / "fidelity_thresholds_vtest_0.02_bfloat16.json").is_file()
 
 
 def test_kernel_sweep_in_graph_calls_below_one_is_named(capsys):
@@ -239,4 +249,7 @@ def test_calibration_holdout_files_exist_and_name_their_video():
     ch = load("calibration_holdout")
     for name, video in ch.FILES.items():
         assert (BENCH / "results" / name).is_file(), name
-        assert video in ("vtest.avi", "one-by-one-person-detection.mp4")
+        assert video in ("vtest.avi", "one-by-one-person-detection.mp4") and ch.video_of(name) == video
+    assert ch.video_of("fidelity_thresholds_one_0.02_rms_float16.json") == "one-by-one-person-detection.mp4"
+    with pytest.raises(SystemExit):
+        ch.main(["--files", "thresholds.json"])
