@@ -12,7 +12,7 @@ CUDA graph (the deployment setting)::
 
     PYTHONPATH=. python benchmarks/calibration_holdout.py --device cuda \\
         [--files fidelity_thresholds_vtest_0.02_rms.json ...] [--size 1080 1920] [--start 200] \\
-        [--dtype float16 --cuda-graph]
+        [--dtype float16 --cuda-graph] [--no-fold-bn]
 
 Frames are streamed (a 1080p video does not fit in memory as tensors). Writes
 ``calibration_holdout.csv`` (float32, eager; ``calibration_holdout_<dtype>[_graph].csv`` otherwise;
@@ -77,7 +77,8 @@ def run_file(name: str, video: str, args, model: torch.nn.Module) -> list[dict]:
     first = next(frames)
     # the file's thresholds, change detector and truncation measure
     dm = deltaconv.convert(model, thresholds=str(path), backend=args.backend, example_input=first.to(args.device),
-                           cuda_graph=args.cuda_graph, check_finite=not args.cuda_graph)
+                           cuda_graph=args.cuda_graph, check_finite=not args.cuda_graph,
+                           fold_bn=not args.no_fold_bn)
     densities: list[float] = []
 
     class _Densities:  # records each delta frame's FLOPs density as compare() runs
@@ -106,7 +107,7 @@ def run_file(name: str, video: str, args, model: torch.nn.Module) -> list[dict]:
     for r in rows:
         r.update({"file": name, "video": video, "start": args.start + 1 + r.pop("first"),
                   "truncation": spec.get("truncation", "max"), "tolerance": 0.02, "dtype": args.dtype,
-                  "cuda_graph": args.cuda_graph})
+                  "cuda_graph": args.cuda_graph, "fold_bn": not args.no_fold_bn})
     print(f"== {name} on {video}, frames {args.start + 1}-{args.start + len(errors)} after a key frame at "
           f"{args.start}, {args.dtype}{', CUDA graph' if args.cuda_graph else ''} "
           f"({time.perf_counter() - t0:.0f} s)", flush=True)
@@ -130,6 +131,7 @@ def main(argv=None) -> None:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     p.add_argument("--cuda-graph", action="store_true", help="replay the converted model as a CUDA graph")
+    p.add_argument("--no-fold-bn", action="store_true", help="keep each BatchNorm a layer (convert(fold_bn=False))")
     p.add_argument("--out", type=Path, default=RESULTS)
     a = p.parse_args(argv)
     if a.window < 1:
@@ -145,8 +147,9 @@ def main(argv=None) -> None:
     rows = []
     for name, video in zip(a.files, videos):
         rows += run_file(name, video, a, model)
-    out = a.out / ("calibration_holdout.csv" if a.dtype == "float32" and not a.cuda_graph
-                   else f"calibration_holdout_{a.dtype}{'_graph' if a.cuda_graph else ''}.csv")
+    out = a.out / ("calibration_holdout.csv" if a.dtype == "float32" and not a.cuda_graph and not a.no_fold_bn
+                   else f"calibration_holdout_{a.dtype}{'_graph' if a.cuda_graph else ''}"
+                        f"{'_nofold' if a.no_fold_bn else ''}.csv")
     write_csv(out, rows)
     print(f"wrote {out}")
 

@@ -34,15 +34,20 @@ from deltaconv.fidelity import video_frames  # noqa: E402
 from deltaconv.sparsify import from_spec  # noqa: E402
 
 
+def folds_bn(row: dict) -> bool:
+    """Whether the row's conversion folded BatchNorm into the convs (rows before the column: yes)."""
+    return str(row.get("fold_bn") or "True") != "False"
+
+
 def thresholds_file(row: dict, folder: Path) -> Path:
     """The calibrated thresholds file of a ``calibrated`` row (as fidelity_sweep.py saved it)."""
     return thresholds_path(folder, row["video"], float(row["param"]), row.get("truncation", "max"),
-                           row.get("cost") or "flops", row.get("dtype") or "float32")
+                           row.get("cost") or "flops", row.get("dtype") or "float32", folds_bn(row))
 
 
 def convert_row(row: dict, model: torch.nn.Module, example: torch.Tensor, folder: Path):
     """The row's configuration as a CUDA-graph-replayed converted model."""
-    common = dict(backend="cuda", example_input=example, cuda_graph=True, check_finite=False)
+    common = dict(backend="cuda", example_input=example, cuda_graph=True, check_finite=False, fold_bn=folds_bn(row))
     if row["method"] == "calibrated":
         path = thresholds_file(row, folder)
         if not path.is_file():

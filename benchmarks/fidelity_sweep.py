@@ -67,7 +67,7 @@ VIDEOS = ("vtest.avi", "one-by-one-person-detection.mp4")
 COLUMNS = ["video", "size", "method", "detector", "truncation", "param", "calib_frames", "eval_frames", "density",
            "ideal_speedup", "rel_err_mean", "rel_err_p95", "rel_err_max", "top5_mean", "top1_mean", "cal_error",
            "cal_density", "calib_evals", "calib_seconds", "ms_per_frame", "dense_ms_per_frame",
-           "speed_frames", "cost", "element_density", "dtype", "backend"]
+           "speed_frames", "cost", "element_density", "dtype", "backend", "fold_bn"]
 
 
 def load_model(device: str, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
@@ -87,13 +87,14 @@ def _short(video: str) -> str:
 
 
 def thresholds_path(folder: Path, video: str, tolerance: float, truncation: str, cost: str = "flops",
-                    dtype: str = "float32") -> Path:
+                    dtype: str = "float32", fold_bn: bool = True) -> Path:
     """Where the sweep saves the calibrated thresholds of ``video`` at ``tolerance``:
-    ``fidelity_thresholds_<video>_<tolerance>[_<truncation>][_<cost>][_<dtype>].json`` (no suffix for
-    ``max``, ``flops`` and ``float32``)."""
+    ``fidelity_thresholds_<video>_<tolerance>[_<truncation>][_<cost>][_<dtype>][_nofold].json`` (no
+    suffix for ``max``, ``flops``, ``float32`` and BatchNorm folded)."""
     suffix = "" if truncation in ("", "max") else f"_{truncation}"
     suffix += "" if cost in ("", "flops") else f"_{cost}"
     suffix += "" if dtype in ("", "float32") else f"_{dtype}"
+    suffix += "" if fold_bn else "_nofold"
     return folder / f"fidelity_thresholds_{_short(video)}_{tolerance:g}{suffix}.json"
 
 
@@ -131,7 +132,7 @@ def sweep(args, on_row=None) -> list[dict]:
               f"{args.calib_frames} frames from {starts}, read in {time.time() - t_read:.0f}s", flush=True)
         base = dict(video=Path(video).name, size=f"{size[0]}x{size[1]}", truncation=args.truncation,
                     calib_frames=f"{len(clips)}x{args.calib_frames} in 0..{args.calib_span - 1}",
-                    dtype=args.dtype, backend=args.backend)
+                    dtype=args.dtype, backend=args.backend, fold_bn=not args.no_fold_bn)
 
         def measure(dm):
             rep = compare(model, dm, held, dense_outputs=dense_held)
@@ -143,7 +144,7 @@ def sweep(args, on_row=None) -> list[dict]:
         for det in detectors:
             for t in args.uniform:
                 dm = deltaconv.convert(model, threshold=t, change_detector=copy.deepcopy(det), backend=args.backend,
-                                       example_input=held[0], truncation=args.truncation)
+                                       example_input=held[0], truncation=args.truncation, fold_bn=not args.no_fold_bn)
                 row = dict(base, method="uniform", detector=detector_label(det), param=t, **measure(dm))
                 rows.append(row)
                 print(_fmt(row), flush=True)
@@ -153,11 +154,14 @@ def sweep(args, on_row=None) -> list[dict]:
             t0 = time.time()
             cal = calibrate(model, clips, tol, max_evals=args.max_evals, progress=not args.quiet,
                             change_detectors=[None if d is None else d.spec() for d in detectors],
-                            truncation=args.truncation, cost=args.cost, backend=args.backend)
+                            truncation=args.truncation, cost=args.cost, backend=args.backend,
+                            fold_bn=not args.no_fold_bn)
             secs = time.time() - t0
-            cal.save(thresholds_path(Path(args.out).parent, video, tol, args.truncation, args.cost, args.dtype))
+            cal.save(thresholds_path(Path(args.out).parent, video, tol, args.truncation, args.cost, args.dtype,
+                                     not args.no_fold_bn))
+            # the Calibration also sets its truncation
             dm = deltaconv.convert(model, thresholds=cal, change_detector=cal.detector(), backend=args.backend,
-                                   example_input=held[0])  # the Calibration also sets its truncation
+                                   example_input=held[0], fold_bn=not args.no_fold_bn)
             row = dict(base, method="calibrated", cost=args.cost, detector=detector_label(cal.change_detector), param=tol,
                        cal_error=cal.error, cal_density=cal.density, calib_evals=cal.evals, calib_seconds=secs,
                        **measure(dm))
@@ -295,6 +299,8 @@ def main(argv=None) -> None:
                    help="the models' dtype (the dense model in it is the reference; default float32)")
     p.add_argument("--backend", default="reference", choices=["reference", "cuda", "auto"],
                    help="the converted models' backend (default reference: the committed rows)")
+    p.add_argument("--no-fold-bn", action="store_true",
+                   help="keep each BatchNorm a layer of its own (convert(fold_bn=False))")
     p.add_argument("--out", default=str(RESULTS / "fidelity.csv"))
     p.add_argument("--plot", default=None, help="PNG path (default: the CSV's with .png)")
     p.add_argument("--plot-only", action="store_true", help="redraw the plot from the CSV")
@@ -313,6 +319,7 @@ def main(argv=None) -> None:
         r.setdefault("truncation", "max")  # rows written before the columns existed
         r.setdefault("dtype", "float32")
         r.setdefault("backend", "reference")
+        r.setdefault("fold_bn", True)
         if r.get("method") == "calibrated":
             r.setdefault("cost", "flops")
     rows = sweep(args, on_row=lambda rows: write_csv(before + rows, out))  # rows so far survive a kill

@@ -169,7 +169,7 @@ class Evaluator:
 
     def __init__(self, model: nn.Module, frames, metric="rel_err", reduce: str = "mean",
                  output_fn: Callable = primary_output, backend: str = "reference", truncation: str = "max",
-                 cost: str = "flops") -> None:
+                 cost: str = "flops", fold_bn: bool = True) -> None:
         from .convert import convert
 
         if cost not in COSTS:
@@ -182,7 +182,8 @@ class Evaluator:
         self.reduce, self.output_fn, self.error_fn = reduce, output_fn, _metric_fn(metric)
         with torch.no_grad():
             self.dense = [[output_fn(model(f)) for f in clip] for clip in self.clips]
-        self.dm = convert(model, threshold=0.0, backend=backend, example_input=self.frames[0], truncation=truncation)
+        self.dm = convert(model, threshold=0.0, backend=backend, example_input=self.frames[0], truncation=truncation,
+                          fold_bn=fold_bn)
         self.names = list(self.dm.thresholds())
         self.evals = 0
 
@@ -268,7 +269,7 @@ def calibrate(model: nn.Module, frames, tolerance: float = 2e-2, metric: Union[s
               step: int = 2, max_steps: int = 8, max_evals: int = 120, bisect_steps: int = 7,
               final_steps: int = 5, s_range: tuple[float, float] = (1e-3, 2.0),
               output_fn: Callable = primary_output, backend: str = "reference", truncation: str = "max",
-              cost: str = "flops", progress: bool = True) -> Calibration:
+              cost: str = "flops", fold_bn: bool = True, progress: bool = True) -> Calibration:
     """Per-layer thresholds for ``deltaconv.convert(model)`` within a fidelity tolerance.
 
     Args:
@@ -306,6 +307,9 @@ def calibrate(model: nn.Module, frames, tolerance: float = 2e-2, metric: Union[s
             ``"elements"``, each layer's updated pixels weighted by its output elements (the
             memory traffic that most of a GPU frame pays for, see
             ``benchmarks/work_density.py``). The result's ``density`` is in that measure.
+        fold_bn: whether the converted model folds BatchNorm into its convolutions, as
+            ``convert(..., fold_bn=...)``: calibrate with the setting you deploy with (in float16 it
+            changes the error at threshold 0).
         progress: show a tqdm progress bar.
 
     Returns:
@@ -319,7 +323,7 @@ def calibrate(model: nn.Module, frames, tolerance: float = 2e-2, metric: Union[s
     bad = [b for b in bases if b not in ("uniform", "rms")]
     if bad or not bases:
         raise ValueError(f"calibrate: bases must be a non-empty list of 'uniform' / 'rms', got {list(bases)!r}")
-    ev = Evaluator(model, frames, metric, reduce, output_fn, backend, truncation, cost)
+    ev = Evaluator(model, frames, metric, reduce, output_fn, backend, truncation, cost, fold_bn)
     names = ev.names
     rms = layer_scales(ev) if "rms" in bases else {}
     base_scales = {"uniform": {n: 1.0 for n in names}, "rms": rms}

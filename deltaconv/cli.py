@@ -102,6 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="both models' dtype (default auto: float16 on cuda, float32 on cpu)")
     d.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None,
                    help="replay both models as CUDA graphs (default: on with --device cuda and the CUDA backend)")
+    d.add_argument("--no-fold-bn", action="store_true",
+                   help="keep each BatchNorm a layer of its own (convert(fold_bn=False): in float16 about half "
+                        "the error at threshold 0, one more pass per BatchNorm)")
     d.add_argument("--max-frames", type=_count_or_all, default=150, metavar="N",
                    help="frames to process (default 150; 0: the whole video)")
     d.add_argument("--size", type=parse_size, metavar="HxW", help="model input size (default: the video's)")
@@ -159,6 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--backend", default="auto", choices=("auto", "reference", "cuda"),
                    help="the converted model's backend while calibrating (default auto: the CUDA kernels on "
                         "--device cuda, else the reference)")
+    k.add_argument("--no-fold-bn", action="store_true",
+                   help="calibrate the conversion that keeps each BatchNorm a layer (convert(fold_bn=False)); "
+                        "deploy it the same way")
     k.set_defaults(func=cmd_calibrate)
     return p
 
@@ -177,7 +183,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     run_demo(video=args.video, camera=args.camera, model=args.model, threshold=args.threshold, device=args.device,
              max_frames=args.max_frames, size=args.size, out=args.out, backend=args.backend,
              thresholds=args.thresholds, snapshot=args.snapshot, snapshot_frame=args.snapshot_frame,
-             progress=not args.no_progress, verbose=True, dtype=args.dtype, cuda_graph=args.cuda_graph)
+             progress=not args.no_progress, verbose=True, dtype=args.dtype, cuda_graph=args.cuda_graph,
+             fold_bn=not args.no_fold_bn)
     return 0
 
 
@@ -313,6 +320,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     backend = args.backend
     if backend == "auto":  # calibrate()'s own default is the reference backend
         backend = "cuda" if args.device == "cuda" else "reference"
+    if args.no_fold_bn:
+        kwargs["fold_bn"] = False
     result = calibrate(model, frames, args.tolerance, metric=args.metric, truncation=args.truncation,
                        backend=backend, **kwargs)
     out = Path(args.out)
@@ -320,7 +329,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     thresholds = _save_thresholds(result, out)
     detector = result.detector() if callable(getattr(result, "detector", None)) else None
     rows = threshold_sweep(model, frames, args.sweep, backend=backend, calibrated=thresholds,
-                           change_detector=detector, truncation=args.truncation)
+                           change_detector=detector, truncation=args.truncation, fold_bn=not args.no_fold_bn)
     h, w = frames[0].shape[-2:]
     print(f"calibrated {len(thresholds)} thresholds of {entry.name} on {len(frames)} frames of {video} at {h}x{w} "
           f"in {args.dtype} on {args.device} ({backend} backend) for tolerance {args.tolerance:g} ({args.metric}); "

@@ -59,9 +59,10 @@ def _target_name(node: fx.Node, root: nn.Module) -> str:
 class _Converter:
     """Rewrites ``graph`` (traced from ``root``) in place; registers DC layers inside ``root``."""
 
-    def __init__(self, root: nn.Module, graph: fx.Graph, dense_tail: bool = False) -> None:
+    def __init__(self, root: nn.Module, graph: fx.Graph, dense_tail: bool = False, fold_bn: bool = True) -> None:
         self.root, self.graph = root, graph
         self.dense_tail = dense_tail  # resample the dense output where a model ends in upsampling
+        self.fold_bn = fold_bn  # fold a BatchNorm into the conv before it (else it keeps a layer of its own)
         self.report = ConversionReport()
         self.delta_nodes: set[fx.Node] = set()
         self.first_site: dict[str, DCModule] = {}
@@ -281,7 +282,9 @@ class _Converter:
     def _foldable_bn(self, node: fx.Node, dense: nn.Module) -> Optional[fx.Node]:
         """The BatchNorm node to fold into this conv: its only user, and both modules called at one
         site only (a shared conv or BN keeps them apart, so every site stays right)."""
-        if type(dense) is not nn.Conv2d or len(node.users) != 1 or self.call_sites[node.target] != 1:
+        if not self.fold_bn or type(dense) is not nn.Conv2d:
+            return None
+        if len(node.users) != 1 or self.call_sites[node.target] != 1:
             return None
         user = next(iter(node.users))
         if user.op != "call_module" or user.args != (node,) or user.kwargs or self.call_sites[user.target] != 1:
@@ -425,7 +428,7 @@ def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
             thresholds: Union[None, dict, str] = None, strict: bool = False,
             example_input: Optional[torch.Tensor] = None, change_detector=None, truncation: str = "max",
             refresh_every: Optional[int] = None, check_finite: bool = True, cuda_graph: bool = False,
-            leaf_modules: tuple = (), fuse: bool = True):
+            leaf_modules: tuple = (), fuse: bool = True, fold_bn: bool = True):
     """Convert a dense CNN into a :class:`~deltaconv.DeltaModel` that processes only changed pixels.
 
     Args:
@@ -458,6 +461,13 @@ def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
             layer lists the pixels it sends for them, so that on the CUDA backend those
             convolutions make no work list of their own (same results, a kernel fewer each).
             ``False`` keeps every layer's own pass.
+        fold_bn: fold each BatchNorm into the convolution before it (one layer fewer). In float16 /
+            bfloat16 the folded weights are rounded a second time (the dense model rounds each
+            weight once and applies the BatchNorm in float32), which doubles the dense model's own
+            rounding error at threshold 0 (MobileNetV2: 1.3e-2 against 4.9e-3 on one-by-one);
+            ``False`` keeps each BatchNorm a layer of its own (a per-channel scale of the delta in
+            float32, one more pass each), for that error budget back at the cost of speed
+            (``benchmarks/experiments/fp16_floor.py``; README, *Fidelity and calibration*).
     """
     from .model import DeltaModel
 
@@ -469,6 +479,8 @@ def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
     check_measure(truncation, "convert: truncation")
     if not isinstance(fuse, bool):
         raise TypeError(f"convert: fuse must be a bool, got {fuse!r}")
+    if not isinstance(fold_bn, bool):
+        raise TypeError(f"convert: fold_bn must be a bool, got {fold_bn!r}")
     dense = copy.deepcopy(model).eval()
     if not isinstance(leaf_modules, (tuple, list)) or not all(isinstance(t, type) for t in leaf_modules):
         raise TypeError(f"convert: leaf_modules must be a tuple of module classes, got {leaf_modules!r}")
@@ -482,7 +494,7 @@ def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
         ShapeProp(traced).propagate(*(e.clone() if torch.is_tensor(e) else e for e in examples))
     graph = fx.Graph()  # an unowned copy (with the shape metadata) to rewrite
     graph.output(graph.graph_copy(traced.graph, {}))
-    converter = _Converter(dense, graph, dense_tail=fuse)
+    converter = _Converter(dense, graph, dense_tail=fuse, fold_bn=fold_bn)
     report = converter.run()
     if fuse:
         converter.fuse_add_activation()

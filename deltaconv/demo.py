@@ -326,7 +326,7 @@ def run_demo(video: Union[str, os.PathLike, None] = None, camera: Optional[int] 
              backend: str = "auto", thresholds: Union[None, dict, str] = None,
              snapshot: Union[str, os.PathLike, None] = None, snapshot_frame: int = -1,
              progress: bool = True, verbose: bool = True, dtype: Union[None, str, torch.dtype] = None,
-             cuda_graph: Optional[bool] = None) -> dict:
+             cuda_graph: Optional[bool] = None, fold_bn: bool = True) -> dict:
     """Run the dense ``model`` and its converted delta model side by side on a video.
 
     Args:
@@ -347,6 +347,7 @@ def run_demo(video: Union[str, os.PathLike, None] = None, camera: Optional[int] 
             comparison that matters on a GPU; each records its graph on its first frame that is not a
             key frame (the dense one on frame 0, the delta one on frame 1), and those frames are left
             out of the mean timings.
+        fold_bn: fold BatchNorm into the convolutions (``convert(..., fold_bn=...)``).
 
     Returns the summary dict (also printed when ``verbose``): frame count, ``dtype``, ``cuda_graph``,
     mean dense and delta milliseconds and their ratio ``speedup`` over the non-key frames (and frames
@@ -398,7 +399,7 @@ def run_demo(video: Union[str, os.PathLike, None] = None, camera: Optional[int] 
         size = tuple(first.shape[:2])
     x0 = to_tensor(first, size).to(dev, dtype)
     dm = convert(dense, threshold=float(threshold), backend=backend, thresholds=thresholds, example_input=x0,
-                 change_detector=change_detector)
+                 change_detector=change_detector, fold_bn=fold_bn)
     _hook_sparsifier(dm)
     from . import backends
 
@@ -491,7 +492,7 @@ def run_demo(video: Union[str, os.PathLike, None] = None, camera: Optional[int] 
     summary = {
         "model": entry.name, "weights": entry.weights, "task": task, "source": source, "frames": len(rows),
         "size": tuple(size), "threshold": float(threshold), "device": dev.type, "backend": used_backend,
-        "dtype": str(dtype).split(".")[-1], "cuda_graph": bool(cuda_graph),
+        "dtype": str(dtype).split(".")[-1], "cuda_graph": bool(cuda_graph), "fold_bn": bool(fold_bn),
         "dense_ms": dense_ms, "delta_ms": delta_ms, "speedup": dense_ms / delta_ms if delta_ms > 0 else math.nan,
         "density": _mean([r["density"] for r in steady]), "work": _mean([r["work"] for r in steady]),
         "rel_error": _mean([r["rel_error"] for r in steady]),
@@ -524,13 +525,14 @@ def format_summary(summary: dict) -> str:
 # ----------------------------------------------------------------------------- threshold sweep
 def threshold_sweep(model: torch.nn.Module, frames: Sequence[torch.Tensor], thresholds: Sequence[float],
                     backend: str = "auto", calibrated: Optional[dict] = None, change_detector=None,
-                    truncation: str = "max") -> list[dict]:
+                    truncation: str = "max", fold_bn: bool = True) -> list[dict]:
     """Error and density of the converted ``model`` for each uniform ``threshold`` on ``frames``
     (measured with :func:`deltaconv.fidelity.compare` against dense outputs computed once).
 
     One conversion serves all uniform thresholds; ``calibrated`` (per-layer thresholds, e.g. a
     :class:`deltaconv.calibrate.Calibration`, with its ``change_detector`` and ``truncation``) adds
-    one row whose ``threshold`` is ``None``; ``truncation`` is the measure of the uniform rows. Each
+    one row whose ``threshold`` is ``None``; ``truncation`` is the measure of the uniform rows;
+    ``fold_bn`` as in ``convert``. Each
     row: ``threshold``, ``rel_error`` (mean relative error of the primary output over the non-key
     frames), ``max_rel_error``, ``top1_agreement`` (classifiers, else ``None``), ``density`` (input
     sparsifier, mean) and ``work`` (FLOPs-weighted density).
@@ -551,7 +553,7 @@ def threshold_sweep(model: torch.nn.Module, frames: Sequence[torch.Tensor], thre
                 "top1_agreement": rep.mean("top1") if "top1" in metrics else None,
                 "density": rep.layers[0]["mean_density"], "work": rep.density}
 
-    dm = convert(model, backend=backend, example_input=frames[0], truncation=truncation)
+    dm = convert(model, backend=backend, example_input=frames[0], truncation=truncation, fold_bn=fold_bn)
     rows = []
     for t in thresholds:
         dm.set_threshold_all(float(t))
@@ -559,7 +561,7 @@ def threshold_sweep(model: torch.nn.Module, frames: Sequence[torch.Tensor], thre
     if calibrated is not None:
         # a Calibration brings its own truncation measure (load_thresholds applies it)
         dm = convert(model, backend=backend, example_input=frames[0], thresholds=calibrated,
-                     change_detector=change_detector, truncation=truncation)
+                     change_detector=change_detector, truncation=truncation, fold_bn=fold_bn)
         rows.append(measure(dm, None))
     return rows
 

@@ -126,6 +126,9 @@ def test_clips_run_as_streams_and_match_compare():
         dens_sum += rep.density
     assert err == pytest.approx(sum(errs) / len(errs), rel=1e-4)
     assert dens == pytest.approx(dens_sum / 3, rel=1e-4)
+    assert not any(layer.kind == "batchnorm" for layer in ev.dm.delta_layers())
+    unfolded = Evaluator(model, clips, fold_bn=False)  # calibrate(..., fold_bn=False) converts the same way
+    assert unfolded.names == ev.names and any(layer.kind == "batchnorm" for layer in unfolded.dm.delta_layers())
     # unequal clips run one after the other
     ev2 = Evaluator(model, [frames[0:4], frames[6:9]])
     assert len(ev2.clips) == 2

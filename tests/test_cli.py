@@ -227,11 +227,13 @@ def test_calibrate_device_dtype_and_backend_options(capsys, tmp_path, monkeypatc
     assert status == 0, err
     assert calls["model_dtype"] == calls["frame_dtype"] == sweeps["frame_dtype"] == torch.bfloat16
     assert calls["backend"] == sweeps["backend"] == "reference"
+    assert "fold_bn" not in calls and sweeps["fold_bn"] is True
     assert "in bfloat16 on cpu (reference backend)" in stdout
     status, _, err = run(capsys, "calibrate", "--tolerance", "0.05", "--frames", "2", "--size", "32x48",
-                         "--out", str(out), "--backend", "cuda")
+                         "--out", str(out), "--backend", "cuda", "--no-fold-bn")
     assert status == 0, err
     assert calls["backend"] == sweeps["backend"] == "cuda"  # as given
+    assert calls["fold_bn"] is False and sweeps["fold_bn"] is False
     if not torch.cuda.is_available():
         status, _, err = run(capsys, "calibrate", "--tolerance", "0.05", "--device", "cuda")
         assert status == 2 and "--device: 'cuda' asked but torch.cuda.is_available() is False" in err

@@ -330,6 +330,22 @@ def test_affine_channel_shift_only_on_key_streams():
     assert torch.allclose(out[1], _clean(v, m)[1] * scale.view(3, 1, 1))
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_affine_channel_rounds_once_in_half_precision(dtype):
+    """A float16 / bfloat16 delta is scaled and shifted in float32 with the float32 scale and shift,
+    then rounded once (as a dense BatchNorm rounds only its output), not step by step."""
+    g = torch.Generator().manual_seed(3)
+    v = torch.randn(1, 8, 5, 5, generator=g).to(dtype)
+    m = torch.ones(1, 1, 5, 5, dtype=torch.bool)
+    scale = 1 + torch.rand(8, generator=g) / 3  # values that float16 does not hold exactly
+    shift = torch.randn(8, generator=g) / 7
+    out, _ = ref.affine_channel(v, m, scale, shift, torch.tensor([True]))
+    once = (v.float() * scale.view(1, 8, 1, 1) + shift.view(1, 8, 1, 1)).to(dtype)
+    stepwise = (v * scale.to(dtype).view(1, 8, 1, 1) + shift.to(dtype).view(1, 8, 1, 1))
+    assert out.dtype == dtype and torch.equal(out, once)
+    assert not torch.equal(out, stepwise)  # the old rounding of scale, product and sum differs
+
+
 def test_conv_bias_once_on_key_frames():
     w, b = torch.randn(4, 3, 3, 3), torch.randn(4)
     v, m = _delta((2, 3, 6, 6), 0.2)

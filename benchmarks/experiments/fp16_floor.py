@@ -17,6 +17,9 @@ patching the reference backend (``--backend reference``; ``cuda`` runs the kerne
   (the non-linear layers still send float16 deltas);
 - ``fold32``: ``base`` with the BatchNorm folded into float32 weights (not rounded to float16) and
   the convolutions computed in float32 from them, their output deltas rounded to float16;
+- ``nofold``: ``base`` with every BatchNorm a layer of its own (``convert(..., fold_bn=False)``): the
+  weights are rounded to float16 once, as the dense model's, and the BatchNorm scales the delta in
+  float32 (runs on the CUDA backend too);
 - ``refreshN``: ``base`` with a key frame every N frames (``convert(..., refresh_every=N)``).
 
     PYTHONPATH=. python benchmarks/experiments/fp16_floor.py --device cuda --size 540 960 \\
@@ -92,7 +95,8 @@ def pre_activations(model, frame) -> dict:
     for name, m in model.named_modules():
         if isinstance(m, (torch.nn.ReLU, torch.nn.ReLU6, torch.nn.Hardswish)):
             # a pre-hook and a copy: the activations of torchvision models run in place
-            hooks.append(m.register_forward_pre_hook(lambda mod, inp, name=name: seen.__setitem__(name, inp[0].clone())))
+            keep = (lambda mod, inp, name=name: seen.__setitem__(name, inp[0].clone()))
+            hooks.append(m.register_forward_pre_hook(keep))
     try:
         with torch.no_grad():
             model(frame)
@@ -126,7 +130,7 @@ def run(variant: str, args, dense32, frames, layers=None) -> list[tuple[float, f
     with patched(variant), torch.no_grad():
         refresh = int(variant[len("refresh"):]) if variant.startswith("refresh") else None
         dm = deltaconv.convert(model, threshold=0.0, backend=args.backend, example_input=frames[0].to(dtype),
-                               check_finite=False, refresh_every=refresh)
+                               check_finite=False, refresh_every=refresh, fold_bn=variant != "nofold")
         for i, f in enumerate(frames):
             y = dm(f.to(dtype)).float()
             if i:

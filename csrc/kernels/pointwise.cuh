@@ -189,9 +189,9 @@ __global__ void __launch_bounds__(kThreads) activation_kernel(const ActivationPa
 }
 
 // ================================================================ affine_channel
-// out = T(T(delta * T(scale[c])) + T(shift[c])): the product and the sum each rounded to T, as
-// PyTorch computes `delta * scale.to(T) + shift.to(T)`; the shift only for key streams. Active:
-// mask or key.
+// out = T(delta * scale[c] + shift[c]) in float32 (scale and shift as given, float32), rounded to T
+// once, as a dense float16 BatchNorm rounds only its output; the shift only for key streams.
+// Active: mask or key.
 template <typename T>
 struct AffineParams {
   const T* delta;          // [N, C, H, W]
@@ -226,11 +226,11 @@ __global__ void __launch_bounds__(kThreads) affine_channel_kernel(const AffinePa
       }
       if (p.scale != nullptr) {
 #pragma unroll
-        for (int i = 0; i < VEC; ++i) v[i] = round_to<T>(__fmul_rn(v[i], round_to<T>(p.scale[c + i])));
+        for (int i = 0; i < VEC; ++i) v[i] = __fmul_rn(v[i], p.scale[c + i]);
       }
       if (k && p.shift != nullptr) {
 #pragma unroll
-        for (int i = 0; i < VEC; ++i) v[i] = __fadd_rn(v[i], round_to<T>(p.shift[c + i]));
+        for (int i = 0; i < VEC; ++i) v[i] = __fadd_rn(v[i], p.shift[c + i]);
       }
       store_f<VEC>(p.out + row + c, v);
     }

@@ -159,17 +159,19 @@ def activation(delta: Tensor, mask: Tensor, acc: Tensor, sent: Tensor, fn: Calla
 def affine_channel(delta: Tensor, mask: Tensor, scale: Optional[Tensor], shift: Optional[Tensor],
                    key: Optional[Tensor]) -> tuple[Tensor, Tensor]:
     """Per-channel ``y = scale * x + shift`` (BatchNorm in eval): scale the delta; add ``shift``
-    once, on key frames."""
+    once, on key frames. Computed in float32 (float64 for float64) with the scale and shift as
+    given, rounded to the delta's dtype once, as a dense float16 BatchNorm rounds only its output."""
     shape = [1, -1] + [1] * (delta.dim() - 2)
-    out = _zero_inactive(delta, mask)
+    work = torch.promote_types(delta.dtype, torch.float32)
+    out = _zero_inactive(delta, mask).to(work)
     if scale is not None:
-        out = out * scale.view(shape).to(delta.dtype)
+        out = out * scale.view(shape).to(work)
     k = _key_view(key, delta.dim())
     if k is not None:
         mask = mask | k
         if shift is not None:
-            out = out + shift.view(shape).to(delta.dtype) * k.to(delta.dtype)
-    return out, mask
+            out = out + shift.view(shape).to(work) * k.to(work)
+    return out.to(delta.dtype), mask
 
 
 def add(delta_a: Tensor, mask_a: Tensor, delta_b: Tensor, mask_b: Tensor,
