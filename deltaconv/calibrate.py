@@ -22,7 +22,9 @@ dense outputs computed once; clips of equal length run together as the streams o
    ``t_l = s * base_l * 2 ** (k_l / 2)``: a global scale ``s`` and a per-layer step ``k_l`` on a
    ladder of factors sqrt(2).
 2. Global bisection on ``log s`` for each (change detector, base) candidate, within
-   ``tolerance * first_share``; the candidate with the lowest density is kept.
+   ``tolerance * first_share`` (within ``tolerance * margin`` where the smallest scale already
+   exceeds that share: an error floor such as float16 rounding; all 0 where it exceeds even that);
+   the candidate with the lowest density is kept.
 3. Greedy per-layer refinement, in rounds: probe each layer alone one ``step`` up, rank the
    layers by density saved per error added, accept the raises in that order while the error stays
    within ``tolerance * margin``.
@@ -372,10 +374,13 @@ def calibrate(model: nn.Module, frames, tolerance: float = 2e-2, metric: Union[s
             if best is not None and ev.evals >= max_evals:
                 break
             e_lo, d_lo = run(lo_s, {}, spec, base, "bisect")
-            if e_lo > budget1:
+            # the error floor (float16 rounding, say) may take more than the first share: then the
+            # bisection may use the whole tolerance, and only where even that is exceeded all stay 0
+            budget = budget1 if e_lo <= budget1 else limit
+            if e_lo > budget:
                 cand = (0.0, *run(0.0, {}, spec, base, "bisect"), spec, base) if best is None else None
             else:
-                g = bisect(lo_s, hi_s, bisect_steps, {}, spec, base, budget1, "bisect", (lo_s, e_lo, d_lo))
+                g = bisect(lo_s, hi_s, bisect_steps, {}, spec, base, budget, "bisect", (lo_s, e_lo, d_lo))
                 cand = (g[0], g[1], g[2], spec, base)
             if cand is not None and (best is None or cand[2] < best[2]):
                 best = cand

@@ -349,7 +349,8 @@ def run_demo(video: Union[str, os.PathLike, None] = None, camera: Optional[int] 
             out of the mean timings.
         fold_bn: fold BatchNorm into the convolutions (``convert(..., fold_bn=...)``).
 
-    Returns the summary dict (also printed when ``verbose``): frame count, ``dtype``, ``cuda_graph``,
+    Returns the summary dict (also printed when ``verbose``): frame count, ``thresholds`` (what was
+    used, in words), ``dtype``, ``cuda_graph``, ``fold_bn``,
     mean dense and delta milliseconds and their ratio ``speedup`` over the non-key frames (and frames
     that recorded a graph), mean input ``density`` and
     FLOP fraction ``work``, mean and max relative error of the delta output against the dense one,
@@ -404,6 +405,13 @@ def run_demo(video: Union[str, os.PathLike, None] = None, camera: Optional[int] 
     from . import backends
 
     used_backend = backends.select(dm.backend, dev).__name__.rsplit(".", 1)[-1]
+    # what the frames' bar and the summary say about the thresholds
+    if isinstance(thresholds, (str, os.PathLike)):
+        threshold_label = f"thresholds {Path(thresholds).name}"
+    elif thresholds is not None:
+        threshold_label = f"per-layer thresholds (default {threshold:g})"
+    else:
+        threshold_label = f"threshold {threshold:g}"
     if cuda_graph is None:
         cuda_graph = dev.type == "cuda" and used_backend == "cuda"
     run_dense = dense
@@ -464,7 +472,7 @@ def run_demo(video: Union[str, os.PathLike, None] = None, camera: Optional[int] 
             lines = [f"frame {i + 1}{'/' + str(total) if total else ''}{note}   "
                      f"dense {ms_dense:.1f} ms   delta {ms_delta:.1f} ms   speedup {speed:.2f}x   "
                      f"input density {density:.1%}   FLOPs {row['work']:.1%}",
-                     f"rel. error vs dense {row['rel_error']:.2e}   {agree}   threshold {threshold:g}   "
+                     f"rel. error vs dense {row['rel_error']:.2e}   {agree}   {threshold_label}   "
                      f"{size[0]}x{size[1]}   {dev.type}/{used_backend} {str(dtype).split('.')[-1]}"
                      f"{'   CUDA graphs' if cuda_graph else ''}"]
             img = compose(p_dense, p_delta, p_mask, lines)
@@ -491,7 +499,8 @@ def run_demo(video: Union[str, os.PathLike, None] = None, camera: Optional[int] 
     tops = [r["top1"] for r in rows if r["top1"] is not None]
     summary = {
         "model": entry.name, "weights": entry.weights, "task": task, "source": source, "frames": len(rows),
-        "size": tuple(size), "threshold": float(threshold), "device": dev.type, "backend": used_backend,
+        "size": tuple(size), "threshold": float(threshold), "thresholds": threshold_label,
+        "device": dev.type, "backend": used_backend,
         "dtype": str(dtype).split(".")[-1], "cuda_graph": bool(cuda_graph), "fold_bn": bool(fold_bn),
         "dense_ms": dense_ms, "delta_ms": delta_ms, "speedup": dense_ms / delta_ms if delta_ms > 0 else math.nan,
         "density": _mean([r["density"] for r in steady]), "work": _mean([r["work"] for r in steady]),
@@ -511,7 +520,8 @@ def format_summary(summary: dict) -> str:
     """The demo summary as a few human-readable lines."""
     s = summary
     lines = [f"deltaconv demo: {s['model']} ({s['weights']}) on {s['source']}, {s['frames']} frames at "
-             f"{s['size'][0]}x{s['size'][1]}, threshold {s['threshold']:g}, {s['device']}/{s['backend']} "
+             f"{s['size'][0]}x{s['size'][1]}, {s.get('thresholds') or 'threshold %g' % s['threshold']}, "
+             f"{s['device']}/{s['backend']} "
              f"{s.get('dtype', 'float32')}{', both as CUDA graphs' if s.get('cuda_graph') else ''}",
              f"  mean over non-key frames: dense {s['dense_ms']:.1f} ms, delta {s['delta_ms']:.1f} ms, "
              f"speedup {s['speedup']:.2f}x, input density {s['density']:.1%}, FLOPs {s['work']:.1%} of dense",

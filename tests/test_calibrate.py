@@ -107,6 +107,26 @@ def test_other_metrics_and_errors():
         calibrate(model, frames, -1.0, progress=False)
 
 
+def test_error_floor_over_the_first_share_still_calibrates():
+    """Where the error at the smallest thresholds already exceeds the share of the tolerance that the
+    global search starts from (an error floor, as float16 rounding makes one), the search uses the
+    whole tolerance instead of returning all zeros; a floor over the whole tolerance still gives 0."""
+    from deltaconv.fidelity import relative_error
+    model = _model()
+    frames = _video(10)
+    tol = 0.05
+
+    def with_floor(floor):
+        return lambda y, ref: relative_error(y, ref) + floor
+
+    cal = calibrate(model, frames, tol, metric=with_floor(0.6 * tol), max_evals=20, progress=False,
+                    change_detectors=None, bases=("uniform",))
+    assert max(cal.values()) > 0 and 0.6 * tol <= cal.error <= tol
+    cal = calibrate(model, frames, tol, metric=with_floor(1.2 * tol), max_evals=20, progress=False,
+                    change_detectors=None, bases=("uniform",))
+    assert max(cal.values()) == 0
+
+
 def test_clips_run_as_streams_and_match_compare():
     """Several clips (each starting with a key frame) are measured as the streams of one batch."""
     from deltaconv.calibrate import Evaluator

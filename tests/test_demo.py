@@ -45,6 +45,22 @@ def test_tiny_demo_mobilenet_v2_real_weights(tmp_path):
     assert [r["mask_density"] for r in s["per_frame"]] == pytest.approx([r["density"] for r in s["per_frame"]])
     text = demo.format_summary(s)
     assert "top-1 agreement 100.0%" in text and "speedup" in text and "float32" in text
+    assert s["thresholds"] == "threshold 0" and "threshold 0," in text
+
+
+def test_demo_names_per_layer_thresholds(tmp_path):
+    """With a thresholds file the bar and the summary name the file, not the uniform default."""
+    import json
+
+    import deltaconv
+    from deltaconv.weights import mobilenet_v2_imagenet
+    names = deltaconv.convert(mobilenet_v2_imagenet(), example_input=torch.randn(1, 3, 32, 48)).thresholds()
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps({"thresholds": {n: 0.0 for n in names}}))
+    s = demo.run_demo(model="mobilenet_v2", device="cpu", max_frames=2, size=(32, 48), out=None,
+                      thresholds=str(path), progress=False, verbose=False)
+    assert s["thresholds"] == "thresholds cal.json" and "thresholds cal.json" in demo.format_summary(s)
+    assert s["rel_error"] < 1e-4  # every layer at 0, the file's values, not the default 0.02
 
 
 def test_missing_video_and_bad_arguments(tmp_path):
