@@ -34,6 +34,14 @@ uniform t=0.005: 0.441 at 0.016). With the rms truncation measure (``--truncatio
 vtest.avi calibrated 0.521 at 0.0200, one-by-one 0.260 at 0.024 (calibration frames 0.0200); about
 160 s per calibration on an H200. Issue targets 0.25 and 0.12 are not met.
 
+In float16 on the CUDA kernels, calibration only, as the README's *In float16* table
+(``fidelity_float16.csv``, thresholds ``..._rms_float16[_nofold].json``; about 60-90 s per video on an
+H200)::
+
+    PYTHONPATH=. python benchmarks/fidelity_sweep.py --size 1080 1920 --device cuda --max-evals 180 \
+        --detectors none --truncation rms --uniform --dtype float16 --backend cuda [--no-fold-bn] \
+        --out /tmp/fidelity_float16.csv
+
 A CPU run at low resolution (about 3 minutes on 2 cores)::
 
     PYTHONPATH=. python benchmarks/fidelity_sweep.py --size 144 256 --calib-frames 12 --calib-span 60 \\
