@@ -2,9 +2,9 @@
 
 At threshold 0 a float16 converted MobileNetV2 should give the dense float16 model's output up to
 rounding. This runs it on a sample video and reports the logit relative error per window of frames
-against the dense float32 and float16 models, for the design as it is and for two variants made by
-patching the reference backend (``--backend reference``; ``cuda`` runs the kernels, variant
-``base`` only):
+against the dense float32 and float16 models, for the design as it is and for variants, most made
+by patching the reference backend (``--backend reference``; ``--backend cuda`` runs the kernels,
+for ``base``, ``nofold`` and ``refreshN`` only):
 
 - ``base``: every layer as designed: float32 accumulators, ``sent`` buffers and deltas in float16;
 - ``sent32``: ``sent`` buffers in float32 (activation outputs still rounded to float16 before the
@@ -23,7 +23,13 @@ patching the reference backend (``--backend reference``; ``cuda`` runs the kerne
 - ``refreshN``: ``base`` with a key frame every N frames (``convert(..., refresh_every=N)``).
 
     PYTHONPATH=. python benchmarks/experiments/fp16_floor.py --device cuda --size 540 960 \\
-        --video one-by-one-person-detection.mp4 --start 200 --frames 201 --window 50
+        --video one-by-one-person-detection.mp4 --start 200 --frames 401 --window 100 --backend cuda \\
+        --variants base nofold
+
+``--layers``: after the last frame, for every activation layer, the relative error of the
+accumulated pre-activation (``acc``) of each variant, and of the dense float16 model's
+pre-activation, against the dense float32 model's. Results and what they show:
+``benchmarks/results/fp16_floor.txt``.
 """
 from __future__ import annotations
 
@@ -153,6 +159,9 @@ def main(argv=None) -> None:
     p.add_argument("--variants", nargs="+", default=["base", "sent32", "all32"])
     p.add_argument("--layers", action="store_true", help="per-layer errors of the accumulated pre-activations")
     a = p.parse_args(argv)
+    patched_only = [v for v in a.variants if v not in ("base", "nofold") and not v.startswith("refresh")]
+    if a.backend == "cuda" and patched_only:
+        p.error(f"--variants {patched_only} patch the reference backend: run them with --backend reference")
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
     frames = [f.to(a.device) for f in video_frames(a.video, tuple(a.size), a.frames, start=a.start)]
