@@ -463,8 +463,8 @@ def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
             ``False`` keeps every layer's own pass.
         fold_bn: fold each BatchNorm into the convolution before it (one layer fewer). In float16 /
             bfloat16 the folded weights are rounded a second time (the dense model rounds each
-            weight once and applies the BatchNorm in float32), which doubles the dense model's own
-            rounding error at threshold 0 (MobileNetV2: 1.3e-2 against 4.9e-3 on one-by-one);
+            weight once and applies the BatchNorm in float32), which raises the error at threshold 0
+            up to 2.6x the dense model's own (MobileNetV2 on one-by-one: 1.3e-2 against 4.9e-3);
             ``False`` keeps each BatchNorm a layer of its own (a per-channel scale of the delta in
             float32, one more pass each), for that error budget back at the cost of speed
             (``benchmarks/experiments/fp16_floor.py``; README, *Fidelity and calibration*).

@@ -414,6 +414,9 @@ def run_demo(video: Union[str, os.PathLike, None] = None, camera: Optional[int] 
         threshold_label = f"threshold {threshold:g}"
     if cuda_graph is None:
         cuda_graph = dev.type == "cuda" and used_backend == "cuda"
+    elif cuda_graph and used_backend != "cuda":
+        raise ValueError(f"--cuda-graph: CUDA graphs need the CUDA backend, got backend {used_backend!r} "
+                         f"(--backend {backend})")
     run_dense = dense
     if cuda_graph:
         dm.cuda_graph, dm.check_finite = True, False  # decoded frames are finite; a check costs a sync

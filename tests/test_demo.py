@@ -153,3 +153,6 @@ def test_demo_on_gpu_defaults_to_float16_graphs(tmp_path):
         assert a["density"] == b["density"], a["frame"]
         assert a["mask_density"] == pytest.approx(a["density"]), a["frame"]  # the replayed frame's mask
     assert 0 < s["density"] < 1
+    with pytest.raises(ValueError, match="--cuda-graph: CUDA graphs need the CUDA backend, got backend 'reference'"):
+        demo.run_demo(model="mobilenet_v2", device="cuda", backend="reference", cuda_graph=True, max_frames=2,
+                      size=(32, 48), out=None, progress=False, verbose=False)
