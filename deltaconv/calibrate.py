@@ -75,8 +75,8 @@ class Calibration(dict):
     Attributes: ``change_detector`` (spec dict or ``None``), ``truncation`` (the non-linear
     layers' change measure the thresholds apply to, ``"max"`` or ``"rms"``), ``density`` and ``error`` on the
     calibration frames, ``cost`` (what ``density`` weights: ``"flops"`` or ``"elements"``),
-    ``tolerance``, ``metric``, ``evals`` (model runs spent), ``history``
-    (one dict per evaluation). Pass it to ``convert(model, thresholds=cal,
+    ``tolerance``, ``metric``, ``evals`` (model runs spent), ``fold_bn`` (the conversion it was
+    calibrated with, see ``convert``), ``history`` (one dict per evaluation). Pass it to ``convert(model, thresholds=cal,
     change_detector=cal.detector())``; :meth:`save` writes JSON that ``convert`` and
     ``DeltaModel.load_thresholds`` read directly (:meth:`load` reads it back with the detector).
     """
@@ -91,6 +91,7 @@ class Calibration(dict):
         self.tolerance = info.get("tolerance", float("nan"))
         self.metric = info.get("metric", "rel_err")
         self.evals = info.get("evals", 0)
+        self.fold_bn = bool(info.get("fold_bn", True))
         self.history: list[dict] = info.get("history", [])
 
     def detector(self) -> Optional[ChangeDetector]:
@@ -101,7 +102,8 @@ class Calibration(dict):
         """The JSON object :meth:`save` writes: thresholds, change detector, truncation and results."""
         return {"thresholds": dict(self), "change_detector": self.change_detector, "truncation": self.truncation,
                 "density": self.density, "cost": self.cost,
-                "error": self.error, "tolerance": self.tolerance, "metric": self.metric, "evals": self.evals}
+                "error": self.error, "tolerance": self.tolerance, "metric": self.metric, "evals": self.evals,
+                "fold_bn": self.fold_bn}
 
     def save(self, path: Union[str, os.PathLike]) -> None:
         """Write :meth:`to_json` to ``path`` (what ``convert(model, thresholds=path)`` reads)."""
@@ -422,7 +424,7 @@ def calibrate(model: nn.Module, frames, tolerance: float = 2e-2, metric: Union[s
     bar.close()
     return Calibration(thresholds_of(s, k, base), spec, density=dens, error=err, tolerance=tolerance,
                        metric=metric if isinstance(metric, str) else getattr(metric, "__name__", "custom"),
-                       evals=ev.evals, history=history, truncation=truncation, cost=cost)
+                       evals=ev.evals, history=history, truncation=truncation, cost=cost, fold_bn=fold_bn)
 
 
 # ``deltaconv/__init__.py`` may re-export the function as ``deltaconv.calibrate``, which hides this

@@ -504,6 +504,7 @@ def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
                               ", ".join(f"{n.node} ({n.target})" for n in report.fallbacks))
     dm = DeltaModel(dense, graph, report, backend, refresh_every=refresh_every, check_finite=check_finite,
                     cuda_graph=cuda_graph)
+    dm.fold_bn = fold_bn
     dm.set_threshold_all(float(threshold))
     dm.truncation = truncation
     if change_detector is not None:

@@ -5,6 +5,7 @@ import copy
 import json
 import os
 import threading
+import warnings
 from typing import Iterable, Optional, Union
 
 import torch
@@ -36,6 +37,9 @@ class DeltaModel(nn.Module):
     midway (out of memory, ...), the next frame is a key frame. Converted models are inference
     only: frames run under ``torch.no_grad()``.
     """
+
+    #: whether the conversion folded BatchNorm into the convolutions (``convert(..., fold_bn=...)``)
+    fold_bn: bool = True
 
     def __init__(self, dense: nn.Module, graph: fx.Graph, report: ConversionReport, backend: str = "auto",
                  refresh_every: Optional[int] = None, check_finite: bool = True, cuda_graph: bool = False):
@@ -347,15 +351,22 @@ class DeltaModel(nn.Module):
         or a JSON file written by :meth:`save_thresholds` or ``Calibration.save``. A change detector
         named there (``"change_detector"``) is installed in the input sparsifier, and a
         ``"truncation"`` measure sets :attr:`truncation`. With ``strict``, unknown names raise
-        ``KeyError``."""
+        ``KeyError``. Thresholds calibrated with another ``fold_bn`` than this model's conversion
+        (``"fold_bn"`` in the file) load with a warning: in float16 the error at threshold 0 differs."""
         detector_spec = getattr(thresholds, "change_detector", None)
         truncation = getattr(thresholds, "truncation", None)
+        fold_bn = getattr(thresholds, "fold_bn", None)
         if not isinstance(thresholds, dict):
             with open(thresholds) as f:
                 data = json.load(f)
             detector_spec = data.get("change_detector") if "thresholds" in data else None
             truncation = data.get("truncation") if "thresholds" in data else None
+            fold_bn = data.get("fold_bn") if "thresholds" in data else None
             thresholds = data.get("thresholds", data)
+        if fold_bn is not None and bool(fold_bn) != self.fold_bn:
+            warnings.warn(f"load_thresholds: these thresholds were calibrated with fold_bn={bool(fold_bn)}, "
+                          f"this model was converted with fold_bn={self.fold_bn}; in float16 its error at "
+                          f"threshold 0 differs (README, Fidelity and calibration, In float16)", stacklevel=2)
         if truncation is not None:
             self.truncation = truncation
         if detector_spec is not None:
@@ -376,9 +387,11 @@ class DeltaModel(nn.Module):
                 known[name].threshold = float(value)
 
     def save_thresholds(self, path: Union[str, os.PathLike]) -> None:
-        """Write the thresholds as JSON (``{"thresholds": {layer name: value}, "truncation": measure}``)."""
+        """Write the thresholds as JSON (``{"thresholds": {layer name: value}, "truncation": measure,
+        "fold_bn": bool}``)."""
         with open(path, "w") as f:
-            json.dump({"thresholds": self.thresholds(), "truncation": self.truncation}, f, indent=1, sort_keys=True)
+            json.dump({"thresholds": self.thresholds(), "truncation": self.truncation, "fold_bn": self.fold_bn}, f,
+                      indent=1, sort_keys=True)
 
 
 class _FrameLock:

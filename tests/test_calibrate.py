@@ -147,6 +147,8 @@ def test_clips_run_as_streams_and_match_compare():
     assert err == pytest.approx(sum(errs) / len(errs), rel=1e-4)
     assert dens == pytest.approx(dens_sum / 3, rel=1e-4)
     assert not any(layer.kind == "batchnorm" for layer in ev.dm.delta_layers())
+    assert calibrate(model, clips[0], 0.05, max_evals=3, progress=False, change_detectors=None,
+                     fold_bn=False).fold_bn is False  # recorded in the result and its file
     unfolded = Evaluator(model, clips, fold_bn=False)  # calibrate(..., fold_bn=False) converts the same way
     assert unfolded.names == ev.names and any(layer.kind == "batchnorm" for layer in unfolded.dm.delta_layers())
     # unequal clips run one after the other

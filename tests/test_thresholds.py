@@ -70,6 +70,31 @@ def test_save_load_round_trip(tmp_path):
     assert other.thresholds() == values
 
 
+def test_thresholds_record_the_conversions_fold_bn(tmp_path):
+    """Thresholds files record fold_bn (save_thresholds, Calibration.save); loading them into a model
+    converted the other way warns (in float16 the error at threshold 0 differs), the same way not."""
+    import warnings
+
+    from deltaconv.calibrate import Calibration
+    x = torch.randn(1, 3, 32, 48)
+    unfolded = deltaconv.convert(small_unet(), example_input=x, fold_bn=False)
+    assert unfolded.fold_bn is False and deltaconv.convert(small_unet(), example_input=x).fold_bn is True
+    path = tmp_path / "th.json"
+    unfolded.save_thresholds(path)
+    assert json.loads(path.read_text())["fold_bn"] is False
+    with pytest.warns(UserWarning, match="calibrated with fold_bn=False, this model was converted with fold_bn=True"):
+        deltaconv.convert(small_unet(), example_input=x, thresholds=str(path))
+    cal = Calibration(unfolded.thresholds(), fold_bn=False)
+    cal.save(tmp_path / "cal.json")
+    assert Calibration.load(tmp_path / "cal.json").fold_bn is False
+    with pytest.warns(UserWarning, match="fold_bn=False"):
+        deltaconv.convert(small_unet(), example_input=x).load_thresholds(cal)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the same conversion, and files without the key: no warning
+        deltaconv.convert(small_unet(), example_input=x, fold_bn=False, thresholds=str(tmp_path / "cal.json"))
+        deltaconv.convert(small_unet(), example_input=x).load_thresholds({"input": 0.1})
+
+
 def test_unknown_and_invalid_names_raise(tmp_path):
     x = torch.randn(1, 3, 32, 48)
     dm = deltaconv.convert(small_unet(), threshold=0.05, example_input=x)
