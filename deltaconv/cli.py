@@ -104,7 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="replay both models as CUDA graphs (default: on with --device cuda and the CUDA backend)")
     d.add_argument("--no-fold-bn", action="store_true",
                    help="keep each BatchNorm a layer of its own (convert(fold_bn=False): in float16 the dense "
-                        "model's error at threshold 0 instead of up to 2.6x it, one more pass per BatchNorm)")
+                        "model's error at threshold 0 instead of up to 2.6x it, one more pass per BatchNorm; "
+                        "default: as the --thresholds file records it, else folded)")
     d.add_argument("--max-frames", type=_count_or_all, default=150, metavar="N",
                    help="frames to process (default 150; 0: the whole video)")
     d.add_argument("--size", type=parse_size, metavar="HxW", help="model input size (default: the video's)")
@@ -184,7 +185,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
              max_frames=args.max_frames, size=args.size, out=args.out, backend=args.backend,
              thresholds=args.thresholds, snapshot=args.snapshot, snapshot_frame=args.snapshot_frame,
              progress=not args.no_progress, verbose=True, dtype=args.dtype, cuda_graph=args.cuda_graph,
-             fold_bn=not args.no_fold_bn)
+             fold_bn=False if args.no_fold_bn else None)
     return 0
 
 

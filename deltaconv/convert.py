@@ -4,7 +4,9 @@ and the output densifiers."""
 from __future__ import annotations
 
 import copy
+import json
 import operator
+import os
 from collections import Counter
 from typing import Optional, Union
 
@@ -424,11 +426,22 @@ def _example_for(model: nn.Module) -> torch.Tensor:
     return torch.randn(1, 3, 224, 224, device=device, dtype=dtype)
 
 
+def _recorded_fold_bn(thresholds) -> bool:
+    """The ``fold_bn`` a thresholds file or Calibration was calibrated with; ``True`` where none is
+    recorded (a plain dict, a file written before it was recorded, no thresholds)."""
+    recorded = getattr(thresholds, "fold_bn", None)
+    if isinstance(thresholds, (str, os.PathLike)):
+        with open(thresholds) as f:
+            data = json.load(f)
+        recorded = data.get("fold_bn") if isinstance(data, dict) and "thresholds" in data else None
+    return True if recorded is None else bool(recorded)
+
+
 def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
             thresholds: Union[None, dict, str] = None, strict: bool = False,
             example_input: Optional[torch.Tensor] = None, change_detector=None, truncation: str = "max",
             refresh_every: Optional[int] = None, check_finite: bool = True, cuda_graph: bool = False,
-            leaf_modules: tuple = (), fuse: bool = True, fold_bn: bool = True):
+            leaf_modules: tuple = (), fuse: bool = True, fold_bn: Optional[bool] = None):
     """Convert a dense CNN into a :class:`~deltaconv.DeltaModel` that processes only changed pixels.
 
     Args:
@@ -464,10 +477,12 @@ def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
         fold_bn: fold each BatchNorm into the convolution before it (one layer fewer). In float16 /
             bfloat16 the folded weights are rounded a second time (the dense model rounds each
             weight once and applies the BatchNorm in float32), which raises the error at threshold 0
-            up to 2.6x the dense model's own (MobileNetV2 on one-by-one: 1.3e-2 against 4.9e-3);
+            up to 2.6x the dense model's own (MobileNetV2 on one-by-one: 1.3e-2 against 4.9e-3).
             ``False`` keeps each BatchNorm a layer of its own (a per-channel scale of the delta in
             float32, one more pass each), for that error budget back at the cost of speed
             (``benchmarks/experiments/fp16_floor.py``; README, *Fidelity and calibration*).
+            ``None`` (the default): as the ``thresholds`` file or Calibration records it (what the
+            thresholds were calibrated with), else ``True``.
     """
     from .model import DeltaModel
 
@@ -479,8 +494,10 @@ def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
     check_measure(truncation, "convert: truncation")
     if not isinstance(fuse, bool):
         raise TypeError(f"convert: fuse must be a bool, got {fuse!r}")
+    if fold_bn is None:
+        fold_bn = _recorded_fold_bn(thresholds)
     if not isinstance(fold_bn, bool):
-        raise TypeError(f"convert: fold_bn must be a bool, got {fold_bn!r}")
+        raise TypeError(f"convert: fold_bn must be a bool or None, got {fold_bn!r}")
     dense = copy.deepcopy(model).eval()
     if not isinstance(leaf_modules, (tuple, list)) or not all(isinstance(t, type) for t in leaf_modules):
         raise TypeError(f"convert: leaf_modules must be a tuple of module classes, got {leaf_modules!r}")

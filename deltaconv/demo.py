@@ -326,7 +326,7 @@ def run_demo(video: Union[str, os.PathLike, None] = None, camera: Optional[int] 
              backend: str = "auto", thresholds: Union[None, dict, str] = None,
              snapshot: Union[str, os.PathLike, None] = None, snapshot_frame: int = -1,
              progress: bool = True, verbose: bool = True, dtype: Union[None, str, torch.dtype] = None,
-             cuda_graph: Optional[bool] = None, fold_bn: bool = True) -> dict:
+             cuda_graph: Optional[bool] = None, fold_bn: Optional[bool] = None) -> dict:
     """Run the dense ``model`` and its converted delta model side by side on a video.
 
     Args:
@@ -347,7 +347,8 @@ def run_demo(video: Union[str, os.PathLike, None] = None, camera: Optional[int] 
             comparison that matters on a GPU; each records its graph on its first frame that is not a
             key frame (the dense one on frame 0, the delta one on frame 1), and those frames are left
             out of the mean timings.
-        fold_bn: fold BatchNorm into the convolutions (``convert(..., fold_bn=...)``).
+        fold_bn: fold BatchNorm into the convolutions (``convert(..., fold_bn=...)``; ``None``: as
+            the thresholds file records it, else folded).
 
     Returns the summary dict (also printed when ``verbose``): frame count, ``thresholds`` (what was
     used, in words), ``dtype``, ``cuda_graph``, ``fold_bn``,
@@ -504,7 +505,7 @@ def run_demo(video: Union[str, os.PathLike, None] = None, camera: Optional[int] 
         "model": entry.name, "weights": entry.weights, "task": task, "source": source, "frames": len(rows),
         "size": tuple(size), "threshold": float(threshold), "thresholds": threshold_label,
         "device": dev.type, "backend": used_backend,
-        "dtype": str(dtype).split(".")[-1], "cuda_graph": bool(cuda_graph), "fold_bn": bool(fold_bn),
+        "dtype": str(dtype).split(".")[-1], "cuda_graph": bool(cuda_graph), "fold_bn": dm.fold_bn,
         "dense_ms": dense_ms, "delta_ms": delta_ms, "speedup": dense_ms / delta_ms if delta_ms > 0 else math.nan,
         "density": _mean([r["density"] for r in steady]), "work": _mean([r["work"] for r in steady]),
         "rel_error": _mean([r["rel_error"] for r in steady]),

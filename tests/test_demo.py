@@ -61,6 +61,11 @@ def test_demo_names_per_layer_thresholds(tmp_path):
                       thresholds=str(path), progress=False, verbose=False)
     assert s["thresholds"] == "thresholds cal.json" and "thresholds cal.json" in demo.format_summary(s)
     assert s["rel_error"] < 1e-4  # every layer at 0, the file's values, not the default 0.02
+    assert s["fold_bn"] is True
+    path.write_text(json.dumps({"thresholds": {n: 0.0 for n in names}, "fold_bn": False}))
+    s = demo.run_demo(model="mobilenet_v2", device="cpu", max_frames=2, size=(32, 48), out=None,
+                      thresholds=str(path), progress=False, verbose=False)
+    assert s["fold_bn"] is False  # the conversion the file was calibrated with
 
 
 def test_missing_video_and_bad_arguments(tmp_path):

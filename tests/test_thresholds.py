@@ -82,11 +82,14 @@ def test_thresholds_record_the_conversions_fold_bn(tmp_path):
     path = tmp_path / "th.json"
     unfolded.save_thresholds(path)
     assert json.loads(path.read_text())["fold_bn"] is False
+    # convert follows the file's fold_bn unless told otherwise, and then warns
+    assert deltaconv.convert(small_unet(), example_input=x, thresholds=str(path)).fold_bn is False
     with pytest.warns(UserWarning, match="calibrated with fold_bn=False, this model was converted with fold_bn=True"):
-        deltaconv.convert(small_unet(), example_input=x, thresholds=str(path))
+        deltaconv.convert(small_unet(), example_input=x, thresholds=str(path), fold_bn=True)
     cal = Calibration(unfolded.thresholds(), fold_bn=False)
     cal.save(tmp_path / "cal.json")
     assert Calibration.load(tmp_path / "cal.json").fold_bn is False
+    assert deltaconv.convert(small_unet(), example_input=x, thresholds=cal).fold_bn is False
     with pytest.warns(UserWarning, match="fold_bn=False"):
         deltaconv.convert(small_unet(), example_input=x).load_thresholds(cal)
     with warnings.catch_warnings():
