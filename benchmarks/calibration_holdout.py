@@ -32,20 +32,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, write_csv  # noqa: E402
+from fidelity_sweep import VIDEOS as SWEEP_VIDEOS, _short, thresholds_path  # noqa: E402
 
 import deltaconv  # noqa: E402
 from deltaconv.fidelity import compare, video_frames  # noqa: E402
 
-#: the calibrated thresholds of fidelity.csv (tolerance 0.02), and the video each was calibrated on
-FILES = {
-    "fidelity_thresholds_vtest_0.02.json": "vtest.avi",
-    "fidelity_thresholds_vtest_0.02_rms.json": "vtest.avi",
-    "fidelity_thresholds_one_0.02.json": "one-by-one-person-detection.mp4",
-    "fidelity_thresholds_one_0.02_rms.json": "one-by-one-person-detection.mp4",
-}
 #: the short names fidelity_sweep.py gives each video in its thresholds files
-VIDEOS = {"vtest": "vtest.avi", "one": "one-by-one-person-detection.mp4"}
-
+VIDEOS = {_short(video): video for video in SWEEP_VIDEOS}
+#: the calibrated thresholds of fidelity.csv (tolerance 0.02, max and rms), and the video each was calibrated on
+FILES = {thresholds_path(RESULTS, video, 0.02, truncation).name: video
+         for video in SWEEP_VIDEOS for truncation in ("max", "rms")}
 
 def video_of(name: str) -> str:
     """The video a thresholds file of fidelity_sweep.py was calibrated on, from its name

@@ -13,6 +13,8 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
+from deltaconv.cuda_graphs import capture_graph, graphed_model  # noqa: F401 (re-exported)
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -48,35 +50,6 @@ def time_in_graph(fn: Callable[[], object], calls: int = 20, warmup: int = 5, it
             fn()
     replay = capture_graph(many)[0]
     return time_cuda(replay, warmup=warmup, iters=iters) / calls
-
-
-def capture_graph(fn: Callable[[], object]) -> tuple[Callable[[], None], object]:
-    """``fn`` recorded in a CUDA graph after three warm-up calls on a side stream (as capture
-    requires); returns the replay callable and the output of the captured call (overwritten by
-    every replay)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn()
-    return graph.replay, out
-
-
-def graphed_model(model, example: torch.Tensor) -> Callable[[torch.Tensor], object]:
-    """The dense ``model`` replayed as one CUDA graph per frame: copy the frame in, replay."""
-    static_in = example.clone()
-    with torch.no_grad():
-        replay, static_out = capture_graph(lambda: model(static_in))
-
-    def run(frame):
-        static_in.copy_(frame)
-        replay()
-        return static_out
-    return run
 
 
 def timed_call(fn, *args) -> tuple[float, object]:

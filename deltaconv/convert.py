@@ -4,9 +4,7 @@ and the output densifiers."""
 from __future__ import annotations
 
 import copy
-import json
 import operator
-import os
 from collections import Counter
 from typing import Optional, Union
 
@@ -426,17 +424,6 @@ def _example_for(model: nn.Module) -> torch.Tensor:
     return torch.randn(1, 3, 224, 224, device=device, dtype=dtype)
 
 
-def _recorded_fold_bn(thresholds) -> bool:
-    """The ``fold_bn`` a thresholds file or Calibration was calibrated with; ``True`` where none is
-    recorded (a plain dict, a file written before it was recorded, no thresholds)."""
-    recorded = getattr(thresholds, "fold_bn", None)
-    if isinstance(thresholds, (str, os.PathLike)):
-        with open(thresholds) as f:
-            data = json.load(f)
-        recorded = data.get("fold_bn") if isinstance(data, dict) and "thresholds" in data else None
-    return True if recorded is None else bool(recorded)
-
-
 def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
             thresholds: Union[None, dict, str] = None, strict: bool = False,
             example_input: Optional[torch.Tensor] = None, change_detector=None, truncation: str = "max",
@@ -484,7 +471,7 @@ def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
             ``None`` (the default): as the ``thresholds`` file or Calibration records it (what the
             thresholds were calibrated with), else ``True``.
     """
-    from .model import DeltaModel
+    from .model import DeltaModel, read_thresholds
 
     if not isinstance(model, nn.Module):
         raise TypeError(f"convert: model must be a torch.nn.Module, got {type(model).__name__}")
@@ -494,8 +481,9 @@ def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
     check_measure(truncation, "convert: truncation")
     if not isinstance(fuse, bool):
         raise TypeError(f"convert: fuse must be a bool, got {fuse!r}")
-    if fold_bn is None:
-        fold_bn = _recorded_fold_bn(thresholds)
+    if fold_bn is None:  # what the thresholds were calibrated with, else folded
+        recorded = None if thresholds is None else read_thresholds(thresholds)[3]
+        fold_bn = True if recorded is None else bool(recorded)
     if not isinstance(fold_bn, bool):
         raise TypeError(f"convert: fold_bn must be a bool or None, got {fold_bn!r}")
     dense = copy.deepcopy(model).eval()

@@ -253,30 +253,6 @@ class _Timer:
         return out, (time.perf_counter() - t0) * 1e3
 
 
-class _DenseGraph:
-    """A dense model replayed as a CUDA graph, recorded on the first call (the baseline of a fast GPU
-    deployment). The output is the graph's own tensor, overwritten by the next call."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        self.model = model
-        self.graph: Optional[torch.cuda.CUDAGraph] = None
-
-    def __call__(self, x: torch.Tensor):
-        if self.graph is None:
-            self.static = x.clone()
-            side = torch.cuda.Stream(device=x.device)
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):  # warm-up on a side stream, as graph capture requires
-                self.model(self.static)
-            torch.cuda.current_stream().wait_stream(side)
-            self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):
-                self.out = self.model(self.static)
-        self.static.copy_(x)
-        self.graph.replay()
-        return self.out
-
-
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -344,9 +320,9 @@ def run_demo(video: Union[str, os.PathLike, None] = None, camera: Optional[int] 
         dtype: both models' dtype, ``"float32"``, ``"float16"`` or ``"bfloat16"`` (``None``: float16
             on a GPU, float32 on the CPU; see :func:`resolve_dtype`).
         cuda_graph: replay both models as CUDA graphs (``None``: on a GPU with the CUDA backend), the
-            comparison that matters on a GPU; each records its graph on its first frame that is not a
-            key frame (the dense one on frame 0, the delta one on frame 1), and those frames are left
-            out of the mean timings.
+            comparison that matters on a GPU; the dense one is recorded before the first frame, the
+            delta one on its first frame that is not a key frame (frame 1), which is left out of the
+            mean timings.
         fold_bn: fold BatchNorm into the convolutions (``convert(..., fold_bn=...)``; ``None``: as
             the thresholds file records it, else folded).
 
@@ -361,6 +337,7 @@ def run_demo(video: Union[str, os.PathLike, None] = None, camera: Optional[int] 
 
     from . import zoo
     from .convert import convert
+    from .cuda_graphs import graphed_model
 
     if not isinstance(threshold, (int, float)) or threshold < 0:
         raise ValueError(f"--threshold: must be a number >= 0, got {threshold!r}")
@@ -421,7 +398,7 @@ def run_demo(video: Union[str, os.PathLike, None] = None, camera: Optional[int] 
     run_dense = dense
     if cuda_graph:
         dm.cuda_graph, dm.check_finite = True, False  # decoded frames are finite; a check costs a sync
-        run_dense = _DenseGraph(dense)
+        run_dense = graphed_model(dense, x0)
     timer = _Timer(dev)
     total = min(count, max_frames) if count is not None and max_frames is not None else (count or max_frames)
 

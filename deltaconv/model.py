@@ -353,16 +353,7 @@ class DeltaModel(nn.Module):
         ``"truncation"`` measure sets :attr:`truncation`. With ``strict``, unknown names raise
         ``KeyError``. Thresholds calibrated with another ``fold_bn`` than this model's conversion
         (``"fold_bn"`` in the file) load with a warning: in float16 the error at threshold 0 differs."""
-        detector_spec = getattr(thresholds, "change_detector", None)
-        truncation = getattr(thresholds, "truncation", None)
-        fold_bn = getattr(thresholds, "fold_bn", None)
-        if not isinstance(thresholds, dict):
-            with open(thresholds) as f:
-                data = json.load(f)
-            detector_spec = data.get("change_detector") if "thresholds" in data else None
-            truncation = data.get("truncation") if "thresholds" in data else None
-            fold_bn = data.get("fold_bn") if "thresholds" in data else None
-            thresholds = data.get("thresholds", data)
+        thresholds, detector_spec, truncation, fold_bn = read_thresholds(thresholds)
         if fold_bn is not None and bool(fold_bn) != self.fold_bn:
             warnings.warn(f"load_thresholds: these thresholds were calibrated with fold_bn={bool(fold_bn)}, "
                           f"this model was converted with fold_bn={self.fold_bn}; in float16 its error at "
@@ -392,6 +383,21 @@ class DeltaModel(nn.Module):
         with open(path, "w") as f:
             json.dump({"thresholds": self.thresholds(), "truncation": self.truncation, "fold_bn": self.fold_bn}, f,
                       indent=1, sort_keys=True)
+
+
+def read_thresholds(thresholds: Union[dict, str, os.PathLike]) -> tuple[dict, Optional[dict], Optional[str],
+                                                                          Optional[bool]]:
+    """``(values, change detector spec, truncation, fold_bn)`` of ``{layer name: value}``, a
+    :class:`deltaconv.calibrate.Calibration` or a JSON file written by ``save_thresholds`` or
+    ``Calibration.save``; ``None`` where it records no such setting (a plain dict or file)."""
+    if isinstance(thresholds, dict):
+        return (thresholds, getattr(thresholds, "change_detector", None), getattr(thresholds, "truncation", None),
+                getattr(thresholds, "fold_bn", None))
+    with open(thresholds) as f:
+        data = json.load(f)
+    if "thresholds" not in data:  # a plain {name: value} file
+        return data, None, None, None
+    return data["thresholds"], data.get("change_detector"), data.get("truncation"), data.get("fold_bn")
 
 
 class _FrameLock:
