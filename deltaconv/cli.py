@@ -103,9 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None,
                    help="replay both models as CUDA graphs (default: on with --device cuda and the CUDA backend)")
     d.add_argument("--no-fold-bn", action="store_true",
-                   help="keep each BatchNorm a layer of its own (convert(fold_bn=False): in float16 the dense "
-                        "model's error at threshold 0 instead of up to 2.6x it, one more pass per BatchNorm; "
-                        "default: as the --thresholds file records it, else folded)")
+                   help="keep each BatchNorm a layer of its own (convert(fold_bn=False): one more pass per "
+                        "BatchNorm, for about the dense float16 model's error at threshold 0, which folding also "
+                        "keeps; default: as the --thresholds file records it, else folded)")
     d.add_argument("--max-frames", type=_count_or_all, default=150, metavar="N",
                    help="frames to process (default 150; 0: the whole video)")
     d.add_argument("--size", type=parse_size, metavar="HxW", help="model input size (default: the video's)")

@@ -462,12 +462,15 @@ def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
             convolutions make no work list of their own (same results, a kernel fewer each).
             ``False`` keeps every layer's own pass.
         fold_bn: fold each BatchNorm into the convolution before it (one layer fewer). In float16 /
-            bfloat16 the folded weights are rounded a second time (the dense model rounds each
-            weight once and applies the BatchNorm in float32), which raises the error at threshold 0
-            up to 2.6x the dense model's own (MobileNetV2 on one-by-one: 1.3e-2 against 4.9e-3).
-            ``False`` keeps each BatchNorm a layer of its own (a per-channel scale of the delta in
-            float32, one more pass each), for that error budget back at the cost of speed
-            (``benchmarks/experiments/fp16_floor.py``; README, *Fidelity and calibration*).
+            bfloat16 the folded weights are rounded so that each filter's sum stays close to the
+            exact one (``deltaconv.modules.folding``), which keeps the error at threshold 0 at the
+            dense model's (MobileNetV2 on one-by-one: 6.1-6.6e-3 against the float32 model, the
+            dense float16 model 4.9e-3; rounding each to nearest gave 1.2-1.3e-2). For the most
+            accurate float16 model convert the float32 model and cast the converted one,
+            ``convert(model).half()``: the fold is then made from the float32 weights and rounded
+            once (4.1-4.8e-3). ``False`` keeps each BatchNorm a layer of its own (a per-channel
+            scale of the delta in float32, one more pass each, 0.6x the speed in float16;
+            ``benchmarks/experiments/fp16_floor.py``; README, *Fidelity and calibration*).
             ``None`` (the default): as the ``thresholds`` file or Calibration records it (what the
             thresholds were calibrated with), else ``True``.
     """

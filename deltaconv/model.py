@@ -250,6 +250,19 @@ class DeltaModel(nn.Module):
                     layer._stats = layer._stats.clone()
         self._inference_state = inference
 
+    def _apply(self, fn, recurse: bool = True):
+        """Casts and moves (``.half()``, ``.to(...)``, ``.cuda()``) as any module, except that each
+        BatchNorm folded into a convolution is folded before the cast, at the model's precision, and
+        that fold rounded to the new dtype. So ``convert(model).half()`` rounds the exact fold once,
+        while ``convert(model.half())`` can only fold weights that were rounded already."""
+        from .modules.linear import DCConv2d
+        convs = [m for m in self.modules() if isinstance(m, DCConv2d) and m.folded_bn is not None]
+        folds = [m.fold_before_cast() for m in convs]
+        super()._apply(fn, recurse)
+        for m, (w, b) in zip(convs, folds):
+            m.keep_fold(w, b)
+        return self
+
     def reset(self, streams: Optional[Iterable[int]] = None) -> None:
         """Make the next frame a key frame, for all streams or only the given batch indices."""
         if streams is None:

@@ -148,30 +148,6 @@ def test_batchnorm_kept_with_fold_bn_false(frames):
         deltaconv.convert(model, fold_bn="no")
 
 
-def test_unfolded_batchnorm_keeps_float16_error_at_the_dense_models():
-    """MobileNetV2 with its ImageNet weights in float16, threshold 0, on video: folding BatchNorm into
-    float16 weights rounds them a second time and the error against the float32 model grows well
-    past the dense float16 model's own; with fold_bn=False it stays at the dense model's (reference
-    backend on the CPU; benchmarks/experiments/fp16_floor.py measures the CUDA kernels)."""
-    from deltaconv.weights import mobilenet_v2_imagenet
-    exact, half = mobilenet_v2_imagenet().double(), mobilenet_v2_imagenet().half()
-    frames = video_frames(6, (64, 96))
-
-    def mean_error(run) -> float:
-        errors = []
-        with torch.no_grad():
-            for i, f in enumerate(frames):
-                y, ref = run(f.half()).double(), exact(f.double())
-                if i:
-                    errors.append(((y - ref).norm() / ref.norm()).item())
-        return sum(errors) / len(errors)
-
-    dense = mean_error(half)
-    folded = mean_error(deltaconv.convert(half, example_input=frames[0].half()))
-    unfolded = mean_error(deltaconv.convert(half, example_input=frames[0].half(), fold_bn=False))
-    assert unfolded < 0.8 * folded and unfolded < 1.2 * dense, (dense, folded, unfolded)
-
-
 def test_shared_relu_gets_one_stateful_layer_per_call_site(frames):
     """resnet BasicBlock calls self.relu twice: two DCActivation layers with their own state."""
     model = resnet18()

@@ -3,8 +3,7 @@
 At threshold 0 a float16 converted MobileNetV2 should give the dense float16 model's output up to
 rounding. This runs it on a sample video and reports the logit relative error per window of frames
 against the dense float32 and float16 models, for the design as it is and for variants, most made
-by patching the reference backend (``--backend reference``; ``--backend cuda`` runs the kernels,
-for ``base``, ``nofold`` and ``refreshN`` only):
+by patching the reference backend (``--backend reference``; ``--backend cuda`` runs the kernels):
 
 - ``base``: every layer as designed: float32 accumulators, ``sent`` buffers and deltas in float16;
 - ``sent32``: ``sent`` buffers in float32 (activation outputs still rounded to float16 before the
@@ -20,7 +19,14 @@ for ``base``, ``nofold`` and ``refreshN`` only):
 - ``nofold``: ``base`` with every BatchNorm a layer of its own (``convert(..., fold_bn=False)``): the
   weights are rounded to float16 once, as the dense model's, and the BatchNorm scales the delta in
   float32 (runs on the CUDA backend too);
-- ``refreshN``: ``base`` with a key frame every N frames (``convert(..., refresh_every=N)``).
+- ``refreshN``: ``base`` with a key frame every N frames (``convert(..., refresh_every=N)``);
+- ``nearest``: ``base`` with each folded weight rounded to its nearest float16 value, as every fold
+  was before the folds kept each filter's sum (``deltaconv.modules.folding.round_keeping_sums``);
+- ``cast``: the float32 model converted, then cast (``convert(model).half()``): the exact fold of the
+  float32 weights rounded once; ``castnearest``: the same rounded to nearest.
+
+``base``, ``nofold``, ``refreshN``, ``nearest``, ``cast`` and ``castnearest`` run on the CUDA
+backend too (``--backend cuda``).
 
     PYTHONPATH=. python benchmarks/experiments/fp16_floor.py --device cuda --size 540 960 \\
         --video one-by-one-person-detection.mp4 --start 200 --frames 401 --window 100 --backend cuda \\
@@ -49,16 +55,17 @@ from deltaconv.weights import mobilenet_v2_imagenet
 @contextlib.contextmanager
 def patched(variant: str):
     """The reference backend and DCModule.state patched for ``variant`` (see the module doc)."""
-    from deltaconv.modules import linear
-    saved = reference._target, DCModule.state, reference.conv2d, reference.truncate, linear._FoldedWeights.get
+    from deltaconv.modules import folding
+    saved = (reference._target, DCModule.state, reference.conv2d, reference.truncate, folding.FoldedWeights.get,
+             folding.round_keeping_sums)
     try:
         if variant == "fold32":
-            get, conv2d = linear._FoldedWeights.get, reference.conv2d
+            get, conv2d = folding.FoldedWeights.get, reference.conv2d
 
             def get32(self, weight, bias, bn, out_dim, layout=None):
                 if bn is None:
                     return get(self, weight, bias, bn, out_dim, layout)
-                scale, shift = linear._bn_scale_shift(bn)
+                scale, shift = folding.bn_scale_shift(bn)
                 shape = [1] * weight.dim()
                 shape[out_dim] = -1
                 w = weight.float() * scale.view(shape)
@@ -69,7 +76,9 @@ def patched(variant: str):
                 out, m = conv2d(delta.float(), mask, weight.float(), None if bias is None else bias.float(), *rest,
                                 **kw)
                 return out.to(delta.dtype), m
-            linear._FoldedWeights.get, reference.conv2d = get32, conv2d_round
+            folding.FoldedWeights.get, reference.conv2d = get32, conv2d_round
+        if variant in ("nearest", "castnearest"):
+            folding.round_keeping_sums = lambda weight, dtype, max_flips=None: weight.to(dtype)
         if variant == "conv32":
             conv2d, truncate = reference.conv2d, reference.truncate
 
@@ -92,7 +101,7 @@ def patched(variant: str):
         yield
     finally:
         (reference._target, DCModule.state, reference.conv2d, reference.truncate,
-         linear._FoldedWeights.get) = saved
+         folding.FoldedWeights.get, folding.round_keeping_sums) = saved
 
 
 def pre_activations(model, frame) -> dict:
@@ -127,7 +136,8 @@ def run(variant: str, args, dense32, frames, layers=None) -> list[tuple[float, f
     float32 pre-activations of the last frame) the per-layer errors of ``acc`` go into
     ``args.layer_rows[variant]``."""
     dtype = torch.float32 if variant in ("all32", "w16") else torch.float16
-    model = mobilenet_v2_imagenet().to(args.device, dtype)
+    cast = variant.startswith("cast")  # converted in float32, then cast
+    model = mobilenet_v2_imagenet().to(args.device, torch.float32 if cast else dtype)
     if variant == "w16":
         model = model.half().float()
         frames = [f.half().float() for f in frames]
@@ -135,8 +145,9 @@ def run(variant: str, args, dense32, frames, layers=None) -> list[tuple[float, f
     errs = []
     with patched(variant), torch.no_grad():
         refresh = int(variant[len("refresh"):]) if variant.startswith("refresh") else None
-        dm = deltaconv.convert(model, threshold=0.0, backend=args.backend, example_input=frames[0].to(dtype),
-                               check_finite=False, refresh_every=refresh, fold_bn=variant != "nofold")
+        dm = deltaconv.convert(model, threshold=0.0, backend=args.backend,
+                               example_input=frames[0].to(model.features[0][0].weight.dtype),
+                               check_finite=False, refresh_every=refresh, fold_bn=variant != "nofold").to(dtype)
         for i, f in enumerate(frames):
             y = dm(f.to(dtype)).float()
             if i:
@@ -159,7 +170,8 @@ def main(argv=None) -> None:
     p.add_argument("--variants", nargs="+", default=["base", "sent32", "all32"])
     p.add_argument("--layers", action="store_true", help="per-layer errors of the accumulated pre-activations")
     a = p.parse_args(argv)
-    patched_only = [v for v in a.variants if v not in ("base", "nofold") and not v.startswith("refresh")]
+    patched_only = [v for v in a.variants
+                    if v not in ("base", "nofold", "nearest", "cast", "castnearest") and not v.startswith("refresh")]
     if a.backend == "cuda" and patched_only:
         p.error(f"--variants {patched_only} patch the reference backend: run them with --backend reference")
     torch.backends.cudnn.allow_tf32 = False

@@ -14,6 +14,7 @@ from torch.nn.modules.utils import _pair
 
 from ..delta import Delta, filled_rows, mask_shape, reduce_mask
 from .base import DCModule
+from .folding import FoldedWeights, bn_scale_shift, fold_sources
 
 
 def _adopt(target: nn.Module, dense: nn.Module, names) -> None:
@@ -24,22 +25,6 @@ def _adopt(target: nn.Module, dense: nn.Module, names) -> None:
             target.register_parameter(n, dense._parameters[n])
         elif n in dense._buffers:
             target.register_buffer(n, dense._buffers[n], persistent=n not in dense._non_persistent_buffers_set)
-
-
-def _bn_scale_shift(bn: nn.modules.batchnorm._BatchNorm) -> tuple[torch.Tensor, torch.Tensor]:
-    """BatchNorm in eval as ``y = scale * x + shift`` (float32, or float64 for a float64 BN)."""
-    dtype = torch.promote_types(bn.running_var.dtype, torch.float32)
-    scale = torch.rsqrt(bn.running_var.to(dtype) + bn.eps)
-    if bn.weight is not None:
-        scale = scale * bn.weight.to(dtype)
-    shift = -bn.running_mean.to(dtype) * scale
-    if bn.bias is not None:
-        shift = shift + bn.bias.to(dtype)
-    return scale, shift
-
-
-def _versions(*tensors) -> tuple:
-    return tuple((id(t), t._version, t.device, t.dtype) if t is not None else None for t in tensors)
 
 
 #: weight dtypes of the tensor-core convolutions of the CUDA backend
@@ -54,35 +39,6 @@ def kernel_weight_layout(weight: torch.Tensor, groups: int) -> Optional[torch.me
         return None
     tc = weight.dtype in _TC_DTYPES and groups == 1 and weight.shape[0] % 8 == 0 and weight.shape[1] % 8 == 0
     return torch.channels_last if tc else torch.contiguous_format
-
-
-class _FoldedWeights:
-    """Weight and bias with an optional BatchNorm folded in, recomputed when any source changes
-    (in-place updates such as ``load_state_dict`` bump the tensors' versions); with a ``layout``,
-    the weight in that memory format (one copy if needed, kept until a source changes)."""
-
-    def __init__(self) -> None:
-        self._key = None
-        self._value = None
-
-    def get(self, weight, bias, bn, out_dim: int, layout: Optional[torch.memory_format] = None):
-        srcs = (weight, bias) + ((bn.weight, bn.bias, bn.running_mean, bn.running_var) if bn is not None else ())
-        key = _versions(*srcs) + (layout,)
-        if key != self._key:
-            with torch.no_grad():
-                if bn is None:
-                    w, b = weight, bias
-                else:
-                    scale, shift = _bn_scale_shift(bn)
-                    shape = [1] * weight.dim()
-                    shape[out_dim] = -1
-                    w = (weight.to(scale.dtype) * scale.view(shape)).to(weight.dtype)
-                    b = shift if bias is None else bias.to(scale.dtype) * scale + shift
-                    b = b.to(weight.dtype)
-                if layout is not None:
-                    w = w.contiguous(memory_format=layout)
-            self._key, self._value = key, (w, b)
-        return self._value
 
 
 class DCConv2d(DCModule):
@@ -110,7 +66,7 @@ class DCConv2d(DCModule):
         self.weight = nn.Parameter(torch.empty(out_channels, in_channels // groups, *self.kernel_size))
         self.bias = nn.Parameter(torch.empty(out_channels)) if bias else None
         self.folded_bn: Optional[nn.Module] = None
-        self._folded = _FoldedWeights()
+        self._folded = FoldedWeights()
 
     @classmethod
     def from_dense(cls, conv: nn.Conv2d, bn: Optional[nn.Module] = None) -> "DCConv2d":
@@ -125,7 +81,7 @@ class DCConv2d(DCModule):
             m.bias = None
         # kept outside the module tree: it stays registered where it was in the dense model
         object.__setattr__(m, "folded_bn", bn)
-        m._folded = _FoldedWeights()
+        m._folded = FoldedWeights()
         return m
 
     def folded_weight_bias(self) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
@@ -133,6 +89,20 @@ class DCConv2d(DCModule):
         that the CUDA kernels read (channels_last for tensor-core convs, see kernel_weight_layout)."""
         return self._folded.get(self.weight, self.bias, self.folded_bn, out_dim=0,
                                 layout=kernel_weight_layout(self.weight, self.groups))
+
+    def fold_before_cast(self) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """Weight and bias with the BatchNorm folded in, not rounded (or as kept by :meth:`keep_fold`
+        while the parameters are unchanged): what ``DeltaModel._apply`` rounds after a cast."""
+        return self._folded.folded(self.weight, self.bias, self.folded_bn, out_dim=0, exact=True)
+
+    def keep_fold(self, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> None:
+        """After a cast: use the fold :meth:`fold_before_cast` gave, rounded to the parameters' new
+        dtype and moved to their device, until a parameter of this convolution or of its BatchNorm
+        changes. Ignored where the fold is coarser than the new parameters (a cast up)."""
+        if torch.finfo(weight.dtype).eps > torch.finfo(self.weight.dtype).eps:
+            return
+        w, b = FoldedWeights.rounded(weight, bias, self.weight.dtype, self.weight.device)
+        self._folded.seed(fold_sources(self.weight, self.bias, self.folded_bn), w, b)
 
     def row_list_ok(self) -> bool:
         """Whether this convolution can run on the row list of the layer before it: 1x1, stride 1, no padding,
@@ -267,7 +237,7 @@ class DCBatchNorm2d(DCModule):
         return m
 
     def forward(self, x: Delta) -> Delta:
-        scale, shift = _bn_scale_shift(self)
+        scale, shift = bn_scale_shift(self)
         v, m = self.ops.affine_channel(x.value, x.mask, scale, shift, self.key)
         return self.observe(Delta(v, m))
 

@@ -1,0 +1,185 @@
+"""BatchNorm folding (deltaconv/modules/folding.py): the rounding that keeps each filter's sum, the
+fold a cast rounds from the converted model's own precision, and what invalidates it."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import deltaconv
+from deltaconv import DCConv2d
+from deltaconv.modules import folding
+from deltaconv.modules.folding import FoldedWeights, bn_scale_shift, round_keeping_sums
+from helpers import video_frames
+
+
+def neighbours(weight: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two values of ``dtype`` around each value of ``weight`` (float64)."""
+    near = weight.to(dtype)
+    toward = torch.where(weight.double() > near.double(), float("inf"), float("-inf")).to(dtype)
+    return near.double(), torch.nextafter(near, toward).double()
+
+
+def filter_sum_error(rounded: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``|sum of taps rounded - sum of taps exact|`` per filter ``[C_out, C_in / groups]``."""
+    return (rounded.double().sum((2, 3)) - weight.double().sum((2, 3))).abs()
+
+
+@settings(max_examples=30, deadline=None)
+@given(out_ch=st.integers(1, 12), in_ch=st.integers(1, 6), k=st.sampled_from([(3, 3), (5, 5), (1, 3), (7, 7)]),
+       dtype=st.sampled_from([torch.float16, torch.bfloat16]), scale=st.sampled_from([1e-3, 1.0, 40.0]),
+       seed=st.integers(0, 2**16))
+def test_round_keeping_sums_picks_a_neighbour_and_keeps_filter_sums(out_ch, in_ch, k, dtype, scale, seed):
+    """Every value becomes one of its two neighbours in the coarser dtype, and no filter's sum is
+    further from the exact sum than with rounding to nearest (float32 and float64 inputs)."""
+    g = torch.Generator().manual_seed(seed)
+    for src in (torch.float32, torch.float64):
+        w = (torch.randn(out_ch, in_ch, *k, generator=g, dtype=torch.float64) * scale).to(src)
+        r = round_keeping_sums(w, dtype)
+        assert r.dtype == dtype and r.shape == w.shape
+        near, other = neighbours(w, dtype)
+        assert bool(((r.double() == near) | (r.double() == other)).all())
+        assert bool((filter_sum_error(r, w) <= filter_sum_error(w.to(dtype), w)).all())
+
+
+def test_round_keeping_sums_brings_sums_closer_than_nearest():
+    """Over many 3x3 filters the sums are far closer than rounding to nearest gives; 1x1 kernels and
+    values exact in the dtype round as to nearest; an empty weight stays empty."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(64, 32, 3, 3, generator=g)
+    for dtype in (torch.float16, torch.bfloat16):
+        kept, nearest = filter_sum_error(round_keeping_sums(w, dtype), w), filter_sum_error(w.to(dtype), w)
+        assert kept.mean() < 0.2 * nearest.mean(), (dtype, kept.mean(), nearest.mean())
+        one = torch.randn(16, 8, 1, 1, generator=g)
+        assert torch.equal(round_keeping_sums(one, dtype), one.to(dtype))
+        exact = w.to(dtype).float()
+        assert torch.equal(round_keeping_sums(exact, dtype), exact.to(dtype))
+        assert round_keeping_sums(torch.empty(0, 4, 3, 3), dtype).shape == (0, 4, 3, 3)
+
+
+class ConvBN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1, groups=8, bias=False)
+        self.bn2 = nn.BatchNorm2d(8)
+        for bn in (self.bn, self.bn2):
+            bn.running_mean.uniform_(-2, 2)
+            bn.running_var.uniform_(0.01, 4)
+            bn.weight.data.uniform_(-3, 3)
+            bn.bias.data.uniform_(-1, 1)
+
+    def forward(self, x):
+        return torch.relu(self.bn2(self.conv2(torch.relu(self.bn(self.conv(x))))))
+
+
+def folded_convs(dm) -> list[DCConv2d]:
+    return [m for m in dm.modules() if isinstance(m, DCConv2d) and m.folded_bn is not None]
+
+
+def exact_fold(conv: nn.Conv2d, bn: nn.BatchNorm2d) -> tuple[torch.Tensor, torch.Tensor]:
+    scale, shift = bn_scale_shift(bn)
+    w = conv.weight.detach().double() * scale.double().view(-1, 1, 1, 1)
+    b = shift.double() if conv.bias is None else conv.bias.detach().double() * scale.double() + shift.double()
+    return w, b
+
+
+def test_fold_of_float16_weights_keeps_sums():
+    """A float16 model's fold: its exact fold (float32) rounded by round_keeping_sums, the bias to
+    nearest."""
+    model = ConvBN().eval().half()
+    dm = deltaconv.convert(model, example_input=torch.randn(1, 3, 8, 8).half())
+    for conv, (dense_conv, bn) in zip(folded_convs(dm), [(model.conv, model.bn), (model.conv2, model.bn2)]):
+        w, b = conv.folded_weight_bias()
+        scale, shift = bn_scale_shift(bn)
+        exact_w = dense_conv.weight.float() * scale.view(-1, 1, 1, 1)
+        assert torch.equal(w, round_keeping_sums(exact_w, torch.float16))
+        exact_b = shift if dense_conv.bias is None else dense_conv.bias.float() * scale + shift
+        assert torch.equal(b, exact_b.half())
+
+
+def test_cast_after_conversion_rounds_the_exact_fold():
+    """convert(model).half(): each fold is the float32 model's exact fold rounded once (keeping
+    sums), not a fold of the rounded float16 weights; it holds across a further cast to the same
+    dtype and a deepcopy, and is dropped when a parameter changes (load_state_dict) or the model is
+    cast up again (the fold is then the new parameters')."""
+    model = ConvBN().eval()
+    exact = [exact_fold(model.conv, model.bn), exact_fold(model.conv2, model.bn2)]
+    dm = deltaconv.convert(model, example_input=torch.randn(1, 3, 8, 8))
+    assert dm.half() is dm
+    for conv, (w, b) in zip(folded_convs(dm), exact):
+        assert conv.weight.dtype == torch.float16
+        got_w, got_b = conv.folded_weight_bias()
+        assert torch.equal(got_w, round_keeping_sums(w.float(), torch.float16))
+        assert torch.equal(got_b, b.float().half())
+        from_half = FoldedWeights().folded(conv.weight, conv.bias, conv.folded_bn, 0)[0]
+        assert not torch.equal(got_w, from_half)  # the second rounding the cast avoids
+
+    expected = [c.folded_weight_bias()[0].clone() for c in folded_convs(dm)]
+    dm.to(torch.float16)  # a cast to the same dtype keeps the fold
+    copied = copy.deepcopy(dm)
+    for model_ in (dm, copied):
+        for conv, w in zip(folded_convs(model_), expected):
+            assert torch.equal(conv.folded_weight_bias()[0], w)
+
+    copied.load_state_dict(copied.state_dict())  # in-place copies: the parameters "changed"
+    for conv in folded_convs(copied):
+        fresh = FoldedWeights().folded(conv.weight, conv.bias, conv.folded_bn, 0)[0]
+        assert torch.equal(conv.folded_weight_bias()[0], fresh)
+
+    dm.float()  # cast up: folded from the (float16-valued) float32 parameters
+    for conv in folded_convs(dm):
+        assert conv.folded_weight_bias()[0].dtype == torch.float32
+        fresh = FoldedWeights().folded(conv.weight, conv.bias, conv.folded_bn, 0)[0]
+        assert torch.equal(conv.folded_weight_bias()[0], fresh)
+
+
+def test_folded_float16_model_keeps_the_dense_models_error(monkeypatch):
+    """MobileNetV2 with its ImageNet weights in float16, threshold 0, on video, against the float64
+    model (reference backend on the CPU; benchmarks/experiments/fp16_floor.py measures the CUDA
+    kernels). Folding BatchNorm with each weight rounded to nearest raised the error to about twice
+    the dense float16 model's: the first depthwise convolution's rounding errors add up to offsets
+    per channel. Rounding that keeps each filter's sum, unfolding, and converting in float32 before
+    the cast each stay near the dense model's."""
+    from deltaconv.weights import mobilenet_v2_imagenet
+    exact, half = mobilenet_v2_imagenet().double(), mobilenet_v2_imagenet().half()
+    frames = video_frames(6, (64, 96), "one-by-one-person-detection.mp4")
+
+    def mean_error(run) -> float:
+        errors = []
+        with torch.no_grad():
+            for i, f in enumerate(frames):
+                y, ref = run(f.half()).double(), exact(f.double())
+                if i:
+                    errors.append(((y - ref).norm() / ref.norm()).item())
+        return sum(errors) / len(errors)
+
+    dense = mean_error(half)
+    folded = mean_error(deltaconv.convert(half, example_input=frames[0].half()))
+    unfolded = mean_error(deltaconv.convert(half, example_input=frames[0].half(), fold_bn=False))
+    cast = mean_error(deltaconv.convert(mobilenet_v2_imagenet(), example_input=frames[0]).half())
+    monkeypatch.setattr(folding, "round_keeping_sums", lambda weight, dtype, max_flips=None: weight.to(dtype))
+    nearest = mean_error(deltaconv.convert(half, example_input=frames[0].half()))
+    errors = dict(dense=dense, folded=folded, unfolded=unfolded, cast=cast, nearest=nearest)
+    assert nearest > 1.6 * dense, errors
+    assert folded < 0.75 * nearest and folded < 1.4 * dense, errors
+    assert unfolded < 1.2 * dense and cast < 1.2 * dense, errors
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_converted_model_cast_equals_dense_at_threshold_zero_within_rounding(dtype):
+    """A converted float32 model cast to a coarser dtype runs: outputs near the dense model cast the
+    same way (reference backend)."""
+    model = ConvBN().eval()
+    x = torch.randn(2, 1, 3, 16, 16)
+    dm = deltaconv.convert(model, example_input=x[0]).to(dtype)
+    dense = copy.deepcopy(model).to(dtype)
+    with torch.no_grad():
+        for f in x:
+            torch.testing.assert_close(dm(f.to(dtype)).float(), dense(f.to(dtype)).float(), rtol=0.05, atol=0.05)
