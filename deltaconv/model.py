@@ -257,10 +257,10 @@ class DeltaModel(nn.Module):
         while ``convert(model.half())`` can only fold weights that were rounded already."""
         from .modules.linear import DCConv2d
         convs = [m for m in self.modules() if isinstance(m, DCConv2d) and m.folded_bn is not None]
-        folds = [m.fold_before_cast() for m in convs]
+        before = [m.fold_before_cast() for m in convs]
         super()._apply(fn, recurse)
-        for m, (w, b) in zip(convs, folds):
-            m.keep_fold(w, b)
+        for m, b in zip(convs, before):
+            m.keep_fold(b)
         return self
 
     def reset(self, streams: Optional[Iterable[int]] = None) -> None:

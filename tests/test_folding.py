@@ -107,8 +107,9 @@ def test_fold_of_float16_weights_keeps_sums():
 def test_cast_after_conversion_rounds_the_exact_fold():
     """convert(model).half(): each fold is the float32 model's exact fold rounded once (keeping
     sums), not a fold of the rounded float16 weights; it holds across a further cast to the same
-    dtype and a deepcopy, and is dropped when a parameter changes (load_state_dict) or the model is
-    cast up again (the fold is then the new parameters')."""
+    dtype and a deepcopy, and is dropped when a parameter changes (load_state_dict), when the cast
+    gives the parameters other values (to_empty) or when the model is cast up again (the fold is then
+    the new parameters')."""
     model = ConvBN().eval()
     exact = [exact_fold(model.conv, model.bn), exact_fold(model.conv2, model.bn2)]
     dm = deltaconv.convert(model, example_input=torch.randn(1, 3, 8, 8))
@@ -132,6 +133,11 @@ def test_cast_after_conversion_rounds_the_exact_fold():
     for conv in folded_convs(copied):
         fresh = FoldedWeights().folded(conv.weight, conv.bias, conv.folded_bn, 0)[0]
         assert torch.equal(conv.folded_weight_bias()[0], fresh)
+
+    emptied = copy.deepcopy(dm).to_empty(device="cpu")  # other values (whatever memory held): not kept
+    for conv in folded_convs(emptied):
+        fresh = FoldedWeights().folded(conv.weight, conv.bias, conv.folded_bn, 0)[0]
+        torch.testing.assert_close(conv.folded_weight_bias()[0], fresh, rtol=0, atol=0, equal_nan=True)
 
     dm.float()  # cast up: folded from the (float16-valued) float32 parameters
     for conv in folded_convs(dm):

@@ -127,6 +127,28 @@ class FoldedWeights:
         them changes."""
         self._seed = (sources, tensor_versions(*sources), weight, bias)
 
+    def before_cast(self, weight, bias, bn, out_dim: int) -> tuple:
+        """What :meth:`after_cast` needs: the sources as they are now (detached: a cast replaces
+        their data) and their fold, not rounded (or the seed while it stands for them)."""
+        sources = tuple(None if t is None else t.detach() for t in fold_sources(weight, bias, bn))
+        return sources, self.folded(weight, bias, bn, out_dim, exact=True)
+
+    def after_cast(self, before: tuple, weight, bias, bn) -> None:
+        """Seed with the fold of :meth:`before_cast` rounded to the new weight's dtype on its device,
+        if every source is now the old one cast (not so after ``to_empty``, for instance; meta
+        tensors are never compared) and that fold is not coarser than the new weight (a cast up
+        folds the new sources instead)."""
+        old, (w, b) = before
+        new = fold_sources(weight, bias, bn)
+        if _coarser(w.dtype, weight.dtype):
+            return
+        for o, n in zip(old, new):
+            if (o is None) != (n is None):
+                return
+            if o is not None and (o.is_meta or n.is_meta or not torch.equal(o.to(n.device, n.dtype), n)):
+                return
+        self.seed(new, *self.rounded(w, b, weight.dtype, weight.device))
+
     def folded(self, weight, bias, bn, out_dim: int, exact: bool = False):
         """The seed if it is still the fold of these sources, else their fold rounded to the weight's
         dtype (``exact``: not rounded)."""

@@ -14,7 +14,7 @@ from torch.nn.modules.utils import _pair
 
 from ..delta import Delta, filled_rows, mask_shape, reduce_mask
 from .base import DCModule
-from .folding import FoldedWeights, bn_scale_shift, fold_sources
+from .folding import FoldedWeights, bn_scale_shift
 
 
 def _adopt(target: nn.Module, dense: nn.Module, names) -> None:
@@ -90,19 +90,16 @@ class DCConv2d(DCModule):
         return self._folded.get(self.weight, self.bias, self.folded_bn, out_dim=0,
                                 layout=kernel_weight_layout(self.weight, self.groups))
 
-    def fold_before_cast(self) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """Weight and bias with the BatchNorm folded in, not rounded (or as kept by :meth:`keep_fold`
-        while the parameters are unchanged): what ``DeltaModel._apply`` rounds after a cast."""
-        return self._folded.folded(self.weight, self.bias, self.folded_bn, out_dim=0, exact=True)
+    def fold_before_cast(self) -> tuple:
+        """What :meth:`keep_fold` needs after a cast (``DeltaModel._apply``): the parameters as
+        they were and their fold, not rounded (or the one kept while they are unchanged)."""
+        return self._folded.before_cast(self.weight, self.bias, self.folded_bn, out_dim=0)
 
-    def keep_fold(self, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> None:
-        """After a cast: use the fold :meth:`fold_before_cast` gave, rounded to the parameters' new
-        dtype and moved to their device, until a parameter of this convolution or of its BatchNorm
-        changes. Ignored where the fold is coarser than the new parameters (a cast up)."""
-        if torch.finfo(weight.dtype).eps > torch.finfo(self.weight.dtype).eps:
-            return
-        w, b = FoldedWeights.rounded(weight, bias, self.weight.dtype, self.weight.device)
-        self._folded.seed(fold_sources(self.weight, self.bias, self.folded_bn), w, b)
+    def keep_fold(self, before: tuple) -> None:
+        """After a cast: keep the fold of :meth:`fold_before_cast`, rounded to the parameters' new
+        dtype on their device, until a parameter of this convolution or of its BatchNorm changes
+        (see :meth:`FoldedWeights.after_cast` for when it is not kept)."""
+        self._folded.after_cast(before, self.weight, self.bias, self.folded_bn)
 
     def row_list_ok(self) -> bool:
         """Whether this convolution can run on the row list of the layer before it: 1x1, stride 1, no padding,
