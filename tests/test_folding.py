@@ -189,3 +189,26 @@ def test_converted_model_cast_equals_dense_at_threshold_zero_within_rounding(dty
     with torch.no_grad():
         for f in x:
             torch.testing.assert_close(dm(f.to(dtype)).float(), dense(f.to(dtype)).float(), rtol=0.05, atol=0.05)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_round_keeping_sums_on_cuda_equals_cpu_also_while_a_graph_records(dtype):
+    """The same values on CUDA tensors as on the CPU, and inside CUDA-graph capture (no early exit,
+    which would synchronise) the same again on replay."""
+    w = torch.randn(48, 16, 3, 3, generator=torch.Generator().manual_seed(1))
+    expected = round_keeping_sums(w, dtype)
+    src = w.cuda()
+    assert torch.equal(round_keeping_sums(src, dtype).cpu(), expected)
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        round_keeping_sums(src, dtype)  # warm-up on the side stream, as capture requires
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = round_keeping_sums(src, dtype)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured.cpu(), expected)

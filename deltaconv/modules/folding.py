@@ -61,11 +61,13 @@ def round_keeping_sums(weight: torch.Tensor, dtype: torch.dtype, max_flips: Opti
     flip = other - lo  # what taking the other neighbour adds to the filter's sum
     flipped = torch.zeros_like(exact, dtype=torch.bool)
     error = lo.sum(-1) - exact.sum(-1)  # [C_out, C_in / groups]
+    # no early exit while a CUDA graph records (reading ``any()`` would synchronise)
+    may_stop = not (weight.is_cuda and torch.cuda.is_current_stream_capturing())
     for _ in range(taps if max_flips is None else max_flips):
         change = torch.where(flipped, -flip, flip)
         best, tap = (error.unsqueeze(-1) + change).abs().min(-1)
         better = best < error.abs()
-        if not bool(better.any()):
+        if may_stop and not bool(better.any()):
             break
         chosen = torch.zeros_like(flipped).scatter_(-1, tap.unsqueeze(-1), better.unsqueeze(-1))
         flipped ^= chosen
