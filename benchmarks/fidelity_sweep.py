@@ -42,6 +42,9 @@ H200)::
         --detectors none --truncation rms --uniform --dtype float16 --backend cuda [--no-fold-bn] \
         --out /tmp/fidelity_float16.csv
 
+and with ``--tolerances 0.01 --out /tmp/fidelity_float16_0.01.csv`` the 1e-2 rows
+(``fidelity_float16_0.01.csv``, thresholds ``..._0.01_rms_float16.json``).
+
 A CPU run at low resolution (about 3 minutes on 2 cores)::
 
     PYTHONPATH=. python benchmarks/fidelity_sweep.py --size 144 256 --calib-frames 12 --calib-span 60 \\
