@@ -102,7 +102,8 @@ def run_file(name: str, video: str, args, model: torch.nn.Module) -> list[dict]:
     rows = window_rows(errors, densities[1:], args.window)  # densities[0]: the key frame
     for r in rows:
         r.update({"file": name, "video": video, "start": args.start + 1 + r.pop("first"),
-                  "truncation": spec.get("truncation", "max"), "tolerance": 0.02, "dtype": args.dtype,
+                  "truncation": spec.get("truncation", "max"), "tolerance": spec.get("tolerance", 0.02),
+                  "dtype": args.dtype,
                   "cuda_graph": args.cuda_graph, "fold_bn": not args.no_fold_bn})
     print(f"== {name} on {video}, frames {args.start + 1}-{args.start + len(errors)} after a key frame at "
           f"{args.start}, {args.dtype}{', CUDA graph' if args.cuda_graph else ''} "

@@ -253,3 +253,15 @@ def test_calibration_holdout_files_exist_and_name_their_video():
     assert ch.video_of("fidelity_thresholds_one_0.02_rms_float16.json") == "one-by-one-person-detection.mp4"
     with pytest.raises(SystemExit):
         ch.main(["--files", "thresholds.json"])
+
+
+def test_long_run_plays_from_start_then_loops_and_summarises_windows():
+    lr = load("long_run")
+    assert list(lr.stream_order(5, 3, 9)) == [3, 4, 0, 1, 2, 3, 4, 0, 1]
+    assert list(lr.stream_order(5, 0, 3)) == [0, 1, 2]
+    s = lr.summary(torch.tensor([0.03, 0.01, 0.02], dtype=torch.float64), 0.4)
+    assert s["frames"] == 3 and s["rel_err_max"] == 0.03 and s["rel_err_mean"] == pytest.approx(0.02)
+    assert s["rel_err_p95"] == 0.03 and s["density"] == 0.4
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit):
+            lr.main(["--file", "fidelity_thresholds_one_0.02_rms_float16.json"])
