@@ -95,7 +95,7 @@ class DeltaModel(nn.Module):
             self._signature = signature
             self._pending_key = [True] * frames[0].shape[0]
         elif self.refresh_every is not None and self._frames_since_key >= self.refresh_every:
-            self.reset()
+            self._refresh()
         key_frame = self._pending_key is not None and any(self._pending_key)
         if self._graph is not None and (self._graph.settings != self._settings()
                                         or (self._inference_state and not torch.is_inference_mode_enabled())):
@@ -262,6 +262,13 @@ class DeltaModel(nn.Module):
         for m, b in zip(convs, before):
             m.keep_fold(b)
         return self
+
+    def _refresh(self) -> None:
+        """The periodic key frame of ``refresh_every``: as :meth:`reset`, but the statistics go on
+        (their means since the last :meth:`reset_stats` include it)."""
+        for layer in self.delta_layers():
+            layer.reset_state(keep_stats=True)
+        self._pending_key = [True] * self._signature[0][0][0]
 
     def reset(self, streams: Optional[Iterable[int]] = None) -> None:
         """Make the next frame a key frame, for all streams or only the given batch indices."""

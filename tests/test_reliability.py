@@ -177,6 +177,24 @@ def test_refresh_every_forces_key_frames(small):
         deltaconv.convert(small, refresh_every=0)
 
 
+def test_refresh_key_frames_keep_the_statistics_going(small):
+    """A periodic key frame restarts the state, not the statistics: the means since reset_stats()
+    cover every frame (they covered only the frames since the last refresh, so a window that ended on
+    a refresh read a density of 1)."""
+    frames = frames_of(8)
+    dm = deltaconv.convert(small, threshold=0.1, refresh_every=3)
+    dm(frames[0])
+    dm.reset_stats()
+    per_frame = []
+    for f in frames[1:]:
+        dm(f)
+        per_frame.append(dm.stats()[0]["density"])
+    first = dm.stats()[0]
+    assert first["frames"] == 7 and per_frame[2] == 1.0 and per_frame[5] == 1.0
+    assert first["mean_density"] == pytest.approx(sum(per_frame) / 7)
+    assert first["mean_density"] < 1.0
+
+
 def _live_tensor_bytes() -> int:
     gc.collect()
     return sum(o.numel() * o.element_size() for o in gc.get_objects()

@@ -116,8 +116,9 @@ class DCModule(nn.Module):
             self.register_buffer(name, buf, persistent=False)
         return buf
 
-    def reset_state(self, streams: Optional[list[int]] = None) -> None:
-        """Zero the state of all streams, or of the given stream indices only."""
+    def reset_state(self, streams: Optional[list[int]] = None, keep_stats: bool = False) -> None:
+        """Zero the state of all streams, or of the given stream indices only; for all streams the
+        statistics too, unless ``keep_stats`` (a periodic key frame, ``refresh_every``)."""
         for name in self._state_names:
             buf = self._buffers.get(name)
             if buf is None:
@@ -126,7 +127,7 @@ class DCModule(nn.Module):
                 buf.zero_()
             elif buf.dim() >= 1 and len(streams):
                 buf[torch.as_tensor(streams, device=buf.device)] = 0
-        if streams is None:
+        if streams is None and not keep_stats:
             self.reset_stats()
 
     def release_state(self) -> None:
