@@ -1,12 +1,15 @@
-"""An hour of video: a converted model replayed as a CUDA graph over a looped video, one key frame.
+"""An hour of video: a converted model replayed as a CUDA graph over a looped video.
 
 deltaconv aims to stay trustworthy over hours of video. This runs MobileNetV2 (ImageNet weights),
 converted with a thresholds file of ``fidelity_sweep.py`` and replayed as a CUDA graph, over that
 file's video from ``--start`` to its end and then over the whole video again and again, for
-``--minutes`` of video at the video's own frame rate. There is one key frame, at the start; each
-restart of the video is a scene cut the model must follow. The reference is the dense model in the
-same dtype, also replayed as a CUDA graph. Per window of ``--window`` frames it reports the logit
-relative error (mean, p95, max) and the FLOPs density, so drift or a growing error would show.
+``--minutes`` of video at the video's own frame rate. Key frames come at the start and then as
+``convert(refresh_every=...)`` places them (``--refresh-every``: by default ``auto``, every 1,000
+frames in float16 and bfloat16; ``none`` for the start only); each restart of the video is a scene
+cut the model must follow. The reference is the dense model in the same dtype, also replayed as a
+CUDA graph. Per window of ``--window`` frames it reports the logit relative error (mean, p95, max)
+and the FLOPs density, so drift or a growing error would show (it does in float16 without
+periodic key frames: README, *Reliability*).
 
 The frames are decoded once (``deltaconv.video.read_frames``, as the calibration read them) and
 kept on the GPU: 17 GB for the 1,394 frames of one-by-one at 1080x1920 in float16::
@@ -14,7 +17,7 @@ kept on the GPU: 17 GB for the 1,394 frames of one-by-one at 1080x1920 in float1
     PYTHONPATH=. python benchmarks/long_run.py --file fidelity_thresholds_one_0.02_rms_float16.json \\
         --minutes 60 [--dtype float16] [--size 1080 1920] [--window 3000]
 
-Writes ``long_run_<file stem>.csv`` to ``--out`` (one row per window, the whole run as window
+Writes ``long_run_<file stem>[_<dtype>][_norefresh|_refreshN].csv`` to ``--out`` (one row per window, the whole run as window
 ``all``) and prints the same.
 """
 from __future__ import annotations
@@ -61,6 +64,15 @@ def summary(errors: torch.Tensor, density: float) -> dict:
             "rel_err_max": float(e[-1]), "density": density}
 
 
+def _refresh(text: str):
+    """``--refresh-every``: a positive int, ``auto`` or ``none``."""
+    if text in ("auto", "none"):
+        return None if text == "none" else text
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive int, 'auto' or 'none', got {text!r}")
+    return int(text)
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--file", required=True, help="a thresholds file of fidelity_sweep.py in --thresholds-dir")
@@ -70,6 +82,9 @@ def main(argv=None) -> None:
     p.add_argument("--start", type=int, default=200, help="the key frame (default 200, after the calibration frames)")
     p.add_argument("--window", type=int, default=3000, help="frames per reported window")
     p.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
+    p.add_argument("--refresh-every", type=_refresh, default="auto", metavar="N|auto|none",
+                   help="convert(refresh_every=...): a key frame every N frames; auto (the default): every "
+                        "1,000 in float16 and bfloat16, none in float32; none: only the first")
     p.add_argument("--out", type=Path, default=RESULTS)
     a = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -86,6 +101,7 @@ def main(argv=None) -> None:
     fps = frame_rate(video)
     total = int(round(a.minutes * 60 * fps))
 
+    interval = deltaconv.model.AUTO_REFRESH.get(dtype) if a.refresh_every == "auto" else a.refresh_every
     t0 = time.perf_counter()
     frames = [f.to("cuda", dtype).contiguous(memory_format=torch.channels_last)
               for f in video_frames(video, tuple(a.size))]
@@ -93,13 +109,14 @@ def main(argv=None) -> None:
         p.error(f"--start must be in [0, {len(frames)}), got {a.start}")
     print(f"{video}: {len(frames)} frames at {a.size[0]}x{a.size[1]}, {fps:g} fps, decoded in "
           f"{time.perf_counter() - t0:.0f} s; {total} frames ({a.minutes:g} min) from frame {a.start}, "
-          f"{a.file}, {a.dtype}, both models replayed as CUDA graphs", flush=True)
+          f"{a.file}, {a.dtype}, both models replayed as CUDA graphs, key frames "
+          f"{'at the start only' if interval is None else f'every {interval} frames'}", flush=True)
 
     from deltaconv.weights import mobilenet_v2_imagenet
     model = mobilenet_v2_imagenet().to("cuda", dtype).to(memory_format=torch.channels_last)
     dense = graphed_model(model, frames[a.start])
     dm = deltaconv.convert(model, thresholds=str(path), backend="cuda", example_input=frames[a.start],
-                           cuda_graph=True, check_finite=False)
+                           cuda_graph=True, check_finite=False, refresh_every=a.refresh_every)
     errors = torch.empty(total, dtype=torch.float64, device="cuda")
     rows, densities = [], []
     t0 = time.perf_counter()
@@ -125,13 +142,16 @@ def main(argv=None) -> None:
     rows.append({"window": "all", "first": 1, **summary(errors.cpu(), overall)})
     for r in rows:
         r.update({"file": a.file, "video": video, "size": f"{a.size[0]}x{a.size[1]}", "start": a.start,
-                  "minutes": a.minutes, "fps": fps, "dtype": a.dtype, "truncation": spec.get("truncation"),
+                  "minutes": a.minutes, "fps": fps, "dtype": a.dtype, "refresh_every": interval,
+                  "truncation": spec.get("truncation"),
                   "tolerance": spec.get("tolerance"), "device": torch.cuda.get_device_name(),
                   "date": time.strftime("%Y-%m-%d", time.gmtime())})
     r = rows[-1]
     print(f"== all {r['frames']} frames ({seconds:.0f} s): logit rel. error mean {r['rel_err_mean']:.4f} p95 "
           f"{r['rel_err_p95']:.4f} max {r['rel_err_max']:.4f}, FLOPs density {r['density']:.3f}", flush=True)
-    out = a.out / f"long_run_{Path(a.file).stem}.csv"
+    refresh = {"auto": "", None: "_norefresh"}.get(a.refresh_every, f"_refresh{a.refresh_every}")
+    suffix = ("" if a.dtype == "float16" else f"_{a.dtype}") + refresh
+    out = a.out / f"long_run_{Path(a.file).stem}{suffix}.csv"
     write_csv(out, rows)
     print(f"wrote {out}")
 

@@ -427,7 +427,7 @@ def _example_for(model: nn.Module) -> torch.Tensor:
 def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
             thresholds: Union[None, dict, str] = None, strict: bool = False,
             example_input: Optional[torch.Tensor] = None, change_detector=None, truncation: str = "max",
-            refresh_every: Optional[int] = None, check_finite: bool = True, cuda_graph: bool = False,
+            refresh_every: Union[int, str, None] = "auto", check_finite: bool = True, cuda_graph: bool = False,
             leaf_modules: tuple = (), fuse: bool = True, fold_bn: Optional[bool] = None):
     """Convert a dense CNN into a :class:`~deltaconv.DeltaModel` that processes only changed pixels.
 
@@ -445,7 +445,9 @@ def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
         truncation: the change measure of the non-linear layers' thresholds: ``"max"``
             (``max_c |change|`` per pixel) or ``"rms"`` (``sqrt(mean_c change^2)``, which sends
             fewer pixels at the same output error; see the README's fidelity section).
-        refresh_every: force a key frame every this many frames (``None``: never).
+        refresh_every: force a key frame every this many frames; ``"auto"`` (the default): every
+            1,000 frames for float16 and bfloat16 frames, whose rounding drifts slowly over long
+            videos, never for float32 (``deltaconv.model.AUTO_REFRESH``); ``None``: never.
         check_finite: reject frames holding NaN/Inf before any state changes (one device sync
             per frame; turn off for CUDA-graph capture).
         cuda_graph: record the first delta frame as a CUDA graph and replay it for later frames

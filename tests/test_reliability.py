@@ -173,8 +173,29 @@ def test_refresh_every_forces_key_frames(small):
         dm(f)
         full.append(dm.stats()[0]["density"] == 1.0)
     assert full == [True, False, False, True, False, False, True]
-    with pytest.raises(ValueError, match="refresh_every must be a positive int or None, got 0"):
+    with pytest.raises(ValueError, match="refresh_every must be a positive int, 'auto' or None, got 0"):
         deltaconv.convert(small, refresh_every=0)
+
+
+def test_auto_refresh_follows_the_frames_dtype(small, monkeypatch):
+    """refresh_every="auto" (the default): periodic key frames for float16 / bfloat16 frames only
+    (deltaconv.model.AUTO_REFRESH), none for float32; an int or None applies to every dtype."""
+    from deltaconv import model as model_module
+    dm = deltaconv.convert(small)
+    assert dm.refresh_every == "auto"
+    assert dm.refresh_interval(torch.float16) == 1000 and dm.refresh_interval(torch.bfloat16) == 1000
+    assert dm.refresh_interval(torch.float32) is None
+    assert deltaconv.convert(small, refresh_every=7).refresh_interval(torch.float32) == 7
+    assert deltaconv.convert(small, refresh_every=None).refresh_interval(torch.float16) is None
+    monkeypatch.setitem(model_module.AUTO_REFRESH, torch.float16, 3)
+    for dtype, expected in ((torch.float16, [True, False, False, True, False, False, True]), (torch.float32, [True] + [False] * 6)):
+        half = copy.deepcopy(small).to(dtype)
+        dm = deltaconv.convert(half, threshold=0.1, example_input=frames_of(1)[0].to(dtype))
+        full = []
+        for f in frames_of(7):
+            dm(f.to(dtype))
+            full.append(dm.stats()[0]["density"] == 1.0)
+        assert full == expected, dtype
 
 
 def test_refresh_key_frames_keep_the_statistics_going(small):

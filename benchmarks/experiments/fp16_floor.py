@@ -145,7 +145,7 @@ def run(variant: str, args, dense32, frames, layers=None) -> list[tuple[float, f
     errs = []
     with patched(variant), torch.no_grad():
         refresh = int(variant[len("refresh"):]) if variant.startswith("refresh") else None
-        dm = deltaconv.convert(model, threshold=0.0, backend=args.backend,
+        dm = deltaconv.convert(model, threshold=0.0, backend=args.backend, thresholds=args.thresholds,
                                example_input=frames[0].to(model.features[0][0].weight.dtype),
                                check_finite=False, refresh_every=refresh, fold_bn=variant != "nofold").to(dtype)
         for i, f in enumerate(frames):
@@ -169,6 +169,9 @@ def main(argv=None) -> None:
     p.add_argument("--backend", default="reference", choices=["reference", "cuda"])
     p.add_argument("--variants", nargs="+", default=["base", "sent32", "all32"])
     p.add_argument("--layers", action="store_true", help="per-layer errors of the accumulated pre-activations")
+    p.add_argument("--thresholds", default=None, help="a thresholds file for convert() (default: threshold 0)")
+    p.add_argument("--loops", type=int, default=1,
+                   help="play the frames this many times in a row, one key frame (each restart is a scene cut)")
     a = p.parse_args(argv)
     patched_only = [v for v in a.variants
                     if v not in ("base", "nofold", "nearest", "cast", "castnearest") and not v.startswith("refresh")]
@@ -176,7 +179,7 @@ def main(argv=None) -> None:
         p.error(f"--variants {patched_only} patch the reference backend: run them with --backend reference")
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
-    frames = [f.to(a.device) for f in video_frames(a.video, tuple(a.size), a.frames, start=a.start)]
+    frames = [f.to(a.device) for f in video_frames(a.video, tuple(a.size), a.frames, start=a.start)] * a.loops
     dense32 = mobilenet_v2_imagenet().to(a.device)
     with torch.no_grad():
         d16 = [float(relative_error(mobilenet_v2_imagenet().to(a.device, torch.float16)(f.half()).float(),
