@@ -271,6 +271,12 @@ class DeltaModel(nn.Module):
             m.keep_fold(b)
         return self
 
+    @property
+    def frames_since_key(self) -> int:
+        """Frames run since the last key frame, counting it: 1 right after a key frame (the first,
+        after :meth:`reset`, or a periodic one of ``refresh_every``), 0 before any frame."""
+        return self._frames_since_key
+
     def refresh_interval(self, dtype: torch.dtype) -> Optional[int]:
         """Frames between periodic key frames for frames of ``dtype``: :attr:`refresh_every`, or
         for ``"auto"`` :data:`AUTO_REFRESH`'s value (``None``, never, for float32 and float64)."""

@@ -68,6 +68,18 @@ def test_demo_names_per_layer_thresholds(tmp_path):
     assert s["fold_bn"] is False  # the conversion the file was calibrated with
 
 
+def test_demo_leaves_periodic_key_frames_out_of_the_means(monkeypatch):
+    """In float16 the converted model makes a key frame every AUTO_REFRESH frames: the demo marks
+    them as key frames (eager, dense work) and leaves them out of the mean timings."""
+    from deltaconv import model as model_module
+    monkeypatch.setitem(model_module.AUTO_REFRESH, torch.float16, 2)
+    s = demo.run_demo(model="mobilenet_v2", threshold=0.0, device="cpu", max_frames=5, size=(32, 48), out=None,
+                      progress=False, verbose=False, dtype="float16")
+    assert [r["key"] for r in s["per_frame"]] == [True, False, True, False, True]
+    steady = [r["delta_ms"] for r in s["per_frame"] if not r["key"]]
+    assert s["delta_ms"] == pytest.approx(sum(steady) / len(steady))
+
+
 def test_missing_video_and_bad_arguments(tmp_path):
     with pytest.raises(FileNotFoundError, match="--video: '.*nope.avi' does not exist"):
         demo.run_demo(video=tmp_path / "nope.avi", out=None, progress=False, verbose=False)
