@@ -38,18 +38,8 @@ from common import RESULTS, write_csv  # noqa: E402
 import deltaconv  # noqa: E402
 from deltaconv.cuda_graphs import graphed_model  # noqa: E402
 from deltaconv.fidelity import flops_density, relative_error, video_frames  # noqa: E402
+from deltaconv.demo import open_source  # noqa: E402
 from deltaconv.video import find_sample_video  # noqa: E402
-
-
-def frame_rate(video: str) -> float:
-    """Frames per second of a sample video, as its container states it."""
-    import cv2
-
-    cap = cv2.VideoCapture(str(find_sample_video(video)))
-    try:
-        return float(cap.get(cv2.CAP_PROP_FPS))
-    finally:
-        cap.release()
 
 
 def stream_order(n_video: int, start: int, total: int):
@@ -98,7 +88,8 @@ def main(argv=None) -> None:
     path = Path(a.thresholds_dir) / a.file
     spec = json.loads(path.read_text())
     dtype = getattr(torch, a.dtype)
-    fps = frame_rate(video)
+    cap, _, fps, _ = open_source(find_sample_video(video))  # the container's frame rate
+    cap.release()
     total = int(round(a.minutes * 60 * fps))
 
     interval = deltaconv.model.AUTO_REFRESH.get(dtype) if a.refresh_every == "auto" else a.refresh_every

@@ -13,7 +13,7 @@ import torch.fx as fx
 import torch.nn as nn
 
 from . import backends
-from .modules import DCModule, FrameContext
+from .modules import DCConv2d, DCModule, FrameContext
 from .report import ConversionReport
 
 
@@ -103,7 +103,7 @@ class DeltaModel(nn.Module):
             self._signature = signature
             self._pending_key = [True] * frames[0].shape[0]
         elif (interval := self.refresh_interval(frames[0].dtype)) is not None and self._frames_since_key >= interval:
-            self._refresh()
+            self._reset_all(keep_stats=True)
         key_frame = self._pending_key is not None and any(self._pending_key)
         if self._graph is not None and (self._graph.settings != self._settings()
                                         or (self._inference_state and not torch.is_inference_mode_enabled())):
@@ -263,7 +263,6 @@ class DeltaModel(nn.Module):
         BatchNorm folded into a convolution is folded before the cast, at the model's precision, and
         that fold rounded to the new dtype. So ``convert(model).half()`` rounds the exact fold once,
         while ``convert(model.half())`` can only fold weights that were rounded already."""
-        from .modules.linear import DCConv2d
         convs = [m for m in self.modules() if isinstance(m, DCConv2d) and m.folded_bn is not None]
         before = [m.fold_before_cast() for m in convs]
         super()._apply(fn, recurse)
@@ -282,20 +281,20 @@ class DeltaModel(nn.Module):
         for ``"auto"`` :data:`AUTO_REFRESH`'s value (``None``, never, for float32 and float64)."""
         return AUTO_REFRESH.get(dtype) if self.refresh_every == "auto" else self.refresh_every
 
-    def _refresh(self) -> None:
-        """The periodic key frame of ``refresh_every``: as :meth:`reset`, but the statistics go on
-        (their means since the last :meth:`reset_stats` include it)."""
+    def _reset_all(self, keep_stats: bool = False) -> None:
+        """Zero every stream's state so that the next frame is a key frame; the statistics too,
+        unless ``keep_stats`` (the periodic key frames of ``refresh_every``: their means since the
+        last :meth:`reset_stats` go on and include them)."""
+        if not keep_stats:
+            self._context.frames = 0
         for layer in self.delta_layers():
-            layer.reset_state(keep_stats=True)
-        self._pending_key = [True] * self._signature[0][0][0]
+            layer.reset_state(keep_stats=keep_stats)
+        self._pending_key = None if self._signature is None else [True] * self._signature[0][0][0]
 
     def reset(self, streams: Optional[Iterable[int]] = None) -> None:
         """Make the next frame a key frame, for all streams or only the given batch indices."""
         if streams is None:
-            self._context.frames = 0
-            for layer in self.delta_layers():
-                layer.reset_state()
-            self._pending_key = None if self._signature is None else [True] * self._signature[0][0][0]
+            self._reset_all()
             return
         streams = [int(s) for s in streams]
         if self._signature is None:
