@@ -26,7 +26,8 @@ _ADOPTING = (DCConv2d, DCConvTranspose2d, DCLinear, DCBatchNorm2d)
 
 
 class ConversionError(RuntimeError):
-    """Raised by ``convert(..., strict=True)`` when some op has no delta rule."""
+    """Raised by ``convert()`` when torch.fx cannot trace the model, and by ``convert(...,
+    strict=True)`` when some op has no delta rule."""
 
 
 class _ScopedTracer(fx.Tracer):
@@ -417,6 +418,19 @@ def _tensor_input(node: fx.Node) -> bool:
     return t is not None and issubclass(t, torch.Tensor)
 
 
+def _untraceable_message(model: nn.Module, error: Exception) -> str:
+    """What to do when torch.fx cannot trace ``model``: convert the part that sees each frame once."""
+    reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    hint = ("convert the part of the model that runs once per frame on the image instead, or name "
+            "the blocks torch.fx cannot trace in leaf_modules= (they then run dense)")
+    if isinstance(getattr(model, "backbone", None), nn.Module):
+        hint = (f"{type(model).__name__} has a backbone: deltaconv.convert_backbone(model, example_input) "
+                "converts it and keeps the heads dense (detectors and pose models; README, Detection "
+                "and pose); or " + hint.replace("convert the part", "convert a part"))
+    return (f"convert: torch.fx cannot trace {type(model).__name__} ({type(error).__name__}: {reason}); "
+            f"{hint}")
+
+
 def _example_for(model: nn.Module) -> torch.Tensor:
     p = next(model.parameters(), None)
     device = p.device if p is not None else torch.device("cpu")
@@ -495,7 +509,10 @@ def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
     if not isinstance(leaf_modules, (tuple, list)) or not all(isinstance(t, type) for t in leaf_modules):
         raise TypeError(f"convert: leaf_modules must be a tuple of module classes, got {leaf_modules!r}")
     tracer = _ScopedTracer(tuple(leaf_modules))
-    graph = tracer.trace(dense)
+    try:
+        graph = tracer.trace(dense)
+    except Exception as error:  # fx raises TraceError, TypeError, ... from inside the model's forward
+        raise ConversionError(_untraceable_message(model, error)) from error
     traced = fx.GraphModule(dense, graph)
     example = _example_for(dense) if example_input is None else example_input
     examples = example if isinstance(example, (tuple, list)) else (example,)
