@@ -420,15 +420,15 @@ def _tensor_input(node: fx.Node) -> bool:
 
 def _untraceable_message(model: nn.Module, error: Exception) -> str:
     """What to do when torch.fx cannot trace ``model``: convert the part that sees each frame once."""
-    reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    hint = ("convert the part of the model that runs once per frame on the image instead, or name "
-            "the blocks torch.fx cannot trace in leaf_modules= (they then run dense)")
+    name = type(model).__name__
+    reason = str(error).strip().splitlines()[0] if str(error).strip() else "no message"
     if isinstance(getattr(model, "backbone", None), nn.Module):
-        hint = (f"{type(model).__name__} has a backbone: deltaconv.convert_backbone(model, example_input) "
-                "converts it and keeps the heads dense (detectors and pose models; README, Detection "
-                "and pose); or " + hint.replace("convert the part", "convert a part"))
-    return (f"convert: torch.fx cannot trace {type(model).__name__} ({type(error).__name__}: {reason}); "
-            f"{hint}")
+        part = (f"deltaconv.convert_backbone(model, example_input) converts the backbone of {name} and keeps "
+                "its heads dense (detectors and pose models; README, Detection and pose)")
+    else:
+        part = "convert the part of the model that runs once per frame on the image"
+    return (f"convert: torch.fx cannot trace {name} ({type(error).__name__}: {reason}); {part}, or name the "
+            "blocks torch.fx cannot trace in leaf_modules= (they then run dense)")
 
 
 def _example_for(model: nn.Module) -> torch.Tensor:
