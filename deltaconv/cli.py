@@ -197,14 +197,22 @@ def cmd_convert(args: argparse.Namespace) -> int:
     from .convert import convert
 
     entry = zoo.load(args.model)
-    example = torch.randn(1, 3, *args.size)
-    dm = convert(entry.model, example_input=example)
+    part = ""
+    if entry.task == "detection":  # does not trace whole: its backbone, on what its transform makes of a frame
+        from .detection import convert_backbone
+
+        dm = convert_backbone(entry.model, torch.rand(1, 3, *args.size)).backbone
+        part = " (its backbone; the heads stay dense)"
+    else:
+        dm = convert(entry.model, example_input=torch.randn(1, 3, *args.size))
     report = dm.report
     if args.report:
+        if part:
+            print(f"{entry.name}{part}:")
         print(str(report))
     else:
         counts = ", ".join(f"{v} {k}" for k, v in sorted(report.counts().items()))
-        print(f"{entry.name}: {len(report.nodes)} nodes: {counts}")
+        print(f"{entry.name}{part}: {len(report.nodes)} nodes: {counts}")
     fallbacks = report.fallbacks
     if fallbacks:
         if not args.report:  # the table already lists them
@@ -311,6 +319,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         raise CLIError("--device: 'cuda' asked but torch.cuda.is_available() is False")
     entry = zoo.load(args.model)
+    if entry.task == "detection":
+        raise CLIError(f"--model: {entry.name} is a detection model, which calibrate does not take; calibrate its "
+                       "backbone from Python (deltaconv.calibrate on deltaconv.detection.backbone_input frames) and "
+                       "pass the thresholds to deltaconv.convert_backbone")
     dtype = getattr(torch, args.dtype)
     model = entry.model.to(args.device, dtype)
     video = args.video if args.video is not None else str(find_sample_video())

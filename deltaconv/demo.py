@@ -369,6 +369,10 @@ def run_demo(video: Union[str, os.PathLike, None] = None, camera: Optional[int] 
     elif thresholds is not None and callable(getattr(thresholds, "detector", None)):
         change_detector = thresholds.detector()
     entry = zoo.load(model)
+    if entry.task == "detection":
+        raise ValueError(f"--model: {entry.name} is a detection model; the demo draws classification, segmentation "
+                         "and text models. Convert a detector's backbone with deltaconv.convert_backbone (README, "
+                         "Detection and pose)")
     dense = entry.model.to(dev, dtype)
     cap, source, fps, count = open_source(video, camera)
     frames = _read(cap, max_frames)

