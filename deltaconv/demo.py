@@ -78,10 +78,13 @@ def relative_error(out: Any, ref: Any) -> float:
     return float(_fid.relative_error(primary_output(out).float(), primary_output(ref).float()).mean())
 
 
-def _input_mask(dm, replayed: bool = False) -> Optional[torch.Tensor]:
+def _input_mask(dm, replayed: bool = False, key: bool = False) -> Optional[torch.Tensor]:
     """The input sparsifier's update mask of the last frame: the recorded graph's mask tensor when
-    that frame was replayed (hooks do not run in a replay), else the last eager one."""
-    return dm.__dict__.get("_demo_replay_mask" if replayed else "_demo_last_mask")
+    that frame was replayed (hooks do not run in a replay; the key frame's graph's for a key frame),
+    else the last eager one."""
+    if not replayed:
+        return dm.__dict__.get("_demo_last_mask")
+    return dm.__dict__.get("_demo_key_replay_mask" if key else "_demo_replay_mask")
 
 
 def _eager_runs(dm) -> int:
@@ -92,12 +95,13 @@ def _eager_runs(dm) -> int:
 def _hook_sparsifier(dm) -> None:
     """Keep the input sparsifier's last update mask ([N, 1, H, W]) on ``dm``: the eager one in
     ``_demo_last_mask`` (counting ``_demo_eager_runs``), and the one made while a CUDA graph is
-    recorded in ``_demo_replay_mask`` (each replay rewrites that tensor)."""
+    recorded in ``_demo_replay_mask`` (each replay rewrites that tensor; ``_demo_key_replay_mask``
+    for the graph of a key frame)."""
     from .modules import DCSparsify
 
     def keep(module, args, out):
         if out.mask.is_cuda and torch.cuda.is_current_stream_capturing():
-            dm.__dict__["_demo_replay_mask"] = out.mask
+            dm.__dict__["_demo_key_replay_mask" if module.key is not None else "_demo_replay_mask"] = out.mask
         else:
             dm.__dict__["_demo_last_mask"] = out.mask
             dm.__dict__["_demo_eager_runs"] = _eager_runs(dm) + 1
@@ -437,7 +441,7 @@ def run_demo(video: Union[str, os.PathLike, None] = None, camera: Optional[int] 
                    "dense_ms": ms_dense, "delta_ms": ms_delta,
                    "density": density, "work": work_fraction(stats),
                    "rel_error": relative_error(y_delta, y_dense), "top1": None}
-            mask = _input_mask(dm, replayed)
+            mask = _input_mask(dm, replayed, key=row["key"])
             # the update mask drawn in the right panel, as a fraction of pixels (equals "density")
             row["mask_density"] = float(mask.float().mean()) if mask is not None else math.nan
             ref_label = None

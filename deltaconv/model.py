@@ -82,6 +82,9 @@ class DeltaModel(nn.Module):
         self._lock = _FrameLock()
         self.cuda_graph = cuda_graph
         self._graph: Optional[_CapturedFrame] = None
+        # a recorded key frame of every stream (the state zeroed, then the dense pass), recorded at the
+        # first such key frame after the delta frame's graph and replayed for later ones
+        self._key_graph: Optional[_CapturedFrame] = None
         self._recapture = False  # a graph was dropped for a change of settings: record it again
 
     # ------------------------------------------------------------------ running
@@ -98,22 +101,30 @@ class DeltaModel(nn.Module):
         self._validate(frames)
         frames = tuple(f.contiguous(memory_format=torch.channels_last) if f.dim() == 4 else f for f in frames)
         signature = tuple((tuple(f.shape), f.dtype, f.device) for f in frames)
-        if signature != self._signature:
-            self._release_state()
-            self._signature = signature
-            self._pending_key = [True] * frames[0].shape[0]
-        elif (interval := self.refresh_interval(frames[0].dtype)) is not None and self._frames_since_key >= interval:
-            self._reset_all(keep_stats=True)
-        key_frame = self._pending_key is not None and any(self._pending_key)
         if self._graph is not None and (self._graph.settings != self._settings()
                                         or (self._inference_state and not torch.is_inference_mode_enabled())):
             # thresholds, measures, detector, statistics or backend changed since capture, or the state
             # made under inference mode is about to be copied (``_match_inference_mode``)
             self._drop_graph()
+        if signature != self._signature:
+            self._release_state()
+            self._signature = signature
+            self._pending_key = [True] * frames[0].shape[0]
+        elif (interval := self.refresh_interval(frames[0].dtype)) is not None and self._frames_since_key >= interval:
+            if self._key_graph is None:
+                self._reset_all(keep_stats=True)
+            else:  # the recorded key frame zeroes the state itself
+                self._pending_key = [True] * frames[0].shape[0]
+        key_frame = self._pending_key is not None and any(self._pending_key)
+        every_stream = key_frame and all(self._pending_key)
         if self._graph is not None and not key_frame:
             return self._replay(frames)
+        if self._key_graph is not None and every_stream:
+            return self._replay_key(frames)
         if (self.cuda_graph or self._recapture) and not key_frame and frames[0].is_cuda:
             return self._capture(frames)
+        if self._graph is not None and every_stream:
+            return self._capture(frames, key=True)
         return self._run_eager(frames)
 
     def _run_eager(self, frames: tuple) -> object:
@@ -163,8 +174,11 @@ class DeltaModel(nn.Module):
         frames of the same shape, dtype and device replay it (one launch per frame).
 
         Replayed frames return the same output tensors each time, overwritten by the next frame
-        (clone what you keep). Key frames (first frame, ``reset()``, shape changes) run eagerly;
-        a shape, dtype or device change drops the graph. A change of what the recorded kernels
+        (clone what you keep). The first key frame, key frames of some streams only and those after a
+        shape change run eagerly; the first key frame of every stream after this graph exists (a
+        periodic one of ``refresh_every``, or after ``reset()``) also records a graph of a key frame,
+        which later ones replay (returning that graph's own output tensors). A shape, dtype or
+        device change drops the graphs. A change of what the recorded kernels
         were given (a threshold, the truncation measure, the input's change detector,
         :attr:`record_stats`, the backend) drops it too, and the next delta frame records it again.
         Capture after loading new weights, and after changing a change detector's own settings.
@@ -179,21 +193,47 @@ class DeltaModel(nn.Module):
             self._run_frame((frames,))  # key frame first: the graph records delta frames
         return self._capture((frames,))
 
-    def _capture(self, frames: tuple) -> object:
-        side = torch.cuda.Stream(device=frames[0].device)
+    def _capture(self, frames: tuple, key: bool = False) -> object:
+        """Run ``frames`` eagerly on a side stream (the warm-up that CUDA graph capture requires), then
+        record one frame as a CUDA graph: a delta frame, replayed by later delta frames; or with
+        ``key`` a key frame of every stream, in the delta frame's memory pool (the state zeroed as
+        ``reset_state`` zeroes it, then every layer with every stream's key flag set), replayed by
+        later key frames of every stream (``_replay_key``)."""
+        device = frames[0].device
+        side = torch.cuda.Stream(device=device)
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up on a side stream, as CUDA graph capture requires
+        with torch.cuda.stream(side):
             out = self._run_eager(frames)
         torch.cuda.current_stream().wait_stream(side)
         static_in = tuple(f.clone() for f in frames)
+        every_stream = torch.ones(frames[0].shape[0], dtype=torch.bool, device=device) if key else None
         graph = torch.cuda.CUDAGraph()
         ctx = self._context
-        ctx.key = None
-        with torch.no_grad(), torch.cuda.graph(graph):
-            static_out = self._run_layers(static_in)
-        self._graph = _CapturedFrame(graph, static_in, static_out, self._settings())
-        self._recapture = False
+        try:
+            with torch.no_grad(), torch.cuda.graph(graph, pool=self._graph.graph.pool() if key else None):
+                if key:
+                    for layer in self.delta_layers():
+                        layer.reset_state(keep_stats=True)
+                ctx.key = every_stream
+                static_out = self._run_layers(static_in)
+        finally:
+            ctx.key = None
+        captured = _CapturedFrame(graph, static_in, static_out, self._settings())
+        if key:
+            self._key_graph = captured
+        else:
+            self._graph, self._recapture = captured, False
         return out
+
+    def _replay_key(self, frames: tuple) -> object:
+        captured = self._key_graph
+        for static, f in zip(captured.inputs, frames):
+            static.copy_(f)
+        captured.graph.replay()
+        self._pending_key = None
+        self._frames_since_key = 1
+        self._context.frames += 1
+        return captured.outputs
 
     def _settings(self) -> tuple:
         """What a recorded frame's kernels were given besides the state: the backend, whether
@@ -206,7 +246,7 @@ class DeltaModel(nn.Module):
     def _drop_graph(self) -> None:
         """Forget the recorded frame (its settings or buffers are out of date); the next delta frame
         records a new one."""
-        self._graph = None
+        self._graph = self._key_graph = None
         self._recapture = True
 
     def _replay(self, frames: tuple) -> object:
@@ -311,7 +351,7 @@ class DeltaModel(nn.Module):
         self._pending_key = key
 
     def _release_state(self) -> None:
-        self._graph = None
+        self._graph = self._key_graph = None
         self._recapture = False
         self._context.frames = 0
         for layer in self.delta_layers():
@@ -461,7 +501,8 @@ class _FrameLock:
 
 
 class _CapturedFrame:
-    """A recorded delta frame: the graph and its static input and output tensors."""
+    """A recorded frame (a delta frame, or a key frame of every stream): the graph and its static
+    input and output tensors."""
 
     def __init__(self, graph, inputs: tuple, outputs, settings: tuple) -> None:
         self.graph, self.inputs, self.outputs, self.settings = graph, inputs, outputs, settings

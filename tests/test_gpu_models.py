@@ -90,6 +90,41 @@ def test_cuda_graph_replay_equals_eager_over_video(dtype):
             torch.testing.assert_close(graphed(f), eager(f), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("name", ["mobilenet_v3_large", "resnet18"])
+def test_key_frames_of_every_stream_replay_their_own_graph(name, dtype):
+    """With refresh_every=4 the first periodic key frame after the delta frame's graph runs eagerly
+    and records a graph of a key frame; the later periodic key frames, and the key frame after a
+    reset() of every stream, replay it. Outputs and statistics equal an eager model's bit for bit."""
+    model = build(name).cuda().to(dtype)
+    frames = [f.cuda().to(dtype) for f in video_frames(14, (96, 128))]
+    eager = deltaconv.convert(model, threshold=0.02, backend="cuda", example_input=frames[0], refresh_every=4)
+    graphed = deltaconv.convert(model, threshold=0.02, backend="cuda", example_input=frames[0], refresh_every=4,
+                                cuda_graph=True, check_finite=False)
+    eager_runs = []
+    run_eager = graphed._run_eager
+    graphed._run_eager = lambda f: (eager_runs.append(graphed.frames_since_key), run_eager(f))[1]
+    key_graphs = []
+    with torch.no_grad():
+        for t, f in enumerate(frames):
+            torch.testing.assert_close(main_output(graphed(f)), main_output(eager(f)), rtol=0, atol=0,
+                                       msg=f"frame {t}")
+            key_graphs.append(graphed._key_graph)
+        # frame 0: the first key frame; 1: records the delta graph; 4: the first periodic key frame
+        # records the key graph; 8 and 12 replay it
+        assert len(eager_runs) == 3, eager_runs
+        assert key_graphs[3] is None and key_graphs[4] is not None
+        assert all(g is key_graphs[4] for g in key_graphs[4:])
+        e_stats, g_stats = eager.stats(), graphed.stats()
+        assert [s["mean_density"] for s in g_stats] == pytest.approx([s["mean_density"] for s in e_stats],
+                                                                     nan_ok=True)
+        graphed.reset()
+        eager.reset()
+        for f in frames[:3]:
+            torch.testing.assert_close(main_output(graphed(f)), main_output(eager(f)), rtol=0, atol=0)
+        assert len(eager_runs) == 3 and graphed.frames_since_key == 3
+
+
 @pytest.mark.parametrize("name", ["resnet18", "mobilenet_v3_large", "lraspp_mobilenet_v3_large"])
 def test_programmatic_launch_equals_plain_launch(name, monkeypatch):
     """Kernels that may start before the previous one has finished (programmatic dependent launch,
