@@ -696,6 +696,44 @@ def test_recorded_frame_is_dropped_when_settings_change(small, change):
         assert out.shape == (1, 4, 32, 48)  # this frame ran eagerly
 
 
+def _with_fake_key_graph(dm, frame):
+    """Give ``dm`` a recorded key frame of its current settings whose replay only counts (CPU)."""
+    from deltaconv.model import _CapturedFrame
+    fake = _CountingGraph()
+    dm._key_graph = _CapturedFrame(fake, (torch.empty_like(frame),), torch.ones(1), dm._settings())
+    return fake
+
+
+def test_key_frames_of_every_stream_replay_the_recorded_key_frame(small):
+    """With a recorded key frame, a periodic key frame replays it without zeroing the state eagerly
+    (the recording zeroes it), and so does the key frame after reset(); a key frame of one stream
+    only runs eagerly; a change of settings drops both recordings."""
+    frames = [torch.cat([a, b]) for a, b in zip(frames_of(9), frames_of(9, name="one-by-one-person-detection.mp4"))]
+    dm = deltaconv.convert(small, threshold=0.01, example_input=frames[0], refresh_every=3)
+    dm(frames[0])
+    dm(frames[1])
+    delta, key = _with_fake_graph(dm, frames[2]), _with_fake_key_graph(dm, frames[2])
+    zeroed = []
+    for layer in dm.delta_layers():
+        reset_state = layer.reset_state
+        layer.reset_state = lambda *a, _reset=reset_state, **k: (zeroed.append(1), _reset(*a, **k))[1]
+    dm(frames[2])  # a delta frame: replays the delta recording
+    assert (delta.replays, key.replays, dm.frames_since_key) == (1, 0, 3)
+    out = dm(frames[3])  # the periodic key frame (every 3): replays the key recording
+    assert (delta.replays, key.replays, dm.frames_since_key, zeroed) == (1, 1, 1, [])
+    assert torch.equal(out, torch.ones(1)) and dm._pending_key is None
+    dm(frames[4])
+    dm.reset()  # every stream: the next frame replays the key recording (reset() zeroed eagerly)
+    dm(frames[5])
+    assert (delta.replays, key.replays, dm.frames_since_key) == (2, 2, 1)
+    dm.reset(streams=[1])  # a key frame of one stream of the two runs eagerly
+    out = dm(frames[6])
+    assert (delta.replays, key.replays, out.shape) == (2, 2, (2, 4, 32, 48))
+    dm.set_threshold_all(0.05)  # a change of settings drops both recordings
+    dm(frames[7])
+    assert dm._graph is None and dm._key_graph is None and (delta.replays, key.replays) == (2, 2)
+
+
 def test_recorded_frame_is_dropped_when_leaving_inference_mode(small):
     """State made under torch.inference_mode is copied when frames run outside it; a recording that
     reads and writes the old buffers is dropped first."""
