@@ -25,7 +25,9 @@ def capture_graph(fn: Callable[[], object]) -> tuple[Callable[[], None], object]
 
 def graphed_model(model, example: torch.Tensor) -> Callable[[torch.Tensor], object]:
     """The dense ``model`` replayed as one CUDA graph per frame: copy the frame in, replay. The
-    output is the graph's own tensor, overwritten by the next call."""
+    output is the graph's own tensor, overwritten by the next call. The returned callable holds
+    ``model`` (as ``run.model``): the graph reads its parameters where they were when it was
+    recorded, so they must outlive it."""
     static_in = example.clone()
     with torch.no_grad():
         replay, static_out = capture_graph(lambda: model(static_in))
@@ -34,4 +36,5 @@ def graphed_model(model, example: torch.Tensor) -> Callable[[torch.Tensor], obje
         static_in.copy_(frame)
         replay()
         return static_out
+    run.model = model
     return run
