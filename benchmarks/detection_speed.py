@@ -1,30 +1,26 @@
 """Detectors and pose models with a converted backbone (``deltaconv.convert_backbone``) on real video.
 
 torchvision's detection models do not trace whole; their backbone (feature extractor and feature
-pyramid) does, and so do the heads that run convolutions on its feature maps (``HEADS``:
-RetinaNet's ``head``, the R-CNNs' ``rpn.head``); proposals, ROI pooling and non-maximum suppression
-stay dense. This measures what converting them buys per frame on a static camera: for each model,
-window of frames and threshold, these variants of the same detector run frame by frame in turn on
-the same frames:
+pyramid) does, and the heads (proposals, ROI pooling, non-maximum suppression) stay dense. This
+measures what that buys per frame on a static camera: for each model, window of frames and
+threshold, three variants of the same detector run frame by frame in turn on the same frames:
 
 * ``dense``: the dense detector, eager (what a user runs today);
 * ``dense_graph``: the dense detector with its backbone replayed as a CUDA graph (the fair
-  baseline of the backbone; the rest runs eager);
-* ``delta``: the backbone converted (``backend="cuda"``, ``cuda_graph=True``);
-* ``dense_graph_heads``: the backbone and the heads replayed as one CUDA graph (the baseline of):
-* ``delta_heads``: the backbone and the heads converted together (``convert_backbone(heads=...)``).
+  baseline of the backbone; the heads run eager in every variant);
+* ``delta``: the backbone converted (``backend="cuda"``, ``cuda_graph=True``).
 
-Each frame is timed with CUDA events around the whole detector call and around the backbone call
-(the backbone and heads call in the ``*_heads`` variants);
+Each frame is timed with CUDA events around the whole detector call and around the backbone call;
 the medians over the frames after ``--warmup`` go into ``benchmarks/results/detection.csv`` with the
 converted backbone's FLOPs density and the relative error of its feature maps (all pyramid levels
 together) against the dense backbone's, and, for scale, both backbones' errors against the float32
-backbone (TF32 off); with heads, the relative error of the converted heads' outputs against the
-dense heads' and the FLOPs density of backbone and heads together. The weights are random (no detector weights install
+backbone (TF32 off). The weights are random (no detector weights install
 offline): the BatchNorm statistics are re-estimated on the video's frames, so that activations
 keep a trained network's scale, but the detections themselves mean nothing, so no task metric is
 reported. Frames are upscaled to ``--size`` and the transform keeps that size (``min_size``,
-``max_size``). Run on a CUDA machine with the sample videos reachable::
+``max_size``). (``benchmarks/results/detection.csv`` also has the columns of heads converted with
+the backbone, from this script at commit 4b95272, where ``convert_backbone(heads=...)`` existed:
+README, *Detection and pose*.) Run on a CUDA machine with the sample videos reachable::
 
     PYTHONPATH=. python benchmarks/detection_speed.py [--models ...] [--thresholds 0 0.02] [--starts 0 200]
 """
@@ -45,14 +41,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, graphed_model, run_info, write_csv  # noqa: E402
 
 import deltaconv  # noqa: E402
-from deltaconv.detection import FrameParts, HeadOutput, _BackboneWithHeads, backbone_input  # noqa: E402
+from deltaconv.detection import backbone_input  # noqa: E402
 from deltaconv.fidelity import flops_density  # noqa: E402
 from deltaconv.video import find_sample_video, read_frames  # noqa: E402
 
 MODELS = ["fasterrcnn_mobilenet_v3_large_fpn", "keypointrcnn_resnet50_fpn", "retinanet_resnet50_fpn"]
-#: the heads converted with the backbone in the ``*_heads`` variants
-HEADS = {"fasterrcnn_mobilenet_v3_large_fpn": "rpn.head", "keypointrcnn_resnet50_fpn": "rpn.head",
-         "retinanet_resnet50_fpn": "head"}
 
 
 class TimedBackbone(nn.Module):
@@ -106,37 +99,9 @@ def build(name: str, size, frames) -> nn.Module:
 
 
 def feature_error(got: dict, want: dict) -> float:
-    """Relative error of the feature maps (all levels together)."""
     num = sum((g.double() - want[k].double()).norm() ** 2 for k, g in got.items())
     den = sum(w.double().norm() ** 2 for w in want.values())
     return float((num / den).sqrt())
-
-
-def tensors(out) -> list:
-    """The tensors of a head's output (a dict, or lists and tuples of tensors), in order."""
-    if torch.is_tensor(out):
-        return [out]
-    values = out.values() if isinstance(out, dict) else out
-    return [t for v in values for t in tensors(v)]
-
-
-def head_error(got, want) -> float:
-    """Relative error of a head's outputs, all its tensors together."""
-    pairs = list(zip(tensors(got), tensors(want)))
-    num = sum((g.double() - w.double()).norm() ** 2 for g, w in pairs)
-    return float((num / sum(w.double().norm() ** 2 for _, w in pairs)).sqrt())
-
-
-def with_heads_graphed(dense, heads: str, example):
-    """``dense`` with its backbone and ``heads`` replayed as one CUDA graph (the fair baseline of the
-    converted backbone and heads; the rest of the detector eager)."""
-    model = copy.deepcopy(dense)
-    parts = _BackboneWithHeads(model.backbone, {heads: model.get_submodule(heads)})
-    frame_parts = FrameParts(GraphedBackbone(parts, example), (heads,))
-    model.backbone = TimedBackbone(frame_parts)
-    parent, _, leaf = heads.rpartition(".")
-    setattr(model.get_submodule(parent) if parent else model, leaf, HeadOutput(frame_parts, heads))
-    return model
 
 
 def run(name, frames, start, threshold, dtype, warmup, size, video) -> dict:
@@ -145,25 +110,15 @@ def run(name, frames, start, threshold, dtype, warmup, size, video) -> dict:
     reference = copy.deepcopy(dense)  # float32, TF32 off: the scale of the float16 rounding
     dense.to(dtype).backbone.to(memory_format=torch.channels_last)
     example = backbone_input(dense, images[0])
-    convert = dict(backend="cuda", threshold=threshold, cuda_graph=True, check_finite=False)
-    variants = {"dense": dense}
-    variants["dense_graph"] = copy.deepcopy(dense)
-    variants["dense_graph"].backbone = TimedBackbone(GraphedBackbone(dense.backbone, example))
-    variants["delta"] = deltaconv.convert_backbone(dense, images[0], **convert)
-    variants["delta"].backbone = TimedBackbone(variants["delta"].backbone)
-    heads = HEADS.get(name)
-    head_outs = {}
-    if heads:
-        variants["dense_graph_heads"] = with_heads_graphed(dense, heads, example)
-        variants["delta_heads"] = deltaconv.convert_backbone(dense, images[0], heads=heads, **convert)
-        variants["delta_heads"].backbone = TimedBackbone(variants["delta_heads"].backbone)
-        for v in ("dense_graph_heads", "delta_heads"):
-            variants[v].get_submodule(heads).register_forward_hook(
-                lambda m, args, out, v=v: head_outs.__setitem__(v, out))
-    timed = [v for v in variants if v != "dense"]
+    dense_graph = copy.deepcopy(dense)
+    dense_graph.backbone = TimedBackbone(GraphedBackbone(dense.backbone, example))
+    delta = deltaconv.convert_backbone(dense, images[0], backend="cuda", threshold=threshold, cuda_graph=True,
+                                       check_finite=False)
+    delta.backbone = TimedBackbone(delta.backbone)
+    variants = {"dense": dense, "dense_graph": dense_graph, "delta": delta}
     times = {v: [] for v in variants}
-    part_times = {v: [] for v in timed}
-    errors, dense_vs_fp32, delta_vs_fp32, head_errors = [], [], [], []
+    backbone_times = {"dense_graph": [], "delta": []}
+    errors, dense_vs_fp32, delta_vs_fp32 = [], [], []
     with torch.no_grad():
         for i, frame in enumerate(images):
             for v, model in variants.items():
@@ -174,49 +129,30 @@ def run(name, frames, start, threshold, dtype, warmup, size, video) -> dict:
                 end.synchronize()
                 if i >= warmup:
                     times[v].append(begin.elapsed_time(end))
-                    if v in part_times:
-                        part_times[v].append(model.backbone.last_ms())
+                    if v in backbone_times:
+                        backbone_times[v].append(model.backbone.last_ms())
             if i >= warmup:
                 exact = reference.backbone(backbone_input(reference, [im.float() for im in frame]))
-                dense_features, delta_features = variants["dense_graph"].backbone.features, variants["delta"].backbone.features
-                errors.append(feature_error(delta_features, dense_features))
-                dense_vs_fp32.append(feature_error(dense_features, exact))
-                delta_vs_fp32.append(feature_error(delta_features, exact))
-                if heads:
-                    head_errors.append(head_error(head_outs["delta_heads"], head_outs["dense_graph_heads"]))
+                errors.append(feature_error(delta.backbone.features, dense_graph.backbone.features))
+                dense_vs_fp32.append(feature_error(dense_graph.backbone.features, exact))
+                delta_vs_fp32.append(feature_error(delta.backbone.features, exact))
             if i == warmup - 1:
-                for v in ("delta", "delta_heads"):
-                    if v in variants:
-                        delta_model(variants[v]).reset_stats()
+                delta.backbone.inner.reset_stats()
     med = {v: statistics.median(t) for v, t in times.items()}
-    part = {v: statistics.median(t) for v, t in part_times.items()}
-    row = {"model": name, "video": video.name, "start": start, "frames": len(frames) - warmup,
-           "resolution": f"{size[0]}x{size[1]}", "backbone_input": "x".join(map(str, example.shape[-2:])),
-           "dtype": str(dtype).replace("torch.", ""), "threshold": threshold,
-           "dense_ms": med["dense"], "dense_graph_ms": med["dense_graph"], "delta_ms": med["delta"],
-           "speedup_vs_dense_graph": med["dense_graph"] / med["delta"],
-           "backbone_dense_graph_ms": part["dense_graph"], "backbone_delta_ms": part["delta"],
-           "backbone_speedup": part["dense_graph"] / part["delta"],
-           "outside_backbone_ms": med["dense_graph"] - part["dense_graph"],
-           "feature_rel_err": statistics.fmean(errors), "feature_rel_err_max": max(errors),
-           "dense_feature_err_vs_fp32": statistics.fmean(dense_vs_fp32),
-           "delta_feature_err_vs_fp32": statistics.fmean(delta_vs_fp32),
-           "flops_density": flops_density(delta_model(variants["delta"]).stats()),
-           "heads": heads or "", "dense_graph_heads_ms": "", "delta_heads_ms": "", "speedup_heads": "",
-           "parts_dense_graph_ms": "", "parts_delta_ms": "", "head_rel_err": "", "heads_flops_density": ""}
-    if heads:
-        row.update({"dense_graph_heads_ms": med["dense_graph_heads"], "delta_heads_ms": med["delta_heads"],
-                    "speedup_heads": med["dense_graph_heads"] / med["delta_heads"],
-                    "parts_dense_graph_ms": part["dense_graph_heads"], "parts_delta_ms": part["delta_heads"],
-                    "head_rel_err": statistics.fmean(head_errors),
-                    "heads_flops_density": flops_density(delta_model(variants["delta_heads"]).stats())})
-    return {**row, **run_info()}
-
-
-def delta_model(detector):
-    """The DeltaModel inside a converted detector's timed backbone (a FrameParts' ``delta`` with heads)."""
-    inner = detector.backbone.inner
-    return inner.delta if isinstance(inner, FrameParts) else inner
+    bb = {v: statistics.median(t) for v, t in backbone_times.items()}
+    dm = delta.backbone.inner
+    return {"model": name, "video": video.name, "start": start, "frames": len(frames) - warmup,
+            "resolution": f"{size[0]}x{size[1]}", "backbone_input": "x".join(map(str, example.shape[-2:])),
+            "dtype": str(dtype).replace("torch.", ""), "threshold": threshold,
+            "dense_ms": med["dense"], "dense_graph_ms": med["dense_graph"], "delta_ms": med["delta"],
+            "speedup_vs_dense_graph": med["dense_graph"] / med["delta"],
+            "backbone_dense_graph_ms": bb["dense_graph"], "backbone_delta_ms": bb["delta"],
+            "backbone_speedup": bb["dense_graph"] / bb["delta"],
+            "outside_backbone_ms": med["dense_graph"] - bb["dense_graph"],
+            "feature_rel_err": statistics.fmean(errors), "feature_rel_err_max": max(errors),
+            "dense_feature_err_vs_fp32": statistics.fmean(dense_vs_fp32),
+            "delta_feature_err_vs_fp32": statistics.fmean(delta_vs_fp32),
+            "flops_density": flops_density(dm.stats()), **run_info()}
 
 
 def main() -> None:
@@ -252,19 +188,13 @@ def main() -> None:
                     traceback.print_exc()
                     continue
                 rows.append(row)
-                heads = (f"; with {row['heads']}: dense graph {row['dense_graph_heads_ms']:.2f} ms (parts "
-                         f"{row['parts_dense_graph_ms']:.2f}), delta {row['delta_heads_ms']:.2f} ms (parts "
-                         f"{row['parts_delta_ms']:.2f}): {row['speedup_heads']:.2f}x, head error "
-                         f"{row['head_rel_err']:.2e}, FLOPs density {row['heads_flops_density']:.3f}"
-                         if row["heads"] else "")
                 print(f"{name} frames {start}-{start + a.frames - 1} t={t}: dense {row['dense_ms']:.2f} ms, "
                       f"dense+graph backbone {row['dense_graph_ms']:.2f} ms (backbone "
                       f"{row['backbone_dense_graph_ms']:.2f}), delta {row['delta_ms']:.2f} ms (backbone "
                       f"{row['backbone_delta_ms']:.2f}, {row['backbone_speedup']:.2f}x): "
                       f"{row['speedup_vs_dense_graph']:.2f}x per frame; feature error "
                       f"{row['feature_rel_err']:.2e} (dense {row['dense_feature_err_vs_fp32']:.2e} / delta "
-                      f"{row['delta_feature_err_vs_fp32']:.2e} off float32), FLOPs density "
-                      f"{row['flops_density']:.3f}{heads}", flush=True)
+                      f"{row['delta_feature_err_vs_fp32']:.2e} off float32), FLOPs density {row['flops_density']:.3f}", flush=True)
                 write_csv(a.out, rows)
     if not rows:
         sys.exit("detection_speed.py: every configuration failed")

@@ -7,15 +7,13 @@ them; in float32 the backbone's feature maps are compared, which is what the hea
 """
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 import torch.nn as nn
 from torchvision.models import detection
 
 import deltaconv
-from deltaconv.detection import FrameParts, HeadOutput, backbone_input
+from deltaconv.detection import backbone_input
 from helpers import cuda_backend_reason, randomize_bn, video_frames
 
 SIZE = (108, 192)
@@ -106,80 +104,6 @@ def test_backbone_features_equal_dense_inside_the_detector(name):
             err = ((g[key] - w[key]).norm() / w[key].norm()).item()
             assert err <= 1e-4, (key, err)
     assert not model.backbone.report.fallbacks, str(model.backbone.report)
-
-
-@pytest.mark.parametrize("name,heads", [("retinanet_resnet50_fpn", "head"),
-                                        ("fasterrcnn_mobilenet_v3_large_320_fpn", "rpn.head")])
-def test_detector_with_converted_heads_equals_dense_in_float64(name, heads):
-    """The backbone and the heads that read its feature maps converted as one model: RetinaNet's
-    head, Faster R-CNN's region proposal head; the detections equal the dense ones frame by frame."""
-    dense = _detector(name, **({"box_score_thresh": 0.0} if "rcnn" in name else {})).double()
-    frames = [[im.double() for im in f] for f in _two_streams(3)]
-    model = deltaconv.convert_backbone(dense, frames[0], heads=heads)
-    assert isinstance(model.backbone, FrameParts) and isinstance(model.get_submodule(heads), HeadOutput)
-    assert not model.backbone.delta.report.fallbacks
-    assert any(n.startswith(heads + ".") for n in model.backbone.delta.thresholds())
-    with torch.no_grad():
-        for f in frames:
-            for w, g in zip(dense(f), model(f)):
-                assert w["boxes"].shape[0] > 0
-                for key in w:
-                    torch.testing.assert_close(g[key], w[key], rtol=1e-9, atol=1e-9)
-    assert 0.0 < model.backbone.delta.stats()[0]["mean_density"] < 1.0
-
-
-def _head_outputs(module: nn.Module, store: list):
-    return module.register_forward_hook(lambda m, args, out: store.append(out))
-
-
-@pytest.mark.parametrize("name", ["ssdlite320_mobilenet_v3_large", "fcos_resnet50_fpn"])
-def test_converted_heads_outputs_equal_dense(name):
-    """SSDlite's head and FCOS's head (whose GroupNorms have no delta rule and run dense, as
-    fallbacks) converted with the backbone: their outputs inside the running detector equal the
-    dense heads' (float32; the random-weight detections are exact ties that any rounding reorders)."""
-    dense = _detector(name)
-    frames = _two_streams(3)
-    model = deltaconv.convert_backbone(dense, frames[0], heads="head")
-    fallbacks = {n.target for n in model.backbone.delta.report.fallbacks}
-    if name.startswith("ssd"):
-        assert not fallbacks
-    else:  # FCOS: 4 GroupNorms in each of its two heads' conv towers
-        assert len(fallbacks) == 8 and all(t.startswith("GroupNorm:head.") for t in fallbacks), fallbacks
-    want, got = [], []
-    hooks = [_head_outputs(dense.head, want), _head_outputs(model.head, got)]
-    try:
-        with torch.no_grad():
-            for f in frames:
-                dense(f)
-                model(f)
-    finally:
-        for h in hooks:
-            h.remove()
-    assert len(got) == len(frames)
-    for w, g in zip(want, got):
-        for key in w:
-            err = ((g[key] - w[key]).norm() / w[key].norm()).item()
-            assert err <= 1e-4, (key, err)
-
-
-def test_converted_heads_copy_state_and_errors():
-    dense = _detector("retinanet_resnet50_fpn")
-    frames = _two_streams(2)
-    model = deltaconv.convert_backbone(dense, frames[0], heads=["head"])
-    names = set(dense.state_dict())
-    moved = {k for k in names if k.startswith(("backbone.", "head."))}
-    assert set(model.state_dict()) == (names - moved) | {"backbone.delta." + k for k in moved}
-    clone = copy.deepcopy(model)
-    assert clone.head.parts is clone.backbone and clone.backbone is not model.backbone
-    with torch.no_grad():
-        a, b = model(frames[0]), clone(frames[0])
-    torch.testing.assert_close(a[0]["scores"], b[0]["scores"])
-    with pytest.raises(RuntimeError, match=r"the head 'head' was converted with the backbone"):
-        model.head([])  # the detector's backbone call of this frame has not run
-    with pytest.raises(ValueError, match=r"has no sub-module 'rpn.head'"):
-        deltaconv.convert_backbone(dense, frames[0], heads="rpn.head")
-    with pytest.raises(ValueError, match=r"heads must lie outside the backbone 'backbone', got 'backbone.fpn'"):
-        deltaconv.convert_backbone(dense, frames[0], heads="backbone.fpn")
 
 
 def test_convert_backbone_copies_and_keeps_parameter_names():
@@ -283,42 +207,3 @@ def test_detector_backbone_on_the_cuda_kernels(dtype, cuda_graph):
                 dense_err = ((d[key].double() - ref).norm() / ref.norm()).item()
                 assert err <= 3 * dense_err + 1e-3, (key, err, dense_err)
     assert model.backbone.stats()[0]["mean_density"] < 1.0
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(bool(REASON), reason=REASON or "ok")
-@pytest.mark.parametrize("cuda_graph", [False, True])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_detector_heads_on_the_cuda_kernels(dtype, cuda_graph):
-    """RetinaNet's backbone and head converted together on the CUDA kernels, eager and replayed: the
-    head's outputs inside the running detector equal dense in float32 and stay within the dense
-    float16 model's own rounding in float16."""
-    torch.backends.cudnn.allow_tf32 = False
-    reference = _detector("retinanet_resnet50_fpn").cuda()
-    dense = _detector("retinanet_resnet50_fpn").cuda().to(dtype)
-    frames = [[im.cuda().to(dtype) for im in f] for f in _two_streams(5)]
-    model = deltaconv.convert_backbone(dense, frames[0], heads="head", backend="cuda", cuda_graph=cuda_graph,
-                                       check_finite=not cuda_graph)
-    want, low, got = [], [], []
-    hooks = [_head_outputs(reference.head, want), _head_outputs(dense.head, low), _head_outputs(model.head, got)]
-    try:
-        with torch.no_grad():
-            for f in frames:
-                reference([im.float() for im in f])
-                dense(f)
-                out = model(f)
-                assert len(out) == 2 and out[0]["scores"].dtype == dtype
-                got[-1] = {k: v.clone() for k, v in got[-1].items()}  # a replay overwrites its outputs
-    finally:
-        for h in hooks:
-            h.remove()
-    for w, d, g in zip(want, low, got):
-        for key in w:
-            ref = w[key].double()
-            err = ((g[key].double() - ref).norm() / ref.norm()).item()
-            if dtype == torch.float32:
-                assert err <= 1e-4, (key, err)
-            else:
-                dense_err = ((d[key].double() - ref).norm() / ref.norm()).item()
-                assert err <= 3 * dense_err + 1e-3, (key, err, dense_err)
-    assert model.backbone.delta.stats()[0]["mean_density"] < 1.0
