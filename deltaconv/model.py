@@ -159,6 +159,7 @@ class DeltaModel(nn.Module):
         convolutions' work-list counters are zeroed once for the whole frame."""
         ctx = self._context
         ctx.pending_stats = []
+        ctx.run += 1
         ctx.work_counters.begin_frame()
         try:
             out = self._runner(*frames)
@@ -296,6 +297,9 @@ class DeltaModel(nn.Module):
                         layer._buffers[name] = buf.clone()
                 if layer._stats is not None and layer._stats.is_inference():
                     layer._stats = layer._stats.clone()
+                for call in layer._later_calls:
+                    if call.counts is not None and call.counts.is_inference():
+                        call.counts = call.counts.clone()
         self._inference_state = inference
 
     def _apply(self, fn, recurse: bool = True):
@@ -368,12 +372,13 @@ class DeltaModel(nn.Module):
         return [self.get_submodule(n) for n in self._layer_names]
 
     def stats(self) -> list[dict]:
-        """One dict per DC layer in execution order: ``name``, ``kind``, ``density`` (fraction of
+        """One dict per DC layer in execution order (per call for a stateless layer that serves
+        several call sites of a shared module: ``name#2``, ... after its first): ``name``, ``kind``, ``density`` (fraction of
         output pixels updated in the last frame), ``mean_density`` since reset, ``frames``,
         ``flops_dense`` / ``flops_done`` / ``mean_flops_done`` (per frame), ``elements_dense`` (output
         elements per frame) / ``mean_elements_done`` (of those, on updated pixels), ``state_bytes``
         and, for truncating layers, ``threshold``."""
-        return [layer.stats() for layer in self.delta_layers()]
+        return [d for layer in self.delta_layers() for d in layer.call_stats()]
 
     @property
     def record_stats(self) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import gc
 import io
+import math
 import threading
 import time
 
@@ -590,8 +591,9 @@ def test_stats_counts_and_record_stats_switch(small):
 
 
 def test_stats_of_a_layer_called_twice_per_frame():
-    """Counts are deferred to the end of the frame and batched; a layer that runs twice in a frame
-    still gets "last call" in density and both calls in the running sum."""
+    """Counts are deferred to the end of the frame and batched; a stateless layer that runs twice
+    in a frame (one conv serving two call sites) keeps statistics per call: the first call's in the
+    layer's entry, the second's in ``<name>#2``, each with its own last count and running sum."""
     torch.manual_seed(0)
     model = SharedConvBN().eval()
     dm = deltaconv.convert(model, threshold=0.02)
@@ -602,8 +604,46 @@ def test_stats_of_a_layer_called_twice_per_frame():
     for f in frames_of(3):
         dm(f)
     assert len(counts) == 6
-    st = shared[0]._stats
-    assert st[0].item() == counts[-1] and st[1].item() == sum(counts) and st[2:].abs().sum().item() == 0
+    first, second = shared[0]._stats, shared[0]._later_calls[0].counts
+    assert first[0].item() == counts[-2] and first[1].item() == sum(counts[0::2])
+    assert second[0].item() == counts[-1] and second[1].item() == sum(counts[1::2])
+    assert first[2:].abs().sum().item() == 0 and second[2:].abs().sum().item() == 0
+    names = [d["name"] for d in dm.stats()]
+    name = shared[0].layer_name
+    assert names.count(name) == 1 and names.index(name + "#2") == names.index(name) + 1
+
+
+class TwoScales(nn.Module):
+    """One conv applied at two resolutions (as detection heads apply theirs at every pyramid level)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.pool = nn.AvgPool2d(2)
+
+    def forward(self, x):
+        return self.conv(x).mean((2, 3)) + self.conv(self.pool(x)).mean((2, 3))
+
+
+def test_a_conv_shared_across_resolutions_counts_each_call_at_its_size():
+    """Each call of a shared conv has its own densities (at most 1) and dense FLOPs (the second call
+    on a quarter of the pixels), so the model's FLOPs-weighted density stays a fraction; before,
+    the two calls were summed against the last one's size (mean density about 5)."""
+    torch.manual_seed(0)
+    model = TwoScales().eval()
+    frames = frames_of(4)
+    dm = deltaconv.convert(model, threshold=0.02, example_input=frames[0])
+    with torch.no_grad():
+        for f in frames:
+            dm(f)
+    stats = {d["name"]: d for d in dm.stats()}
+    first, second = stats["conv"], stats["conv#2"]
+    assert second["flops_dense"] == first["flops_dense"] / 4
+    for d in (first, second):
+        assert 0 < d["mean_density"] <= 1 and d["frames"] == 4
+    assert 0 < deltaconv.fidelity.flops_density(dm.stats()) <= 1
+    dm.reset_stats()
+    assert all(math.isnan(d["mean_density"]) for d in dm.stats() if d["name"].startswith("conv"))
 
 
 # ----------------------------------------------------------------------------- functional conv / linear

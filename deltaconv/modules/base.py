@@ -16,6 +16,17 @@ from .work_counters import WorkCounters
 
 
 @dataclass
+class CallStats:
+    """Statistics of one call of a layer within a frame, after its first (which the layer itself
+    holds): ``counts`` float64 ``[active pixels last frame, sum since reset, 2 x kernel scratch]``."""
+
+    counts: Optional[torch.Tensor] = None
+    pixels: int = 0
+    elements: int = 0
+    flops_dense: float = 0.0
+
+
+@dataclass
 class FrameContext:
     """Per-frame information shared by all layers of one converted model.
 
@@ -35,6 +46,10 @@ class FrameContext:
     extra: dict = field(default_factory=dict)
     pending_stats: Optional[list] = None
     work_counters: WorkCounters = field(default_factory=WorkCounters)
+    #: counts the runs of the layers (each frame, and each recording of one); a layer that runs
+    #: several times in one run (a stateless layer serving every call site of a shared module)
+    #: keeps separate statistics per call (``DCModule.call_stats``)
+    run: int = 0
 
     def flush_stats(self) -> None:
         """Count the pending masks (one backend call per run of distinct stats buffers, so a layer
@@ -96,6 +111,8 @@ class DCModule(nn.Module):
         self._pixels = 0
         self._elements = 0
         self._rows_buf: Optional[torch.Tensor] = None  # row list storage (row_list)
+        self._later_calls: list[CallStats] = []  # statistics of the 2nd, 3rd, ... call within a frame
+        self._call, self._call_run = 0, -1  # calls so far in the context's run ``_call_run``
 
     # ------------------------------------------------------------------ state
     def state(self, name: str, shape, device: torch.device, dtype: torch.dtype = torch.float32,
@@ -135,6 +152,7 @@ class DCModule(nn.Module):
         for name in self._state_names:
             self._buffers[name] = None
         self._stats = None
+        self._later_calls = []
         self._rows_buf = None
 
     def state_bytes(self) -> int:
@@ -146,8 +164,9 @@ class DCModule(nn.Module):
     # ------------------------------------------------------------------ statistics
     def reset_stats(self) -> None:
         """Zero this layer's statistics (frames counted, active pixels) in place."""
-        if self._stats is not None:
-            self._stats.zero_()  # in place: a captured CUDA graph keeps writing here
+        for counts in [self._stats] + [c.counts for c in getattr(self, "_later_calls", [])]:
+            if counts is not None:
+                counts.zero_()  # in place: a captured CUDA graph keeps writing here
 
     def flops_per_output_pixel(self, out: Delta) -> float:
         """Multiply-adds x2 that the dense layer spends per output pixel (all channels)."""
@@ -162,6 +181,18 @@ class DCModule(nn.Module):
         if not ctx.record_stats or not isinstance(out, Delta):
             return out
         mask = out.mask
+        call = self._next_call()
+        if call > 0:  # a later call of a stateless layer shared by several call sites
+            calls = self.__dict__.setdefault("_later_calls", [])
+            while len(calls) < call:
+                calls.append(CallStats())
+            record = calls[call - 1]
+            if record.counts is None or record.counts.device != mask.device:
+                record.counts = torch.zeros(4, dtype=torch.float64, device=mask.device)
+            ctx.pending_stats.append((mask, record.counts))
+            record.pixels, record.elements = mask.numel(), out.value.numel()
+            record.flops_dense = self.flops_per_output_pixel(out) * record.pixels
+            return out
         if self._stats is None or self._stats.device != mask.device:
             # float64 [active pixels last frame, sum since reset, 2 x kernel scratch]
             self._stats = torch.zeros(4, dtype=torch.float64, device=mask.device)
@@ -174,25 +205,51 @@ class DCModule(nn.Module):
         self._flops_dense = self.flops_per_output_pixel(out) * self._pixels
         return out
 
+    def _next_call(self) -> int:
+        """Which call of this layer within the current run of a DeltaModel this is (0, 1, ...);
+        0 outside one (a layer called on its own)."""
+        ctx = self.context
+        if ctx.pending_stats is None:
+            return 0
+        if getattr(self, "_call_run", -1) != ctx.run:
+            self._call, self._call_run = 0, ctx.run
+        call = self._call
+        self._call += 1
+        return call
+
     def stats(self) -> dict:
-        """Statistics of the last frame and the mean since reset (reads device values)."""
+        """Statistics of the last frame and the mean since reset (reads device values), of the
+        layer's first call in a frame (see :meth:`call_stats` for a layer called several times)."""
+        return self._stats_dict(self.layer_name, self._stats, self._pixels, getattr(self, "_elements", 0),
+                                self._flops_dense)
+
+    def call_stats(self) -> list[dict]:
+        """:meth:`stats` of every call of this layer in a frame: one dict, or for a stateless layer
+        that serves several call sites of a shared module one per call, the later ones named
+        ``<layer name>#2``, ``#3``, ... in call order."""
+        later = [self._stats_dict(f"{self.layer_name}#{k + 2}", c.counts, c.pixels, c.elements, c.flops_dense)
+                 for k, c in enumerate(getattr(self, "_later_calls", []))]
+        return [self.stats()] + later
+
+    def _stats_dict(self, name: str, counts: Optional[torch.Tensor], pixels: int, elements: int,
+                    flops_dense: float) -> dict:
         frames = self.context.frames
         last_density = mean_density = float("nan")
-        if self._stats is not None and frames and self._pixels:
-            last, total = self._stats[:2].tolist()
-            last_density, mean_density = last / self._pixels, total / frames / self._pixels
+        if counts is not None and frames and pixels:
+            last, total = counts[:2].tolist()
+            last_density, mean_density = last / pixels, total / frames / pixels
         d = {
-            "name": self.layer_name,
+            "name": name,
             "kind": self.kind,
             "density": last_density,
             "mean_density": mean_density,
             "frames": frames,
-            "flops_dense": float(self._flops_dense),
-            "flops_done": last_density * self._flops_dense,
-            "mean_flops_done": mean_density * self._flops_dense,
-            "elements_dense": float(getattr(self, "_elements", 0)),  # layers pickled before it: 0
-            "mean_elements_done": mean_density * getattr(self, "_elements", 0),
-            "state_bytes": self.state_bytes(),
+            "flops_dense": float(flops_dense),
+            "flops_done": last_density * flops_dense,
+            "mean_flops_done": mean_density * flops_dense,
+            "elements_dense": float(elements),  # layers pickled before it: 0
+            "mean_elements_done": mean_density * elements,
+            "state_bytes": self.state_bytes() if name == self.layer_name else 0,
         }
         if self.truncates:
             d["threshold"] = self.threshold
