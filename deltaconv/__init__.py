@@ -14,5 +14,5 @@ from .calibrate import calibrate  # noqa: E402 - after the model classes it uses
 from .detection import convert_backbone  # noqa: E402
 
 __version__ = "0.1.0"
-__all__ = ["convert", "convert_backbone", "calibrate", "DeltaModel", "Delta", "ConversionReport", "NodeReport", "ConversionError",
-           *_modules_all]
+__all__ = ["convert", "convert_backbone", "calibrate", "DeltaModel", "Delta", "ConversionReport", "NodeReport",
+           "ConversionError", *_modules_all]
