@@ -461,7 +461,8 @@ def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
             fewer pixels at the same output error; see the README's fidelity section).
         refresh_every: force a key frame every this many frames; ``"auto"`` (the default): every
             1,000 frames for float16 and bfloat16 frames, whose rounding drifts slowly over long
-            videos, never for float32 (``deltaconv.model.AUTO_REFRESH``); ``None``: never.
+            videos, never for float32 (``deltaconv.model.AUTO_REFRESH``); ``None``: never. In a model
+            replayed as a CUDA graph they replay a recorded key frame (see :meth:`DeltaModel.capture`).
         check_finite: reject frames holding NaN/Inf before any state changes (one device sync
             per frame; turn off for CUDA-graph capture).
         cuda_graph: record the first delta frame as a CUDA graph and replay it for later frames
