@@ -321,8 +321,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     entry = zoo.load(args.model)
     if entry.task == "detection":
         raise CLIError(f"--model: {entry.name} is a detection model, which calibrate does not take; calibrate its "
-                       "backbone from Python (deltaconv.calibrate on deltaconv.detection.backbone_input frames) and "
-                       "pass the thresholds to deltaconv.convert_backbone")
+                       "backbone from Python (deltaconv.calibrate on deltaconv.detection.backbone_input frames, with "
+                       "output_fn=deltaconv.detection.feature_maps) and pass the thresholds to "
+                       "deltaconv.convert_backbone")
     dtype = getattr(torch, args.dtype)
     model = entry.model.to(args.device, dtype)
     video = args.video if args.video is not None else str(find_sample_video())

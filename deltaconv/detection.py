@@ -11,6 +11,10 @@ converts it and leaves the rest of the model as it is::
     for frame in frames:                  # [3, H, W] images of one static camera
         people = det([frame])[0]          # boxes, scores, keypoints as the dense model gives them
     det.backbone.stats()                  # the converted part: a DeltaModel
+
+Thresholds for a backbone come from :func:`deltaconv.calibrate` on the dense backbone, its input
+frames (:func:`backbone_input`) and :func:`feature_maps` as the output, so that every pyramid level
+counts; ``convert_backbone(det, frames, thresholds=calibration)`` uses them.
 """
 from __future__ import annotations
 
@@ -22,7 +26,7 @@ import torch.nn as nn
 
 from .convert import convert
 
-__all__ = ["convert_backbone", "backbone_input"]
+__all__ = ["convert_backbone", "backbone_input", "feature_maps"]
 
 
 def backbone_input(model: nn.Module, frames: Union[torch.Tensor, Sequence[torch.Tensor]]) -> torch.Tensor:
@@ -49,6 +53,17 @@ def backbone_input(model: nn.Module, frames: Union[torch.Tensor, Sequence[torch.
         out = transform(images)
     batch = out[0] if isinstance(out, tuple) else out
     return batch.tensors if hasattr(batch, "tensors") else batch
+
+
+def feature_maps(out) -> torch.Tensor:
+    """A backbone's output (a dict of feature maps ``[N, C, h, w]``, a list or a tensor) as one
+    ``[N, M]`` tensor of every map flattened, in order: the ``output_fn`` of
+    :func:`deltaconv.calibrate` for a backbone, whose relative error then weighs each pyramid level
+    by its size (the default output function reads the first map only)."""
+    maps = list(out.values()) if isinstance(out, dict) else list(out) if isinstance(out, (list, tuple)) else [out]
+    if not maps or not all(torch.is_tensor(m) for m in maps):
+        raise TypeError(f"feature_maps: expected a tensor, or a dict or list of tensors, got {type(out).__name__}")
+    return torch.cat([m.flatten(1) for m in maps], dim=1)
 
 
 def convert_backbone(model: nn.Module, example_input: Union[torch.Tensor, Sequence[torch.Tensor]], *,

@@ -13,7 +13,7 @@ import torch.nn as nn
 from torchvision.models import detection
 
 import deltaconv
-from deltaconv.detection import backbone_input
+from deltaconv.detection import backbone_input, feature_maps
 from helpers import cuda_backend_reason, randomize_bn, video_frames
 
 SIZE = (108, 192)
@@ -104,6 +104,42 @@ def test_backbone_features_equal_dense_inside_the_detector(name):
             err = ((g[key] - w[key]).norm() / w[key].norm()).item()
             assert err <= 1e-4, (key, err)
     assert not model.backbone.report.fallbacks, str(model.backbone.report)
+
+
+def test_calibrated_backbone_thresholds_hold_every_pyramid_level():
+    """deltaconv.calibrate on a detector's dense backbone, its input frames and feature_maps as the
+    output: convert_backbone with those thresholds keeps the relative error of all feature maps
+    together within the tolerance on the calibration frames, and saves work."""
+    dense = _detector("fasterrcnn_mobilenet_v3_large_fpn")
+    clip = [f[0] for f in video_frames(6, SIZE, "one-by-one-person-detection.mp4")]
+    inputs = [backbone_input(dense, [im]) for im in clip]
+    tolerance = 0.05
+    calibration = deltaconv.calibrate(dense.backbone, inputs, tolerance, output_fn=feature_maps, max_evals=40,
+                                      progress=False)
+    model = deltaconv.convert_backbone(dense, [clip[0]], thresholds=calibration)
+    assert any(t > 0 for t in model.backbone.thresholds().values())
+    want, got = [], []
+    hooks = [_feature_hook(dense.backbone, want), _feature_hook(model.backbone, got)]
+    try:
+        with torch.no_grad():
+            for im in clip:
+                dense([im])
+                model([im])
+    finally:
+        for h in hooks:
+            h.remove()
+    errors = [deltaconv.fidelity.relative_error(feature_maps(g), feature_maps(w)).item() for g, w in zip(got, want)]
+    assert sum(errors[1:]) / len(errors[1:]) <= tolerance * 1.01, errors
+    assert deltaconv.fidelity.flops_density(model.backbone.stats()) < 1.0
+
+
+def test_feature_maps_flattens_every_level():
+    maps = {"0": torch.ones(2, 3, 4, 4), "pool": torch.zeros(2, 3, 2, 2)}
+    flat = feature_maps(maps)
+    assert flat.shape == (2, 60) and flat[:, :48].eq(1).all() and flat[:, 48:].eq(0).all()
+    assert feature_maps([maps["0"]]).shape == (2, 48) and feature_maps(maps["pool"]).shape == (2, 12)
+    with pytest.raises(TypeError, match="feature_maps: expected a tensor, or a dict or list of tensors, got str"):
+        feature_maps("maps")
 
 
 def test_convert_backbone_copies_and_keeps_parameter_names():
