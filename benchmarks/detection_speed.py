@@ -194,7 +194,8 @@ def main() -> None:
                       f"{row['backbone_delta_ms']:.2f}, {row['backbone_speedup']:.2f}x): "
                       f"{row['speedup_vs_dense_graph']:.2f}x per frame; feature error "
                       f"{row['feature_rel_err']:.2e} (dense {row['dense_feature_err_vs_fp32']:.2e} / delta "
-                      f"{row['delta_feature_err_vs_fp32']:.2e} off float32), FLOPs density {row['flops_density']:.3f}", flush=True)
+                      f"{row['delta_feature_err_vs_fp32']:.2e} off float32), FLOPs density "
+                      f"{row['flops_density']:.3f}", flush=True)
                 write_csv(a.out, rows)
     if not rows:
         sys.exit("detection_speed.py: every configuration failed")

@@ -373,11 +373,11 @@ class DeltaModel(nn.Module):
 
     def stats(self) -> list[dict]:
         """One dict per DC layer in execution order (per call for a stateless layer that serves
-        several call sites of a shared module: ``name#2``, ... after its first): ``name``, ``kind``, ``density`` (fraction of
-        output pixels updated in the last frame), ``mean_density`` since reset, ``frames``,
-        ``flops_dense`` / ``flops_done`` / ``mean_flops_done`` (per frame), ``elements_dense`` (output
-        elements per frame) / ``mean_elements_done`` (of those, on updated pixels), ``state_bytes``
-        and, for truncating layers, ``threshold``."""
+        several call sites of a shared module: ``name#2``, ... after its first): ``name``, ``kind``,
+        ``density`` (fraction of output pixels updated in the last frame), ``mean_density`` since
+        reset, ``frames``, ``flops_dense`` / ``flops_done`` / ``mean_flops_done`` (per frame),
+        ``elements_dense`` (output elements per frame) / ``mean_elements_done`` (of those, on updated
+        pixels), ``state_bytes`` and, for truncating layers, ``threshold``."""
         return [d for layer in self.delta_layers() for d in layer.call_stats()]
 
     @property

@@ -189,7 +189,8 @@ def test_auto_refresh_follows_the_frames_dtype(small, monkeypatch):
     assert deltaconv.convert(small, refresh_every=7).refresh_interval(torch.float32) == 7
     assert deltaconv.convert(small, refresh_every=None).refresh_interval(torch.float16) is None
     monkeypatch.setitem(model_module.AUTO_REFRESH, torch.float16, 3)
-    for dtype, expected in ((torch.float16, [True, False, False, True, False, False, True]), (torch.float32, [True] + [False] * 6)):
+    for dtype, expected in ((torch.float16, [True, False, False, True, False, False, True]),
+                            (torch.float32, [True] + [False] * 6)):
         half = copy.deepcopy(small).to(dtype)
         dm = deltaconv.convert(half, threshold=0.1, example_input=frames_of(1)[0].to(dtype))
         full = []
