@@ -240,6 +240,30 @@ bool tc_gemm_ok(const Tensor& x, int64_t Cin, int64_t Cout, int64_t taps) {
          reinterpret_cast<uintptr_t>(x.const_data_ptr()) % 16 == 0;
 }
 
+// Output channels not a multiple of 8 (a 21-class segmentation classifier, a detection head): the
+// tensor-core paths need Cout % 8 == 0, so such a conv runs on them with its weights and bias padded
+// by zero filters to the next multiple of 8, and the first Cout channels of that output copied into
+// a tensor of their own (one small copy kernel), where it would otherwise take the CUDA-core kernels.
+// Only where the padded conv meets the tensor cores' other conditions (tc_gemm_ok, at most
+// kMaxTaps taps). DELTACONV_TC_PAD=0 turns it off (read on every call: A/B runs, tests of both).
+int64_t padded_cout(const Tensor& x, int64_t Cin, int64_t Cout, int64_t groups, int64_t taps) {
+  const int64_t cout8 = (Cout + 7) / 8 * 8;
+  if (cout8 == Cout || groups != 1 || !env_switch("DELTACONV_TC_PAD") || taps > conv::tc::kMaxTaps ||
+      !tc_gemm_ok(x, Cin, cout8, taps))
+    return 0;
+  return cout8;
+}
+
+// `weight` [Cout, ...] and `bias` [Cout] padded with zeros to `cout8` output channels.
+std::pair<Tensor, c10::optional<Tensor>> pad_filters(const Tensor& weight, const c10::optional<Tensor>& bias,
+                                                    int64_t cout8) {
+  const int64_t extra = cout8 - weight.size(0);
+  Tensor w = at::constant_pad_nd(weight, {0, 0, 0, 0, 0, 0, 0, extra});
+  c10::optional<Tensor> b;
+  if (bias.has_value()) b = at::constant_pad_nd(*bias, {0, extra});
+  return {w, b};
+}
+
 // Whether the build has the sm_90a code (DC_SM90A) and the current device is compute capability 9.0.
 bool sm90a_device() {
 #if defined(DC_SM90A) && DC_SM90A
@@ -938,6 +962,11 @@ std::tuple<Tensor, Tensor> conv2d_cuda(const Tensor& delta, const Tensor& mask, 
   TORCH_CHECK(N * Ho * Wo <= kIntMax && Cout <= kIntMax, "deltaconv::conv2d: output too large");
 
   c10::cuda::CUDAGuard guard(delta.device());
+  if (const int64_t cout8 = padded_cout(delta, Cin, Cout, groups, KH * KW)) {
+    const auto [wp, bp] = pad_filters(weight, bias, cout8);
+    const auto [y8, mask8] = conv2d_cuda(delta, mask, wp, bp, stride, padding, dilation, groups, key_in, counters);
+    return {y8.narrow(1, 0, Cout).contiguous(at::MemoryFormat::ChannelsLast), mask8};
+  }
   Tensor y = empty_delta(delta, N, Cout, Ho, Wo);
   Tensor mask_out = empty_mask(mask, N, Ho, Wo);
   if (y.numel() == 0) return {y, mask_out};  // Cout >= 1: no output pixels
@@ -1097,6 +1126,12 @@ Tensor conv1x1_rows_cuda(const Tensor& delta, const Tensor& mask, const Tensor& 
               "deltaconv::conv1x1_rows: argument 'rows' must be a contiguous 1-D tensor of at least ", 1 + 2 * total,
               " elements, got shape ", rows.sizes(), " and strides ", rows.strides());
   c10::cuda::CUDAGuard guard(delta.device());
+  if (const int64_t cout8 = padded_cout(delta, Cin, Cout, 1, 1)) {
+    const auto [wp, bp] = pad_filters(weight, bias, cout8);
+    return conv1x1_rows_cuda(delta, mask, wp, bp, rows, counters)
+        .narrow(1, 0, Cout)
+        .contiguous(at::MemoryFormat::ChannelsLast);
+  }
   Tensor y = empty_delta(delta, N, Cout, H, W);
   if (y.numel() == 0) return y;
   cudaStream_t stream = at::cuda::getCurrentCUDAStream();

@@ -165,6 +165,10 @@ CONV_CASES = [
     (64, 32, (3, 3), 3, 1, 1, 1, (31, 45)),      # stride 3
     (24, 16, (3, 3), 1, 6, 6, 1, (31, 45)),      # dilation 6 (ASPP-like)
     (136, 72, (3, 3), (1, 2), 1, 1, 1, (19, 27)),  # unequal strides, 3 chunks of C_in, 2 Cout blocks
+    # fp16 / bf16 output channels not a multiple of 8: the tensor-core paths on filters padded to 8
+    (64, 21, (1, 1), 1, 0, 1, 1, (31, 45)),      # a 21-class segmentation classifier (padded to 24)
+    (32, 12, (3, 3), 1, 1, 1, 1, (13, 17)),      # a region proposal head's box layer (12 -> 16)
+    (16, 3, (1, 1), 2, 0, 1, 1, (21, 30)),       # 3 outputs, stride 2 (3 -> 8)
     # fp16 / bf16 small-C_in tensor-core path (C_in <= 8, dilation 1, stride 1 / 2, 2..64 taps;
     # fp32: tile kernel)
     (3, 32, (3, 3), 2, 1, 1, 1, (31, 45)),       # MobileNetV2 stem
@@ -208,6 +212,38 @@ def run_conv2d(case, dtype, fracs, key, seed=0, bias=True, delta_format=torch.ch
     check_layout(out, mo, N, cout, r_out.shape[2], r_out.shape[3], dtype)
     assert torch.equal(mo, r_mask), f"conv2d mask differs (fracs {fracs}, key {key})"
     assert_active_close(out, r_out.cpu(), r_mask.cpu(), dtype, f"conv2d (fracs {fracs}, key {key})")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("cin,cout,k", [(64, 21, 1), (256, 819, 3), (32, 3, 3)])
+def test_conv2d_odd_output_channels_pad_for_the_tensor_cores(cin, cout, k, dtype, monkeypatch):
+    """Output channels not a multiple of 8 run on the tensor cores with zero filters added
+    (DELTACONV_TC_PAD, default on): the output has cout channels, channels-last, equal to the
+    CUDA-core kernels' (DELTACONV_TC_PAD=0) within the dtype's rounding at the active pixels, and
+    the same mask; in a CUDA graph too."""
+    gen = torch.Generator().manual_seed(3)
+    N, H, W = 2, 27, 41
+    mask = make_mask((0.3, 1.0), H, W, gen)
+    delta = make_delta(N, cin, H, W, mask, dtype, gen).contiguous(memory_format=torch.channels_last)
+    weight = (torch.randn(cout, cin, k, k, generator=gen) / math.sqrt(cin * k * k)).to(dtype).cuda()
+    bias = torch.randn(cout, generator=gen).to(dtype).cuda()
+    outs = {}
+    for pad in ("1", "0"):
+        monkeypatch.setenv("DELTACONV_TC_PAD", pad)
+        outs[pad] = ops().conv2d(delta, mask.cuda(), weight, bias, [1, 1], [k // 2] * 2, [1, 1], 1, None)
+    (y, m), (y0, m0) = outs["1"], outs["0"]
+    check_layout(y, m, N, cout, H, W, dtype)
+    assert torch.equal(m, m0)
+    assert_active_close(y, y0.double().cpu(), m0.cpu(), dtype, f"padded {cin}->{cout} k{k}")
+    monkeypatch.setenv("DELTACONV_TC_PAD", "1")
+    static, static_mask = delta.clone(), mask.cuda()
+    graph = torch.cuda.CUDAGraph()
+    ops().conv2d(static, static_mask, weight, bias, [1, 1], [k // 2] * 2, [1, 1], 1, None)  # warm-up
+    with torch.cuda.graph(graph):
+        yg, _ = ops().conv2d(static, static_mask, weight, bias, [1, 1], [k // 2] * 2, [1, 1], 1, None)
+    graph.replay()
+    active = m.expand_as(y)  # inactive output pixels carry no values
+    assert torch.equal(yg[active], y[active])
 
 
 def run_conv2d_every_fraction_and_key(case, dtype, seed: int) -> None:

@@ -263,7 +263,7 @@ def test_activation_lists_rows_on_large_frames(frac):
 @needs_gpu
 @pytest.mark.parametrize("cin,cout,dtype", [(64, 128, torch.float16), (64, 64, torch.bfloat16),
                                             (256, 512, torch.float16), (24, 40, torch.float32),
-                                            (20, 16, torch.float16)])
+                                            (20, 16, torch.float16), (64, 21, torch.float16)])
 def test_conv1x1_rows_equals_conv2d_at_the_listed_pixels(cin, cout, dtype, monkeypatch):
     """The GEMM over an activation's list gives conv2d's output bit for bit at the active pixels:
     the tensor-core paths (warp-specialised and gathered-rows) and the CUDA-core kernel."""
