@@ -227,14 +227,9 @@ class DeltaModel(nn.Module):
         return out
 
     def _replay_key(self, frames: tuple) -> object:
-        captured = self._key_graph
-        for static, f in zip(captured.inputs, frames):
-            static.copy_(f)
-        captured.graph.replay()
         self._pending_key = None
-        self._frames_since_key = 1
-        self._context.frames += 1
-        return captured.outputs
+        self._frames_since_key = 0
+        return self._replay(frames, self._key_graph)
 
     def _settings(self) -> tuple:
         """What a recorded frame's kernels were given besides the state: the backend, whether
@@ -250,8 +245,10 @@ class DeltaModel(nn.Module):
         self._graph = self._key_graph = None
         self._recapture = True
 
-    def _replay(self, frames: tuple) -> object:
-        captured = self._graph
+    def _replay(self, frames: tuple, captured: Optional["_CapturedFrame"] = None) -> object:
+        """Copy ``frames`` into a recorded frame's inputs and replay it (the delta frame's unless
+        ``captured`` is given); returns its output tensors."""
+        captured = self._graph if captured is None else captured
         for static, f in zip(captured.inputs, frames):
             static.copy_(f)
         captured.graph.replay()
