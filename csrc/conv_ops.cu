@@ -794,9 +794,9 @@ void launch_small_cin_tc(const Tensor& x, const Tensor& m, const ConvWeights& tw
   if (x.scalar_type() == at::kHalf) run(__half()); else run(__nv_bfloat16());
 }
 
-// Depthwise 3x3 / 5x5, stride 1 / 2, dilation 1 / 2 (equal along both axes), channels in whole
-// 16-byte vectors: the vectorised kernel. launch_dwconv_vec returns false (nothing launched) for
-// any other case.
+// Depthwise 3x3 / 5x5, stride 1 / 2, dilation 1 / 2 (equal along both axes), and 7x7 at stride 1
+// and dilation 1 (ConvNeXt), channels in whole 16-byte vectors: the vectorised kernel.
+// launch_dwconv_vec returns false (nothing launched) for any other case.
 template <typename T, int KS, int S, int D, int NV, int PPT, bool TMA>
 void run_dwconv_vec_nv(const Tensor& x, const Tensor& m, const Tensor& w, const c10::optional<Tensor>& b,
                        const c10::optional<Tensor>& key, const Tensor& y, const WorkList& wl, const ConvGeom& g,
@@ -888,6 +888,7 @@ bool dispatch_dwconv_vec(const Tensor& x, const Tensor& m, const Tensor& w, cons
     return true;                                                                          \
   }
   DC_DWV(3, 1, 1) DC_DWV(3, 2, 1) DC_DWV(5, 1, 1) DC_DWV(5, 2, 1) DC_DWV(3, 1, 2) DC_DWV(5, 1, 2)
+  DC_DWV(7, 1, 1)  // ConvNeXt's
 #undef DC_DWV
   return false;
 }

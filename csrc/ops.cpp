@@ -42,6 +42,10 @@ TORCH_LIBRARY(deltaconv, m) {
   m.def("mul(Tensor delta_a, Tensor mask_a, Tensor(a!) acc_a, Tensor delta_b, Tensor mask_b, Tensor(b!) acc_b, "
         "Tensor(c!) sent, float threshold, Tensor? key, bool rms=False, Tensor(d!)? rows=None, "
         "Tensor(e!)? rows_count=None) -> (Tensor, Tensor)");
+  // per-pixel layer norm over the channels (ConvNeXt): weight / bias float32 [C] or None
+  m.def("layer_norm(Tensor delta, Tensor mask, Tensor(a!) acc, Tensor(b!) sent, Tensor? weight, Tensor? bias, "
+        "float eps, float threshold, Tensor? key, bool rms=False, Tensor(c!)? rows=None, "
+        "Tensor(d!)? rows_count=None) -> (Tensor, Tensor)");
   m.def("concatenate(Tensor[] deltas, Tensor[] masks) -> (Tensor, Tensor)");
   m.def("interpolate(Tensor delta, Tensor mask, int[2] out_size, float? scale_h, float? scale_w, str mode, "
         "bool align_corners) -> (Tensor, Tensor)");

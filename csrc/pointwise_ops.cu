@@ -21,6 +21,7 @@
 #include "common.cuh"
 #include "kernels/count.cuh"
 #include "kernels/interpolate.cuh"
+#include "kernels/layer_norm.cuh"
 #include "kernels/pointwise.cuh"
 
 namespace deltaconv {
@@ -317,6 +318,7 @@ std::tuple<Tensor, Tensor, Tensor> run_activation(const char* op, const Tensor& 
     // the common kinds with the activation fixed at compile time (with a residual: ReLU only)
     using Relu = activation_kernel_of<pw::kRelu, false>;
     using Relu6 = activation_kernel_of<pw::kRelu6, false>;
+    using Gelu = activation_kernel_of<pw::kGelu, false>;
     using AnyKind = activation_kernel_of<pw::kAnyKind, false>;
     using ReluSum = activation_kernel_of<pw::kRelu, true>;
     using AnyKindSum = activation_kernel_of<pw::kAnyKind, true>;
@@ -328,6 +330,8 @@ std::tuple<Tensor, Tensor, Tensor> run_activation(const char* op, const Tensor& 
       DC_LAUNCH_VEC(Relu::kernel, p, vec_ok, pixels, C, true);
     } else if (kind_id == pw::kRelu6) {
       DC_LAUNCH_VEC(Relu6::kernel, p, vec_ok, pixels, C, true);
+    } else if (kind_id == pw::kGelu) {  // ConvNeXt's, on its widest tensors
+      DC_LAUNCH_VEC(Gelu::kernel, p, vec_ok, pixels, C, true);
     } else {
       DC_LAUNCH_VEC(AnyKind::kernel, p, vec_ok, pixels, C, true);
     }
@@ -455,6 +459,41 @@ std::tuple<Tensor, Tensor> mul(const Tensor& delta_a, const Tensor& mask_a, Tens
                               a_bcast, b_bcast, row_list.rows, row_list.count};
     const bool vec_ok = C % kVec<scalar_t> == 0 && all_aligned({p.a, p.acc_a, p.b, p.acc_b, p.sent, p.out});
     DC_LAUNCH_VEC(pw::mul_kernel, p, vec_ok, pixels, C, true);
+  });
+  return {out, mask_out};
+}
+
+// ---------------------------------------------------------------- layer_norm
+std::tuple<Tensor, Tensor> layer_norm(const Tensor& delta, const Tensor& mask, Tensor& acc, Tensor& sent,
+                                      const std::optional<Tensor>& weight, const std::optional<Tensor>& bias,
+                                      double eps, double threshold, const std::optional<Tensor>& key, bool rms,
+                                      const std::optional<Tensor>& rows, const std::optional<Tensor>& rows_count) {
+  const char* op = "layer_norm";
+  check_value(op, "delta", delta, delta);
+  check_mask(op, "mask", mask, delta, delta.sizes());
+  check_state(op, "acc", acc, delta, delta.sizes());
+  check_state(op, "sent", sent, delta, delta.sizes(), delta.scalar_type());
+  const int64_t N = delta.size(0), H = delta.size(2), W = delta.size(3);
+  const int C = check_channels(op, delta);
+  TORCH_CHECK(C >= 1, "deltaconv::layer_norm: argument 'delta' must have at least one channel, got shape ",
+              delta.sizes());
+  TORCH_CHECK(eps >= 0.0, "deltaconv::layer_norm: argument 'eps' must be >= 0, got ", eps);
+  const float* w = check_channel_vector(op, "weight", weight, delta, C);
+  const float* b = check_channel_vector(op, "bias", bias, delta, C);
+  const bool* key_ptr = check_key(op, key, delta, N);
+  c10::cuda::CUDAGuard guard(delta.device());
+  Tensor out = empty_value(delta, delta.sizes(), delta.scalar_type());
+  Tensor mask_out = empty_mask(delta, N, H, W);
+  const int64_t pixels = N * H * W;
+  const RowList row_list = check_rows(op, rows, rows_count, delta, pixels);
+  DC_DISPATCH_ACTIVATION_TYPES(delta.scalar_type(), "deltaconv::layer_norm", [&] {
+    pw::LayerNormParams<scalar_t> p{cptr<scalar_t>(delta), cptr<bool>(mask), ptr<float>(acc), ptr<scalar_t>(sent),
+                                    w, b, key_ptr, ptr<scalar_t>(out), ptr<bool>(mask_out),
+                                    static_cast<float>(eps), static_cast<float>(threshold),
+                                    rms_limit(rms, threshold, C), pixels, H * W, C, 0,
+                                    row_list.rows, row_list.count};
+    const bool vec_ok = C % kVec<scalar_t> == 0 && all_aligned({p.delta, p.acc, p.sent, p.out});
+    DC_LAUNCH_VEC(pw::layer_norm_kernel, p, vec_ok, pixels, C, true);
   });
   return {out, mask_out};
 }
@@ -660,6 +699,7 @@ TORCH_LIBRARY_IMPL(deltaconv, CUDA, m) {
   m.impl("affine_channel", &affine_channel);
   m.impl("add", &add);
   m.impl("mul", &mul);
+  m.impl("layer_norm", &layer_norm);
   m.impl("concatenate", &concatenate);
   m.impl("interpolate", &interpolate);
   m.impl("resample", &resample);

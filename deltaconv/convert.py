@@ -18,11 +18,14 @@ from .backends.reference import check_measure
 from .modules import (DCActivation, DCAdd, DCConv2d, DCDensify, DCFallback, DCModule, DCMul, DCResample,
                       DCSparsify)
 from .modules.linear import DCBatchNorm2d, DCConvTranspose2d, DCLinear, DCUpsample
+from .modules.nonlinear import DCLayerNorm
+from .layout import CHANNELS_FIRST, LAYOUT_PERMUTE, keep_channels_first
 from .report import ConversionReport, NodeReport
-from .rules import FUNCTION_RULES, MODULE_RULES, PASSTHROUGH_CALLS, PASSTHROUGH_MODULES, Built, Site
+from .rules import (CHANNELS_FIRST_RULES, FUNCTION_RULES, MODULE_RULES, PASSTHROUGH_CALLS, PASSTHROUGH_MODULES, Built,
+                    Site)
 
 #: DC classes that carry the dense module's parameters under the same names (replace it in place)
-_ADOPTING = (DCConv2d, DCConvTranspose2d, DCLinear, DCBatchNorm2d)
+_ADOPTING = (DCConv2d, DCConvTranspose2d, DCLinear, DCBatchNorm2d, DCLayerNorm)
 
 
 class ConversionError(RuntimeError):
@@ -251,6 +254,8 @@ class _Converter:
         target = f"{type(dense).__name__}:{path}"
         bn_node = self._foldable_bn(node, dense)
         rule = MODULE_RULES.get(type(dense))
+        if node.meta.get(CHANNELS_FIRST):  # on a channels-last view, run channels-first (deltaconv.layout)
+            rule = CHANNELS_FIRST_RULES.get(type(dense), rule)
         if bn_node is not None:
             module = DCConv2d.from_dense(dense, bn=self.root.get_submodule(bn_node.target))
         else:
@@ -305,6 +310,12 @@ class _Converter:
         scope = node.meta.get("dc_scope", "")
         if node.op == "call_function" and fn is operator.getitem and not _tensor_input(node):
             self._note(node, "converted", note="item of a delta container")  # e.g. a chunk of split()
+            return
+        if node.meta.get(LAYOUT_PERMUTE):
+            node.replace_all_uses_with(node.args[0])
+            self.graph.erase_node(node)
+            self.delta_nodes.discard(node)
+            self._note(node, "removed", note="channels-last view kept channels-first (deltaconv.layout)")
             return
         if self._passthrough(key, node):
             node.replace_all_uses_with(node.args[0])
@@ -365,8 +376,8 @@ class _Converter:
             self._note_pair(node.target, f"fused with {user.target}", user.target, f"fused with {node.target}")
 
     def link_row_lists(self) -> None:
-        """Mark each layer that can list its output's active pixels (an activation, a product, an
-        add not fused with the activation after it, or a 1x1 convolution that itself runs on a
+        """Mark each layer that can list its output's active pixels (an activation, a product, a layer
+        norm, an add not fused with the activation after it, or a 1x1 convolution that itself runs on a
         list) and whose output 1x1 convolutions of stride 1, no padding and one group read (all of
         them share the list): ``lists_rows`` on the layer, ``DCConv2d.takes_rows`` on the
         convolutions. On the CUDA backend those convolutions then need no mask pass of their own.
@@ -376,7 +387,8 @@ class _Converter:
             if node.op != "call_module" or sites[node.target] != 1:
                 continue
             layer = self.root.get_submodule(node.target)
-            if not (isinstance(layer, (DCActivation, DCMul)) or (isinstance(layer, DCAdd) and not layer.fuse_with_next)
+            if not (isinstance(layer, (DCActivation, DCMul, DCLayerNorm))
+                    or (isinstance(layer, DCAdd) and not layer.fuse_with_next)
                     or (isinstance(layer, DCConv2d) and layer.takes_rows)):
                 continue
             for user in node.users:  # every such reader takes the same list
@@ -416,6 +428,17 @@ def _tensor_input(node: fx.Node) -> bool:
     first = node.args[0]
     t = first.meta.get("type") if isinstance(first, fx.Node) else None
     return t is not None and issubclass(t, torch.Tensor)
+
+
+def _example_failed_message(model: nn.Module, examples, error: Exception) -> str:
+    """What to do when ``model`` fails on the example input while its shapes are propagated."""
+    cause = error.__cause__ or error  # ShapeProp wraps the model's own exception
+    reason = str(cause).strip().splitlines()[0] if str(cause).strip() else "no message"
+    shapes = ", ".join(f"{tuple(e.shape)} {str(e.dtype).replace('torch.', '')}" if torch.is_tensor(e) else repr(e)
+                       for e in examples)
+    return (f"convert: {type(model).__name__} failed on example_input ({shapes}) while its shapes were propagated "
+            f"({type(cause).__name__}: {reason}); pass example_input= a frame of the size and dtype the model will "
+            "see (the model must accept it)")
 
 
 def _untraceable_message(model: nn.Module, error: Exception) -> str:
@@ -519,9 +542,13 @@ def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
     examples = example if isinstance(example, (tuple, list)) else (example,)
     with torch.no_grad():
         # clones: in-place ops of the model (ReLU(inplace=True) first) must not edit the caller's tensors
-        ShapeProp(traced).propagate(*(e.clone() if torch.is_tensor(e) else e for e in examples))
+        try:
+            ShapeProp(traced).propagate(*(e.clone() if torch.is_tensor(e) else e for e in examples))
+        except Exception as error:  # the model rejects the example (a fixed input size, a wrong dtype, ...)
+            raise ConversionError(_example_failed_message(model, examples, error)) from error
     graph = fx.Graph()  # an unowned copy (with the shape metadata) to rewrite
     graph.output(graph.graph_copy(traced.graph, {}))
+    keep_channels_first(graph, dense)
     converter = _Converter(dense, graph, dense_tail=fuse, fold_bn=fold_bn)
     report = converter.run()
     if fuse:

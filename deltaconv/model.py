@@ -63,7 +63,10 @@ class DeltaModel(nn.Module):
         self._context = FrameContext()
         # the graph runner shares this module's layers; kept out of the module tree
         self.__dict__["_runner"] = fx.GraphModule(self, graph, class_name=f"{type(dense).__name__}Delta")
-        self._layer_names = list(dict.fromkeys(n.target for n in graph.nodes if n.op == "call_module"))
+        # the DC layers; a dense module left in the graph (one that only reads constants, e.g. Swin V2's
+        # position-bias MLP on its coordinate table) is not one
+        self._layer_names = [name for name in dict.fromkeys(n.target for n in graph.nodes if n.op == "call_module")
+                             if isinstance(self.get_submodule(name), DCModule)]
         for name in self._layer_names:
             layer = self.get_submodule(name)
             layer.layer_name = name

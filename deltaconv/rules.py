@@ -19,7 +19,8 @@ import torch.nn.functional as F
 from . import activations
 from .modules import (DCActivation, DCAdaptiveAvgPool2d, DCAdd, DCAvgPool2d, DCBatchNorm2d, DCConcatenate,
                       DCConv2d, DCConvTranspose2d, DCFunctionalConv2d, DCFunctionalLinear, DCLinear,
-                      DCLinearFunction, DCMaxPool2d, DCModule, DCMul, DCScale, DCUpsample)
+                      DCLayerNorm, DCLinearFunction, DCMaxPool2d, DCModule, DCMul, DCPixelLinear, DCScale,
+                      DCUpsample)
 
 
 @dataclass
@@ -112,6 +113,13 @@ MODULE_RULES: dict[type, Callable[[nn.Module], Optional[DCModule]]] = {
 for _act in (nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.Hardswish, nn.Hardsigmoid, nn.SiLU, nn.Sigmoid, nn.GELU, nn.Tanh,
              nn.ELU, nn.Hardtanh, nn.Mish, nn.Softplus, nn.SELU, nn.CELU, nn.Softsign, nn.Tanhshrink, nn.LogSigmoid):
     MODULE_RULES[_act] = DCActivation.from_dense
+
+#: the rules of modules on a channels-last view that run channels-first (``deltaconv.layout``: nodes
+#: marked ``CHANNELS_FIRST``; the others there, activations, use MODULE_RULES)
+CHANNELS_FIRST_RULES: dict[type, Callable[[nn.Module], Optional[DCModule]]] = {
+    nn.LayerNorm: DCLayerNorm.from_dense,
+    nn.Linear: DCPixelLinear.from_dense,
+}
 
 #: modules that are the identity in eval: their node is removed
 PASSTHROUGH_MODULES = (nn.Identity, nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout,
@@ -344,3 +352,24 @@ def _functional_linear(site: Site) -> Optional[Built]:
     if not _static_weights(site, p):
         return None
     return Built(DCFunctionalLinear(), (p["input"], p["weight"], p["bias"]), {})
+
+
+def _layer_norm_sig(input, normalized_shape, weight=None, bias=None, eps=1e-5):
+    return dict(locals())
+
+
+@_rule(F.layer_norm)
+def _layer_norm(site: Site) -> Optional[Built]:
+    """``F.layer_norm`` over the channels: on a channels-last view kept channels-first (``LayerNorm2d``,
+    marked by ``deltaconv.layout``) or over dim 1 of a 2-D tensor; else no rule."""
+    try:
+        p = _layer_norm_sig(*site.args, **site.kwargs)
+    except TypeError:
+        return None
+    shape = p["normalized_shape"]
+    shape = (shape,) if isinstance(shape, int) else tuple(shape) if isinstance(shape, (list, tuple)) else ()
+    if not site.node.meta.get("dc_channels_first") or len(shape) != 1 or not site.literal(shape, p["eps"]):
+        return None
+    if not _static_weights(site, p):
+        return None
+    return Built(DCLayerNorm(shape[0], float(p["eps"])), (p["input"], p["weight"], p["bias"]), {})

@@ -99,6 +99,23 @@ def randomize_bn(model: nn.Module, seed: int = 0) -> nn.Module:
                     m.weight.copy_(torch.rand(c, generator=g) * 0.8 + 0.6)
                 if m.bias is not None:
                     m.bias.copy_(torch.randn(c, generator=g) * 0.2)
+    return randomize_layer_norms(model, seed)
+
+
+def randomize_layer_norms(model: nn.Module, seed: int = 0) -> nn.Module:
+    """Give every LayerNorm affine parameters away from 1/0 and every ConvNeXt-style ``layer_scale``
+    (initialised to 1e-6, which makes each block nearly the identity) a size of 0.2-0.5, in place,
+    so that an error inside a block shows in the output."""
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.LayerNorm) and m.weight is not None:
+                m.weight.copy_(torch.rand(m.weight.shape, generator=g) * 0.8 + 0.6)
+                if m.bias is not None:
+                    m.bias.copy_(torch.randn(m.bias.shape, generator=g) * 0.2)
+            scale = getattr(m, "layer_scale", None)
+            if isinstance(scale, nn.Parameter):
+                scale.copy_(torch.rand(scale.shape, generator=g) * 0.3 + 0.2)
     return model
 
 

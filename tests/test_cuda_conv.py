@@ -151,7 +151,8 @@ CONV_CASES = [
     (16, 16, (5, 5), 1, 4, 2, 16, (21, 30)),     # depthwise 5x5 dilation 2: vectorised
     (17, 17, (5, 5), 1, 2, 1, 17, (13, 17)),     # depthwise 5x5
     (64, 64, (5, 5), 2, 2, 1, 64, (31, 45)),     # depthwise 5x5 stride 2 (> 48 KiB smem: opt-in)
-    (32, 32, (7, 7), 1, 3, 1, 32, (31, 45)),     # depthwise 7x7 (runtime size)
+    (32, 32, (7, 7), 1, 3, 1, 32, (31, 45)),     # depthwise 7x7 (ConvNeXt's): vectorised
+    (17, 17, (7, 7), 1, 3, 1, 17, (13, 17)),     # depthwise 7x7, 17 channels: the scalar kernel (runtime size)
     (3, 64, (7, 7), 2, 3, 1, 1, (31, 45)),       # stem 7x7 stride 2 (fp16 / bf16: small C_in)
     (17, 32, (5, 5), 1, 2, 1, 1, (13, 17)),      # general 5x5
     (32, 32, (5, 5), 2, 4, 2, 1, (31, 45)),      # general 5x5 stride 2 dilation 2
@@ -825,6 +826,7 @@ DEPTHWISE_LARGE = [
     (40, 40, (5, 5), 1, 2, 1, 40, (300, 640)),   # partial channel block
     (64, 64, (5, 5), 2, 2, 1, 64, (300, 640)),
     (32, 32, (3, 3), 1, 2, 2, 32, (300, 640)),   # fp16: blocks of 4 vectors
+    (96, 96, (7, 7), 1, 3, 1, 96, (300, 640)),   # ConvNeXt's 7x7; fp16: blocks of 4 vectors
 ]
 
 
@@ -849,6 +851,8 @@ DEPTHWISE_PPT = [
     (40, 40, (5, 5), 1, 2, 1, 40, (21, 30)),
     (72, 72, (5, 5), 2, 2, 1, 72, (31, 45)),     # fp16: blocks of 4 vectors, a partial one
     (32, 32, (3, 3), 1, 2, 2, 32, (31, 45)),
+    (64, 64, (7, 7), 1, 3, 1, 64, (31, 45)),     # ConvNeXt's 7x7: 8-vector blocks (TMA on Hopper)
+    (96, 96, (7, 7), 1, 3, 1, 96, (31, 45)),     # fp16: blocks of 4 vectors
 ]
 
 

@@ -273,22 +273,27 @@ def test_activation_generic_falls_back():
     _run_activation(fn, torch.float32, 17, 0.3, "partial", 0.05)
 
 
-def test_activation_rank2():
-    """[N, C] values (classifier heads) run through the kernels viewed as [N, C, 1, 1]."""
-    g = gen(5)
-    n, c = 3, 37
+def run_rank2(seed: int, c: int, run):
+    """``run(ops, delta, mask, acc, sent)`` on [N, C] values (classifier heads), through the kernels
+    viewed as [N, C, 1, 1] and through the reference: the same outputs, masks and states."""
+    g = gen(seed)
+    n = 3
     mask = torch.tensor([[True], [False], [True]], device=DEV)
     delta = torch.where(mask, torch.randn((n, c), generator=g, device=DEV), torch.tensor(float("nan"), device=DEV))
     acc, sent = torch.randn((n, c), generator=g, device=DEV), torch.randn((n, c), generator=g, device=DEV)
     a_c, s_c, a_r, s_r = clones(acc, sent, acc, sent)
-    fn = Activation("hardswish")
-    out_c, m_c = dcc.activation(delta, mask, a_c, s_c, fn, 0.0, None)
-    out_r, m_r = ref.activation(delta, mask, a_r, s_r, fn, 0.0, None)
+    out_c, m_c = run(dcc, delta, mask, a_c, s_c)
+    out_r, m_r = run(ref, delta, mask, a_r, s_r)
     assert out_c.shape == (n, c) and m_c.shape == (n, 1)
     assert_masks(m_c, m_r)
     assert_active(out_c, out_r, m_r, torch.float32)
     assert_state(a_c, a_r)
     assert_state(s_c, s_r)
+
+
+def test_activation_rank2():
+    """[N, C] values (classifier heads) run through the kernels viewed as [N, C, 1, 1]."""
+    run_rank2(5, 37, lambda ops, d, m, a, s: ops.activation(d, m, a, s, Activation("hardswish"), 0.0, None))
 
 
 def test_state_not_channels_last_is_written_back():
@@ -533,6 +538,83 @@ def test_mul_general_broadcast_falls_back():
     assert_active(out_c, out_r, m_r, torch.float32)
 
 
+# ----------------------------------------------------------------------------- layer_norm
+def _layer_norm_y(acc, weight, bias, eps):
+    """The reference's new value (before rounding) of a layer norm over dim 1, in float32."""
+    x = acc.movedim(1, -1)
+    return F.layer_norm(x, (x.shape[-1],), weight, bias, eps).movedim(-1, 1)
+
+
+def _run_layer_norm(dtype, c, frac, key, threshold, affine=True, measure="max", seed=13, n=2, size=None):
+    g = gen(seed)
+    h, w = size or spatial(c)
+    mask = make_mask(n, h, w, frac, g)
+    delta = make_delta((n, c, h, w), dtype, mask, g, scale=0.3)
+    acc = make_state((n, c, h, w), g, scale=2.0) + 0.5  # a mean off zero, as after a residual add
+    weight = (1.0 + 0.3 * torch.randn(c, generator=g, device=DEV)) if affine else None
+    bias = (0.2 * torch.randn(c, generator=g, device=DEV)) if affine else None
+    eps = 1e-6
+    y0 = _layer_norm_y(acc, weight, bias, eps)
+    sent = (y0 + torch.randn(acc.shape, generator=g, device=DEV) * 0.02).to(dtype).contiguous(memory_format=CL)
+    k = make_key(key, n)
+    a_c, s_c, a_r, s_r = clones(acc, sent, acc, sent)
+    w_, b_ = (None, None) if weight is None else (weight.to(dtype), bias.to(dtype))
+    out_c, m_c = dcc.layer_norm(delta, mask, a_c, s_c, w_, b_, eps, threshold, k, measure)
+    out_r, m_r = ref.layer_norm(delta, mask, a_r, s_r, w_, b_, eps, threshold, k, measure)
+    # the kernel sums mean and variance in another order than PyTorch: decisions within rounding of
+    # the threshold may differ
+    y = _layer_norm_y(a_r, None if w_ is None else w_.float(), None if b_ is None else b_.float(), eps)
+    change = torch.where(mask, y.to(dtype).float() - sent.float(), torch.zeros((), device=DEV))
+    amb = ambiguous(change, threshold, y, dtype, measure) & mask
+    assert_masks(m_c, m_r, amb)
+    assert_active(out_c, out_r, m_r & m_c, dtype)
+    assert_state(a_c, a_r)
+    assert_state(s_c, s_r, skip=amb)
+    return m_r
+
+
+@pytest.mark.parametrize("key", KEYS)
+@pytest.mark.parametrize("frac", FRACS)
+@pytest.mark.parametrize("c", CHANNELS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_layer_norm(dtype, c, frac, key):
+    _run_layer_norm(dtype, c, frac, key, 0.05)
+
+
+@pytest.mark.parametrize("threshold", [0.0, 0.15])
+@pytest.mark.parametrize("c", [17, 96] if QUICK else [3, 17, 96, 384, 768])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_layer_norm_widths_affine_and_rms(dtype, c, threshold):
+    """ConvNeXt's widths (96-768 channels, several packs per lane), without weight and bias, and the
+    rms measure, which sends a different set of pixels than max at 0.15 (so the kernel applies it)."""
+    size = (9, 11)
+    _run_layer_norm(dtype, c, 0.3, "partial", threshold, size=size)
+    _run_layer_norm(dtype, c, 0.3, "partial", threshold, affine=False, size=size)
+    m_rms = _run_layer_norm(dtype, c, 0.3, "none", threshold, measure="rms", size=size)
+    if threshold > 0:
+        m_max = _run_layer_norm(dtype, c, 0.3, "none", threshold, size=size)
+        assert not torch.equal(m_rms, m_max)
+
+
+def test_layer_norm_rank2():
+    """A layer norm over the features of [N, C] (a classifier head's) runs through the kernel."""
+    g = gen(14)
+    weight, bias = torch.rand(40, generator=g, device=DEV), torch.randn(40, generator=g, device=DEV)
+    run_rank2(14, 40, lambda ops, d, m, a, s: ops.layer_norm(d, m, a, s, weight, bias, 1e-5, 0.0, None))
+
+
+def test_layer_norm_checks_name_the_argument():
+    g = gen(15)
+    n, c, h, w = 1, 8, 3, 4
+    mask = make_mask(n, h, w, 0.5, g)
+    delta = make_delta((n, c, h, w), torch.float32, mask, g)
+    acc, sent = make_state((n, c, h, w), g), make_state((n, c, h, w), g)
+    with pytest.raises(RuntimeError, match="argument 'weight' must have shape"):
+        torch.ops.deltaconv.layer_norm(delta, mask, acc, sent, torch.ones(c + 1, device=DEV), None, 1e-5, 0.0, None)
+    with pytest.raises(RuntimeError, match="argument 'eps' must be >= 0"):
+        torch.ops.deltaconv.layer_norm(delta, mask, acc, sent, None, None, -1.0, 0.0, None)
+
+
 # ----------------------------------------------------------------------------- concatenate
 CONCATS = [(1,), (3, 17), (32, 64, 130), (4, 8, 4), (1, 3, 17, 32)]
 
@@ -744,6 +826,10 @@ def _opcheck_cases():
         ("mul", ops.mul.default, (x, full, st(), st(), full, st(), st(), -1.0, key)),
         ("mul_rms", ops.mul.default, (x, full, st(), st(), full, st(), st(), -1.0, key, True)),
         ("mul_se", ops.mul.default, (small, small_m, st((n, c, 1, 1)), x, full, st(), st(), -1.0, None)),
+        ("layer_norm", ops.layer_norm.default,
+         (x, full, st(), st(), torch.randn(c, device=DEV), torch.randn(c, device=DEV), 1e-6, -1.0, key)),
+        ("layer_norm_rms", ops.layer_norm.default, (x.half(), full, st(), st().half(), None, None, 1e-5, -1.0, None,
+                                                    True)),
         ("concatenate", ops.concatenate.default, ([x, st((n, 3, h, w))], [full, full])),
         ("interpolate_nearest", ops.interpolate.default, (x, full, [9, 15], 2.0, 2.0, "nearest", False)),
         ("interpolate_bilinear", ops.interpolate.default, (x, full, [11, 4], None, None, "bilinear", True)),
@@ -753,7 +839,7 @@ def _opcheck_cases():
     ]
 
 
-@pytest.mark.parametrize("case", range(18))
+@pytest.mark.parametrize("case", range(20))
 def test_opcheck(case):
     name, op, args = _opcheck_cases()[case]
     torch.library.opcheck(op, args)

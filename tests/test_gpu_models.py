@@ -13,7 +13,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(bool(REASON), reason=REASON or
 
 MODELS = ["resnet18", "resnet50", "mobilenet_v2", "mobilenet_v3_large", "efficientnet_b0", "regnet_y_400mf",
           "shufflenet_v2_x1_0", "densenet121", "squeezenet1_1", "vgg11_bn", "deeplabv3_mobilenet_v3_large",
-          "lraspp_mobilenet_v3_large"]
+          "lraspp_mobilenet_v3_large", "convnext_tiny"]
 
 
 def rel(a, b) -> float:

@@ -20,7 +20,7 @@ from helpers import (UNet, compare_over_frames, device_backends, make_positive_m
 TOL = 1e-4  # relative error in fp32, as the issue requires
 
 CLASSIFIERS = ["resnet18", "resnet50", "mobilenet_v2", "mobilenet_v3_large", "efficientnet_b0", "regnet_y_400mf",
-               "shufflenet_v2_x1_0", "densenet121", "squeezenet1_1", "vgg11_bn"]
+               "shufflenet_v2_x1_0", "densenet121", "squeezenet1_1", "vgg11_bn", "convnext_tiny"]
 SEGMENTERS = {"deeplabv3_mobilenet_v3_large": dict(aux_loss=True),  # two outputs: 'out' and 'aux'
               "lraspp_mobilenet_v3_large": {}}
 

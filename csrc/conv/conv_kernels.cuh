@@ -6,7 +6,7 @@
 //                                memory per chunk of input channels. KH = KW = 0: runtime size.
 //   conv1x1_kernel<T>            1x1 conv: a GEMM over groups of 64 listed active pixels.
 //   dwconv_kernel<T, KS>         depthwise (groups == Cin == Cout): 8x8 tile x 32 channels.
-//   dwconv_vec_kernel<T,KS,S,D,NV,PPT,TMA> depthwise 3x3 / 5x5, stride 1 / 2, dilation 1 / 2,
+//   dwconv_vec_kernel<T,KS,S,D,NV,PPT,TMA> depthwise 3x3 / 5x5, stride 1 / 2, dilation 1 / 2, and 7x7,
 //                                16-byte vectors, PPT output pixels per thread; TMA: the halo copied
 //                                by the copy engine (Hopper).
 //   conv_direct_kernel<T, TR>    smem-free fallback for any geometry and the transposed conv.

@@ -31,7 +31,7 @@ Tensor = torch.Tensor
 _LOADED = _extension.load()
 _OPS = ("sparsify", "densify", "activation", "add_activation", "affine_channel", "add", "mul", "concatenate",
         "interpolate", "resample", "conv2d", "conv_transpose2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d",
-        "linear", "count_active", "conv1x1_rows")
+        "linear", "count_active", "conv1x1_rows", "layer_norm")
 
 
 def _registered_cuda_kernels() -> frozenset:
@@ -238,6 +238,36 @@ def activation(delta: Tensor, mask: Tensor, acc: Tensor, sent: Tensor, fn: Calla
 
 @_fake("activation")
 def _activation_fake(delta, mask, acc, sent, kind, param, threshold, key, rms=False, rows=None, rows_count=None):
+    return _empty_like_delta(delta)
+
+
+def layer_norm(delta: Tensor, mask: Tensor, acc: Tensor, sent: Tensor, weight: Optional[Tensor],
+               bias: Optional[Tensor], eps: float, threshold: float, key: Optional[Tensor], measure: str = "max",
+               rows: Optional[RowList] = None) -> tuple[Tensor, Tensor]:
+    """Layer norm of each pixel over its channels: ``layer_norm(acc + d) - sent`` on active pixels,
+    then truncation. ``rows``: as in :func:`activation`."""
+    rms = _rms(measure)
+    c = delta.shape[1] if delta.dim() >= 2 else -1
+    if not (_pointwise_ok("layer_norm", delta, mask, acc, sent) and _state_ok(acc, delta.shape)
+            and _sent_ok(sent, delta, delta.shape) and c >= 1
+            and all(v is None or v.numel() == c for v in (weight, bias))):
+        return _ref.layer_norm(delta, mask, acc, sent, weight, bias, eps, threshold, key, measure)
+
+    def vec(v: Optional[Tensor]) -> Optional[Tensor]:
+        return None if v is None else v.reshape(-1).to(device=delta.device, dtype=torch.float32).contiguous()
+
+    a4, a_copied = _state4(acc)
+    s4, s_copied = _state4(sent)
+    out, m = torch.ops.deltaconv.layer_norm(_value4(delta), _mask4(mask), a4, s4, vec(weight), vec(bias), float(eps),
+                                            float(threshold), _key(key), rms, *_row_args(rows, delta))
+    _write_back(acc, a4, a_copied)
+    _write_back(sent, s4, s_copied)
+    return _like(out, m, delta)
+
+
+@_fake("layer_norm")
+def _layer_norm_fake(delta, mask, acc, sent, weight, bias, eps, threshold, key, rms=False, rows=None,
+                     rows_count=None):
     return _empty_like_delta(delta)
 
 

@@ -156,6 +156,21 @@ def activation(delta: Tensor, mask: Tensor, acc: Tensor, sent: Tensor, fn: Calla
     return truncate(fn(acc), mask, sent, threshold, key, delta.dtype, measure)
 
 
+def layer_norm(delta: Tensor, mask: Tensor, acc: Tensor, sent: Tensor, weight: Optional[Tensor],
+               bias: Optional[Tensor], eps: float, threshold: float, key: Optional[Tensor], measure: str = "max",
+               rows: Optional[RowList] = None) -> tuple[Tensor, Tensor]:
+    """Layer norm of each pixel over its channels (dim 1; ConvNeXt's LayerNorm, ``F.layer_norm`` over
+    the last dim of the channels-last view): ``layer_norm(acc + d) - sent`` on active pixels, then
+    truncation. Computed in the accumulator's dtype with ``weight`` and ``bias`` (``[C]`` or
+    ``None``) in it. ``rows``: ignored, as in :func:`activation`."""
+    acc += _zero_inactive(delta, mask).to(acc.dtype)
+    x = acc.movedim(1, -1)
+    w = None if weight is None else weight.to(acc.dtype)
+    b = None if bias is None else bias.to(acc.dtype)
+    y = F.layer_norm(x, (x.shape[-1],), w, b, eps).movedim(-1, 1)
+    return truncate(y, mask, sent, threshold, key, delta.dtype, measure)
+
+
 def affine_channel(delta: Tensor, mask: Tensor, scale: Optional[Tensor], shift: Optional[Tensor],
                    key: Optional[Tensor]) -> tuple[Tensor, Tensor]:
     """Per-channel ``y = scale * x + shift`` (BatchNorm in eval): scale the delta; add ``shift``

@@ -4,12 +4,12 @@ context in :mod:`.base`, with the CUDA convolutions' counters of :mod:`.work_cou
 from .base import DCModule, FrameContext
 from .boundary import DCDensify, DCResample, DCSparsify
 from .linear import (DCAdaptiveAvgPool2d, DCAdd, DCAvgPool2d, DCBatchNorm2d, DCConcatenate, DCConv2d,
-                     DCConvTranspose2d, DCFunctionalConv2d, DCFunctionalLinear, DCLinear, DCLinearFunction, DCScale,
-                     DCUpsample)
-from .nonlinear import DCActivation, DCFallback, DCMaxPool2d, DCMul
+                     DCConvTranspose2d, DCFunctionalConv2d, DCFunctionalLinear, DCLinear, DCLinearFunction,
+                     DCPixelLinear, DCScale, DCUpsample)
+from .nonlinear import DCActivation, DCFallback, DCLayerNorm, DCMaxPool2d, DCMul
 from .work_counters import WorkCounters
 
 __all__ = ["DCModule", "FrameContext", "DCSparsify", "DCDensify", "DCResample", "DCConv2d", "DCConvTranspose2d",
            "DCLinear", "DCBatchNorm2d", "DCAvgPool2d", "DCAdaptiveAvgPool2d", "DCUpsample", "DCAdd", "DCScale",
-           "DCLinearFunction", "DCFunctionalConv2d", "DCFunctionalLinear", "DCConcatenate", "DCActivation", "DCMul",
-           "DCMaxPool2d", "DCFallback", "WorkCounters"]
+           "DCLinearFunction", "DCPixelLinear", "DCFunctionalConv2d", "DCFunctionalLinear", "DCConcatenate",
+           "DCActivation", "DCMul", "DCMaxPool2d", "DCLayerNorm", "DCFallback", "WorkCounters"]

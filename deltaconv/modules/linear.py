@@ -128,6 +128,34 @@ class DCConv2d(DCModule):
         return s + (", bn folded" if self.folded_bn is not None else "") + ", " + super().extra_repr()
 
 
+class DCPixelLinear(DCConv2d):
+    """An ``nn.Linear`` over the channels of a channels-last view (ConvNeXt's pointwise layers,
+    between ``permute(0, 2, 3, 1)`` and ``permute(0, 3, 1, 2)``), run channels-first as the 1x1
+    convolution it is (``deltaconv.layout``): its weight ``[out, in]`` viewed as ``[out, in, 1, 1]``.
+    Keeps the dense module's parameters under their names (the dense state_dict loads)."""
+
+    @classmethod
+    def from_dense(cls, lin: nn.Linear) -> "DCPixelLinear":
+        """Build from a dense ``nn.Linear`` (sharing its parameters)."""
+        m = cls.__new__(cls)
+        DCModule.__init__(m)
+        m.in_channels, m.out_channels = lin.in_features, lin.out_features
+        m.kernel_size, m.stride, m.dilation, m.padding = (1, 1), (1, 1), (1, 1), (0, 0)
+        m.groups, m.padding_mode = 1, "zeros"
+        _adopt(m, lin, ["weight", "bias"])
+        if "bias" not in m._parameters:
+            m.bias = None
+        object.__setattr__(m, "folded_bn", None)
+        m._folded = FoldedWeights()
+        return m
+
+    def folded_weight_bias(self) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """The weight as a 1x1 convolution's ``[out, in, 1, 1]`` (a view: contiguous is also
+        channels_last at 1x1), and the bias."""
+        w, b = self._folded.get(self.weight, self.bias, None, out_dim=0)
+        return w.view(self.out_channels, self.in_channels, 1, 1), b
+
+
 class DCFunctionalConv2d(DCModule):
     """``F.conv2d(x, weight, bias, ...)`` with weights that do not depend on the frames (a custom
     conv module, weight standardisation, a bare ``nn.Conv2d`` traced as the whole model): the
@@ -456,11 +484,24 @@ class DCScale(DCModule):
 
     def forward(self, a, b) -> Delta:
         d, s = (a, b) if isinstance(a, Delta) else (b, a)
+        if not self.divide and _per_channel(s, d.value):  # ConvNeXt's layer_scale: on the active pixels only
+            value, mask = self.ops.affine_channel(d.value, d.mask, self.work_vector("scale", s), None, None)
+            return self.observe(Delta(value, mask))
         value = d.value / s if self.divide else d.value * s
         mask = d.mask
         if tuple(value.shape) != tuple(d.value.shape):
             mask = mask.expand(list(value.shape[:1]) + [1] + list(value.shape[2:]))
         return self.observe(Delta(value, mask))
+
+
+def _per_channel(s, value: torch.Tensor) -> bool:
+    """Whether ``s`` is a per-channel scale of the 4-D ``value`` (``[C, 1, 1]`` or ``[1, C, 1, 1]``) in a
+    dtype no finer than the value's, so that ``value * s`` is ``affine_channel``'s product."""
+    if not torch.is_tensor(s) or value.dim() != 4 or s.dim() not in (3, 4) or s.numel() != value.shape[1]:
+        return False
+    if s.shape[-3] != value.shape[1] or any(n != 1 for n in s.shape[-2:]):
+        return False
+    return torch.promote_types(s.dtype, value.dtype) == value.dtype
 
 
 def _expanded_mask(d: Delta) -> torch.Tensor:

@@ -58,6 +58,58 @@ class DCActivation(DCModule):
         return f"{self.fn!r}, " + super().extra_repr()
 
 
+class DCLayerNorm(DCModule):
+    """Layer norm of each pixel over its channels (dim 1): ConvNeXt's ``LayerNorm`` and
+    ``LayerNorm2d``, which normalise the last dim of a channels-last view; the converter keeps such a
+    block channels-first (``deltaconv.layout``), so here the channels are dim 1. A pixel's output
+    depends on that pixel alone, so the delta rule is an activation's over the whole channel vector:
+    ``layer_norm(acc) - sent`` on active pixels, then truncation. State: ``acc`` (input), ``sent``
+    (output). Weight and bias are the dense module's (``from_dense``) or arrive per call
+    (``F.layer_norm``)."""
+
+    kind = "layer_norm"
+    truncates = True
+
+    def __init__(self, channels: int, eps: float = 1e-5, threshold: float = 0.0) -> None:
+        super().__init__()
+        self.channels, self.eps = int(channels), float(eps)
+        self.threshold = float(threshold)
+        self.register_parameter("weight", None)
+        self.register_parameter("bias", None)
+
+    @classmethod
+    def from_dense(cls, ln: nn.LayerNorm) -> Optional["DCLayerNorm"]:
+        """Build from a dense ``nn.LayerNorm`` over one dim (sharing its parameters), or ``None``
+        when it normalises over several dims."""
+        if len(ln.normalized_shape) != 1:
+            return None
+        m = cls(ln.normalized_shape[0], ln.eps)
+        for name in ("weight", "bias"):
+            p = ln._parameters.get(name)
+            if p is not None:
+                m.register_parameter(name, p)
+        return m
+
+    def forward(self, x: Delta, weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None) -> Delta:
+        if x.value.dim() < 2 or x.shape[1] != self.channels:
+            raise ValueError(f"{self.layer_name or 'DCLayerNorm'}: expected a delta with {self.channels} channels "
+                             f"in dim 1, got shape {tuple(x.shape)}")
+        weight = self.work_vector("weight", self.weight if weight is None else weight)
+        bias = self.work_vector("bias", self.bias if bias is None else bias)
+        acc = self.state("acc", x.shape, x.device, x.dtype)
+        sent = self.state("sent", x.shape, x.device, x.dtype, sent=True)
+        rows = self.row_list(x.shape, x.device)
+        v, m = self.ops.layer_norm(x.value, x.mask, acc, sent, weight, bias, self.eps, self.threshold, self.key,
+                                   self.measure, rows)
+        return self.observe(Delta(v, m, filled_rows(rows)))
+
+    def flops_per_output_pixel(self, out: Delta) -> float:
+        return 5.0 * out.value.shape[1]
+
+    def extra_repr(self) -> str:
+        return f"{self.channels}, eps={self.eps:g}, " + super().extra_repr()
+
+
 class DCMul(DCModule):
     """Product of two changing tensors (broadcasting; squeeze-excite): ``new = A_a * A_b`` over
     the union of the masks. State: ``acc_a``, ``acc_b``, ``sent``."""

@@ -1,0 +1,284 @@
+"""Channels-last blocks kept channels-first (``deltaconv.layout``) and the per-pixel layer norm
+(``DCLayerNorm``): ConvNeXt converts without fallbacks, keeps per-pixel masks inside its blocks and
+its dense state_dict; chains that are not per-pixel are left alone and stay exact."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import deltaconv
+from deltaconv.backends import reference as ref
+from deltaconv.modules import DCFallback, DCLayerNorm, DCPixelLinear
+from helpers import (compare_over_frames, cuda_backend_reason, cuda_kernel_names, randomize_layer_norms,
+                     torchvision_model, video_frames)
+
+TOL = 1e-4
+
+
+class Block(nn.Module):
+    """A ConvNeXt block: depthwise 7x7, then LayerNorm, Linear, GELU, Linear on a channels-last view."""
+
+    def __init__(self, c: int = 8) -> None:
+        super().__init__()
+        self.dw = nn.Conv2d(c, c, 7, padding=3, groups=c)
+        self.norm = nn.LayerNorm(c, eps=1e-6)
+        self.pw1, self.act, self.pw2 = nn.Linear(c, 4 * c), nn.GELU(), nn.Linear(4 * c, c)
+        self.gamma = nn.Parameter(torch.full((c, 1, 1), 0.5))
+
+    def forward(self, x):
+        y = self.dw(x).permute(0, 2, 3, 1)
+        y = self.pw2(self.act(self.pw1(self.norm(y))))
+        return x + self.gamma * y.permute(0, 3, 1, 2)
+
+
+class LayerNorm2d(nn.LayerNorm):
+    """torchvision's LayerNorm2d: ``F.layer_norm`` between two permutes."""
+
+    def forward(self, x):
+        x = x.permute(0, 2, 3, 1)
+        x = F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+        return x.permute(0, 3, 1, 2)
+
+
+class Net(nn.Module):
+    def __init__(self, c: int = 8) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, c, 2, stride=2), LayerNorm2d(c))
+        self.block = Block(c)
+
+    def forward(self, x):
+        return self.block(self.stem(x))
+
+
+def _net(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return randomize_layer_norms(Net()).eval()
+
+
+def _status(dm) -> dict:
+    return {(n.node, n.status): n for n in dm.report.nodes}
+
+
+def test_block_runs_channels_first_without_fallbacks():
+    dm = deltaconv.convert(_net(), example_input=torch.randn(1, 3, 32, 48))
+    assert dm.report.fallbacks == []
+    assert isinstance(dm.block.norm, DCLayerNorm) and isinstance(dm.stem[1].layer_norm, DCLayerNorm)
+    assert isinstance(dm.block.pw1, DCPixelLinear) and isinstance(dm.block.pw2, DCPixelLinear)
+    removed = [n for n in dm.report.nodes if n.status == "removed" and "deltaconv.layout" in n.note]
+    assert len(removed) == 4  # two permutes per chain
+
+
+def test_dense_state_dict_loads():
+    model = _net()
+    dm = deltaconv.convert(model, example_input=torch.randn(1, 3, 32, 48))
+    other = _net(seed=1)
+    dm.load_state_dict(other.state_dict())  # strict: the dense names all exist
+    x = torch.randn(1, 3, 32, 48)
+    with torch.no_grad():
+        torch.testing.assert_close(dm(x), other(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("threshold", [0.0, 0.05])
+def test_block_equals_dense_over_video(threshold):
+    model = _net().double()
+    frames = [f.double() for f in video_frames(4, (64, 96), "one-by-one-person-detection.mp4", start=40)]
+    dm, errors, _ = compare_over_frames(model, frames, threshold=threshold)
+    bound = 1e-12 if threshold == 0 else 0.2
+    assert max(errors) <= bound, errors
+    if threshold > 0:
+        assert max(errors) > 1e-12  # the threshold truncates something: the test can fail
+
+
+def test_masks_stay_per_pixel_inside_the_block():
+    """One changed input pixel reaches a 7x7 square of the block's output (the depthwise conv's
+    footprint at stride 2), not whole rows or columns of the channels-last view."""
+    model = _net().double()
+    x = torch.randn(1, 3, 32, 48, dtype=torch.float64)
+    dm = deltaconv.convert(model, example_input=x)
+    masks = {}
+    dm.block.pw2.register_forward_hook(lambda mod, args, out: masks.__setitem__("pw2", out.mask.clone()))
+    with torch.no_grad():
+        dm(x)
+        y = x.clone()
+        y[0, :, 10, 20] += 1.0
+        dm(y)
+    rows, cols = torch.nonzero(masks["pw2"][0, 0], as_tuple=True)
+    assert (rows.min().item(), rows.max().item(), cols.min().item(), cols.max().item()) == (2, 8, 7, 13)
+    assert int(masks["pw2"].sum()) == 49
+
+
+def test_chains_that_are_not_per_pixel_are_left_alone():
+    """A channels-last view with two readers, or a reduction over a pixel dim inside, keeps its
+    permutes (a LayerNorm on it falls back) and the model stays exact."""
+    class TwoReaders(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 8, 3, padding=1)
+            self.norm = nn.LayerNorm(8)
+
+        def forward(self, x):
+            y = self.conv(x).permute(0, 2, 3, 1)
+            z = self.norm(y) + y  # y read twice
+            w = self.norm(z).mean(dim=1, keepdim=True)  # a mean over the rows: not per pixel
+            return z.permute(0, 3, 1, 2), w.permute(0, 3, 1, 2)
+
+    torch.manual_seed(0)
+    model = randomize_layer_norms(TwoReaders()).eval().double()
+    frames = [f.double() for f in video_frames(3, (24, 32))]
+    dm, errors, _ = compare_over_frames(model, frames)
+    assert max(errors) <= 1e-12
+    assert {n.target for n in dm.report.fallbacks} >= {"LayerNorm:norm"}
+    assert not any("deltaconv.layout" in n.note for n in dm.report.nodes)
+
+
+def test_layer_norm_of_a_flat_vector_runs_per_sample():
+    """A LayerNorm (module or F.layer_norm) over the features of ``[N, C]`` converts too."""
+    class Head(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 16, 3, padding=1)
+            self.norm = nn.LayerNorm(16)
+            self.fc = nn.Linear(16, 5)
+
+        def forward(self, x):
+            v = self.conv(x).mean(dim=(2, 3))
+            return self.fc(F.layer_norm(self.norm(v), (16,)))
+
+    torch.manual_seed(0)
+    model = randomize_layer_norms(Head()).eval().double()
+    frames = [f.double() for f in video_frames(3, (24, 32))]
+    dm, errors, _ = compare_over_frames(model, frames)
+    assert max(errors) <= 1e-12
+    assert dm.report.fallbacks == []
+    assert sum(isinstance(m, DCLayerNorm) for m in dm.modules()) == 2
+
+
+def test_a_dense_module_on_constants_stays_dense():
+    """A module that reads only constants (Swin V2's position-bias MLP on its coordinate table) is
+    not a delta layer: conversion used to fail with "'Linear' object has no attribute 'truncates'"."""
+    class ConstantBias(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3, padding=1)
+            self.mlp = nn.Linear(2, 4)
+            self.register_buffer("table", torch.randn(1, 2))
+
+        def forward(self, x):
+            return self.conv(x) + self.mlp(self.table).view(1, 4, 1, 1)
+
+    torch.manual_seed(0)
+    model = ConstantBias().eval().double()
+    frames = [f.double() for f in video_frames(3, (24, 32))]
+    dm, errors, _ = compare_over_frames(model, frames)
+    assert max(errors) <= 1e-12
+    assert "mlp" not in {layer.layer_name for layer in dm.delta_layers()}
+
+
+def test_layer_norm_wrong_channels_names_the_layer():
+    layer = DCLayerNorm(8)
+    layer.layer_name = "block.norm"
+    from deltaconv.delta import Delta
+    d = Delta(torch.zeros(1, 4, 3, 3), torch.ones(1, 1, 3, 3, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"block.norm: expected a delta with 8 channels in dim 1, got shape \(1, 4"):
+        layer(d)
+
+
+def test_reference_layer_norm_keeps_what_it_does_not_send():
+    """Below the threshold the change stays pending (sent unchanged, acc updated); once the
+    accumulated change crosses it, what is sent makes ``sent`` the layer norm of the whole input."""
+    torch.manual_seed(0)
+    n, c, h, w = 1, 6, 2, 3
+    x0 = torch.randn(n, c, h, w, dtype=torch.float64)
+    acc, sent = torch.zeros_like(x0), torch.zeros_like(x0)
+    everywhere = torch.ones(n, 1, h, w, dtype=torch.bool)
+    ref.layer_norm(x0, everywhere, acc, sent, None, None, 1e-5, 0.0, torch.tensor([True]))
+    dense = lambda t: F.layer_norm(t.movedim(1, -1), (c,), eps=1e-5).movedim(-1, 1)  # noqa: E731
+    torch.testing.assert_close(sent, dense(x0))
+    step = torch.zeros_like(x0)
+    step[0, 0, 1, 2] = 0.01
+    out, mask = ref.layer_norm(step, everywhere, acc, sent, None, None, 1e-5, 0.1, None)
+    assert not mask.any() and torch.equal(sent, dense(x0))
+    for _ in range(30):  # the same small step again and again: sent once it has built up
+        out, mask = ref.layer_norm(step, everywhere, acc, sent, None, None, 1e-5, 0.1, None)
+        if mask.any():
+            break
+    assert mask.sum() == 1 and bool(mask[0, 0, 1, 2])
+    torch.testing.assert_close(sent[0, :, 1, 2], dense(acc)[0, :, 1, 2])
+    torch.testing.assert_close(acc, x0 + step * (2 + _))
+
+
+def test_convnext_converts_without_fallbacks():
+    dm = deltaconv.convert(torchvision_model("convnext_tiny"), example_input=torch.randn(1, 3, 64, 96))
+    assert dm.report.fallbacks == []
+    assert sum(isinstance(m, DCLayerNorm) for m in dm.modules()) == 23
+    assert not any(isinstance(m, DCFallback) for m in dm.modules())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(bool(cuda_backend_reason()), reason=cuda_backend_reason() or "ok")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_convnext_on_the_gpu_replays_its_layer_norm_kernel(dtype):
+    """ConvNeXt on the CUDA backend: the layer norms run the kernel (``layer_norm_kernel``), the
+    pointwise Linears the 1x1 convolutions, a replayed CUDA graph gives the eager outputs bit for
+    bit, and at threshold 0 the output is the dense model's to its own rounding."""
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    model = torchvision_model("convnext_tiny").cuda().to(dtype)
+    frames = [f.cuda().to(dtype) for f in video_frames(8, (96, 128), "one-by-one-person-detection.mp4", start=40)]
+    eager = deltaconv.convert(model, threshold=0.02, backend="cuda", example_input=frames[0])
+    graphed = deltaconv.convert(model, threshold=0.02, backend="cuda", example_input=frames[0], cuda_graph=True,
+                                check_finite=False)
+    exact = deltaconv.convert(model, backend="cuda", example_input=frames[0])
+    dense32 = torchvision_model("convnext_tiny").cuda()
+    with torch.no_grad():
+        for t, f in enumerate(frames):
+            torch.testing.assert_close(graphed(f), eager(f), rtol=0, atol=0, msg=f"frame {t}")
+            y, r, r32 = exact(f).double(), model(f).double(), dense32(f.float()).double()
+            err, dense_err = ((y - r32).norm() / r32.norm()).item(), ((r - r32).norm() / r32.norm()).item()
+            assert err <= (1e-4 if dtype == torch.float32 else 3 * dense_err + 1e-3), (t, err, dense_err)
+        names = cuda_kernel_names(lambda: exact(frames[-1]))
+    if names:
+        assert any("layer_norm_kernel" in n for n in names)
+    assert graphed._graph is not None
+
+
+@pytest.mark.parametrize("shape", [(6, 1, 1), (1, 6, 1, 1), (6,), (1, 1, 6), (6, 1, 6)], ids=str)
+@pytest.mark.parametrize("divide", [False, True])
+def test_scale_by_a_tensor_equals_the_dense_product(shape, divide):
+    """``DCScale`` (ConvNeXt's ``layer_scale * x``): a per-channel scale runs as ``affine_channel`` on the
+    active pixels; any other broadcast (a ``[C]`` scale broadcasts over the width, here as wide as the
+    channels) keeps the plain product. Both equal the dense op where the mask is set."""
+    from deltaconv.delta import Delta
+    from deltaconv.modules import DCScale
+    torch.manual_seed(0)
+    value = torch.randn(2, 6, 5, 6, dtype=torch.float64)
+    mask = torch.rand(2, 1, 5, 6) < 0.5
+    s = torch.rand(shape, dtype=torch.float64) + 0.5
+    layer = DCScale(divide=divide)
+    out = layer(Delta(torch.where(mask, value, torch.nan), mask), s)
+    want = value / s if divide else value * s
+    assert out.value.shape == want.shape
+    sel = out.mask.expand_as(want)
+    assert torch.equal(out.mask, mask.expand(out.mask.shape))
+    torch.testing.assert_close(out.value[sel], want[sel], rtol=0, atol=0)
+
+
+def test_a_model_that_rejects_the_example_names_example_input():
+    """A model with a fixed input size (torchvision's ViT asserts 224x224) fails on a smaller example:
+    ``ConversionError`` naming ``example_input``, its shape and the model's own message."""
+    class FixedSize(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3)
+
+        def forward(self, x):
+            torch._assert(x.shape[-1] == 32, "Wrong image width! Expected 32")
+            return self.conv(x)
+
+    with pytest.raises(deltaconv.ConversionError,
+                       match=r"FixedSize failed on example_input \(\(1, 3, 16, 24\) float32\).*Wrong image width"):
+        deltaconv.convert(FixedSize().eval(), example_input=torch.randn(1, 3, 16, 24))
+    dm = deltaconv.convert(FixedSize().eval(), example_input=torch.randn(1, 3, 16, 32))
+    assert dm.report.fallbacks == []
