@@ -135,7 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
     k = sub.add_parser("calibrate", help="per-layer thresholds for an error tolerance -> thresholds.json",
                        description="Calibrate per-layer thresholds with deltaconv.calibrate on video frames, save "
                        "the JSON that convert(..., thresholds=PATH) loads, print the trade-off and plot error and "
-                       "density against a uniform threshold.")
+                       "density against a uniform threshold. For a detection model, its backbone's thresholds, "
+                       "with the error over every feature map, for deltaconv.convert_backbone.")
     k.add_argument("--video", metavar="PATH", help="video file (default: the sample vtest.avi)")
     k.add_argument("--model", default="mobilenet_v2", metavar="NAME")
     k.add_argument("--tolerance", type=_nonneg_float, required=True, metavar="E",
@@ -267,14 +268,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return status
 
 
-def _load_frames(video, frames: int, size):
+def _load_frames(video, frames: int, size, normalize: bool = True):
     from .video import read_frames
 
     if video is not None and not Path(video).is_file():
         from .video import SAMPLE_VIDEO_HELP
 
         raise CLIError(f"--video: {video!r} does not exist. {SAMPLE_VIDEO_HELP}")
-    out = list(read_frames(video, max_frames=frames, size=size))
+    out = list(read_frames(video, max_frames=frames, size=size, normalize=normalize))
     if len(out) < 2:
         raise CLIError(f"--video: {str(video)!r} gave {len(out)} frame(s); at least 2 are needed")
     return out
@@ -319,16 +320,22 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         raise CLIError("--device: 'cuda' asked but torch.cuda.is_available() is False")
     entry = zoo.load(args.model)
-    if entry.task == "detection":
-        raise CLIError(f"--model: {entry.name} is a detection model, which calibrate does not take; calibrate its "
-                       "backbone from Python (deltaconv.calibrate on deltaconv.detection.backbone_input frames, with "
-                       "output_fn=deltaconv.detection.feature_maps) and pass the thresholds to "
-                       "deltaconv.convert_backbone")
     dtype = getattr(torch, args.dtype)
-    model = entry.model.to(args.device, dtype)
     video = args.video if args.video is not None else str(find_sample_video())
-    frames = [f.to(args.device, dtype) for f in _load_frames(video, args.frames, args.size)]
     kwargs = {} if args.max_evals is None else {"max_evals": args.max_evals}
+    output_fn, what = None, entry.name
+    if entry.task == "detection":  # calibrate the backbone that convert_backbone converts, on every pyramid level
+        from .detection import backbone_input, feature_maps
+
+        full_model = entry.model.to(args.device, dtype).eval()
+        images = _load_frames(video, args.frames, args.size, normalize=False)  # the detector normalises itself
+        model = full_model.backbone
+        frames = [backbone_input(full_model, f.to(args.device, dtype)) for f in images]
+        output_fn, what = feature_maps, f"{entry.name}'s backbone"
+        kwargs["output_fn"] = feature_maps
+    else:
+        model = entry.model.to(args.device, dtype)
+        frames = [f.to(args.device, dtype) for f in _load_frames(video, args.frames, args.size)]
     if args.cost != "flops":
         kwargs["cost"] = args.cost
     backend = args.backend
@@ -342,15 +349,19 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     thresholds = _save_thresholds(result, out)
     detector = result.detector() if callable(getattr(result, "detector", None)) else None
+    sweep_kw = {} if output_fn is None else {"output_fn": output_fn}
     rows = threshold_sweep(model, frames, args.sweep, backend=backend, calibrated=thresholds,
-                           change_detector=detector, truncation=args.truncation, fold_bn=not args.no_fold_bn)
+                           change_detector=detector, truncation=args.truncation, fold_bn=not args.no_fold_bn,
+                           **sweep_kw)
     h, w = frames[0].shape[-2:]
-    print(f"calibrated {len(thresholds)} thresholds of {entry.name} on {len(frames)} frames of {video} at {h}x{w} "
+    print(f"calibrated {len(thresholds)} thresholds of {what} on {len(frames)} frames of {video} at {h}x{w} "
           f"in {args.dtype} on {args.device} ({backend} backend) for tolerance {args.tolerance:g} ({args.metric}); "
           f"wrote {out}")
+    if output_fn is not None:
+        print(f"use them with deltaconv.convert_backbone(model, frames, thresholds={str(out)!r})")
     print(format_sweep(rows))
     plot = Path(args.plot) if args.plot else out.with_suffix(".png")
-    plot_tradeoff(rows, plot, title=f"{entry.name} on {Path(video).name} at {h}x{w}, {len(frames)} frames",
+    plot_tradeoff(rows, plot, title=f"{what} on {Path(video).name} at {h}x{w}, {len(frames)} frames",
                   tolerance=args.tolerance)
     print(f"wrote {plot}")
     return 0

@@ -526,14 +526,15 @@ def format_summary(summary: dict) -> str:
 # ----------------------------------------------------------------------------- threshold sweep
 def threshold_sweep(model: torch.nn.Module, frames: Sequence[torch.Tensor], thresholds: Sequence[float],
                     backend: str = "auto", calibrated: Optional[dict] = None, change_detector=None,
-                    truncation: str = "max", fold_bn: bool = True) -> list[dict]:
+                    truncation: str = "max", fold_bn: bool = True, output_fn=primary_output) -> list[dict]:
     """Error and density of the converted ``model`` for each uniform ``threshold`` on ``frames``
     (measured with :func:`deltaconv.fidelity.compare` against dense outputs computed once).
 
     One conversion serves all uniform thresholds; ``calibrated`` (per-layer thresholds, e.g. a
     :class:`deltaconv.calibrate.Calibration`, with its ``change_detector`` and ``truncation``) adds
     one row whose ``threshold`` is ``None``; ``truncation`` is the measure of the uniform rows;
-    ``fold_bn`` as in ``convert``. Each
+    ``fold_bn`` as in ``convert``; ``output_fn`` picks the compared tensor from an output (e.g.
+    :func:`deltaconv.detection.feature_maps` for a detector's backbone). Each
     row: ``threshold``, ``rel_error`` (mean relative error of the primary output over the non-key
     frames), ``max_rel_error``, ``top1_agreement`` (classifiers, else ``None``), ``density`` (input
     sparsifier, mean) and ``work`` (FLOPs-weighted density).
@@ -545,11 +546,11 @@ def threshold_sweep(model: torch.nn.Module, frames: Sequence[torch.Tensor], thre
         raise ValueError(f"threshold_sweep: frames must hold at least 2 frames (a key frame and one more), "
                          f"got {len(frames)}")
     with torch.no_grad():
-        refs = [primary_output(model(f)) for f in frames]
-    metrics = ("rel_err", "top1") if refs[0].dim() == 2 else ("rel_err",)
+        refs = [output_fn(model(f)) for f in frames]
+    metrics = ("rel_err", "top1") if refs[0].dim() == 2 and output_fn is primary_output else ("rel_err",)
 
     def measure(dm, threshold) -> dict:
-        rep = _fid.compare(model, dm, frames, metrics=metrics, dense_outputs=refs)
+        rep = _fid.compare(model, dm, frames, metrics=metrics, dense_outputs=refs, output_fn=output_fn)
         return {"threshold": threshold, "rel_error": rep.mean("rel_err"), "max_rel_error": rep.max("rel_err"),
                 "top1_agreement": rep.mean("top1") if "top1" in metrics else None,
                 "density": rep.layers[0]["mean_density"], "work": rep.density}

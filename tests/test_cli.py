@@ -106,11 +106,33 @@ def test_convert_detector_converts_its_backbone(capsys):
                for line in out.splitlines())
 
 
-def test_demo_and_calibrate_refuse_a_detector(capsys):
+def test_demo_refuses_a_detector(capsys):
     status, _, err = run(capsys, "demo", "--model", "fasterrcnn_mobilenet_v3_large_320_fpn", "--max-frames", "1")
     assert status == 1 and "is a detection model" in err and "convert_backbone" in err
-    status, _, err = run(capsys, "calibrate", "--model", "fasterrcnn_mobilenet_v3_large_320_fpn", "--tolerance", "0.1")
-    assert status == 2 and "is a detection model" in err and "convert_backbone" in err
+
+
+def test_calibrate_a_detector_calibrates_its_backbone(capsys, tmp_path):
+    """``deltaconv calibrate --model <detector>``: thresholds of the backbone (its layer names), with the
+    error over every feature map, that ``convert_backbone`` loads; the trade-off table and plot too."""
+    import torch
+    import torchvision
+
+    import deltaconv
+    out = tmp_path / "det.json"
+    status, stdout, err = run(capsys, "calibrate", "--model", "fasterrcnn_mobilenet_v3_large_320_fpn", "--tolerance",
+                              "0.05", "--frames", "3", "--size", "48x64", "--max-evals", "6", "--sweep", "0,0.05",
+                              "--out", str(out))
+    assert status == 0, err
+    assert "thresholds of fasterrcnn_mobilenet_v3_large_320_fpn's backbone" in stdout
+    assert "deltaconv.convert_backbone(model, frames, thresholds=" in stdout
+    assert out.is_file() and out.with_suffix(".png").is_file()
+    names = set(json.loads(out.read_text())["thresholds"])
+    assert any(n.startswith("body.") for n in names) and any(n.startswith("fpn.") for n in names)
+    torch.manual_seed(0)
+    det = torchvision.models.detection.fasterrcnn_mobilenet_v3_large_320_fpn(weights=None,
+                                                                             weights_backbone=None).eval()
+    converted = deltaconv.convert_backbone(det, torch.rand(1, 3, 48, 64), thresholds=str(out))
+    assert set(converted.backbone.thresholds()) >= names
 
 
 # ----------------------------------------------------------------------------- bench
