@@ -19,7 +19,7 @@ from .modules import (DCActivation, DCAdd, DCConv2d, DCDensify, DCFallback, DCMo
                       DCSparsify)
 from .modules.linear import DCBatchNorm2d, DCConvTranspose2d, DCLinear, DCUpsample
 from .modules.nonlinear import DCLayerNorm
-from .layout import CHANNELS_FIRST, LAYOUT_PERMUTE, keep_channels_first
+from .layout import CHANNELS_FIRST, LAYOUT_PERMUTE, fold_channel_shuffles, keep_channels_first
 from .report import ConversionReport, NodeReport
 from .rules import (CHANNELS_FIRST_RULES, FUNCTION_RULES, MODULE_RULES, PASSTHROUGH_CALLS, PASSTHROUGH_MODULES, Built,
                     Site)
@@ -549,6 +549,7 @@ def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
     graph = fx.Graph()  # an unowned copy (with the shape metadata) to rewrite
     graph.output(graph.graph_copy(traced.graph, {}))
     keep_channels_first(graph, dense)
+    fold_channel_shuffles(graph)
     converter = _Converter(dense, graph, dense_tail=fuse, fold_bn=fold_bn)
     report = converter.run()
     if fuse:

@@ -1,4 +1,7 @@
-"""Channels-last blocks kept channels-first: a graph pass of :func:`deltaconv.convert`.
+"""Views rewritten before conversion: two graph passes of :func:`deltaconv.convert`.
+
+Channels-last blocks kept channels-first (:func:`keep_channels_first`)
+----------------------------------------------------------------------
 
 ConvNeXt (and models written like it) runs each block's pointwise part on a channels-last *view*::
 
@@ -14,9 +17,22 @@ chains, marks the two permutes for removal and the ops between them with :data:`
 (:class:`~deltaconv.modules.DCLayerNorm`) and 1x1 convolutions
 (:class:`~deltaconv.modules.DCPixelLinear`) for them. A LayerNorm over the last dim of a 2-D
 ``[N, C]`` tensor is marked too (its channels are dim 1 already).
+
+Channel shuffles as one call (:func:`fold_channel_shuffles`)
+------------------------------------------------------------
+ShuffleNet (and models written like it) shuffles channels through a 5-D view::
+
+    x.view(N, g, C // g, H, W) -> transpose(1, 2) -> .contiguous() -> .view(N, C, H, W)
+
+On the 5-D view a delta's mask would be one flag per ``(group, channel)`` row, so each of the four
+ops ran the general data-movement rule (the op on the values and on the masks expanded to the
+values' shape). The chain is ``torch.channel_shuffle(x, g)``, which moves channels within each
+pixel only: the pass puts that call in its place (and drops the ``x.size()`` arithmetic that only
+fed the views), and the converter keeps the mask as it is.
 """
 from __future__ import annotations
 
+import operator
 from typing import Optional
 
 import torch
@@ -132,4 +148,88 @@ def keep_channels_first(graph: fx.Graph, root: nn.Module) -> int:
     return chains
 
 
-__all__ = ["CHANNELS_FIRST", "LAYOUT_PERMUTE", "keep_channels_first"]
+_VIEWS = (torch.reshape, "view", "reshape")
+#: pure calls that compute shapes from ``x.size()`` (erased with the views they fed)
+_SHAPE_ARITHMETIC = (operator.getitem, operator.floordiv, operator.mul, operator.add, operator.sub, getattr)
+
+
+def _is_call(node: fx.Node, *targets) -> bool:
+    return (node.op == "call_function" and node.target in targets) or (
+        node.op == "call_method" and node.target in targets)
+
+
+def _only_user(node: fx.Node) -> Optional[fx.Node]:
+    return next(iter(node.users)) if len(node.users) == 1 else None
+
+
+def _swaps_dims_1_2(node: fx.Node, src: fx.Node) -> bool:
+    """``src.transpose(1, 2)`` (or ``torch.transpose``, ``swapaxes``, dims either way round) of a 5-D tensor."""
+    if not _is_call(node, torch.transpose, torch.swapaxes, "transpose", "swapaxes") or node.kwargs:
+        return False
+    return tuple(node.args[:1]) == (src,) and len(node.args) == 3 and {node.args[1], node.args[2]} in (
+        {1, 2}, {1, -3}, {-4, 2}, {-4, -3})
+
+
+def _shuffle_chain(view: fx.Node) -> Optional[tuple[list, int]]:
+    """The nodes of a channel shuffle chain starting at ``view`` (see the module docstring) and its
+    groups, else ``None``."""
+    src = view.args[0] if view.args else None
+    shape, shape5 = _shape(src), _shape(view)
+    if not _is_call(view, *_VIEWS) or shape is None or len(shape) != 4 or shape5 is None or len(shape5) != 5:
+        return None
+    n, c, h, w = shape
+    groups = shape5[1]
+    if shape5 != (n, groups, c // groups, h, w) or groups * (c // groups) != c:
+        return None
+    chain, cur = [view], _only_user(view)
+    if cur is None or not _swaps_dims_1_2(cur, view):
+        return None
+    chain.append(cur)
+    nxt = _only_user(cur)
+    if nxt is not None and _is_call(nxt, "contiguous") and len(nxt.args) == 1 and not nxt.kwargs:
+        chain.append(nxt)
+        nxt = _only_user(nxt)
+    if nxt is None or not _is_call(nxt, *_VIEWS) or nxt.args[0] is not chain[-1] or _shape(nxt) != shape:
+        return None
+    return chain + [nxt], groups
+
+
+def _erase_dead_shape_arithmetic(graph: fx.Graph, nodes) -> None:
+    """Erase each of ``nodes`` (and what only it read, recursively) that nothing reads and that
+    only computes shapes (``x.size()``, its items, integer arithmetic)."""
+    todo, erased = list(dict.fromkeys(nodes)), set()
+    while todo:
+        node = todo.pop()
+        if node in erased or node.users or not _is_call(node, "size", *_SHAPE_ARITHMETIC):
+            continue
+        inputs = node.all_input_nodes
+        graph.erase_node(node)
+        erased.add(node)
+        todo.extend(inputs)
+
+
+def fold_channel_shuffles(graph: fx.Graph) -> int:
+    """Replace every ``view(N, g, C // g, H, W) -> transpose(1, 2) [-> contiguous()] -> view(N, C, H, W)``
+    chain of ``graph`` (each op the only reader of the one before; see the module docstring) by
+    ``torch.channel_shuffle(x, g)``. Returns the number of chains."""
+    folded = 0
+    for view in list(graph.nodes):
+        found = None if getattr(view, "_erased", False) else _shuffle_chain(view)  # erased: an earlier chain's
+        if found is None:
+            continue
+        chain, groups = found
+        last = chain[-1]
+        with graph.inserting_after(last):
+            shuffle = graph.call_function(torch.channel_shuffle, (view.args[0], groups))
+        shuffle.meta = dict(view.meta)
+        shuffle.meta["tensor_meta"] = last.meta["tensor_meta"]
+        last.replace_all_uses_with(shuffle)
+        shape_inputs = [n for node in chain for n in node.all_input_nodes if n not in chain]
+        for node in reversed(chain):
+            graph.erase_node(node)
+        _erase_dead_shape_arithmetic(graph, shape_inputs)
+        folded += 1
+    return folded
+
+
+__all__ = ["CHANNELS_FIRST", "LAYOUT_PERMUTE", "fold_channel_shuffles", "keep_channels_first"]

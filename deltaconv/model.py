@@ -25,6 +25,21 @@ from .report import ConversionReport
 AUTO_REFRESH = {torch.float16: 1000, torch.bfloat16: 1000}
 
 
+def _traced_constants(dense: nn.Module, graph: fx.Graph) -> list[str]:
+    """Names of the plain tensor attributes of ``dense`` that ``graph`` reads: the constants torch.fx
+    stores on the traced model (``_tensor_constant0``, ... for a ``torch.tensor(...)`` made in
+    ``forward``). Held as non-persistent buffers, they move with the model and stay out of its
+    state_dict, as the dense model's own computation of them does."""
+    names = []
+    for node in graph.nodes:
+        if node.op != "get_attr" or "." in node.target or node.target in names:
+            continue
+        value = dense.__dict__.get(node.target)
+        if torch.is_tensor(value) and not isinstance(value, nn.Parameter):
+            names.append(node.target)
+    return names
+
+
 class DeltaModel(nn.Module):
     """A dense model converted by :func:`deltaconv.convert`.
 
@@ -58,6 +73,8 @@ class DeltaModel(nn.Module):
             self.register_parameter(name, p)
         for name, b in dense.named_buffers(recurse=False):
             self.register_buffer(name, b, persistent=name not in dense._non_persistent_buffers_set)
+        for name in _traced_constants(dense, graph):  # tensors the tracer stored on the model (torch.tensor(...))
+            self.register_buffer(name, getattr(dense, name), persistent=False)
         self.backend = backends.check_name(backend)
         self._report = report
         self._context = FrameContext()

@@ -222,6 +222,32 @@ def test_state_dict_keys_unet_and_segmentation():
         assert list(dm.state_dict().keys()) == list(model.state_dict().keys())
 
 
+class MadeConstant(nn.Module):
+    """A model that makes a tensor in ``forward``: torch.fx stores it on the traced model
+    (``_tensor_constant0``) and the graph reads it from there."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 3, 3, padding=1)
+
+    def forward(self, x):
+        return self.conv(x) * torch.tensor([0.5, 2.0, -1.0]).view(1, 3, 1, 1)
+
+
+def test_constants_made_in_forward_are_held_and_move_with_the_model(frames):
+    torch.manual_seed(0)
+    model = MadeConstant().eval()
+    dm = deltaconv.convert(model, example_input=frames[0])  # failed: no attribute '_tensor_constant0'
+    assert list(dm.state_dict().keys()) == list(model.state_dict().keys())
+    assert [name for name, _ in dm.named_buffers()] == ["_tensor_constant0"]
+    dm64, model64 = copy.deepcopy(dm).double(), copy.deepcopy(model).double()
+    assert dm64._tensor_constant0.dtype == torch.float64
+    with torch.no_grad():
+        for f in frames:
+            assert max_rel_err(model(f), dm(f)) <= TOL
+            assert max_rel_err(model64(f.double()), dm64(f.double())) <= 1e-12
+
+
 # ----------------------------------------------------------------------------- stats
 def test_stats_one_dict_per_layer_in_execution_order(frames):
     model = make_unet()

@@ -7,13 +7,17 @@ import copy
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import deltaconv
 from deltaconv import DCConv2d
 from deltaconv.modules import folding
-from deltaconv.modules.folding import FoldedWeights, bn_scale_shift, round_keeping_sums
+from deltaconv.modules.folding import FoldedWeights, block_diagonal, bn_scale_shift, round_keeping_sums
+from deltaconv.delta import Delta
+from deltaconv.modules.linear import (BLOCK_DIAGONAL_MAX_CIN, BLOCK_DIAGONAL_MAX_GROUPS, BLOCK_DIAGONAL_MIN_PIXELS,
+                                      runs_block_diagonal)
 from helpers import video_frames
 
 
@@ -212,3 +216,63 @@ def test_round_keeping_sums_on_cuda_equals_cpu_also_while_a_graph_records(dtype)
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(captured.cpu(), expected)
+
+
+# ----------------------------------------------------------------------------- grouped convs as one group
+@pytest.mark.parametrize("groups,cin_g,cout_g,k,stride", [(2, 4, 4, 3, 1), (3, 2, 5, 3, 2), (8, 4, 1, 1, 1),
+                                                          (4, 3, 3, 5, 1), (1, 6, 6, 3, 1)])
+def test_block_diagonal_weight_is_the_grouped_convolution(groups, cin_g, cout_g, k, stride):
+    torch.manual_seed(groups)
+    weight = torch.randn(groups * cout_g, cin_g, k, k, dtype=torch.float64)
+    x = torch.randn(2, groups * cin_g, 11, 13, dtype=torch.float64)
+    dense = block_diagonal(weight, groups)
+    assert dense.shape == (groups * cout_g, groups * cin_g, k, k)
+    assert (dense != 0).sum() == (weight != 0).sum()  # only zeros were added
+    torch.testing.assert_close(F.conv2d(x, dense, None, stride, k // 2), F.conv2d(x, weight, None, stride, k // 2, 1, groups),
+                               rtol=1e-12, atol=1e-12)
+
+
+def test_folded_weights_expand_groups_after_the_fold():
+    torch.manual_seed(0)
+    conv, bn = nn.Conv2d(12, 12, 3, padding=1, groups=3), nn.BatchNorm2d(12)
+    bn.running_mean.normal_(), bn.running_var.uniform_(0.5, 2), bn.weight.data.normal_()
+    conv, bn = conv.double().eval(), bn.double().eval()
+    folded = FoldedWeights()
+    w3, b3 = folded.get(conv.weight, conv.bias, bn, out_dim=0)
+    w1, b1 = folded.get(conv.weight, conv.bias, bn, out_dim=0, expand_groups=3)
+    assert w1.shape == (12, 12, 3, 3) and torch.equal(w1, block_diagonal(w3, 3)) and torch.equal(b1, b3)
+    x = torch.randn(1, 12, 9, 9, dtype=torch.float64)
+    torch.testing.assert_close(F.conv2d(x, w1, b1, 1, 1), bn(conv(x)), rtol=1e-12, atol=1e-12)
+    with torch.no_grad():
+        conv.weight.mul_(2)  # a changed source is folded again
+    assert not torch.equal(folded.get(conv.weight, conv.bias, bn, out_dim=0, expand_groups=3)[0], w1)
+
+
+def test_which_grouped_convolutions_run_block_diagonal():
+    half, gpu = torch.float16, True
+    assert runs_block_diagonal(6, 48, half, gpu) and runs_block_diagonal(32, 128, torch.bfloat16, gpu)
+    assert runs_block_diagonal(BLOCK_DIAGONAL_MAX_GROUPS, BLOCK_DIAGONAL_MAX_CIN, half, gpu)
+    assert not runs_block_diagonal(BLOCK_DIAGONAL_MAX_GROUPS + 1, 8 * (BLOCK_DIAGONAL_MAX_GROUPS + 1), half, gpu)
+    assert not runs_block_diagonal(8, BLOCK_DIAGONAL_MAX_CIN + 8, half, gpu)  # too wide
+    assert not runs_block_diagonal(48, 48, half, gpu)  # depthwise: its own kernel
+    assert not runs_block_diagonal(6, 54, half, gpu)  # rows not a multiple of 8
+    assert not runs_block_diagonal(1, 48, half, gpu)
+    assert not runs_block_diagonal(6, 48, torch.float32, gpu) and not runs_block_diagonal(6, 48, half, False)
+    assert runs_block_diagonal(6, 48, half, gpu, pixels=BLOCK_DIAGONAL_MIN_PIXELS)
+    assert not runs_block_diagonal(6, 48, half, gpu, pixels=BLOCK_DIAGONAL_MIN_PIXELS - 1)  # a small map
+    layer = DCConv2d.from_dense(nn.Conv2d(48, 48, 3, padding=1, groups=6).half())
+    assert layer.kernel_groups() == 6  # on the CPU
+    assert layer.folded_weight_bias()[0].shape == (48, 8, 3, 3)
+
+
+@pytest.mark.parametrize("kw,size,pixels", [(dict(padding=1), (9, 13), 2 * 9 * 13),
+                                            (dict(padding=1, stride=2), (9, 13), 2 * 5 * 7),
+                                            (dict(padding=2, dilation=2, stride=(1, 3)), (9, 13), 2 * 9 * 5),
+                                            (dict(padding="valid"), (9, 13), 2 * 7 * 11),
+                                            (dict(padding="same"), (9, 13), 2 * 9 * 13)], ids=str)
+def test_output_pixels_is_the_dense_convolutions(kw, size, pixels):
+    conv = nn.Conv2d(8, 8, 3, groups=2, **kw)
+    x = torch.randn(2, 8, *size)
+    assert conv(x)[:, 0].numel() == pixels
+    layer = DCConv2d.from_dense(conv)
+    assert layer.output_pixels(Delta(x, torch.ones(2, 1, *size, dtype=torch.bool))) == pixels

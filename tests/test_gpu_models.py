@@ -13,7 +13,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(bool(REASON), reason=REASON or
 
 MODELS = ["resnet18", "resnet50", "mobilenet_v2", "mobilenet_v3_large", "efficientnet_b0", "regnet_y_400mf",
           "shufflenet_v2_x1_0", "densenet121", "squeezenet1_1", "vgg11_bn", "deeplabv3_mobilenet_v3_large",
-          "lraspp_mobilenet_v3_large", "convnext_tiny"]
+          "lraspp_mobilenet_v3_large", "convnext_tiny", "resnext50_32x4d"]
 
 
 def rel(a, b) -> float:
@@ -67,6 +67,39 @@ def test_half_precision_within_dense_rounding(name, dtype):
             dense_err = rel(low(f.to(dtype)), ref)
             delta_err = rel(dm(f.to(dtype)), ref)
             assert delta_err <= 3 * dense_err + 1e-3, (dense_err, delta_err)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("name", ["regnet_y_400mf", "resnext50_32x4d"])
+def test_grouped_convs_run_block_diagonal_on_the_tensor_cores(name, dtype):
+    """Grouped 3x3 convolutions within the limits run as one group with a block-diagonal weight
+    (``DCConv2d.kernel_groups``): the same outputs as the grouped kernel to the dtype's rounding
+    at threshold 0, and a replayed graph gives the eager outputs bit for bit at 0.02."""
+    model = build(name).cuda().to(dtype)
+    frames = [f.cuda().to(dtype) for f in video_frames(6, (288, 512), "one-by-one-person-detection.mp4", start=200)]
+    block = deltaconv.convert(model, backend="cuda", example_input=frames[0])
+    grouped = deltaconv.convert(model, backend="cuda", example_input=frames[0])
+    for layer in grouped.modules():
+        if isinstance(layer, deltaconv.DCConv2d):
+            layer.block_diagonal_ok = False
+    convs = [m for m in block.modules() if isinstance(m, deltaconv.DCConv2d) and m.groups > 1]
+    pixels = {}
+    for m in convs:
+        m.register_forward_hook(lambda mod, args, out: pixels.__setitem__(mod, out.value[:, 0].numel()))
+    with torch.no_grad():
+        block(frames[0])
+    ran = [m.kernel_groups(pixels[m]) == 1 for m in convs]
+    assert any(ran) and not all(ran), ran  # the 288x512 frames' first stages run block-diagonal, not the rest
+    assert ran == [1 < m.groups <= 32 and m.in_channels <= 512 and pixels[m] >= 4096 for m in convs], ran
+    assert [m._folded._value[0].shape[1] == m.in_channels for m in convs] == ran  # the weight the frame used
+    eager = deltaconv.convert(model, threshold=0.02, backend="cuda", example_input=frames[0])
+    graphed = deltaconv.convert(model, threshold=0.02, backend="cuda", example_input=frames[0], cuda_graph=True,
+                                check_finite=False)
+    with torch.no_grad():
+        for t, f in enumerate(frames):
+            a, b = block(f), grouped(f)
+            assert rel(a, b) <= (1e-2 if dtype == torch.float16 else 5e-2), (t, rel(a, b))
+            torch.testing.assert_close(graphed(f), eager(f), rtol=0, atol=0, msg=f"frame {t}")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])

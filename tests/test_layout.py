@@ -1,7 +1,13 @@
-"""Channels-last blocks kept channels-first (``deltaconv.layout``) and the per-pixel layer norm
-(``DCLayerNorm``): ConvNeXt converts without fallbacks, keeps per-pixel masks inside its blocks and
-its dense state_dict; chains that are not per-pixel are left alone and stay exact."""
+"""The graph passes of ``deltaconv.layout`` and what they feed.
+
+Channels-last blocks kept channels-first and the per-pixel layer norm (``DCLayerNorm``): ConvNeXt
+converts without fallbacks, keeps per-pixel masks inside its blocks and its dense state_dict; chains
+that are not per-pixel are left alone and stay exact. Channel shuffles through a 5-D view become one
+``torch.channel_shuffle`` whose delta keeps its input's mask (ShuffleNet); other views stay as they are.
+"""
 from __future__ import annotations
+
+import collections
 
 import pytest
 import torch
@@ -10,7 +16,10 @@ import torch.nn.functional as F
 
 import deltaconv
 from deltaconv.backends import reference as ref
-from deltaconv.modules import DCFallback, DCLayerNorm, DCPixelLinear
+from deltaconv.delta import Delta
+from deltaconv.layout import fold_channel_shuffles
+from deltaconv.modules import DCFallback, DCLayerNorm, DCLinearFunction, DCPixelLinear
+from deltaconv.modules.linear import channel_shuffle
 from helpers import (compare_over_frames, cuda_backend_reason, cuda_kernel_names, randomize_layer_norms,
                      torchvision_model, video_frames)
 
@@ -282,3 +291,118 @@ def test_a_model_that_rejects_the_example_names_example_input():
         deltaconv.convert(FixedSize().eval(), example_input=torch.randn(1, 3, 16, 24))
     dm = deltaconv.convert(FixedSize().eval(), example_input=torch.randn(1, 3, 16, 32))
     assert dm.report.fallbacks == []
+
+
+# ----------------------------------------------------------------------------- channel shuffles
+class Shuffle(nn.Module):
+    """torchvision's ShuffleNet block tail: a cat of two branches, then ``channel_shuffle`` written
+    with a 5-D view, then a chunk whose halves feed the next convolutions. ``dims`` is what the
+    transpose swaps (``(1, 2)`` is a channel shuffle) and ``reader`` reads the transposed view a
+    second time when set."""
+
+    def __init__(self, dims=(1, 2), reader: bool = False, contiguous: bool = True) -> None:
+        super().__init__()
+        self.a, self.b = nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(3, 4, 1)
+        self.c, self.d = nn.Conv2d(4, 4, 3, padding=1), nn.Conv2d(4, 4, 1)
+        self.dims, self.reader, self.contiguous = dims, reader, contiguous
+
+    def forward(self, x):
+        y = torch.cat((self.a(x), self.b(x)), dim=1)
+        n, c, h, w = y.size()
+        y = y.view(n, 2, c // 2, h, w)
+        t = torch.transpose(y, *self.dims)
+        z = (t.contiguous() if self.contiguous else t).reshape(n, c, h, w)
+        first, second = z.chunk(2, dim=1)
+        out = torch.cat((self.c(first), self.d(second)), dim=1)
+        return (out, t.sum()) if self.reader else out
+
+
+def _targets(dm) -> list:
+    return [str(getattr(n.target, "__name__", n.target)) for n in dm._runner.graph.nodes if n.op != "placeholder"]
+
+
+@pytest.mark.parametrize("contiguous", [True, False])
+def test_view_transpose_view_becomes_one_channel_shuffle(contiguous):
+    torch.manual_seed(0)
+    model = Shuffle(contiguous=contiguous).eval()
+    dm = deltaconv.convert(model, example_input=torch.randn(1, 3, 16, 24))
+    shuffles = [m for m in dm.modules() if isinstance(m, DCLinearFunction) and m.fn is torch.channel_shuffle]
+    assert len(shuffles) == 1
+    targets = _targets(dm)
+    assert not {"view", "transpose", "contiguous", "size", "floordiv", "reshape"} & set(targets), targets
+    assert dm.report.fallbacks == []
+
+
+@pytest.mark.parametrize("threshold", [0.0, 0.05])
+def test_folded_shuffle_equals_dense_over_video(threshold):
+    torch.manual_seed(0)
+    model = Shuffle().eval().double()
+    frames = [f.double() for f in video_frames(4, (48, 64), "one-by-one-person-detection.mp4", start=40)]
+    dm, errors, _ = compare_over_frames(model, frames, threshold=threshold)
+    assert max(errors) <= (1e-12 if threshold == 0 else 0.2), errors
+    if threshold > 0:
+        assert max(errors) > 1e-12  # the threshold truncates something: the test can fail
+
+
+@pytest.mark.parametrize("model", [Shuffle(dims=(2, 3)), Shuffle(reader=True)], ids=["transpose-2-3", "two-readers"])
+def test_views_that_are_not_a_channel_shuffle_are_kept(model):
+    torch.manual_seed(0)
+    model = model.eval().double()
+    dm, errors, _ = compare_over_frames(model, [f.double() for f in video_frames(3, (16, 24))])
+    assert max(errors) <= 1e-12
+    assert "channel_shuffle" not in _targets(dm) and "view" in _targets(dm)
+
+
+def test_fold_channel_shuffles_counts_chains_and_leaves_shape_reads_others_need():
+    import torch.fx as fx
+    from torch.fx.passes.shape_prop import ShapeProp
+
+    class TwoShuffles(Shuffle):
+        def forward(self, x):
+            y = super().forward(x)
+            n, c, h, w = y.size()
+            z = y.view(n, 2, c // 2, h, w).transpose(2, 1).reshape(n, c, h, w)
+            return z + h  # h is read after the shuffle: it must stay
+    torch.manual_seed(0)
+    model = TwoShuffles().eval()
+    traced = fx.symbolic_trace(model)
+    ShapeProp(traced).propagate(torch.randn(1, 3, 8, 8))
+    assert fold_channel_shuffles(traced.graph) == 2
+    traced.recompile()
+    targets = [getattr(n.target, "__name__", n.target) for n in traced.graph.nodes]
+    assert targets.count("channel_shuffle") == 2 and "view" not in targets and "size" in targets
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(traced(x), model(x), rtol=0, atol=0)
+
+
+def test_channel_moves_keep_the_mask():
+    """A channel shuffle and a chunk along the channels hand on their input's mask (no mask work);
+    a chunk along a pixel dim takes the general path (its own masks)."""
+    value = torch.randn(2, 6, 5, 7).contiguous(memory_format=torch.channels_last)
+    d = Delta(value, torch.rand(2, 1, 5, 7) > 0.5)
+    out = DCLinearFunction(torch.channel_shuffle)(d, 3)
+    assert out.mask is d.mask and out.value.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(out.value, torch.channel_shuffle(value.contiguous(), 3), rtol=0, atol=0)
+    halves = DCLinearFunction(torch.Tensor.chunk)(d, 2, 1)
+    assert all(h.mask is d.mask for h in halves) and torch.equal(torch.cat([h.value for h in halves], 1), value)
+    rows = DCLinearFunction(torch.Tensor.chunk)(d, 2, dim=2)
+    assert [tuple(r.mask.shape) for r in rows] == [(2, 1, 3, 7), (2, 1, 2, 7)]
+    assert all(r.mask is not d.mask for r in rows)
+
+
+@pytest.mark.parametrize("layout", ["channels_last", "contiguous"])
+def test_channel_shuffle_equals_torch(layout):
+    value = torch.randn(2, 12, 3, 5)
+    if layout == "channels_last":
+        value = value.contiguous(memory_format=torch.channels_last)
+    for groups in (1, 2, 3, 4, 12):
+        torch.testing.assert_close(channel_shuffle(value, groups), torch.channel_shuffle(value, groups),
+                                   rtol=0, atol=0)
+
+
+def test_shufflenet_runs_its_shuffles_as_one_call_each():
+    dm = deltaconv.convert(torchvision_model("shufflenet_v2_x1_0"), example_input=torch.randn(1, 3, 64, 96))
+    assert dm.report.fallbacks == []
+    labels = collections.Counter(m.label for m in dm.modules() if isinstance(m, DCLinearFunction))
+    assert labels == {"channel_shuffle": 16, "chunk": 13, "mean": 1}, labels  # and the global mean

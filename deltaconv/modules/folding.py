@@ -85,6 +85,20 @@ def tensor_versions(*tensors) -> tuple:
     return tuple((id(t), t._version, t.device, t.dtype) if t is not None else None for t in tensors)
 
 
+def block_diagonal(weight: torch.Tensor, groups: int) -> torch.Tensor:
+    """A grouped conv weight ``[C_out, C_in / groups, KH, KW]`` as the one-group weight
+    ``[C_out, C_in, KH, KW]`` of the same convolution: each group's filters in its own block of
+    input channels, zeros elsewhere."""
+    if groups == 1:
+        return weight
+    c_out, cin_g = weight.shape[:2]
+    out = weight.new_zeros((c_out, cin_g * groups) + tuple(weight.shape[2:]))
+    per_group = c_out // groups
+    for g in range(groups):
+        out[g * per_group:(g + 1) * per_group, g * cin_g:(g + 1) * cin_g] = weight[g * per_group:(g + 1) * per_group]
+    return out
+
+
 class FoldedWeights:
     """A convolution's weight and bias with an optional BatchNorm folded in, recomputed when any
     source changes (in-place updates such as ``load_state_dict`` bump the tensors' versions); with a
@@ -161,14 +175,17 @@ class FoldedWeights:
         w, b = self.exact(weight, bias, bn, out_dim)
         return (w, b) if exact else self.rounded(w, b, weight.dtype)
 
-    def get(self, weight, bias, bn, out_dim: int, layout: Optional[torch.memory_format] = None):
-        """The folded ``(weight, bias)``, cached; the weight in ``layout`` if given."""
+    def get(self, weight, bias, bn, out_dim: int, layout: Optional[torch.memory_format] = None,
+            expand_groups: int = 1):
+        """The folded ``(weight, bias)``, cached; the weight made block-diagonal over
+        ``expand_groups`` groups (:func:`block_diagonal`) when > 1, in ``layout`` if given."""
         srcs = fold_sources(weight, bias, bn)
-        key = tensor_versions(*srcs) + (layout,)
+        key = tensor_versions(*srcs) + (layout, expand_groups)
         if key != self._key:
-            if self._seed is not None and self._seed[1] != key[:-1]:
+            if self._seed is not None and self._seed[1] != key[:-2]:
                 self._seed = None  # a source changed: the seed is no longer their fold
             w, b = self.folded(weight, bias, bn, out_dim)
+            w = block_diagonal(w, expand_groups)
             if layout is not None:
                 w = w.contiguous(memory_format=layout)
             self._key, self._value = key, (w, b)

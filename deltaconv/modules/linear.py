@@ -31,6 +31,27 @@ def _adopt(target: nn.Module, dense: nn.Module, names) -> None:
 _TC_DTYPES = (torch.float16, torch.bfloat16)
 
 
+#: grouped convolutions run on the GPU in float16 / bfloat16 as one group with a block-diagonal
+#: weight, on the tensor-core kernels, where :func:`runs_block_diagonal` says so: ``groups`` times
+#: the multiply-adds, yet at the 1080p shapes of RegNet and ResNeXt up to 512 input channels, 32
+#: groups and maps of 4,096 pixels or more 1.1-9x faster than the grouped CUDA-core kernel at 5-100 %
+#: changed pixels; past those bounds, on 34x60 maps of 400-1,024 channels, 0.9-1.9x slower
+#: (``benchmarks/results/grouped_conv_ab.txt``)
+BLOCK_DIAGONAL_MAX_CIN, BLOCK_DIAGONAL_MAX_GROUPS, BLOCK_DIAGONAL_MIN_PIXELS = 512, 32, 4096
+
+
+def runs_block_diagonal(groups: int, in_channels: int, dtype: torch.dtype, on_gpu: bool,
+                        pixels: Optional[int] = None) -> bool:
+    """Whether a grouped convolution runs as one group with a block-diagonal weight (see
+    ``BLOCK_DIAGONAL_MAX_CIN``): on the GPU in float16 / bfloat16, 2 to ``BLOCK_DIAGONAL_MAX_GROUPS``
+    groups of two or more input channels, at most ``BLOCK_DIAGONAL_MAX_CIN`` input channels in all,
+    a multiple of 8 (the tensor-core kernels' rows), and at least ``BLOCK_DIAGONAL_MIN_PIXELS``
+    output pixels per frame (``pixels``, all streams; ``None``: not checked)."""
+    return (on_gpu and dtype in _TC_DTYPES and 1 < groups <= BLOCK_DIAGONAL_MAX_GROUPS
+            and in_channels // groups >= 2 and in_channels <= BLOCK_DIAGONAL_MAX_CIN and in_channels % 8 == 0
+            and (pixels is None or pixels >= BLOCK_DIAGONAL_MIN_PIXELS))
+
+
 def kernel_weight_layout(weight: torch.Tensor, groups: int) -> Optional[torch.memory_format]:
     """The memory format in which the CUDA kernels read a conv weight without a copy per call:
     channels_last (``[C_out][KH][KW][C_in]``) for the tensor-core convolutions (groups 1, channels
@@ -84,11 +105,39 @@ class DCConv2d(DCModule):
         m._folded = FoldedWeights()
         return m
 
-    def folded_weight_bias(self) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """Weight and bias with the BatchNorm folded in; on a GPU the weight in the memory format
+    #: run a grouped convolution as one group with a block-diagonal weight where that is faster
+    #: (see :meth:`kernel_groups`); ``False`` on a layer (or the class), set before its first frame,
+    #: keeps the grouped kernel
+    block_diagonal_ok = True
+
+    def kernel_groups(self, pixels: Optional[int] = None) -> int:
+        """The groups the convolution runs with on a frame of ``pixels`` output pixels (all streams;
+        ``None``: any): 1 for a grouped one that :func:`runs_block_diagonal` (on the tensor-core
+        kernels with the weight made block-diagonal, :func:`~deltaconv.modules.folding.block_diagonal`),
+        else ``groups``."""
+        w = self.weight
+        fits = self.block_diagonal_ok and runs_block_diagonal(self.groups, self.in_channels, w.dtype, w.is_cuda,
+                                                              pixels)
+        return 1 if fits else self.groups
+
+    def output_pixels(self, x: Delta) -> int:
+        """Output pixels per frame, all streams, for the input delta ``x`` ``[N, C, H, W]``."""
+        (h, w), (kh, kw) = x.shape[2:], self.kernel_size
+        if self.padding == "same":  # stride 1
+            return x.shape[0] * h * w
+        ph, pw = (0, 0) if self.padding == "valid" else self.padding
+        ho = (h + 2 * ph - self.dilation[0] * (kh - 1) - 1) // self.stride[0] + 1
+        wo = (w + 2 * pw - self.dilation[1] * (kw - 1) - 1) // self.stride[1] + 1
+        return x.shape[0] * ho * wo
+
+    def folded_weight_bias(self, pixels: Optional[int] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """Weight and bias with the BatchNorm folded in, for :meth:`kernel_groups` groups at ``pixels``
+        output pixels (a grouped weight made block-diagonal); on a GPU the weight in the memory format
         that the CUDA kernels read (channels_last for tensor-core convs, see kernel_weight_layout)."""
+        groups = self.kernel_groups(pixels)
         return self._folded.get(self.weight, self.bias, self.folded_bn, out_dim=0,
-                                layout=kernel_weight_layout(self.weight, self.groups))
+                                layout=kernel_weight_layout(self.weight, groups),
+                                expand_groups=self.groups if groups != self.groups else 1)
 
     def fold_before_cast(self) -> tuple:
         """What :meth:`keep_fold` needs after a cast (``DeltaModel._apply``): the parameters as
@@ -109,13 +158,14 @@ class DCConv2d(DCModule):
                 and self.padding_mode == "zeros")
 
     def forward(self, x: Delta) -> Delta:
-        w, b = self.folded_weight_bias()
+        w, b = self.folded_weight_bias(self.output_pixels(x) if self.groups > 1 else None)
         rows = x.rows if self.takes_rows else None
         if rows is not None and rows.filled and self.key is None and self.row_list_ok():
             v = self.ops.conv1x1_rows(x.value, x.mask, w, b, rows)
             # stride 1, no padding: the input's active pixels, and so its list
             return self.observe(Delta(v, x.mask, rows if self.lists_rows else None))
-        v, m = self.ops.conv2d(x.value, x.mask, w, b, self.stride, self.padding, self.dilation, self.groups,
+        groups = self.groups if w.shape[1] * self.groups == self.in_channels else 1  # 1: block-diagonal
+        v, m = self.ops.conv2d(x.value, x.mask, w, b, self.stride, self.padding, self.dilation, groups,
                                self.key, self.padding_mode, self.work_counters(x))
         return self.observe(Delta(v, m))
 
@@ -149,9 +199,9 @@ class DCPixelLinear(DCConv2d):
         m._folded = FoldedWeights()
         return m
 
-    def folded_weight_bias(self) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    def folded_weight_bias(self, pixels: Optional[int] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """The weight as a 1x1 convolution's ``[out, in, 1, 1]`` (a view: contiguous is also
-        channels_last at 1x1), and the bias."""
+        channels_last at 1x1), and the bias (one group: ``pixels`` does not matter)."""
         w, b = self._folded.get(self.weight, self.bias, None, out_dim=0)
         return w.view(self.out_channels, self.in_channels, 1, 1), b
 
@@ -543,8 +593,10 @@ class DCLinearFunction(DCModule):
 
     def forward(self, *args, **kwargs):
         out = self._per_sample_reshape(args, kwargs)
+        if out is None:
+            out = self._channels_only(args, kwargs)
         if out is not None:
-            return self.observe(out)
+            return self.observe(out) if isinstance(out, Delta) else out
         values = self.fn(*_map_deltas(args, lambda d: torch.where(d.mask, d.value, 0)),
                          **_map_deltas(kwargs, lambda d: torch.where(d.mask, d.value, 0)))
         masks = self.fn(*_map_deltas(args, _expanded_mask), **_map_deltas(kwargs, _expanded_mask))
@@ -569,8 +621,59 @@ class DCLinearFunction(DCModule):
             return None  # its mask would not be one flag per sample
         return Delta(value, d.mask.reshape(mask_shape(value.shape)))
 
+    def _channels_only(self, args: tuple, kwargs: dict):
+        """A channel shuffle, or a chunk, split or narrow along the channels, of one 4-D delta: each
+        output pixel is made of its own input pixel's channels only, so the output masks are the
+        input's mask as it is and only the values move (one copy for a shuffle, views for the
+        rest); the general path's masking, expanded masks and mask reductions took several passes
+        over the whole map. ``None`` where this does not apply (the general path then runs)."""
+        if len(args) == 0 or not isinstance(args[0], Delta) or args[0].value.dim() != 4 or any(
+                isinstance(a, Delta) for a in list(args[1:]) + list(kwargs.values())):
+            return None
+        d = args[0]
+        if self.fn in _CHANNEL_SHUFFLES:
+            groups = args[1] if len(args) > 1 else kwargs.get("groups")
+            if not isinstance(groups, int) or groups < 1 or d.value.shape[1] % groups:
+                return None
+            return Delta(channel_shuffle(d.value, groups), d.mask)
+        dim = _split_dim(self.fn, args, kwargs)
+        if dim is None or dim % 4 != 1:
+            return None
+        values = self.fn(d.value, *args[1:], **kwargs)
+        if torch.is_tensor(values):
+            return Delta(values, d.mask)
+        return _rebuild(values, [Delta(v, d.mask) for v in values])
+
     def extra_repr(self) -> str:
         return f"{self.label}, " + super().extra_repr()
+
+
+_CHANNEL_SHUFFLES = (torch.channel_shuffle, nn.functional.channel_shuffle)
+#: functions and methods that cut a tensor along one dim, by name: the position of ``dim`` among
+#: the arguments (the tensor first) and its default
+_SPLITS = {"chunk": (2, 0), "split": (2, 0), "tensor_split": (2, 0), "narrow": (1, None)}
+
+
+def _split_dim(fn, args: tuple, kwargs: dict) -> Optional[int]:
+    """The dim a chunk, split, tensor_split or narrow call cuts (``args`` start with the tensor),
+    else ``None``."""
+    if fn not in (torch.chunk, torch.split, torch.tensor_split, torch.narrow, torch.Tensor.chunk,
+                  torch.Tensor.split, torch.Tensor.tensor_split, torch.Tensor.narrow):
+        return None
+    position, default = _SPLITS[fn.__name__]
+    dim = args[position] if len(args) > position else kwargs.get("dim", default)
+    return dim if isinstance(dim, int) else None
+
+
+def channel_shuffle(value: torch.Tensor, groups: int) -> torch.Tensor:
+    """``torch.channel_shuffle(value, groups)`` of a 4-D ``[N, C, H, W]`` tensor, channels-last in
+    and out when ``value`` is channels-last (one copy; torch's own returns NCHW on CUDA)."""
+    if not value.is_contiguous(memory_format=torch.channels_last) or value.is_contiguous():
+        return torch.channel_shuffle(value, groups)
+    n, c, h, w = value.shape
+    pixels = value.permute(0, 2, 3, 1)  # [N, H, W, C], contiguous
+    shuffled = pixels.unflatten(3, (groups, c // groups)).transpose(3, 4).reshape(n, h, w, c)
+    return shuffled.permute(0, 3, 1, 2)
 
 
 def _reshapes_samples(fn) -> bool:
