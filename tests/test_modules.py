@@ -750,35 +750,41 @@ def test_direct_layers_per_stream_key():
 _GPU = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("device, dtype, groups, channels_last", [
-    ("cpu", torch.float16, 1, False),        # the reference backend: the dense layout
-    pytest.param("cuda", torch.float32, 1, False, marks=_GPU),   # CUDA-core kernels: the dense layout
-    pytest.param("cuda", torch.float16, 2, False, marks=_GPU),   # grouped: the dense layout
-    pytest.param("cuda", torch.float16, 1, True, marks=_GPU),    # tensor cores: channels_last
-    pytest.param("cuda", torch.bfloat16, 1, True, marks=_GPU),
+@pytest.mark.parametrize("device, dtype, groups, pixels, channels_last", [
+    ("cpu", torch.float16, 1, None, False),        # the reference backend: the dense layout
+    pytest.param("cuda", torch.float32, 1, None, False, marks=_GPU),   # CUDA-core kernels: the dense layout
+    pytest.param("cuda", torch.float16, 2, 100, False, marks=_GPU),    # grouped on a small map: the dense layout
+    pytest.param("cuda", torch.float16, 2, None, True, marks=_GPU),    # grouped run block-diagonal: channels_last
+    pytest.param("cuda", torch.float16, 1, None, True, marks=_GPU),    # tensor cores: channels_last
+    pytest.param("cuda", torch.bfloat16, 1, None, True, marks=_GPU),
 ])
-def test_conv_weight_layout_follows_the_kernels(device, dtype, groups, channels_last):
+def test_conv_weight_layout_follows_the_kernels(device, dtype, groups, pixels, channels_last):
     """On a GPU, DCConv2d keeps a tensor-core conv's (folded) weight in channels_last memory format,
-    the [C_out][KH][KW][C_in] layout its kernels read without a copy per call, other convs' in the
-    dense layout, and re-lays it out when a source changes in place; on the CPU it stays as it is."""
+    the [C_out][KH][KW][C_in] layout its kernels read without a copy per call (a grouped one run
+    block-diagonal too, with its zeros), other convs' in the dense layout, and re-lays it out when a
+    source changes in place; on the CPU it stays as it is."""
     if device == "cuda" and not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     from helpers import randomize_bn
+    from deltaconv.modules.folding import block_diagonal
     # the dense model in channels_last (as for cuDNN) or not: the layout follows the kernels
     for dense_format in (torch.contiguous_format, torch.channels_last):
         c = nn.Conv2d(16, 24, 3, padding=1, groups=groups).to(device, dtype).to(memory_format=dense_format)
         bn = randomize_bn(nn.BatchNorm2d(24)).eval().to(device, dtype)
         for layer in (DCConv2d.from_dense(c), DCConv2d.from_dense(c, bn)):
-            w, _ = layer.folded_weight_bias()
+            w, _ = layer.folded_weight_bias(pixels)
             kernel_format = torch.channels_last if channels_last else torch.contiguous_format
             want = dense_format if device == "cpu" else kernel_format
             assert w.is_contiguous(memory_format=want)
-            assert layer.folded_weight_bias()[0] is w  # cached
+            assert w.shape[1] == (16 if channels_last else 16 // groups)
+            assert layer.folded_weight_bias(pixels)[0] is w  # cached
     with torch.no_grad():
         c.weight.mul_(2.0)
-    w2, _ = layer.folded_weight_bias()
+    w2, _ = layer.folded_weight_bias(pixels)
     assert w2 is not w and w2.is_contiguous(memory_format=want)
     expected = (c.weight.float() * (bn.weight.float() / torch.sqrt(bn.running_var.float() + bn.eps)).view(-1, 1, 1, 1))
+    if w2.shape[1] != expected.shape[1]:
+        expected = block_diagonal(expected, groups)
     torch.testing.assert_close(w2.float(), expected, rtol=1e-2, atol=1e-3)
 
 

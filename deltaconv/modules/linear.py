@@ -34,9 +34,9 @@ _TC_DTYPES = (torch.float16, torch.bfloat16)
 #: grouped convolutions run on the GPU in float16 / bfloat16 as one group with a block-diagonal
 #: weight, on the tensor-core kernels, where :func:`runs_block_diagonal` says so: ``groups`` times
 #: the multiply-adds, yet at the 1080p shapes of RegNet and ResNeXt up to 512 input channels, 32
-#: groups and maps of 4,096 pixels or more 1.1-9x faster than the grouped CUDA-core kernel at 5-100 %
-#: changed pixels; past those bounds, on 34x60 maps of 400-1,024 channels, 0.9-1.9x slower
-#: (``benchmarks/results/grouped_conv_ab.txt``)
+#: groups and maps of 4,096 pixels or more 1.1-8.2x faster than the grouped CUDA-core kernel at
+#: 30-100 % changed pixels (0.8-4x at 1-5 %, where the tensor-core path's fixed cost shows); past
+#: those bounds 0.5-1.1x (``benchmarks/results/grouped_conv_ab.txt``)
 BLOCK_DIAGONAL_MAX_CIN, BLOCK_DIAGONAL_MAX_GROUPS, BLOCK_DIAGONAL_MIN_PIXELS = 512, 32, 4096
 
 
