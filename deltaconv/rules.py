@@ -20,7 +20,7 @@ from . import activations
 from .modules import (DCActivation, DCAdaptiveAvgPool2d, DCAdd, DCAvgPool2d, DCBatchNorm2d, DCConcatenate,
                       DCConv2d, DCConvTranspose2d, DCFunctionalConv2d, DCFunctionalLinear, DCLinear,
                       DCLayerNorm, DCLinearFunction, DCMaxPool2d, DCModule, DCMul, DCPixelLinear, DCScale,
-                      DCUpsample)
+                      DCSpatialMean, DCUpsample)
 
 
 @dataclass
@@ -303,8 +303,35 @@ _LINEAR_METHODS = _methods("view", "reshape", "permute", "transpose", "flatten",
                            "reshape_as", "expand_as", "movedim", "swapaxes", "tensor_split", "__getitem__")
 
 
+def _mean_sig(input, dim=None, keepdim=False, *, dtype=None):
+    return dict(locals())
+
+
+def _spatial_mean(site: Site) -> Optional[Built]:
+    """``x.mean((2, 3))`` / ``torch.mean(x, [-2, -1], keepdim)`` of a 4-D delta as the global average
+    pooling it is (:class:`~deltaconv.modules.DCSpatialMean`), else ``None``."""
+    if site.fn not in (torch.mean, torch.Tensor.mean):
+        return None
+    try:
+        p = _mean_sig(*site.args, **site.kwargs)
+    except TypeError:
+        return None
+    x, dims = p["input"], p["dim"]
+    shape = x.meta.get("tensor_meta").shape if isinstance(x, fx.Node) and x.meta.get("tensor_meta") else None
+    if not site.is_delta_tensor(x) or shape is None or len(shape) != 4 or p["dtype"] is not None:
+        return None
+    if not isinstance(dims, (list, tuple)) or not site.literal(dims, p["keepdim"]):
+        return None
+    if sorted(d % 4 for d in dims) != [2, 3] or len(dims) != 2:
+        return None
+    return Built(DCSpatialMean(bool(p["keepdim"])), (x,), {})
+
+
 @_rule(*_LINEAR_FUNCTIONS, *_LINEAR_METHODS)
 def _linear_function(site: Site) -> Optional[Built]:
+    mean = _spatial_mean(site)
+    if mean is not None:
+        return mean
     leaves = []
     fx.node.map_arg((site.args, site.node.kwargs), lambda n: leaves.append(n))
     deltas = [n for n in leaves if site.is_delta(n)]

@@ -405,4 +405,4 @@ def test_shufflenet_runs_its_shuffles_as_one_call_each():
     dm = deltaconv.convert(torchvision_model("shufflenet_v2_x1_0"), example_input=torch.randn(1, 3, 64, 96))
     assert dm.report.fallbacks == []
     labels = collections.Counter(m.label for m in dm.modules() if isinstance(m, DCLinearFunction))
-    assert labels == {"channel_shuffle": 16, "chunk": 13, "mean": 1}, labels  # and the global mean
+    assert labels == {"channel_shuffle": 16, "chunk": 13}, labels

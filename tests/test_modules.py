@@ -15,7 +15,7 @@ import deltaconv
 from deltaconv import (DCActivation, DCAdaptiveAvgPool2d, DCAdd, DCAvgPool2d, DCBatchNorm2d, DCConcatenate,
                        DCConv2d, DCConvTranspose2d, DCFallback, DCLinear, DCLinearFunction, DCMaxPool2d, DCMul,
                        DCScale, DCUpsample, Delta)
-from deltaconv.modules import FrameContext
+from deltaconv.modules import DCSpatialMean, FrameContext
 from helpers import FRACTIONS, changing_frames, device_backends, make_positive_monotone, output_masks, rel_err
 
 TOL = 1e-4
@@ -448,11 +448,27 @@ def test_adaptive_avg_pool(size, device, backend):
 
 
 @pytest.mark.parametrize("device,backend", device_backends())
-def test_global_mean_pool(device, backend):
-    check_converted(Fn(lambda x, c: F.relu(c(x)).mean((2, 3)), conv()), expect=[DCLinearFunction], device=device,
-                    backend=backend)
-    check_converted(Fn(lambda x, c: torch.sum(F.relu(c(x)), dim=(-1, -2), keepdim=True), conv()),
-                    expect=[DCLinearFunction], device=device, backend=backend)
+@pytest.mark.parametrize("form", ["method", "torch.mean-neg-dims", "keepdim", "keepdim-kwargs"])
+def test_global_mean_pool(form, device, backend):
+    """A mean over both pixel dims is the global average pooling (DCSpatialMean), with or without
+    keepdim, and the head after it reads its [N, C] delta."""
+    mean = {"method": lambda y: y.mean((2, 3)),
+            "torch.mean-neg-dims": lambda y: torch.mean(y, [-1, -2]),
+            "keepdim": lambda y: y.mean((2, 3), True).flatten(1),
+            "keepdim-kwargs": lambda y: y.mean(dim=[3, 2], keepdim=True).flatten(1)}[form]
+    dm = check_converted(Fn(lambda x, c, lin: lin(mean(F.relu(c(x)))), conv(), nn.Linear(4, 3)),
+                         expect=[DCSpatialMean], device=device, backend=backend)
+    assert not any(isinstance(m, DCLinearFunction) and m.label == "mean" for m in dm.modules())
+
+
+@pytest.mark.parametrize("device,backend", device_backends())
+def test_other_means_and_sums_stay_data_movement(device, backend):
+    """Sums, means over one pixel dim or over the channels, and means with a dtype keep the general rule."""
+    for fn in (lambda y: torch.sum(y, dim=(-1, -2), keepdim=True), lambda y: y.mean(3, keepdim=True),
+               lambda y: y.mean(1, keepdim=True), lambda y: y.mean((2, 3), dtype=torch.float64).to(y.dtype)):
+        dm = check_converted(Fn(lambda x, c, fn=fn: fn(F.relu(c(x))), conv()), expect=[DCLinearFunction],
+                             device=device, backend=backend)
+        assert not any(isinstance(m, DCSpatialMean) for m in dm.modules())
 
 
 # ----------------------------------------------------------------------------- resampling

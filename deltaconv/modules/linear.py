@@ -372,6 +372,27 @@ class DCAdaptiveAvgPool2d(DCModule):
         return self.observe(Delta(v, m))
 
 
+class DCSpatialMean(DCAdaptiveAvgPool2d):
+    """``x.mean((2, 3), keepdim)`` of a 4-D delta (ShuffleNet's and MnasNet's global pooling): the
+    global average pooling it is, ``[N, C]`` (or ``[N, C, 1, 1]`` with ``keepdim``); the output is
+    active when any input pixel is."""
+
+    kind = "mean"
+
+    def __init__(self, keepdim: bool = False) -> None:
+        super().__init__(1)
+        self.keepdim = keepdim
+
+    def forward(self, x: Delta) -> Delta:
+        v, m = self.ops.adaptive_avg_pool2d(x.value, x.mask, (1, 1))
+        if not self.keepdim:
+            v, m = v.reshape(v.shape[:2]), m.reshape(m.shape[0], 1)
+        return self.observe(Delta(v, m))
+
+    def extra_repr(self) -> str:
+        return f"keepdim={self.keepdim}, " + DCModule.extra_repr(self)
+
+
 class DCUpsample(DCModule):
     """Nearest / bilinear resampling (``nn.Upsample``, ``F.interpolate``): linear; the mask follows
     the same resampling (both ``align_corners``). ``size`` may also arrive per call."""
