@@ -19,7 +19,7 @@ from .modules import (DCActivation, DCAdd, DCConv2d, DCDensify, DCFallback, DCMo
                       DCSparsify)
 from .modules.linear import DCBatchNorm2d, DCConvTranspose2d, DCLinear, DCUpsample
 from .modules.nonlinear import DCLayerNorm
-from .layout import CHANNELS_FIRST, LAYOUT_PERMUTE, fold_channel_shuffles, keep_channels_first
+from .layout import CHANNELS_FIRST, FOLDED_SHUFFLE, LAYOUT_PERMUTE, fold_channel_shuffles, keep_channels_first
 from .report import ConversionReport, NodeReport
 from .rules import (CHANNELS_FIRST_RULES, FUNCTION_RULES, MODULE_RULES, PASSTHROUGH_CALLS, PASSTHROUGH_MODULES, Built,
                     Site)
@@ -336,7 +336,9 @@ class _Converter:
             return
         path = self._register(scope, name, built.module)
         self._swap(node, path, built.args, built.kwargs)
-        self._note(node, "converted", path, built.module)
+        folded = node.meta.get(FOLDED_SHUFFLE)
+        note = f"channel shuffle of {', '.join(folded)} (deltaconv.layout)" if folded else ""
+        self._note(node, "converted", path, built.module, note=note)
 
     # -------------------------------------------------------------- fusion
     def _module_sites(self) -> Counter:

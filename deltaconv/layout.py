@@ -28,7 +28,8 @@ On the 5-D view a delta's mask would be one flag per ``(group, channel)`` row, s
 ops ran the general data-movement rule (the op on the values and on the masks expanded to the
 values' shape). The chain is ``torch.channel_shuffle(x, g)``, which moves channels within each
 pixel only: the pass puts that call in its place (and drops the ``x.size()`` arithmetic that only
-fed the views), and the converter keeps the mask as it is.
+fed the views; the report's entry for the call names the nodes it replaced), and the converter
+keeps the mask as it is.
 """
 from __future__ import annotations
 
@@ -47,6 +48,8 @@ from .rules import FUNCTION_RULES, PASSTHROUGH_MODULES, _activation
 CHANNELS_FIRST = "dc_channels_first"
 #: node.meta key: a permute into or out of such a view, removed by the converter
 LAYOUT_PERMUTE = "dc_layout_permute"
+#: node.meta key: on a ``torch.channel_shuffle`` node, the names of the view chain it replaced
+FOLDED_SHUFFLE = "dc_folded_shuffle"
 
 _TO_CHANNELS_LAST = (0, 2, 3, 1)
 _TO_CHANNELS_FIRST = (0, 3, 1, 2)
@@ -223,6 +226,7 @@ def fold_channel_shuffles(graph: fx.Graph) -> int:
             shuffle = graph.call_function(torch.channel_shuffle, (view.args[0], groups))
         shuffle.meta = dict(view.meta)
         shuffle.meta["tensor_meta"] = last.meta["tensor_meta"]
+        shuffle.meta[FOLDED_SHUFFLE] = [node.name for node in chain]
         last.replace_all_uses_with(shuffle)
         shape_inputs = [n for node in chain for n in node.all_input_nodes if n not in chain]
         for node in reversed(chain):
@@ -232,4 +236,4 @@ def fold_channel_shuffles(graph: fx.Graph) -> int:
     return folded
 
 
-__all__ = ["CHANNELS_FIRST", "LAYOUT_PERMUTE", "fold_channel_shuffles", "keep_channels_first"]
+__all__ = ["CHANNELS_FIRST", "FOLDED_SHUFFLE", "LAYOUT_PERMUTE", "fold_channel_shuffles", "keep_channels_first"]

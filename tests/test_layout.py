@@ -331,6 +331,9 @@ def test_view_transpose_view_becomes_one_channel_shuffle(contiguous):
     targets = _targets(dm)
     assert not {"view", "transpose", "contiguous", "size", "floordiv", "reshape"} & set(targets), targets
     assert dm.report.fallbacks == []
+    replaced = ["view", "transpose", "contiguous", "reshape"] if contiguous else ["view", "transpose", "reshape"]
+    notes = [n.note for n in dm.report.nodes if "deltaconv.layout" in n.note]
+    assert notes == [f"channel shuffle of {', '.join(replaced)} (deltaconv.layout)"], notes
 
 
 @pytest.mark.parametrize("threshold", [0.0, 0.05])
