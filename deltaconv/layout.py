@@ -151,7 +151,9 @@ def keep_channels_first(graph: fx.Graph, root: nn.Module) -> int:
     return chains
 
 
-_VIEWS = (torch.reshape, "view", "reshape")
+#: row-major reshapes (the shape checks of ``_shuffle_chain`` say which dims they split or join)
+_SPLIT_VIEWS = (torch.reshape, torch.unflatten, "view", "reshape", "unflatten")
+_JOIN_VIEWS = (torch.reshape, torch.flatten, "view", "reshape", "flatten")
 #: pure calls that compute shapes from ``x.size()`` (erased with the views they fed)
 _SHAPE_ARITHMETIC = (operator.getitem, operator.floordiv, operator.mul, operator.add, operator.sub, getattr)
 
@@ -178,7 +180,7 @@ def _shuffle_chain(view: fx.Node) -> Optional[tuple[list, int]]:
     groups, else ``None``."""
     src = view.args[0] if view.args else None
     shape, shape5 = _shape(src), _shape(view)
-    if not _is_call(view, *_VIEWS) or shape is None or len(shape) != 4 or shape5 is None or len(shape5) != 5:
+    if not _is_call(view, *_SPLIT_VIEWS) or shape is None or len(shape) != 4 or shape5 is None or len(shape5) != 5:
         return None
     n, c, h, w = shape
     groups = shape5[1]
@@ -192,7 +194,7 @@ def _shuffle_chain(view: fx.Node) -> Optional[tuple[list, int]]:
     if nxt is not None and _is_call(nxt, "contiguous") and len(nxt.args) == 1 and not nxt.kwargs:
         chain.append(nxt)
         nxt = _only_user(nxt)
-    if nxt is None or not _is_call(nxt, *_VIEWS) or nxt.args[0] is not chain[-1] or _shape(nxt) != shape:
+    if nxt is None or not _is_call(nxt, *_JOIN_VIEWS) or nxt.args[0] is not chain[-1] or _shape(nxt) != shape:
         return None
     return chain + [nxt], groups
 
@@ -214,7 +216,9 @@ def _erase_dead_shape_arithmetic(graph: fx.Graph, nodes) -> None:
 def fold_channel_shuffles(graph: fx.Graph) -> int:
     """Replace every ``view(N, g, C // g, H, W) -> transpose(1, 2) [-> contiguous()] -> view(N, C, H, W)``
     chain of ``graph`` (each op the only reader of the one before; see the module docstring) by
-    ``torch.channel_shuffle(x, g)``. Returns the number of chains."""
+    ``torch.channel_shuffle(x, g)``. The views may be any row-major reshape whose shapes say so
+    (``view``, ``reshape``, ``unflatten(1, (g, C // g))`` in, ``flatten(1, 2)`` out). Returns the
+    number of chains."""
     folded = 0
     for view in list(graph.nodes):
         found = None if getattr(view, "_erased", False) else _shuffle_chain(view)  # erased: an earlier chain's

@@ -10,6 +10,8 @@ from __future__ import annotations
 import collections
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -354,6 +356,33 @@ def test_views_that_are_not_a_channel_shuffle_are_kept(model):
     dm, errors, _ = compare_over_frames(model, [f.double() for f in video_frames(3, (16, 24))])
     assert max(errors) <= 1e-12
     assert "channel_shuffle" not in _targets(dm) and "view" in _targets(dm)
+
+
+@settings(max_examples=20, deadline=None)
+@given(groups=st.integers(1, 5), per_group=st.integers(1, 4), size=st.tuples(st.integers(1, 5), st.integers(1, 6)),
+       split=st.sampled_from(["view", "reshape", "unflatten"]), join=st.sampled_from(["view", "flatten", "reshape"]),
+       swap=st.sampled_from([(1, 2), (2, 1), (-3, -4)]))
+def test_any_row_major_shuffle_chain_folds_to_the_same_values(groups, per_group, size, split, join, swap):
+    import torch.fx as fx
+    from torch.fx.passes.shape_prop import ShapeProp
+    c = groups * per_group
+
+    class Net(nn.Module):
+        def forward(self, x):
+            n, ch, h, w = x.shape
+            y = {"view": lambda: x.view(n, groups, ch // groups, h, w),
+                 "reshape": lambda: torch.reshape(x, (n, groups, ch // groups, h, w)),
+                 "unflatten": lambda: x.unflatten(1, (groups, ch // groups))}[split]()
+            y = y.transpose(*swap)
+            return {"view": lambda: y.contiguous().view(n, ch, h, w), "flatten": lambda: torch.flatten(y, 1, 2),
+                    "reshape": lambda: y.reshape(n, -1, h, w)}[join]() * 2
+    traced = fx.symbolic_trace(Net())
+    x = torch.randn(2, c, *size)
+    ShapeProp(traced).propagate(x)
+    assert fold_channel_shuffles(traced.graph) == 1
+    traced.recompile()
+    assert [n.target for n in traced.graph.nodes if n.op != "placeholder"][:1] == [torch.channel_shuffle]
+    torch.testing.assert_close(traced(x), Net()(x), rtol=0, atol=0)
 
 
 def test_fold_channel_shuffles_counts_chains_and_leaves_shape_reads_others_need():
