@@ -202,10 +202,18 @@ def _shuffle_chain(view: fx.Node) -> Optional[tuple[list, int]]:
 def _erase_dead_shape_arithmetic(graph: fx.Graph, nodes) -> None:
     """Erase each of ``nodes`` (and what only it read, recursively) that nothing reads and that
     only computes shapes (``x.size()``, its items, integer arithmetic)."""
+    def pure(n: fx.Node) -> bool:
+        return _is_call(n, "size", *_SHAPE_ARITHMETIC)
+
     todo, erased = list(dict.fromkeys(nodes)), set()
     while todo:
         node = todo.pop()
-        if node in erased or node.users or not _is_call(node, "size", *_SHAPE_ARITHMETIC):
+        if node in erased or not pure(node):
+            continue
+        for user in [u for u in node.users if pure(u) and not u.users]:  # dead items of x.shape unpacked
+            graph.erase_node(user)
+            erased.add(user)
+        if node.users:
             continue
         inputs = node.all_input_nodes
         graph.erase_node(node)

@@ -17,7 +17,7 @@ from deltaconv.modules import folding
 from deltaconv.modules.folding import FoldedWeights, block_diagonal, bn_scale_shift, round_keeping_sums
 from deltaconv.delta import Delta
 from deltaconv.modules.linear import (BLOCK_DIAGONAL_MAX_CIN, BLOCK_DIAGONAL_MAX_GROUPS, BLOCK_DIAGONAL_MIN_PIXELS,
-                                      runs_block_diagonal)
+                                      padded_out_channels, runs_block_diagonal)
 from helpers import video_frames
 
 
@@ -276,3 +276,33 @@ def test_output_pixels_is_the_dense_convolutions(kw, size, pixels):
     assert conv(x)[:, 0].numel() == pixels
     layer = DCConv2d.from_dense(conv)
     assert layer.output_pixels(Delta(x, torch.ones(2, 1, *size, dtype=torch.bool))) == pixels
+
+
+# ----------------------------------------------------------------------------- output channels padded once
+def test_folded_weights_pad_to_out_channels_with_zero_filters():
+    torch.manual_seed(0)
+    conv, bn = nn.Conv2d(16, 21, 3, padding=1).double().eval(), nn.BatchNorm2d(21).double().eval()
+    bn.running_mean.normal_(), bn.running_var.uniform_(0.5, 2)
+    folded = FoldedWeights()
+    w, b = folded.get(conv.weight, conv.bias, bn, out_dim=0)
+    wp, bp = folded.get(conv.weight, conv.bias, bn, out_dim=0, out_channels=24)
+    assert wp.shape == (24, 16, 3, 3) and bp.shape == (24,)
+    assert torch.equal(wp[:21], w) and torch.equal(bp[:21], b) and not wp[21:].any() and not bp[21:].any()
+    x = torch.randn(1, 16, 7, 9, dtype=torch.float64)
+    torch.testing.assert_close(F.conv2d(x, wp, bp, 1, 1)[:, :21], bn(conv(x)), rtol=1e-12, atol=1e-12)
+    nobias = nn.Conv2d(16, 21, 1, bias=False).double()
+    assert FoldedWeights().get(nobias.weight, None, None, out_dim=0, out_channels=24)[1] is None
+
+
+def test_which_convolutions_pad_their_filters_once(monkeypatch):
+    half = torch.float16
+    assert padded_out_channels(21, 16, 1, 9, half, True) == 24
+    assert padded_out_channels(52, 208, 1, 1, torch.bfloat16, True) == 56  # a squeeze-excite reduction
+    assert padded_out_channels(24, 16, 1, 9, half, True) == 24  # a multiple of 8 already
+    assert padded_out_channels(21, 12, 1, 9, half, True) == 21  # input channels not a multiple of 8
+    assert padded_out_channels(21, 16, 3, 9, half, True) == 21  # grouped
+    assert padded_out_channels(21, 16, 1, 49, half, True) == 21  # more taps than the tensor cores' paths
+    assert padded_out_channels(21, 16, 1, 9, torch.float32, True) == 21
+    assert padded_out_channels(21, 16, 1, 9, half, False) == 21
+    monkeypatch.setenv("DELTACONV_TC_PAD", "0")
+    assert padded_out_channels(21, 16, 1, 9, half, True) == 21

@@ -102,6 +102,34 @@ def test_grouped_convs_run_block_diagonal_on_the_tensor_cores(name, dtype):
             torch.testing.assert_close(graphed(f), eager(f), rtol=0, atol=0, msg=f"frame {t}")
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_odd_output_channels_pad_their_filters_once(dtype):
+    """A convolution with output channels not a multiple of 8 (a segmentation classifier, a
+    squeeze-excite reduction) keeps its filters padded with zeros beside its fold
+    (``padded_out_channels``) instead of the op padding them on every call: its output has its own
+    channels, equals the op's own padding's to the dtype's rounding and dense at threshold 0, and a
+    replayed graph gives the eager outputs bit for bit."""
+    import torch.nn as nn
+    from helpers import randomize_bn
+    torch.manual_seed(0)
+    model = randomize_bn(nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 21, 3, padding=1),
+                                       nn.BatchNorm2d(21), nn.ReLU(), nn.Conv2d(21, 5, 1))).eval().cuda().to(dtype)
+    frames = [f.cuda().to(dtype) for f in video_frames(5, (96, 128), "one-by-one-person-detection.mp4", start=200)]
+    dm = deltaconv.convert(model, backend="cuda", example_input=frames[0])
+    graphed = deltaconv.convert(model, threshold=0.02, backend="cuda", example_input=frames[0], cuda_graph=True,
+                                check_finite=False)
+    eager = deltaconv.convert(model, threshold=0.02, backend="cuda", example_input=frames[0])
+    tol = 1e-2 if dtype == torch.float16 else 5e-2
+    with torch.no_grad():
+        for t, f in enumerate(frames):
+            y, r = dm(f), model(f)
+            assert y.shape == r.shape and rel(y, r) <= tol, (t, rel(y, r))
+            torch.testing.assert_close(graphed(f), eager(f), rtol=0, atol=0, msg=f"frame {t}")
+    w, b = dm.get_submodule("2")._folded._value
+    assert w.shape[0] == 24 and not w[21:].any() and not b[21:].any()
+    assert dm.get_submodule("5")._folded._value[0].shape[0] == 5  # 21 input channels: not padded
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_cuda_graph_replay_equals_eager_over_video(dtype):
     model = build("mobilenet_v3_large").cuda().to(dtype)

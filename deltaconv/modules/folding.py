@@ -176,16 +176,21 @@ class FoldedWeights:
         return (w, b) if exact else self.rounded(w, b, weight.dtype)
 
     def get(self, weight, bias, bn, out_dim: int, layout: Optional[torch.memory_format] = None,
-            expand_groups: int = 1):
+            expand_groups: int = 1, out_channels: Optional[int] = None):
         """The folded ``(weight, bias)``, cached; the weight made block-diagonal over
-        ``expand_groups`` groups (:func:`block_diagonal`) when > 1, in ``layout`` if given."""
+        ``expand_groups`` groups (:func:`block_diagonal`) when > 1, both padded with zero filters to
+        ``out_channels`` (dim 0) when that is more, the weight in ``layout`` if given."""
         srcs = fold_sources(weight, bias, bn)
-        key = tensor_versions(*srcs) + (layout, expand_groups)
+        key = tensor_versions(*srcs) + (layout, expand_groups, out_channels)
         if key != self._key:
-            if self._seed is not None and self._seed[1] != key[:-2]:
+            if self._seed is not None and self._seed[1] != key[:-3]:
                 self._seed = None  # a source changed: the seed is no longer their fold
             w, b = self.folded(weight, bias, bn, out_dim)
             w = block_diagonal(w, expand_groups)
+            extra = 0 if out_channels is None else out_channels - w.shape[0]
+            if extra > 0:
+                w = torch.cat([w, w.new_zeros((extra,) + tuple(w.shape[1:]))])
+                b = None if b is None else torch.cat([b, b.new_zeros(extra)])
             if layout is not None:
                 w = w.contiguous(memory_format=layout)
             self._key, self._value = key, (w, b)

@@ -6,6 +6,7 @@ the layer's footprint; affine layers add their constant term (bias, BN shift) on
 from __future__ import annotations
 
 import math
+import os
 from typing import Callable, Optional
 
 import torch
@@ -52,14 +53,32 @@ def runs_block_diagonal(groups: int, in_channels: int, dtype: torch.dtype, on_gp
             and (pixels is None or pixels >= BLOCK_DIAGONAL_MIN_PIXELS))
 
 
-def kernel_weight_layout(weight: torch.Tensor, groups: int) -> Optional[torch.memory_format]:
+def kernel_weight_layout(weight: torch.Tensor, groups: int,
+                         out_channels: Optional[int] = None) -> Optional[torch.memory_format]:
     """The memory format in which the CUDA kernels read a conv weight without a copy per call:
     channels_last (``[C_out][KH][KW][C_in]``) for the tensor-core convolutions (groups 1, channels
-    multiples of 8, fp16 / bf16), the dense layout for the others; ``None`` (as it is) off the GPU."""
+    multiples of 8, fp16 / bf16; ``out_channels``: the filters once padded, default
+    ``weight.shape[0]``), the dense layout for the others; ``None`` (as it is) off the GPU."""
     if not weight.is_cuda or weight.dim() != 4:
         return None
-    tc = weight.dtype in _TC_DTYPES and groups == 1 and weight.shape[0] % 8 == 0 and weight.shape[1] % 8 == 0
+    out = weight.shape[0] if out_channels is None else out_channels
+    tc = weight.dtype in _TC_DTYPES and groups == 1 and out % 8 == 0 and weight.shape[1] % 8 == 0
     return torch.channels_last if tc else torch.contiguous_format
+
+
+def padded_out_channels(out_channels: int, in_channels: int, groups: int, taps: int, dtype: torch.dtype,
+                        on_gpu: bool) -> int:
+    """The output channels a convolution's filters are padded to once, beside their fold: the next
+    multiple of 8 for a one-group float16 / bfloat16 convolution on the GPU with input channels a
+    multiple of 8 and at most 32 taps, which the tensor-core convolutions take only with a multiple of
+    8 output channels (the CUDA op pads such filters itself, on every call: ``padded_cout`` in
+    ``csrc/conv_ops.cu``, three more launches); else ``out_channels``. ``DELTACONV_TC_PAD=0`` in the
+    environment keeps ``out_channels``, as it keeps the op's own padding off."""
+    out8 = -(-out_channels // 8) * 8
+    if (out8 == out_channels or not on_gpu or dtype not in _TC_DTYPES or groups != 1 or in_channels % 8
+            or taps > 32 or os.environ.get("DELTACONV_TC_PAD") == "0"):
+        return out_channels
+    return out8
 
 
 class DCConv2d(DCModule):
@@ -134,10 +153,12 @@ class DCConv2d(DCModule):
         """Weight and bias with the BatchNorm folded in, for :meth:`kernel_groups` groups at ``pixels``
         output pixels (a grouped weight made block-diagonal); on a GPU the weight in the memory format
         that the CUDA kernels read (channels_last for tensor-core convs, see kernel_weight_layout)."""
-        groups = self.kernel_groups(pixels)
-        return self._folded.get(self.weight, self.bias, self.folded_bn, out_dim=0,
-                                layout=kernel_weight_layout(self.weight, groups),
-                                expand_groups=self.groups if groups != self.groups else 1)
+        groups, w = self.kernel_groups(pixels), self.weight
+        out = padded_out_channels(self.out_channels, self.in_channels, groups, math.prod(self.kernel_size),
+                                  w.dtype, w.is_cuda)
+        return self._folded.get(w, self.bias, self.folded_bn, out_dim=0, layout=kernel_weight_layout(w, groups, out),
+                                expand_groups=self.groups if groups != self.groups else 1,
+                                out_channels=out if out != self.out_channels else None)
 
     def fold_before_cast(self) -> tuple:
         """What :meth:`keep_fold` needs after a cast (``DeltaModel._apply``): the parameters as
@@ -161,13 +182,20 @@ class DCConv2d(DCModule):
         w, b = self.folded_weight_bias(self.output_pixels(x) if self.groups > 1 else None)
         rows = x.rows if self.takes_rows else None
         if rows is not None and rows.filled and self.key is None and self.row_list_ok():
-            v = self.ops.conv1x1_rows(x.value, x.mask, w, b, rows)
+            v = self._unpadded(self.ops.conv1x1_rows(x.value, x.mask, w, b, rows))
             # stride 1, no padding: the input's active pixels, and so its list
             return self.observe(Delta(v, x.mask, rows if self.lists_rows else None))
         groups = self.groups if w.shape[1] * self.groups == self.in_channels else 1  # 1: block-diagonal
         v, m = self.ops.conv2d(x.value, x.mask, w, b, self.stride, self.padding, self.dilation, groups,
                                self.key, self.padding_mode, self.work_counters(x))
-        return self.observe(Delta(v, m))
+        return self.observe(Delta(self._unpadded(v), m))
+
+    def _unpadded(self, v: torch.Tensor) -> torch.Tensor:
+        """The first ``out_channels`` channels of an output of filters padded to a multiple of 8
+        (:func:`padded_out_channels`), channels-last; ``v`` itself when not padded."""
+        if v.shape[1] == self.out_channels:
+            return v
+        return v.narrow(1, 0, self.out_channels).contiguous(memory_format=torch.channels_last)
 
     def flops_per_output_pixel(self, out: Delta) -> float:
         return 2.0 * self.in_channels // self.groups * math.prod(self.kernel_size) * self.out_channels
