@@ -199,9 +199,9 @@ def _shuffle_chain(view: fx.Node) -> Optional[tuple[list, int]]:
     return chain + [nxt], groups
 
 
-def _erase_dead_shape_arithmetic(graph: fx.Graph, nodes) -> None:
+def _erase_dead_shape_arithmetic(graph: fx.Graph, nodes) -> set:
     """Erase each of ``nodes`` (and what only it read, recursively) that nothing reads and that
-    only computes shapes (``x.size()``, its items, integer arithmetic)."""
+    only computes shapes (``x.size()``, its items, integer arithmetic); returns the erased nodes."""
     def pure(n: fx.Node) -> bool:
         return _is_call(n, "size", *_SHAPE_ARITHMETIC)
 
@@ -219,6 +219,7 @@ def _erase_dead_shape_arithmetic(graph: fx.Graph, nodes) -> None:
         graph.erase_node(node)
         erased.add(node)
         todo.extend(inputs)
+    return erased
 
 
 def fold_channel_shuffles(graph: fx.Graph) -> int:
@@ -227,9 +228,9 @@ def fold_channel_shuffles(graph: fx.Graph) -> int:
     ``torch.channel_shuffle(x, g)``. The views may be any row-major reshape whose shapes say so
     (``view``, ``reshape``, ``unflatten(1, (g, C // g))`` in, ``flatten(1, 2)`` out). Returns the
     number of chains."""
-    folded = 0
+    folded, erased = 0, set()
     for view in list(graph.nodes):
-        found = None if getattr(view, "_erased", False) else _shuffle_chain(view)  # erased: an earlier chain's
+        found = None if view in erased else _shuffle_chain(view)
         if found is None:
             continue
         chain, groups = found
@@ -243,7 +244,7 @@ def fold_channel_shuffles(graph: fx.Graph) -> int:
         shape_inputs = [n for node in chain for n in node.all_input_nodes if n not in chain]
         for node in reversed(chain):
             graph.erase_node(node)
-        _erase_dead_shape_arithmetic(graph, shape_inputs)
+        erased |= set(chain) | _erase_dead_shape_arithmetic(graph, shape_inputs)
         folded += 1
     return folded
 

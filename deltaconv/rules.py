@@ -310,19 +310,12 @@ def _mean_sig(input, dim=None, keepdim=False, *, dtype=None):
 def _spatial_mean(site: Site) -> Optional[Built]:
     """``x.mean((2, 3))`` / ``torch.mean(x, [-2, -1], keepdim)`` of a 4-D delta as the global average
     pooling it is (:class:`~deltaconv.modules.DCSpatialMean`), else ``None``."""
-    if site.fn not in (torch.mean, torch.Tensor.mean):
+    p = _bind(_mean_sig, site) if site.fn in (torch.mean, torch.Tensor.mean) else None
+    if p is None or p["dtype"] is not None or not isinstance(p["dim"], (list, tuple)) or len(p["dim"]) != 2:
         return None
-    try:
-        p = _mean_sig(*site.args, **site.kwargs)
-    except TypeError:
-        return None
-    x, dims = p["input"], p["dim"]
-    shape = x.meta.get("tensor_meta").shape if isinstance(x, fx.Node) and x.meta.get("tensor_meta") else None
-    if not site.is_delta_tensor(x) or shape is None or len(shape) != 4 or p["dtype"] is not None:
-        return None
-    if not isinstance(dims, (list, tuple)) or not site.literal(dims, p["keepdim"]):
-        return None
-    if sorted(d % 4 for d in dims) != [2, 3] or len(dims) != 2:
+    x = site.args[0] if site.args else site.kwargs["input"]
+    meta = x.meta.get("tensor_meta")
+    if meta is None or len(meta.shape) != 4 or sorted(d % 4 for d in p["dim"]) != [2, 3]:
         return None
     return Built(DCSpatialMean(bool(p["keepdim"])), (x,), {})
 

@@ -13,12 +13,11 @@ import sys
 from pathlib import Path
 
 import torch
-import torchvision
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from common import alternate_frames, run_info  # noqa: E402
-from helpers import randomize_bn  # noqa: E402
+from helpers import torchvision_model  # noqa: E402
 
 
 def main(argv=None) -> None:
@@ -40,9 +39,7 @@ def main(argv=None) -> None:
     print(f"# {info['device']}, {info['date']}, torch {torch.__version__}, float16 {a.size[0]}x{a.size[1]}, "
           f"t={a.threshold:g}, frames {a.start + 2}-{a.start + a.frames - 1}", flush=True)
     for name in a.models:
-        torch.manual_seed(0)
-        model = randomize_bn(torchvision.models.get_model(name, weights=None)).eval()
-        model = model.cuda().half().to(memory_format=torch.channels_last)
+        model = torchvision_model(name).cuda().half().to(memory_format=torch.channels_last)
         for video in a.videos:
             frames = [f.cuda().half() for f in read_frames(find_sample_video(video), start=a.start,
                                                            max_frames=a.frames, size=tuple(a.size))]

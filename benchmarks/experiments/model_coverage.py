@@ -19,7 +19,7 @@ import torch
 import torchvision
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
-from helpers import compare_over_frames, randomize_bn, video_frames  # noqa: E402
+from helpers import compare_over_frames, torchvision_model, video_frames  # noqa: E402
 
 import deltaconv  # noqa: E402
 
@@ -27,11 +27,7 @@ SIZES = ((64, 96), (224, 224))
 
 
 def build(name: str) -> torch.nn.Module:
-    torch.manual_seed(0)
-    kwargs = {"weights": None}
-    if name in torchvision.models.list_models(module=torchvision.models.segmentation):
-        kwargs["weights_backbone"] = None
-    return randomize_bn(torchvision.models.get_model(name, **kwargs)).eval().double()
+    return torchvision_model(name).double()
 
 
 def check(name: str) -> str:

@@ -14,20 +14,11 @@ import sys
 from pathlib import Path
 
 import torch
-import torchvision
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from common import alternate_frames, run_info  # noqa: E402
-from helpers import randomize_bn  # noqa: E402
-
-
-def build(name: str) -> torch.nn.Module:
-    torch.manual_seed(0)
-    kwargs = {"weights": None}
-    if name in torchvision.models.list_models(module=torchvision.models.segmentation):
-        kwargs["weights_backbone"] = None
-    return randomize_bn(torchvision.models.get_model(name, **kwargs)).eval()
+from helpers import torchvision_model  # noqa: E402
 
 
 def main(argv=None) -> None:
@@ -52,7 +43,7 @@ def main(argv=None) -> None:
                                                    size=(1080, 1920))]
     once = linear.padded_out_channels
     for name in a.models:
-        model = build(name).cuda().half().to(memory_format=torch.channels_last)
+        model = torchvision_model(name).cuda().half().to(memory_format=torch.channels_last)
         runs = {}
         with torch.no_grad():
             runs["dense"] = graphed_model(model, frames[0])

@@ -180,10 +180,10 @@ class FoldedWeights:
         """The folded ``(weight, bias)``, cached; the weight made block-diagonal over
         ``expand_groups`` groups (:func:`block_diagonal`) when > 1, both padded with zero filters to
         ``out_channels`` (dim 0) when that is more, the weight in ``layout`` if given."""
-        srcs = fold_sources(weight, bias, bn)
-        key = tensor_versions(*srcs) + (layout, expand_groups, out_channels)
+        versions = tensor_versions(*fold_sources(weight, bias, bn))
+        key = versions + (layout, expand_groups, out_channels)
         if key != self._key:
-            if self._seed is not None and self._seed[1] != key[:-3]:
+            if self._seed is not None and self._seed[1] != versions:
                 self._seed = None  # a source changed: the seed is no longer their fold
             w, b = self.folded(weight, bias, bn, out_dim)
             w = block_diagonal(w, expand_groups)

@@ -412,13 +412,11 @@ class DCSpatialMean(DCAdaptiveAvgPool2d):
         self.keepdim = keepdim
 
     def forward(self, x: Delta) -> Delta:
-        v, m = self.ops.adaptive_avg_pool2d(x.value, x.mask, (1, 1))
-        if not self.keepdim:
-            v, m = v.reshape(v.shape[:2]), m.reshape(m.shape[0], 1)
-        return self.observe(Delta(v, m))
+        out = super().forward(x)  # [N, C, 1, 1], observed
+        return out if self.keepdim else Delta(out.value.flatten(1), out.mask.flatten(1))
 
     def extra_repr(self) -> str:
-        return f"keepdim={self.keepdim}, " + DCModule.extra_repr(self)
+        return f"keepdim={self.keepdim}, " + super().extra_repr()
 
 
 class DCUpsample(DCModule):
@@ -698,18 +696,19 @@ class DCLinearFunction(DCModule):
 
 
 _CHANNEL_SHUFFLES = (torch.channel_shuffle, nn.functional.channel_shuffle)
-#: functions and methods that cut a tensor along one dim, by name: the position of ``dim`` among
-#: the arguments (the tensor first) and its default
-_SPLITS = {"chunk": (2, 0), "split": (2, 0), "tensor_split": (2, 0), "narrow": (1, None)}
+#: functions and methods that cut a tensor along one dim: the position of ``dim`` among the
+#: arguments (the tensor first) and its default
+_SPLITS = {fn: (2, 0) for fn in (torch.chunk, torch.split, torch.tensor_split, torch.Tensor.chunk,
+                                 torch.Tensor.split, torch.Tensor.tensor_split)}
+_SPLITS.update({torch.narrow: (1, None), torch.Tensor.narrow: (1, None)})
 
 
 def _split_dim(fn, args: tuple, kwargs: dict) -> Optional[int]:
     """The dim a chunk, split, tensor_split or narrow call cuts (``args`` start with the tensor),
     else ``None``."""
-    if fn not in (torch.chunk, torch.split, torch.tensor_split, torch.narrow, torch.Tensor.chunk,
-                  torch.Tensor.split, torch.Tensor.tensor_split, torch.Tensor.narrow):
+    if fn not in _SPLITS:
         return None
-    position, default = _SPLITS[fn.__name__]
+    position, default = _SPLITS[fn]
     dim = args[position] if len(args) > position else kwargs.get("dim", default)
     return dim if isinstance(dim, int) else None
 
