@@ -233,10 +233,21 @@ bool tc_dtype_ok(const Tensor& x) {
   return tc_enabled() && (x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16);
 }
 
-// ... and their GEMM a conv (groups 1) of Cin -> Cout channels over `taps` taps: channels in
-// multiples of 8, 16-byte aligned rows, the weight's elements countable in int.
+// Whether an fp32 delta x runs on the tensor cores in TF32: where PyTorch lets cuDNN's float32
+// convolutions use TF32 (torch.backends.cudnn.allow_tf32, on by default: the dense model's own
+// precision), on the gathered-rows GEMM only (conv_tc.cuh, TcElem); else on the exact CUDA-core
+// kernels. Read on every call, as cuDNN reads it. DELTACONV_TC_TF32=0 keeps fp32 off the tensor
+// cores (A/B runs).
+bool tf32_ok(const Tensor& x) {
+  return x.scalar_type() == at::kFloat && tc_enabled() && at::globalContext().allowTF32CuDNN() &&
+         env_switch("DELTACONV_TC_TF32");
+}
+
+// ... and their GEMM a conv (groups 1) of Cin -> Cout channels over `taps` taps: fp16 / bf16, or
+// fp32 in TF32; channels in multiples of 8, 16-byte aligned rows, the weight's elements countable in
+// int.
 bool tc_gemm_ok(const Tensor& x, int64_t Cin, int64_t Cout, int64_t taps) {
-  return tc_dtype_ok(x) && Cin % 8 == 0 && Cout % 8 == 0 && Cout * taps * Cin < kIntMax &&
+  return (tc_dtype_ok(x) || tf32_ok(x)) && Cin % 8 == 0 && Cout % 8 == 0 && Cout * taps * Cin < kIntMax &&
          reinterpret_cast<uintptr_t>(x.const_data_ptr()) % 16 == 0;
 }
 
@@ -341,21 +352,21 @@ conv::tc::TcArgs tc_args(const Tensor& x, const Tensor& m_or_empty, const Tensor
 }
 
 // The fine 3x3 launch (and the gathered-rows GEMM, from kGatherSplitChunks chunks) runs in
-// thread-block clusters of this many CTAs, the most that may split an item's K (its 64-channel
-// input chunks; the kernel chooses the split on the device with k_split_ctas and records it in the
+// thread-block clusters of this many CTAs, the most that may split an item's K (its `chunks` input
+// chunks, of 64 channels, 32 in fp32; the kernel chooses the split on the device with k_split_ctas and records it in the
 // call's counters): DELTACONV_TC_KSPLIT = 1, 2 or 4 (read on
 // every call; A/B runs, tests of every split; 4 measured slower than 2 from 33 tiles of C = 256 on:
 // benchmarks/results/fine_ksplit_ab.txt), at most the tile's chunks, and 1 without clusters (before
 // Hopper, or code not compiled for sm_90).
 constexpr int kKSplitCluster = 2;
 template <typename Kernel>
-int k_split_cluster(Kernel kernel, int64_t cin) {
+int k_split_cluster(Kernel kernel, int64_t chunks) {
   const int64_t v = env_int("DELTACONV_TC_KSPLIT", kKSplitCluster);
   TORCH_CHECK(v == 1 || v == 2 || v == 4, "deltaconv: environment variable DELTACONV_TC_KSPLIT must be 1, 2 or 4, got '",
               std::getenv("DELTACONV_TC_KSPLIT"), "'");
   if (v == 1 || !runs_sm90_code(kernel)) return 1;
   int ks = (int)v;
-  while (ks > 1 && ks > ceil_div((int)cin, conv::tc::CK)) ks /= 2;
+  while (ks > 1 && ks > chunks) ks /= 2;
   return ks;
 }
 
@@ -460,9 +471,12 @@ void run_tc_3x3(conv::tc::TcArgs a, int64_t tiles, cudaStream_t stream) {
   static_assert(CC::BN == CF::BN, "coarse and fine launches must split Cout alike");
   auto kc = conv::tc::conv3x3_tc_kernel<T, S, TPB, NWc, NTc, false, D, WG>;
   auto kf = conv::tc::conv3x3_tc_kernel<T, S, 1, NWf, NTf, true, D, WG>;
-  auto kr = conv::tc::conv3x3_ring_kernel<T, D, S>;
+  // the warp-specialised kernel (wgmma) is fp16 / bf16 only: fp32 (TF32) instantiates it as fp16, never launched
+  constexpr bool kRingType = sizeof(T) == 2;
+  using TR = std::conditional_t<kRingType, T, __half>;
+  auto kr = conv::tc::conv3x3_ring_kernel<TR, D, S>;
   // (stride 2 runs mma.sync in the halo kernel, WG false, and on the warp-specialised one wgmma)
-  const bool ring = (S == 1 ? WG : D == 1) && CC::BN == RC::BN && ring_enabled(a.g);
+  const bool ring = kRingType && (S == 1 ? WG : D == 1) && CC::BN == RC::BN && ring_enabled(a.g);
   a.cap = (int)tiles;
   const int smem_c = CC::smem(conv::tc::conv3x3_weight_slots(WG, false));
   const int smem_f = CF::smem(conv::tc::conv3x3_weight_slots(WG, true));
@@ -486,7 +500,8 @@ void run_tc_3x3(conv::tc::TcArgs a, int64_t tiles, cudaStream_t stream) {
   const int64_t groups_c = (tiles + tpb - 1) / tpb;
   const int64_t gx_c = std::max<int64_t>(1, std::min<int64_t>(groups_c, std::max<int64_t>(1, (int64_t)occ_c * sms / nb)));
   const int64_t gx_f = std::max<int64_t>(1, std::min<int64_t>(tiles, std::max<int64_t>(a.fine_max, 1)));
-  const int cluster = a.fine_max >= 0 && !STAT ? k_split_cluster(kf, a.g.Cin) : 1;
+  const int cluster =
+      a.fine_max >= 0 && !STAT ? k_split_cluster(kf, ceil_div(a.g.Cin, conv::tc::TcElem<T>::kChunk)) : 1;
   // A tail of at most half a multiprocessor's worth of jobs past one round of the coarse launch
   // runs on the fine one (conv::tc::coarse_tile_end; k_split_grid gives it a slot per tile), where
   // it splits its K: a CTA pair per job, one CTA per multiprocessor (STAT: the weight-stationary
@@ -511,6 +526,7 @@ void run_tc_3x3(conv::tc::TcArgs a, int64_t tiles, cudaStream_t stream) {
   }
   if (a.fine_max >= 0) {  // the fine launch can have work
     if constexpr (STAT) {
+      static_assert(kRingType, "the weight-stationary kernel: fp16 / bf16");
       launch_tc_3x3_stationary<T, 4, 32>(a, gx_f, stream);
     } else {
       const int64_t gx = conv::tc::k_split_grid(gx_f, gx_f, cluster, nb, sms);
@@ -542,29 +558,32 @@ int stationary_chunks(const ConvGeom& g, bool stride2, int dilation) {
 }
 
 // dilation 2 and 4 (the dilated backbones of the segmentation models) only with stride 1;
-// wgmma (stride 1): a warpgroup per tile, 2 tiles per block in the coarse launch, 1 in the fine one
+// wgmma (stride 1): a warpgroup per tile, 2 tiles per block in the coarse launch, 1 in the fine one.
+// fp32 (TF32): the mma.sync launches only (no weight-stationary, wgmma or warp-specialised kernel).
 template <typename T>
 void dispatch_tc_3x3(const conv::tc::TcArgs& a, int64_t tiles, bool stride2, bool wide, int dilation,
                      cudaStream_t stream) {
-  switch (stationary_chunks(a.g, stride2, dilation)) {
-    case 1: run_tc_3x3_stationary<T, 1>(a, tiles, stream); return;
-    case 2: run_tc_3x3_stationary<T, 2>(a, tiles, stream); return;
-    case 4:
-      if (wide) run_tc_3x3<T, 1, 2, 4, 4, 4, 4, 1, true, true>(a, tiles, stream);
-      else run_tc_3x3<T, 1, 2, 4, 2, 4, 2, 1, true, true>(a, tiles, stream);
-      return;
-    default: break;
-  }
-  if (!stride2 && wgmma_enabled()) {
-    switch (dilation * 2 + (wide ? 1 : 0)) {
-      case 3: run_tc_3x3<T, 1, 2, 4, 4, 4, 4, 1, true>(a, tiles, stream); break;
-      case 2: run_tc_3x3<T, 1, 2, 4, 2, 4, 2, 1, true>(a, tiles, stream); break;
-      case 5: run_tc_3x3<T, 1, 2, 4, 4, 4, 4, 2, true>(a, tiles, stream); break;
-      case 4: run_tc_3x3<T, 1, 2, 4, 2, 4, 2, 2, true>(a, tiles, stream); break;
-      case 9: run_tc_3x3<T, 1, 2, 4, 4, 4, 4, 4, true>(a, tiles, stream); break;
-      default: run_tc_3x3<T, 1, 2, 4, 2, 4, 2, 4, true>(a, tiles, stream); break;
+  if constexpr (sizeof(T) == 2) {  // fp32 (TF32): mma.sync only, below
+    switch (stationary_chunks(a.g, stride2, dilation)) {
+      case 1: run_tc_3x3_stationary<T, 1>(a, tiles, stream); return;
+      case 2: run_tc_3x3_stationary<T, 2>(a, tiles, stream); return;
+      case 4:
+        if (wide) run_tc_3x3<T, 1, 2, 4, 4, 4, 4, 1, true, true>(a, tiles, stream);
+        else run_tc_3x3<T, 1, 2, 4, 2, 4, 2, 1, true, true>(a, tiles, stream);
+        return;
+      default: break;
     }
-    return;
+    if (!stride2 && wgmma_enabled()) {
+      switch (dilation * 2 + (wide ? 1 : 0)) {
+        case 3: run_tc_3x3<T, 1, 2, 4, 4, 4, 4, 1, true>(a, tiles, stream); break;
+        case 2: run_tc_3x3<T, 1, 2, 4, 2, 4, 2, 1, true>(a, tiles, stream); break;
+        case 5: run_tc_3x3<T, 1, 2, 4, 4, 4, 4, 2, true>(a, tiles, stream); break;
+        case 4: run_tc_3x3<T, 1, 2, 4, 2, 4, 2, 2, true>(a, tiles, stream); break;
+        case 9: run_tc_3x3<T, 1, 2, 4, 4, 4, 4, 4, true>(a, tiles, stream); break;
+        default: run_tc_3x3<T, 1, 2, 4, 2, 4, 2, 4, true>(a, tiles, stream); break;
+      }
+      return;
+    }
   }
   if (dilation == 2) {
     if (wide) run_tc_3x3<T, 1, 2, 2, 8, 4, 4, 2>(a, tiles, stream); else run_tc_3x3<T, 1, 2, 2, 4, 2, 4, 2>(a, tiles, stream);
@@ -655,7 +674,8 @@ void launch_tc_3x3(const Tensor& x, const Tensor& m, const ConvWeights& tw, cons
   // except dilated C=256 at 135x240, scratch A/B 2026-11-21); Cout > 64: 128 channels per block
   const bool wide = g.Cout > 64;
   if (x.scalar_type() == at::kHalf) dispatch_tc_3x3<__half>(a, tiles, g.sh == 2, wide, g.dh, stream);
-  else dispatch_tc_3x3<__nv_bfloat16>(a, tiles, g.sh == 2, wide, g.dh, stream);
+  else if (x.scalar_type() == at::kBFloat16) dispatch_tc_3x3<__nv_bfloat16>(a, tiles, g.sh == 2, wide, g.dh, stream);
+  else dispatch_tc_3x3<float>(a, tiles, g.sh == 2, wide, g.dh, stream);  // TF32 (tf32_ok)
 }
 
 constexpr int kGatherSplitChunks = 8;
@@ -720,8 +740,9 @@ void run_tc_gather(conv::tc::TcArgs a, int64_t items, cudaStream_t stream) {
   // (H200, 2026-11-22; benchmarks/results/fine_ksplit_ab.txt).
   const int mi = WG ? 2 : 4;
   const bool ring_fits = (int64_t)Cfg::THREADS * mi * NT * 16 <= (int64_t)(a.prefetch + (WG ? 2 : 1)) * Cfg::STAGE;
-  const bool long_k = ceil_div(a.g.Cin, conv::tc::CK) >= kGatherSplitChunks;
-  const int cluster = ring_fits && long_k ? k_split_cluster(k, a.g.Cin) : 1;
+  const int chunks = ceil_div(a.g.Cin, conv::tc::TcElem<T>::kChunk);
+  const bool long_k = chunks >= kGatherSplitChunks;
+  const int cluster = ring_fits && long_k ? k_split_cluster(k, chunks) : 1;
   gx = conv::tc::k_split_grid(gx, blocks, cluster, nb, sms);
   launch_kernel_clustered(k, dim3((unsigned)gx, (unsigned)nb), Cfg::THREADS, smem, stream, (unsigned)cluster, a);
 }
@@ -729,10 +750,17 @@ void run_tc_gather(conv::tc::TcArgs a, int64_t items, cudaStream_t stream) {
 // 128 output channels per block for Cout > 64 (wide), else 64; wgmma or mma.sync (see wgmma_enabled).
 template <typename T, int ROWS>
 void dispatch_tc_gather(const conv::tc::TcArgs& a, int64_t items, bool wide, bool wg, cudaStream_t stream) {
+  constexpr bool kWgType = sizeof(T) == 2;  // fp32 (TF32) has no wgmma variant
   if (wide) {
-    if (wg) run_tc_gather<T, 2, 8, ROWS, true>(a, items, stream); else run_tc_gather<T, 2, 8, ROWS, false>(a, items, stream);
+    if constexpr (kWgType) {
+      if (wg) return run_tc_gather<T, 2, 8, ROWS, true>(a, items, stream);
+    }
+    run_tc_gather<T, 2, 8, ROWS, false>(a, items, stream);
   } else {
-    if (wg) run_tc_gather<T, 2, 4, ROWS, true>(a, items, stream); else run_tc_gather<T, 2, 4, ROWS, false>(a, items, stream);
+    if constexpr (kWgType) {
+      if (wg) return run_tc_gather<T, 2, 4, ROWS, true>(a, items, stream);
+    }
+    run_tc_gather<T, 2, 4, ROWS, false>(a, items, stream);
   }
 }
 
@@ -745,8 +773,13 @@ void launch_tc_gather(const Tensor& x, const Tensor& m, const ConvWeights& tw, c
   // the K split in the call's counters (kRowsPixels runs beside the 3x3 kernel, which records its own)
   if (ROWS != conv::tc::kRowsPixels) a.k_split = wl.count + conv::kKSplitAt;
   const bool wide = g.Cout > 64;
-  if (x.scalar_type() == at::kHalf) dispatch_tc_gather<__half, ROWS>(a, items, wide, wgmma_enabled(), stream);
-  else dispatch_tc_gather<__nv_bfloat16, ROWS>(a, items, wide, wgmma_enabled(), stream);
+  if (x.scalar_type() == at::kHalf) {
+    dispatch_tc_gather<__half, ROWS>(a, items, wide, wgmma_enabled(), stream);
+  } else if (x.scalar_type() == at::kBFloat16) {
+    dispatch_tc_gather<__nv_bfloat16, ROWS>(a, items, wide, wgmma_enabled(), stream);
+  } else {  // fp32 in TF32 (tf32_ok): mma.sync
+    dispatch_tc_gather<float, ROWS>(a, items, wide, false, stream);
+  }
 }
 
 // The small-Cin kernel's input: x [N, C < 8, H, W] channels_last -> [N, 8, H, W] channels_last,
@@ -982,8 +1015,9 @@ std::tuple<Tensor, Tensor> conv2d_cuda(const Tensor& delta, const Tensor& mask, 
   const bool depthwise = groups > 1 && groups == Cin && Cout == Cin;
   const bool* kp = key_ptr(key);
 
-  // Tensor-core path: fp16 / bf16, groups 1, channels multiple of 8, 16-byte aligned rows;
-  // 1x1 (any stride / padding) and 3x3 (dilation 1 with equal strides 1 or 2; dilation 2 or 4, stride 1).
+  // Tensor-core path: fp16 / bf16 (or fp32 in TF32: tf32_ok), groups 1, channels multiple of 8,
+  // 16-byte aligned rows; 1x1 (any stride / padding) and 3x3 (dilation 1 with equal strides 1 or 2;
+  // dilation 2 or 4, stride 1). The others of at most 32 taps: gathered taps, below.
   const bool tc_dtype = tc_dtype_ok(x);
   const bool tc_ok = groups == 1 && tc_gemm_ok(x, Cin, Cout, KH * KW);
   // Few input channels (the stems: 3): fp16 / bf16, groups 1, dilation 1, equal strides 1 or 2,

@@ -486,7 +486,9 @@ def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
             fewer pixels at the same output error; see the README's fidelity section).
         refresh_every: force a key frame every this many frames; ``"auto"`` (the default): every
             1,000 frames for float16 and bfloat16 frames, whose rounding drifts slowly over long
-            videos, never for float32 (``deltaconv.model.AUTO_REFRESH``); ``None``: never. In a model
+            videos, and for float32 frames on a GPU with TF32 convolutions (PyTorch's default,
+            ``torch.backends.cudnn.allow_tf32``); never for exact float32
+            (``deltaconv.model.AUTO_REFRESH``); ``None``: never. In a model
             replayed as a CUDA graph they replay a recorded key frame (see :meth:`DeltaModel.capture`).
         check_finite: reject frames holding NaN/Inf before any state changes (one device sync
             per frame; turn off for CUDA-graph capture).

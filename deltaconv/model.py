@@ -23,6 +23,10 @@ from .report import ConversionReport
 #: with a key frame only at the start, and stayed at 2.2 % over 12,000 frames with one every 1,000
 #: (one-by-one at 1080x1920, H200; README, *Reliability*). Float32 does not drift (2.4 % throughout).
 AUTO_REFRESH = {torch.float16: 1000, torch.bfloat16: 1000}
+#: ``refresh_every="auto"`` for float32 frames on a GPU whose convolutions run in TF32
+#: (``torch.backends.cudnn.allow_tf32``, PyTorch's default): TF32 keeps float16's 10-bit mantissa in
+#: the products, so these get float16's interval (a choice by analogy, not a drift measurement).
+AUTO_REFRESH_TF32 = 1000
 
 
 def _traced_constants(dense: nn.Module, graph: fx.Graph) -> list[str]:
@@ -130,7 +134,8 @@ class DeltaModel(nn.Module):
             self._release_state()
             self._signature = signature
             self._pending_key = [True] * frames[0].shape[0]
-        elif (interval := self.refresh_interval(frames[0].dtype)) is not None and self._frames_since_key >= interval:
+        elif ((interval := self.refresh_interval(frames[0].dtype, frames[0].device)) is not None
+              and self._frames_since_key >= interval):
             if self._key_graph is None:
                 self._reset_all(keep_stats=True)
             else:  # the recorded key frame zeroes the state itself
@@ -337,10 +342,18 @@ class DeltaModel(nn.Module):
         after :meth:`reset`, or a periodic one of ``refresh_every``), 0 before any frame."""
         return self._frames_since_key
 
-    def refresh_interval(self, dtype: torch.dtype) -> Optional[int]:
-        """Frames between periodic key frames for frames of ``dtype``: :attr:`refresh_every`, or
-        for ``"auto"`` :data:`AUTO_REFRESH`'s value (``None``, never, for float32 and float64)."""
-        return AUTO_REFRESH.get(dtype) if self.refresh_every == "auto" else self.refresh_every
+    def refresh_interval(self, dtype: torch.dtype, device: Union[torch.device, str, None] = None) -> Optional[int]:
+        """Frames between periodic key frames for frames of ``dtype`` on ``device``:
+        :attr:`refresh_every`, or for ``"auto"`` :data:`AUTO_REFRESH`'s value, and for float32 frames on
+        a CUDA device while PyTorch lets float32 convolutions use TF32 (``torch.backends.cudnn.allow_tf32``:
+        both backends' convolutions then round their products to TF32) :data:`AUTO_REFRESH_TF32`
+        (``None``, never, for exact float32 and float64)."""
+        if self.refresh_every != "auto":
+            return self.refresh_every
+        if (dtype == torch.float32 and device is not None and torch.device(device).type == "cuda"
+                and torch.backends.cudnn.allow_tf32):
+            return AUTO_REFRESH_TF32
+        return AUTO_REFRESH.get(dtype)
 
     def _reset_all(self, keep_stats: bool = False) -> None:
         """Zero every stream's state so that the next frame is a key frame; the statistics too,

@@ -296,6 +296,88 @@ def test_conv2d(case, dtype):
     run_conv2d_every_fraction_and_key(case, dtype, seed=0)
 
 
+# float32 convolutions on the tensor cores in TF32 (torch.backends.cudnn.allow_tf32): one group,
+# channels multiples of 8 (or C_out padded to 8), at most 32 taps; K chunks of 32 channels. 3x3
+# (stride 1 / 2, dilation 1 / 2 / 4): the halo kernel's mma.sync launches; others: gathered rows.
+TF32_CASES = [
+    (64, 96, (1, 1), 1, 0, 1, 1, (31, 45)),      # 1x1: 2 chunks of C_in, 2 blocks of C_out
+    (40, 32, (1, 1), 2, 0, 1, 1, (31, 45)),      # 1x1 stride 2, a last chunk of one k-step
+    (16, 24, (1, 1), 1, 1, 1, 1, (13, 17)),      # 1x1 with padding: border outputs read padding
+    (256, 64, (1, 1), 1, 0, 1, 1, (19, 27)),     # 8 chunks of C_in: the K split in clusters (Hopper)
+    (32, 64, (3, 3), 1, 1, 1, 1, (31, 45)),      # 3x3 halo kernel
+    (96, 136, (3, 3), 2, 1, 1, 1, (31, 45)),     # 3x3 stride 2, 3 chunks, 2 blocks of C_out
+    (40, 64, (3, 3), 1, 2, 2, 1, (31, 45)),      # 3x3 dilation 2, a last chunk of one k-step
+    (24, 16, (3, 3), 1, 4, 4, 1, (31, 45)),      # 3x3 dilation 4
+    (256, 64, (3, 3), 1, 1, 1, 1, (19, 27)),     # 3x3, 8 chunks: the fine launch's K split (Hopper)
+    (64, 32, (3, 3), 3, 1, 1, 1, (31, 45)),      # 3x3 stride 3: gathered taps
+    (16, 24, (5, 5), 1, 2, 1, 1, (21, 30)),      # 5x5: gathered taps
+    (64, 21, (1, 1), 1, 0, 1, 1, (31, 45)),      # C_out 21: filters padded to 24
+    (32, 12, (3, 3), 1, 1, 1, 1, (13, 17)),      # C_out 12: padded to 16
+]
+TF32_KERNEL = re.compile(r"(conv_gather_tc_kernel|conv3x3_tc_kernel)<float")
+
+
+def tf32_round(t: torch.Tensor) -> torch.Tensor:
+    """``t`` (float32) rounded to TF32 as the kernels round their operands: 10 mantissa bits, to
+    nearest with ties away from zero (cvt.rna.tf32.f32)."""
+    bits = t.float().contiguous().view(torch.int32)
+    return ((bits + 0x1000) & ~0x1FFF).view(torch.float32)
+
+
+def run_tf32_conv2d(case, fracs, key, seed: int, bias: bool) -> None:
+    """conv2d of a float32 ``case`` (groups 1) against a float64 conv of the TF32-rounded delta and
+    weight: equal to float32 accumulation (exact float32 products would differ from it by the TF32
+    rounding); masks exactly."""
+    cin, cout, k, s, p, d, _, (H, W) = case
+    s, p, d = _pair(s), _pair(p), _pair(d)
+    gen = torch.Generator().manual_seed(seed)
+    mask = make_mask(fracs, H, W, gen)
+    delta = make_delta(len(fracs), cin, H, W, mask, torch.float32, gen)
+    weight = torch.randn(cout, cin, *k, generator=gen) / math.sqrt(cin * k[0] * k[1])
+    b = torch.randn(cout, generator=gen) if bias else None
+    kt = make_key(key, len(fracs))
+    out, mo = ops().conv2d(delta, mask.cuda(), weight.cuda(), cuda_or_none(b), list(s), list(p), list(d), 1,
+                           cuda_or_none(kt))
+    r_out, r_mask = ref.conv2d(tf32_round(delta).double(), mask.cuda(), tf32_round(weight).double().cuda(),
+                               None if b is None else b.double().cuda(), s, p, d, 1, cuda_or_none(kt))
+    check_layout(out, mo, len(fracs), cout, r_out.shape[2], r_out.shape[3], torch.float32)
+    assert torch.equal(mo, r_mask), f"conv2d mask differs (fracs {fracs}, key {key})"
+    assert_active_close(out, r_out.cpu(), r_mask.cpu(), torch.float32, f"TF32 conv2d (fracs {fracs}, key {key})")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", TF32_CASES, ids=_case_id)
+def test_conv2d_float32_runs_tf32_on_the_tensor_cores(case, monkeypatch):
+    """With ``torch.backends.cudnn.allow_tf32`` a float32 conv runs on the tensor cores in TF32
+    (run_tf32_conv2d at every changed fraction and key pattern) and the profiler sees a tensor-core
+    kernel in float; with it off (the tests' default) the exact CUDA-core kernels run."""
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
+    for i, fracs in enumerate(FRACS):
+        for key in KEYS:
+            run_tf32_conv2d(case, fracs, key, seed=i, bias=i % 2 == 0 or key is not None)
+    call = repeatable_conv2d(case, torch.float32, (0.3, 1.0), seed=7)
+    names = kernel_names_or_skip(call)
+    assert any(TF32_KERNEL.search(n) for n in names), names
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    assert not any("tc_kernel" in n for n in kernel_names_or_skip(call)), "TF32 off: the CUDA-core kernels"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("launch", ["coarse", "fine", "split"])
+@pytest.mark.parametrize("case", [c for c in TF32_CASES if c[2] == (3, 3) and c[3] in (1, 2)], ids=_case_id)
+def test_conv2d_float32_tf32_3x3_launches(case, launch, monkeypatch):
+    """The TF32 3x3 conv on each launch of the halo kernel (coarse, fine: forced through
+    DELTACONV_TC_FINE_MAX) and with the sparse tiles on the gathered pixel rows (DELTACONV_TC_SPLIT)."""
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
+    if launch == "split":
+        set_tile_split(monkeypatch, "40/0")
+    else:
+        monkeypatch.setenv("DELTACONV_TC_FINE_MAX", "-1" if launch == "coarse" else str(1 << 30))
+    for i, fracs in enumerate(FRACS):
+        run_tf32_conv2d(case, fracs, (True, False), seed=10 + i, bias=True)
+        run_tf32_conv2d(case, fracs, None, seed=20 + i, bias=False)
+
+
 # 3x3 tensor-core cases (fp16 / bf16, Cin and Cout multiples of 8): the tile kernel, and the
 # pixel-row gathered-taps kernel on the pixels of the sparse tiles (at most DELTACONV_TC_SPLIT active
 # pixels) when they number at least DELTACONV_TC_SPLIT_MIN (decided on the device)

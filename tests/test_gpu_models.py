@@ -69,6 +69,33 @@ def test_half_precision_within_dense_rounding(name, dtype):
             assert delta_err <= 3 * dense_err + 1e-3, (dense_err, delta_err)
 
 
+@pytest.mark.parametrize("name", ["resnet50", "mobilenet_v2", "regnet_y_400mf", "fcn_resnet50"])
+def test_float32_in_tf32_within_the_dense_tf32_rounding(name, monkeypatch):
+    """With TF32 allowed (``torch.backends.cudnn.allow_tf32``, PyTorch's default) a float32 model's
+    one-group convolutions run on the tensor cores in TF32: against the float64 dense model its error
+    at threshold 0 stays near the dense TF32 model's own, a replayed graph gives the eager outputs
+    bit for bit, and its key frames come every AUTO_REFRESH_TF32 frames."""
+    import copy
+    from deltaconv.model import AUTO_REFRESH_TF32
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
+    model = build(name).cuda()
+    exact = copy.deepcopy(model).double()
+    frames = [f.cuda() for f in video_frames(4, (96, 128), "one-by-one-person-detection.mp4", start=200)]
+    dm = deltaconv.convert(model, backend="cuda", example_input=frames[0])
+    graphed = deltaconv.convert(model, threshold=0.02, backend="cuda", example_input=frames[0], cuda_graph=True,
+                                check_finite=False)
+    eager = deltaconv.convert(model, threshold=0.02, backend="cuda", example_input=frames[0])
+    with torch.no_grad():
+        for t, f in enumerate(frames):
+            ref = exact(f.double())
+            dense_err, delta_err = rel(model(f), ref), rel(dm(f), ref)
+            assert delta_err <= 3 * dense_err + 2e-3, (t, dense_err, delta_err)
+            torch.testing.assert_close(graphed(f), eager(f), rtol=0, atol=0, msg=f"frame {t}")
+        names = cuda_kernel_names(lambda: dm(frames[0]))
+    assert any("conv_gather_tc_kernel<float" in n for n in names), names
+    assert dm.refresh_interval(torch.float32, frames[0].device) == AUTO_REFRESH_TF32
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("name", ["regnet_y_400mf", "resnext50_32x4d"])
 def test_grouped_convs_run_block_diagonal_on_the_tensor_cores(name, dtype):

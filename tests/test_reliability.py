@@ -179,14 +179,22 @@ def test_refresh_every_forces_key_frames(small):
 
 
 def test_auto_refresh_follows_the_frames_dtype(small, monkeypatch):
-    """refresh_every="auto" (the default): periodic key frames for float16 / bfloat16 frames only
-    (deltaconv.model.AUTO_REFRESH), none for float32; an int or None applies to every dtype."""
+    """refresh_every="auto" (the default): periodic key frames for float16 / bfloat16 frames
+    (deltaconv.model.AUTO_REFRESH) and for float32 frames on a GPU with TF32 convolutions
+    (AUTO_REFRESH_TF32), none for exact float32; an int or None applies to every dtype."""
     from deltaconv import model as model_module
     dm = deltaconv.convert(small)
     assert dm.refresh_every == "auto"
     assert dm.refresh_interval(torch.float16) == 1000 and dm.refresh_interval(torch.bfloat16) == 1000
     assert dm.refresh_interval(torch.float32) is None
     assert deltaconv.convert(small, refresh_every=7).refresh_interval(torch.float32) == 7
+    # float32 frames on a GPU whose convolutions run in TF32 (PyTorch's default) drift as float16's
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
+    assert dm.refresh_interval(torch.float32, torch.device("cuda", 0)) == model_module.AUTO_REFRESH_TF32 == 1000
+    assert dm.refresh_interval(torch.float32, "cpu") is None and dm.refresh_interval(torch.float64, "cuda") is None
+    assert deltaconv.convert(small, refresh_every=None).refresh_interval(torch.float32, "cuda") is None
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    assert dm.refresh_interval(torch.float32, "cuda") is None
     assert deltaconv.convert(small, refresh_every=None).refresh_interval(torch.float16) is None
     monkeypatch.setitem(model_module.AUTO_REFRESH, torch.float16, 3)
     for dtype, expected in ((torch.float16, [True, False, False, True, False, False, True]),

@@ -264,14 +264,18 @@ def test_activation_lists_rows_on_large_frames(frac):
 
 @pytest.mark.gpu
 @needs_gpu
-@pytest.mark.parametrize("cin,cout,dtype", [(64, 128, torch.float16), (64, 64, torch.bfloat16),
-                                            (256, 512, torch.float16), (24, 40, torch.float32),
-                                            (20, 16, torch.float16), (64, 21, torch.float16)])
-def test_conv1x1_rows_equals_conv2d_at_the_listed_pixels(cin, cout, dtype, monkeypatch):
+@pytest.mark.parametrize("cin,cout,dtype,tf32", [(64, 128, torch.float16, False), (64, 64, torch.bfloat16, False),
+                                                 (256, 512, torch.float16, False), (24, 40, torch.float32, False),
+                                                 (20, 16, torch.float16, False), (64, 21, torch.float16, False),
+                                                 (24, 40, torch.float32, True), (256, 96, torch.float32, True),
+                                                 (64, 21, torch.float32, True)])
+def test_conv1x1_rows_equals_conv2d_at_the_listed_pixels(cin, cout, dtype, tf32, monkeypatch):
     """The GEMM over an activation's list gives conv2d's output bit for bit at the active pixels:
-    the tensor-core paths (warp-specialised and gathered-rows) and the CUDA-core kernel."""
+    the tensor-core paths (warp-specialised and gathered-rows; float32 in TF32 where
+    ``torch.backends.cudnn.allow_tf32``) and the CUDA-core kernel."""
     from deltaconv.backends import cuda as dcc
     monkeypatch.setenv("DELTACONV_TC_RING1_MIN", "0")  # the warp-specialised kernel on small maps too
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", tf32)
     g = torch.Generator(device="cuda").manual_seed(5)
     w = (torch.randn((cout, cin, 1, 1), generator=g, device="cuda") / cin ** 0.5).to(dtype)
     b = torch.randn(cout, generator=g, device="cuda").to(dtype)

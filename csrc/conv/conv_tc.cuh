@@ -1,9 +1,11 @@
-// Tensor-core (mma.sync m16n8k16, fp32 accumulation) sparse convolution for fp16 / bf16 deltas.
+// Tensor-core (mma.sync m16n8k16, fp32 accumulation) sparse convolution for fp16 / bf16 deltas, and
+// for fp32 deltas in TF32 (mma.sync m16n8k8: the two kernels below without WG, see TcElem).
 // Consumers of the work lists of conv_common.cuh:
 //
 //   conv3x3_tc_kernel<T, S, TPB, NW, NT, FINE, D>
 //       3x3 conv, stride S (1 or 2), dilation D (1; 2 or 4 with S = 1), any padding, groups 1, Cin % 8 == 0,
-//       Cout % 8 == 0. Implicit GEMM over the list of active 8x8 output tiles: a block takes TPB
+//       Cout % 8 == 0. (Channel counts below are fp16 / bf16's; fp32 halves those per chunk and
+//       k-step: TcElem.) Implicit GEMM over the list of active 8x8 output tiles: a block takes TPB
 //       consecutive list entries (a "group"); warp w computes the 64 pixels of tile w / NW for
 //       output channels [n0 + (w % NW) * NT * 8, +NT * 8). K runs over chunks of 64 input
 //       channels x 9 taps. Per chunk the input halo of every tile ((7S+2D+1)^2 pixels x 64 channels,
@@ -31,7 +33,7 @@
 //       conv3x3_ring.cuh.)
 //   conv_gather_tc_kernel<T, NW, NT, ROWS, WG>
 //       groups 1, Cin % 8 == 0: a GEMM over 128 output pixels x BN output channels per item, K in
-//       chunks of 64 channels (x taps), 3-slot cp.async ring over the flattened (item, tap, chunk)
+//       chunks of 64 channels (32 in fp32: TcElem) (x taps), 3-slot cp.async ring over the flattened (item, tap, chunk)
 //       loop of a persistent block; A rows gathered from global memory by input pixel index
 //       (inactive / outside pixels zero-filled). WG: two warpgroups issue Hopper wgmma straight
 //       from the shared-memory ring (wgmma.cuh; 1.2-1.9x faster than mma.sync on an H200);
@@ -66,6 +68,20 @@ namespace conv {
 namespace tc {
 
 constexpr int CK = 64;          // input channels per K chunk (one 128-byte smem row per pixel)
+
+// The element type's units of the kernels, which all count in bytes: a K chunk is one 128-byte
+// shared-memory row per pixel, loaded as 8 chunks of 16 bytes, and an mma k-step reads 32 bytes of
+// a row. fp16 / bf16: 64 channels per K chunk, 8 per 16 bytes, m16n8k16. fp32 (TF32): 32 channels per
+// K chunk, 4 per 16 bytes, m16n8k8. The two MMAs' fragments hold the same bytes of a row (a 32-bit
+// register: two 16-bit channels or one fp32 channel), so the ldmatrix addressing, the swizzle and
+// the accumulator layout are the same; only the instruction and the channel counts differ.
+template <typename T>
+struct TcElem {
+  static constexpr int kChunk = 128 / (int)sizeof(T);  // input channels per K chunk
+  static constexpr int kVec = 16 / (int)sizeof(T);     // channels per 16-byte load
+  static constexpr int kStep = 32 / (int)sizeof(T);    // channels per mma k-step
+};
+static_assert(TcElem<__half>::kChunk == CK, "the 16-bit kernels' K chunk");
 
 struct TcArgs {
   const void* x;        // [N, H, W, Cin]
@@ -164,6 +180,34 @@ struct Mma<__nv_bfloat16> {
   }
 };
 
+// TF32: fp32 fragments (loaded by the same ldmatrix as the 16-bit ones, a 32-bit lane element per
+// channel) rounded to TF32 (round to nearest, ties away: cvt.rna, as cuBLAS / cuDNN round) before
+// m16n8k8. The A fragment's registers a0..a3 (rows g / g + 8, channels t / t + 4 of the k8 step) are
+// the 16-bit fragment's bytes; so are b0 / b1 (channels t / t + 4 of output channel g).
+__device__ __forceinline__ uint32_t to_tf32(uint32_t v) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(__uint_as_float(v)));
+  return r;
+}
+template <>
+struct Mma<float> {
+  static __device__ __forceinline__ void run(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+// A fragment as the MMA of T takes it: 16-bit as loaded, fp32 rounded to TF32.
+template <typename T>
+__device__ __forceinline__ void mma_operand(uint32_t (&r)[4]) {
+  if constexpr (std::is_same<T, float>::value) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) r[k] = to_tf32(r[k]);
+  }
+}
+
 template <typename T>
 struct Vec2;
 template <>
@@ -215,24 +259,40 @@ __device__ __forceinline__ void zero_acc(float (&acc)[M][NT][4]) {
 // 4r + q holds channels 2q, 2q + 1 of each) to this lane's output pixel yp (nullptr: none),
 // channels below cout only, + bias on key streams. The 4 lanes of a quad share a pixel: they
 // exchange values so that each stores whole n8 tiles as 16-byte vectors (a quad writes 64
-// contiguous bytes per instruction). Called by all 32 lanes (shuffles).
+// contiguous bytes per instruction). Called by all 32 lanes (shuffles). fp32: each lane stores its
+// two channels as one 8-byte vector (a quad: 32 contiguous bytes), without the exchange.
 template <typename T, int NT>
 __device__ __forceinline__ void store_pixel(T* yp, const T* bias, bool add_bias, int c0, int cout,
                                             const float (&acc_i)[NT][4], int h) {
   const int q = threadIdx.x & 3;
   static_assert(NT % 4 == 0, "whole 16-byte vectors per lane");
   add_bias = add_bias && yp != nullptr;
+  if constexpr (std::is_same<T, float>::value) {  // fp32: a lane's two channels are 8 bytes, stored as they are
+    if (yp == nullptr) return;
 #pragma unroll
-  for (int g4 = 0; g4 < NT / 4; ++g4) {
-    uint32_t v[4];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const int co = c0 + (g4 * 4 + k) * 8 + 2 * q;
-      v[k] = pack2<T>(bias, add_bias && co < cout, co, acc_i[g4 * 4 + k][2 * h], acc_i[g4 * 4 + k][2 * h + 1]);
+    for (int j = 0; j < NT; ++j) {
+      const int co = c0 + j * 8 + 2 * q;
+      if (co >= cout) continue;  // cout is a multiple of 8
+      float2 v = make_float2(acc_i[j][2 * h], acc_i[j][2 * h + 1]);
+      if (add_bias) {
+        v.x += bias[co];
+        v.y += bias[co + 1];
+      }
+      *reinterpret_cast<float2*>(yp + co) = v;
     }
-    quad_transpose(v, q);  // v = channels c0 + 8 (4 g4 + q) + 0 .. 7
-    const int co = c0 + (g4 * 4 + q) * 8;
-    if (yp != nullptr && co < cout) *reinterpret_cast<uint4*>(yp + co) = make_uint4(v[0], v[1], v[2], v[3]);
+  } else {
+#pragma unroll
+    for (int g4 = 0; g4 < NT / 4; ++g4) {
+      uint32_t v[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int co = c0 + (g4 * 4 + k) * 8 + 2 * q;
+        v[k] = pack2<T>(bias, add_bias && co < cout, co, acc_i[g4 * 4 + k][2 * h], acc_i[g4 * 4 + k][2 * h + 1]);
+      }
+      quad_transpose(v, q);  // v = channels c0 + 8 (4 g4 + q) + 0 .. 7
+      const int co = c0 + (g4 * 4 + q) * 8;
+      if (yp != nullptr && co < cout) *reinterpret_cast<uint4*>(yp + co) = make_uint4(v[0], v[1], v[2], v[3]);
+    }
   }
 }
 
@@ -378,11 +438,15 @@ __device__ __forceinline__ void kstep(float (&acc)[4][NT][4], const uint32_t (&a
   if constexpr (NT <= 4) {  // registers to spare: skip the m16 tiles of inactive row pairs
 #pragma unroll
     for (int i = 0; i < 4; ++i)
-      if (rp & (1 << i)) ldsm_x4(a[i], a_addr[i]);
+      if (rp & (1 << i)) {
+        ldsm_x4(a[i], a_addr[i]);
+        mma_operand<T>(a[i]);
+      }
 #pragma unroll
     for (int jj = 0; jj < NT / 2; ++jj) {
       uint32_t b[4];
       ldsm_x4(b, b_addr0 + jj * 16 * 128);
+      mma_operand<T>(b);
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         if (rp & (1 << i)) {
@@ -393,11 +457,15 @@ __device__ __forceinline__ void kstep(float (&acc)[4][NT][4], const uint32_t (&a
     }
   } else {  // NT = 8: 128 accumulators, no room for predication
 #pragma unroll
-    for (int i = 0; i < 4; ++i) ldsm_x4(a[i], a_addr[i]);
+    for (int i = 0; i < 4; ++i) {
+      ldsm_x4(a[i], a_addr[i]);
+      mma_operand<T>(a[i]);
+    }
 #pragma unroll
     for (int jj = 0; jj < NT / 2; ++jj) {
       uint32_t b[4];
       ldsm_x4(b, b_addr0 + jj * 16 * 128);
+      mma_operand<T>(b);
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         Mma<T>::run(acc[i][2 * jj], a[i], b[0], b[1]);
@@ -421,11 +489,18 @@ __device__ __forceinline__ void kstep3(float (&acc)[4][NT][4], const uint32_t (&
   uint32_t b[2][4];
 #pragma unroll
   for (int i = 0; i < 4; ++i)
-    if (!PRED || (rp & (1 << i))) ldsm_x4(a[i], a_addr[i]);
+    if (!PRED || (rp & (1 << i))) {
+      ldsm_x4(a[i], a_addr[i]);
+      mma_operand<T>(a[i]);
+    }
   ldsm_x4(b[0], b_addr0);
+  mma_operand<T>(b[0]);
 #pragma unroll
   for (int jj = 0; jj < NT / 2; ++jj) {
-    if (jj + 1 < NT / 2) ldsm_x4(b[(jj + 1) & 1], b_addr0 + (jj + 1) * 16 * 128);
+    if (jj + 1 < NT / 2) {
+      ldsm_x4(b[(jj + 1) & 1], b_addr0 + (jj + 1) * 16 * 128);
+      mma_operand<T>(b[(jj + 1) & 1]);
+    }
     const uint32_t(&bb)[4] = b[jj & 1];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -511,6 +586,8 @@ __global__ void __launch_bounds__(32 * TPB * NW, WG ? 2 : 1) conv3x3_tc_kernel(c
   constexpr bool kWg = WG && DC_HAS_WGMMA != 0;
   static_assert(!WG || (S == 1 && NW == 4), "wgmma: stride 1, a warpgroup per tile");
   if constexpr (WG && !kWg) __trap();  // a pass without wgmma: the host launches WG only on sm_90a builds
+  static_assert(!WG || sizeof(T) == 2, "wgmma: fp16 / bf16 only (fp32 runs TF32 on mma.sync)");
+  using E = TcElem<T>;
   constexpr int THREADS = Cfg::THREADS;
   constexpr int PIXT = TPB * HL::PIX;
   constexpr int P = conv3x3_prefetch(kWg, FINE);  // prefetch distance in stages
@@ -557,7 +634,7 @@ __global__ void __launch_bounds__(32 * TPB * NW, WG ? 2 : 1) conv3x3_tc_kernel(c
   const int my_groups = (ngroups - 1 - bw.slot) / gxs + 1;
   if (ks > 1 && my_groups > 1) __trap();  // run_tc_3x3 launches a slot per tile at every split
   const int Cin = g.Cin;
-  const int nchunks = (Cin + CK - 1) / CK;
+  const int nchunks = (Cin + E::kChunk - 1) / E::kChunk;
   const int krank = FINE ? (int)blockIdx.x % ks : 0;
   const int chunk_lo = FINE ? nchunks * krank / ks : 0;
   const int chunk_hi = FINE ? nchunks * (krank + 1) / ks : nchunks;
@@ -600,7 +677,7 @@ __global__ void __launch_bounds__(32 * TPB * NW, WG ? 2 : 1) conv3x3_tc_kernel(c
   const int wj = tid & 7;
   const int wrow0 = tid >> 3;
   const uint32_t wdst0 = wrow0 * 128 + ((wj ^ (wrow0 & 7)) << 4);  // (row + k * WROWSTEP) & 7 == row & 7
-  const int woff0 = (n0 + wrow0) * 9 * Cin + wj * 8;
+  const int woff0 = (n0 + wrow0) * 9 * Cin + wj * E::kVec;
   const int wkstep = WROWSTEP * 9 * Cin;
   unsigned wco_ok = 0;
 #pragma unroll
@@ -608,13 +685,13 @@ __global__ void __launch_bounds__(32 * TPB * NW, WG ? 2 : 1) conv3x3_tc_kernel(c
     if (n0 + wrow0 + k * WROWSTEP < g.Cout) wco_ok |= 1u << k;
 
   // producer state: the stage to issue next
-  int i_tap = 0, i_chunk = chunk_lo, i_gi = 0, i_ws = 0, i_hpar = 0, i_c0 = chunk_lo * CK, i_woff = i_c0;
+  int i_tap = 0, i_chunk = chunk_lo, i_gi = 0, i_ws = 0, i_hpar = 0, i_c0 = chunk_lo * E::kChunk, i_woff = i_c0;
   auto issue = [&]() {
-    const bool ci_ok = i_c0 + wj * 8 < Cin;
+    const bool ci_ok = i_c0 + wj * E::kVec < Cin;
     if (i_tap == 0) {
       const uint32_t hb = halo_s + i_hpar * Cfg::HALO_BYTES;
       const int* tab = tab_s + (i_gi & 1) * Cfg::TAB;
-      const T* xc = x + i_c0 + wj * 8;
+      const T* xc = x + i_c0 + wj * E::kVec;
 #pragma unroll 4
       for (int e = tid >> 3; e < PIXT; e += WROWSTEP) {
         const int p = tab[e];
@@ -636,10 +713,10 @@ __global__ void __launch_bounds__(32 * TPB * NW, WG ? 2 : 1) conv3x3_tc_kernel(c
     if (i_tap == 9) {
       i_tap = 0;
       i_hpar ^= 1;
-      i_c0 += CK;
+      i_c0 += E::kChunk;
       if (++i_chunk == chunk_hi) {
         i_chunk = chunk_lo;
-        i_c0 = chunk_lo * CK;
+        i_c0 = chunk_lo * E::kChunk;
         ++i_gi;
       }
       i_woff = i_c0;
@@ -674,7 +751,7 @@ __global__ void __launch_bounds__(32 * TPB * NW, WG ? 2 : 1) conv3x3_tc_kernel(c
     int rm = 0, rp = 0;
 #pragma unroll 1
     for (int c_chunk = chunk_lo; c_chunk < chunk_hi; ++c_chunk) {
-      const int c_ksteps = min(4, (Cin - c_chunk * CK + 15) >> 4);
+      const int c_ksteps = min(4, (Cin - c_chunk * E::kChunk + E::kStep - 1) / E::kStep);
 #pragma unroll 1
       for (int c_tap = 0; c_tap < 9; ++c_tap, ++s) {
         cp_async_wait<P - 1>();
@@ -697,7 +774,7 @@ __global__ void __launch_bounds__(32 * TPB * NW, WG ? 2 : 1) conv3x3_tc_kernel(c
           const int ky = c_tap >= 6 ? 2 : (c_tap >= 3 ? 1 : 0);
           const int c_toff = D * (ky * (HL::W - 3) + c_tap);  // (ky * W + kx) * D
           const uint32_t sa = halo_s + c_hpar * Cfg::HALO_BYTES + (slot * HL::PIX + c_toff) * 128;
-          wgmma_chunk<T, Cfg::BN>(acc, Cin % CK == 0, c_ksteps, sa, HL::W * 128, w_s + c_ws * Cfg::W_BYTES);
+          wgmma_chunk<T, Cfg::BN>(acc, Cin % E::kChunk == 0, c_ksteps, sa, HL::W * 128, w_s + c_ws * Cfg::W_BYTES);
         } else if (rp != 0) {
           const int ky = c_tap >= 6 ? 2 : (c_tap >= 3 ? 1 : 0);
           const int c_toff = D * (ky * (HL::W - 3) + c_tap);  // (ky * W + kx) * D
@@ -813,6 +890,8 @@ __global__ void __launch_bounds__(Conv1Cfg<NW, NT, WG>::THREADS) conv_gather_tc_
   constexpr int MI = kWg ? 2 : 4;
   static_assert(!WG || NW == 2, "wgmma: BN = 2 * NT * 8 = one instruction's N");
   if constexpr (WG && !kWg) __trap();  // a pass without wgmma: the host launches WG only on sm_90a builds
+  static_assert(!WG || sizeof(T) == 2, "wgmma: fp16 / bf16 only (fp32 runs TF32 on mma.sync)");
+  using E = TcElem<T>;
   constexpr int BM = Cfg::BM;
   constexpr int THREADS = Cfg::THREADS;
   constexpr int RSTEP = THREADS / 8;
@@ -841,7 +920,7 @@ __global__ void __launch_bounds__(Conv1Cfg<NW, NT, WG>::THREADS) conv_gather_tc_
   const ConvGeom& g = a.g;
   const int my_items = (items - 1 - slot) / gxs + 1;
   if (ks > 1 && my_items > 1) __trap();  // run_tc_gather launches a slot per item at every split
-  const int nch = (g.Cin + CK - 1) / CK;
+  const int nch = (g.Cin + E::kChunk - 1) / E::kChunk;
   const int krank = (int)blockIdx.x % ks;
   const int ch_lo = nch * krank / ks;
   const int nch_k = nch * (krank + 1) / ks - ch_lo;  // this CTA's chunks
@@ -930,8 +1009,8 @@ __global__ void __launch_bounds__(Conv1Cfg<NW, NT, WG>::THREADS) conv_gather_tc_
     }
     const uint32_t sa = s_base + (s % wslots) * Cfg::STAGE;
     const uint32_t sb = sa + Cfg::A_BYTES;
-    const int c0 = ch * CK;
-    const int ci = c0 + jl * 8;
+    const int c0 = ch * E::kChunk;
+    const int ci = c0 + jl * E::kVec;
 #pragma unroll
     for (int k = 0; k < Cfg::RPT; ++k) {
       const int r = r0 + k * RSTEP;
@@ -948,7 +1027,7 @@ __global__ void __launch_bounds__(Conv1Cfg<NW, NT, WG>::THREADS) conv_gather_tc_
         const int nn = idx >> 3;
         const int j = idx & 7;
         const int co = n0 + nn;
-        const int cw = c0 + j * 8;
+        const int cw = c0 + j * E::kVec;
         const bool v = co < g.Cout && cw < g.Cin;
         cp_async16(sb + nn * 128 + ((j ^ (nn & 7)) << 4), v ? w + ((size_t)co * KK + tap) * g.Cin + cw : w, v);
       }
@@ -998,7 +1077,7 @@ __global__ void __launch_bounds__(Conv1Cfg<NW, NT, WG>::THREADS) conv_gather_tc_
     const int it = s / per_item;
     const int rem = s - it * per_item;
     const int ch = ch_lo + rem % nch_k;
-    const int ksteps = min(4, (g.Cin - ch * CK + 15) >> 4);
+    const int ksteps = min(4, (g.Cin - ch * E::kChunk + E::kStep - 1) / E::kStep);
     const uint32_t sa = s_base + (s % wslots) * Cfg::STAGE;
     const uint32_t sb = sa + Cfg::A_BYTES;
     const int item = slot + it * gxs;
@@ -1028,7 +1107,7 @@ __global__ void __launch_bounds__(Conv1Cfg<NW, NT, WG>::THREADS) conv_gather_tc_
     }
 
     if constexpr (kWg) {
-      wgmma_chunk<T, Cfg::BN>(acc, g.Cin % CK == 0, ksteps, sa + (warp >> 2) * 64 * 128, 1024, sb);
+      wgmma_chunk<T, Cfg::BN>(acc, g.Cin % E::kChunk == 0, ksteps, sa + (warp >> 2) * 64 * 128, 1024, sb);
     } else if (rp != 0) {
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) {

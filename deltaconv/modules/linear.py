@@ -28,8 +28,20 @@ def _adopt(target: nn.Module, dense: nn.Module, names) -> None:
             target.register_buffer(n, dense._buffers[n], persistent=n not in dense._non_persistent_buffers_set)
 
 
-#: weight dtypes of the tensor-core convolutions of the CUDA backend
+#: weight dtypes of the tensor-core convolutions of the CUDA backend (float32 too in TF32: see
+#: :func:`runs_tensor_cores`)
 _TC_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def runs_tensor_cores(dtype: torch.dtype) -> bool:
+    """Whether the CUDA backend's one-group convolutions of ``dtype`` may run on the tensor cores:
+    float16 and bfloat16, and float32 in TF32 where PyTorch lets cuDNN's float32 convolutions use TF32
+    (``torch.backends.cudnn.allow_tf32``, on by default; the op reads it on every call, as cuDNN
+    does) and ``DELTACONV_TC_TF32=0`` is not set (``tf32_ok`` in ``csrc/conv_ops.cu``)."""
+    if dtype in _TC_DTYPES:
+        return True
+    return (dtype == torch.float32 and torch.backends.cudnn.allow_tf32
+            and os.environ.get("DELTACONV_TC_TF32") != "0")
 
 
 #: grouped convolutions run on the GPU in float16 / bfloat16 as one group with a block-diagonal
@@ -57,25 +69,27 @@ def kernel_weight_layout(weight: torch.Tensor, groups: int,
                          out_channels: Optional[int] = None) -> Optional[torch.memory_format]:
     """The memory format in which the CUDA kernels read a conv weight without a copy per call:
     channels_last (``[C_out][KH][KW][C_in]``) for the tensor-core convolutions (groups 1, channels
-    multiples of 8, fp16 / bf16; ``out_channels``: the filters once padded, default
-    ``weight.shape[0]``), the dense layout for the others; ``None`` (as it is) off the GPU."""
+    multiples of 8, fp16 / bf16 or fp32 in TF32: :func:`runs_tensor_cores`; ``out_channels``: the
+    filters once padded, default ``weight.shape[0]``), the dense layout for the others; ``None`` (as
+    it is) off the GPU."""
     if not weight.is_cuda or weight.dim() != 4:
         return None
     out = weight.shape[0] if out_channels is None else out_channels
-    tc = weight.dtype in _TC_DTYPES and groups == 1 and out % 8 == 0 and weight.shape[1] % 8 == 0
+    tc = runs_tensor_cores(weight.dtype) and groups == 1 and out % 8 == 0 and weight.shape[1] % 8 == 0
     return torch.channels_last if tc else torch.contiguous_format
 
 
 def padded_out_channels(out_channels: int, in_channels: int, groups: int, taps: int, dtype: torch.dtype,
                         on_gpu: bool) -> int:
     """The output channels a convolution's filters are padded to once, beside their fold: the next
-    multiple of 8 for a one-group float16 / bfloat16 convolution on the GPU with input channels a
+    multiple of 8 for a one-group convolution on the GPU in a tensor-core dtype
+    (:func:`runs_tensor_cores`: float16, bfloat16, float32 in TF32) with input channels a
     multiple of 8 and at most 32 taps, which the tensor-core convolutions take only with a multiple of
     8 output channels (the CUDA op pads such filters itself, on every call: ``padded_cout`` in
     ``csrc/conv_ops.cu``, three more launches); else ``out_channels``. ``DELTACONV_TC_PAD=0`` in the
     environment keeps ``out_channels``, as it keeps the op's own padding off."""
     out8 = -(-out_channels // 8) * 8
-    if (out8 == out_channels or not on_gpu or dtype not in _TC_DTYPES or groups != 1 or in_channels % 8
+    if (out8 == out_channels or not on_gpu or not runs_tensor_cores(dtype) or groups != 1 or in_channels % 8
             or taps > 32 or os.environ.get("DELTACONV_TC_PAD") == "0"):
         return out_channels
     return out8
