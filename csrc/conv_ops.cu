@@ -559,11 +559,12 @@ int stationary_chunks(const ConvGeom& g, bool stride2, int dilation) {
 
 // dilation 2 and 4 (the dilated backbones of the segmentation models) only with stride 1;
 // wgmma (stride 1): a warpgroup per tile, 2 tiles per block in the coarse launch, 1 in the fine one.
-// fp32 (TF32): the mma.sync launches only (no weight-stationary, wgmma or warp-specialised kernel).
+// fp32 (TF32): the halo kernel's launches (wgmma or mma.sync), not the weight-stationary or the
+// warp-specialised kernels (their weights come by TMA as 16-bit tensors).
 template <typename T>
 void dispatch_tc_3x3(const conv::tc::TcArgs& a, int64_t tiles, bool stride2, bool wide, int dilation,
                      cudaStream_t stream) {
-  if constexpr (sizeof(T) == 2) {  // fp32 (TF32): mma.sync only, below
+  if constexpr (sizeof(T) == 2) {  // the weight-stationary kernel (TMA of 16-bit weights): fp16 / bf16
     switch (stationary_chunks(a.g, stride2, dilation)) {
       case 1: run_tc_3x3_stationary<T, 1>(a, tiles, stream); return;
       case 2: run_tc_3x3_stationary<T, 2>(a, tiles, stream); return;
@@ -573,17 +574,17 @@ void dispatch_tc_3x3(const conv::tc::TcArgs& a, int64_t tiles, bool stride2, boo
         return;
       default: break;
     }
-    if (!stride2 && wgmma_enabled()) {
-      switch (dilation * 2 + (wide ? 1 : 0)) {
-        case 3: run_tc_3x3<T, 1, 2, 4, 4, 4, 4, 1, true>(a, tiles, stream); break;
-        case 2: run_tc_3x3<T, 1, 2, 4, 2, 4, 2, 1, true>(a, tiles, stream); break;
-        case 5: run_tc_3x3<T, 1, 2, 4, 4, 4, 4, 2, true>(a, tiles, stream); break;
-        case 4: run_tc_3x3<T, 1, 2, 4, 2, 4, 2, 2, true>(a, tiles, stream); break;
-        case 9: run_tc_3x3<T, 1, 2, 4, 4, 4, 4, 4, true>(a, tiles, stream); break;
-        default: run_tc_3x3<T, 1, 2, 4, 2, 4, 2, 4, true>(a, tiles, stream); break;
-      }
-      return;
+  }
+  if (!stride2 && wgmma_enabled()) {
+    switch (dilation * 2 + (wide ? 1 : 0)) {
+      case 3: run_tc_3x3<T, 1, 2, 4, 4, 4, 4, 1, true>(a, tiles, stream); break;
+      case 2: run_tc_3x3<T, 1, 2, 4, 2, 4, 2, 1, true>(a, tiles, stream); break;
+      case 5: run_tc_3x3<T, 1, 2, 4, 4, 4, 4, 2, true>(a, tiles, stream); break;
+      case 4: run_tc_3x3<T, 1, 2, 4, 2, 4, 2, 2, true>(a, tiles, stream); break;
+      case 9: run_tc_3x3<T, 1, 2, 4, 4, 4, 4, 4, true>(a, tiles, stream); break;
+      default: run_tc_3x3<T, 1, 2, 4, 2, 4, 2, 4, true>(a, tiles, stream); break;
     }
+    return;
   }
   if (dilation == 2) {
     if (wide) run_tc_3x3<T, 1, 2, 2, 8, 4, 4, 2>(a, tiles, stream); else run_tc_3x3<T, 1, 2, 2, 4, 2, 4, 2>(a, tiles, stream);
@@ -720,7 +721,7 @@ void run_tc_gather(conv::tc::TcArgs a, int64_t items, cudaStream_t stream) {
   // prefetch distance in stages; wgmma keeps one more slot for the group in flight (wgmma_chunk)
   a.prefetch = (int)std::min<int64_t>(5, std::max<int64_t>(1, env_int("DELTACONV_TC_PREFETCH1", WG ? 1 : 2)));
   a.cap = (int)items;
-  if constexpr (ROWS == conv::tc::kRows1x1 && WG && Cfg::BN == conv::tc::Ring1Cfg::BN) {
+  if constexpr (ROWS == conv::tc::kRows1x1 && WG && Cfg::BN == conv::tc::Ring1Cfg::BN && sizeof(T) == 2) {
     if (ring1_enabled(a.g, items)) {
       launch_tc_1x1_ring<T>(a, items, stream);
       return;
@@ -750,17 +751,10 @@ void run_tc_gather(conv::tc::TcArgs a, int64_t items, cudaStream_t stream) {
 // 128 output channels per block for Cout > 64 (wide), else 64; wgmma or mma.sync (see wgmma_enabled).
 template <typename T, int ROWS>
 void dispatch_tc_gather(const conv::tc::TcArgs& a, int64_t items, bool wide, bool wg, cudaStream_t stream) {
-  constexpr bool kWgType = sizeof(T) == 2;  // fp32 (TF32) has no wgmma variant
   if (wide) {
-    if constexpr (kWgType) {
-      if (wg) return run_tc_gather<T, 2, 8, ROWS, true>(a, items, stream);
-    }
-    run_tc_gather<T, 2, 8, ROWS, false>(a, items, stream);
+    if (wg) run_tc_gather<T, 2, 8, ROWS, true>(a, items, stream); else run_tc_gather<T, 2, 8, ROWS, false>(a, items, stream);
   } else {
-    if constexpr (kWgType) {
-      if (wg) return run_tc_gather<T, 2, 4, ROWS, true>(a, items, stream);
-    }
-    run_tc_gather<T, 2, 4, ROWS, false>(a, items, stream);
+    if (wg) run_tc_gather<T, 2, 4, ROWS, true>(a, items, stream); else run_tc_gather<T, 2, 4, ROWS, false>(a, items, stream);
   }
 }
 
@@ -777,8 +771,8 @@ void launch_tc_gather(const Tensor& x, const Tensor& m, const ConvWeights& tw, c
     dispatch_tc_gather<__half, ROWS>(a, items, wide, wgmma_enabled(), stream);
   } else if (x.scalar_type() == at::kBFloat16) {
     dispatch_tc_gather<__nv_bfloat16, ROWS>(a, items, wide, wgmma_enabled(), stream);
-  } else {  // fp32 in TF32 (tf32_ok): mma.sync
-    dispatch_tc_gather<float, ROWS>(a, items, wide, false, stream);
+  } else {  // fp32 in TF32 (tf32_ok)
+    dispatch_tc_gather<float, ROWS>(a, items, wide, wgmma_enabled(), stream);
   }
 }
 

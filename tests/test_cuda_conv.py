@@ -298,7 +298,8 @@ def test_conv2d(case, dtype):
 
 # float32 convolutions on the tensor cores in TF32 (torch.backends.cudnn.allow_tf32): one group,
 # channels multiples of 8 (or C_out padded to 8), at most 32 taps; K chunks of 32 channels. 3x3
-# (stride 1 / 2, dilation 1 / 2 / 4): the halo kernel's mma.sync launches; others: gathered rows.
+# (stride 1 / 2, dilation 1 / 2 / 4): the halo kernel (wgmma on Hopper at stride 1, else mma.sync);
+# others: gathered rows (wgmma on Hopper).
 TF32_CASES = [
     (64, 96, (1, 1), 1, 0, 1, 1, (31, 45)),      # 1x1: 2 chunks of C_in, 2 blocks of C_out
     (40, 32, (1, 1), 2, 0, 1, 1, (31, 45)),      # 1x1 stride 2, a last chunk of one k-step
@@ -318,8 +319,8 @@ TF32_KERNEL = re.compile(r"(conv_gather_tc_kernel|conv3x3_tc_kernel)<float")
 
 
 def tf32_round(t: torch.Tensor) -> torch.Tensor:
-    """``t`` (float32) rounded to TF32 as the kernels round their operands: 10 mantissa bits, to
-    nearest with ties away from zero (cvt.rna.tf32.f32)."""
+    """``t`` (float32) rounded to TF32 as the kernels round their operands in shared memory
+    (``round_tf32``): 10 mantissa bits, to nearest with ties away from zero (cvt.rna.tf32.f32)."""
     bits = t.float().contiguous().view(torch.int32)
     return ((bits + 0x1000) & ~0x1FFF).view(torch.float32)
 
@@ -346,12 +347,15 @@ def run_tf32_conv2d(case, fracs, key, seed: int, bias: bool) -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("wgmma", ["1", "0"])
 @pytest.mark.parametrize("case", TF32_CASES, ids=_case_id)
-def test_conv2d_float32_runs_tf32_on_the_tensor_cores(case, monkeypatch):
+def test_conv2d_float32_runs_tf32_on_the_tensor_cores(case, wgmma, monkeypatch):
     """With ``torch.backends.cudnn.allow_tf32`` a float32 conv runs on the tensor cores in TF32
-    (run_tf32_conv2d at every changed fraction and key pattern) and the profiler sees a tensor-core
-    kernel in float; with it off (the tests' default) the exact CUDA-core kernels run."""
+    (run_tf32_conv2d at every changed fraction and key pattern; Hopper's wgmma and, with
+    DELTACONV_WGMMA=0, mma.sync) and the profiler sees a tensor-core kernel in float; with it off
+    (the tests' default) the exact CUDA-core kernels run."""
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
+    monkeypatch.setenv("DELTACONV_WGMMA", wgmma)
     for i, fracs in enumerate(FRACS):
         for key in KEYS:
             run_tf32_conv2d(case, fracs, key, seed=i, bias=i % 2 == 0 or key is not None)
@@ -363,12 +367,15 @@ def test_conv2d_float32_runs_tf32_on_the_tensor_cores(case, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("wgmma", ["1", "0"])
 @pytest.mark.parametrize("launch", ["coarse", "fine", "split"])
 @pytest.mark.parametrize("case", [c for c in TF32_CASES if c[2] == (3, 3) and c[3] in (1, 2)], ids=_case_id)
-def test_conv2d_float32_tf32_3x3_launches(case, launch, monkeypatch):
+def test_conv2d_float32_tf32_3x3_launches(case, launch, wgmma, monkeypatch):
     """The TF32 3x3 conv on each launch of the halo kernel (coarse, fine: forced through
-    DELTACONV_TC_FINE_MAX) and with the sparse tiles on the gathered pixel rows (DELTACONV_TC_SPLIT)."""
+    DELTACONV_TC_FINE_MAX) and with the sparse tiles on the gathered pixel rows (DELTACONV_TC_SPLIT),
+    on wgmma and mma.sync."""
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
+    monkeypatch.setenv("DELTACONV_WGMMA", wgmma)
     if launch == "split":
         set_tile_split(monkeypatch, "40/0")
     else:

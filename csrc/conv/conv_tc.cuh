@@ -1,5 +1,5 @@
 // Tensor-core (mma.sync m16n8k16, fp32 accumulation) sparse convolution for fp16 / bf16 deltas, and
-// for fp32 deltas in TF32 (mma.sync m16n8k8: the two kernels below without WG, see TcElem).
+// for fp32 deltas in TF32 (mma.sync m16n8k8, wgmma k8: the two kernels below, see TcElem).
 // Consumers of the work lists of conv_common.cuh:
 //
 //   conv3x3_tc_kernel<T, S, TPB, NW, NT, FINE, D>
@@ -180,15 +180,24 @@ struct Mma<__nv_bfloat16> {
   }
 };
 
-// TF32: fp32 fragments (loaded by the same ldmatrix as the 16-bit ones, a 32-bit lane element per
-// channel) rounded to TF32 (round to nearest, ties away: cvt.rna, as cuBLAS / cuDNN round) before
-// m16n8k8. The A fragment's registers a0..a3 (rows g / g + 8, channels t / t + 4 of the k8 step) are
-// the 16-bit fragment's bytes; so are b0 / b1 (channels t / t + 4 of output channel g).
-__device__ __forceinline__ uint32_t to_tf32(uint32_t v) {
-  uint32_t r;
-  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(__uint_as_float(v)));
-  return r;
+// TF32: fp32 fragments, loaded by the same ldmatrix as the 16-bit ones (a 32-bit lane element per
+// channel), as m16n8k8's operands: the A fragment's registers a0..a3 (rows g / g + 8, channels t /
+// t + 4 of the k8 step) hold the 16-bit fragment's bytes, and so do b0 / b1 (channels t / t + 4 of
+// output channel g). The tensor cores read an fp32 value as TF32 by dropping its low 13 mantissa
+// bits (rounding toward zero, in mma.sync's registers and in wgmma's shared-memory operands alike),
+// a bias that the delta states would sum frame after frame (resnet50 at t=0.02 on one-by-one: a
+// relative error of 2.7e-2 where rounding to nearest gives 1.9e-2). So both kernels round every
+// stage's operands to nearest in shared memory first (round_tf32): each thread the 16-byte pieces it
+// copied, once they have landed and before the barrier that publishes them.
+__device__ __forceinline__ void round_tf32(uint32_t addr) {
+  uint32_t v[4];
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3]) : "r"(addr));
+#pragma unroll
+  for (int k = 0; k < 4; ++k) asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(v[k]) : "f"(__uint_as_float(v[k])));
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v[0]), "r"(v[1]), "r"(v[2]), "r"(v[3])
+               : "memory");
 }
+
 template <>
 struct Mma<float> {
   static __device__ __forceinline__ void run(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -198,15 +207,6 @@ struct Mma<float> {
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
 };
-
-// A fragment as the MMA of T takes it: 16-bit as loaded, fp32 rounded to TF32.
-template <typename T>
-__device__ __forceinline__ void mma_operand(uint32_t (&r)[4]) {
-  if constexpr (std::is_same<T, float>::value) {
-#pragma unroll
-    for (int k = 0; k < 4; ++k) r[k] = to_tf32(r[k]);
-  }
-}
 
 template <typename T>
 struct Vec2;
@@ -438,15 +438,11 @@ __device__ __forceinline__ void kstep(float (&acc)[4][NT][4], const uint32_t (&a
   if constexpr (NT <= 4) {  // registers to spare: skip the m16 tiles of inactive row pairs
 #pragma unroll
     for (int i = 0; i < 4; ++i)
-      if (rp & (1 << i)) {
-        ldsm_x4(a[i], a_addr[i]);
-        mma_operand<T>(a[i]);
-      }
+      if (rp & (1 << i)) ldsm_x4(a[i], a_addr[i]);
 #pragma unroll
     for (int jj = 0; jj < NT / 2; ++jj) {
       uint32_t b[4];
       ldsm_x4(b, b_addr0 + jj * 16 * 128);
-      mma_operand<T>(b);
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         if (rp & (1 << i)) {
@@ -457,15 +453,11 @@ __device__ __forceinline__ void kstep(float (&acc)[4][NT][4], const uint32_t (&a
     }
   } else {  // NT = 8: 128 accumulators, no room for predication
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      ldsm_x4(a[i], a_addr[i]);
-      mma_operand<T>(a[i]);
-    }
+    for (int i = 0; i < 4; ++i) ldsm_x4(a[i], a_addr[i]);
 #pragma unroll
     for (int jj = 0; jj < NT / 2; ++jj) {
       uint32_t b[4];
       ldsm_x4(b, b_addr0 + jj * 16 * 128);
-      mma_operand<T>(b);
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         Mma<T>::run(acc[i][2 * jj], a[i], b[0], b[1]);
@@ -489,18 +481,11 @@ __device__ __forceinline__ void kstep3(float (&acc)[4][NT][4], const uint32_t (&
   uint32_t b[2][4];
 #pragma unroll
   for (int i = 0; i < 4; ++i)
-    if (!PRED || (rp & (1 << i))) {
-      ldsm_x4(a[i], a_addr[i]);
-      mma_operand<T>(a[i]);
-    }
+    if (!PRED || (rp & (1 << i))) ldsm_x4(a[i], a_addr[i]);
   ldsm_x4(b[0], b_addr0);
-  mma_operand<T>(b[0]);
 #pragma unroll
   for (int jj = 0; jj < NT / 2; ++jj) {
-    if (jj + 1 < NT / 2) {
-      ldsm_x4(b[(jj + 1) & 1], b_addr0 + (jj + 1) * 16 * 128);
-      mma_operand<T>(b[(jj + 1) & 1]);
-    }
+    if (jj + 1 < NT / 2) ldsm_x4(b[(jj + 1) & 1], b_addr0 + (jj + 1) * 16 * 128);
     const uint32_t(&bb)[4] = b[jj & 1];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -586,7 +571,6 @@ __global__ void __launch_bounds__(32 * TPB * NW, WG ? 2 : 1) conv3x3_tc_kernel(c
   constexpr bool kWg = WG && DC_HAS_WGMMA != 0;
   static_assert(!WG || (S == 1 && NW == 4), "wgmma: stride 1, a warpgroup per tile");
   if constexpr (WG && !kWg) __trap();  // a pass without wgmma: the host launches WG only on sm_90a builds
-  static_assert(!WG || sizeof(T) == 2, "wgmma: fp16 / bf16 only (fp32 runs TF32 on mma.sync)");
   using E = TcElem<T>;
   constexpr int THREADS = Cfg::THREADS;
   constexpr int PIXT = TPB * HL::PIX;
@@ -755,6 +739,14 @@ __global__ void __launch_bounds__(32 * TPB * NW, WG ? 2 : 1) conv3x3_tc_kernel(c
 #pragma unroll 1
       for (int c_tap = 0; c_tap < 9; ++c_tap, ++s) {
         cp_async_wait<P - 1>();
+        if constexpr (std::is_same<T, float>::value) {  // TF32: this thread's pieces of the stage (round_tf32)
+          if (c_tap == 0) {
+            const uint32_t hb = halo_s + c_hpar * Cfg::HALO_BYTES;
+            for (int e = tid >> 3; e < PIXT; e += WROWSTEP) round_tf32(hb + e * 128 + ((wj ^ HL::swz(e)) << 4));
+          }
+#pragma unroll
+          for (int k = 0; k < WPT; ++k) round_tf32(w_s + c_ws * Cfg::W_BYTES + wdst0 + k * WROWSTEP * 128);
+        }
         if constexpr (kWg) fence_proxy_async();
         __syncthreads();
         if (s + P < total) {
@@ -890,7 +882,6 @@ __global__ void __launch_bounds__(Conv1Cfg<NW, NT, WG>::THREADS) conv_gather_tc_
   constexpr int MI = kWg ? 2 : 4;
   static_assert(!WG || NW == 2, "wgmma: BN = 2 * NT * 8 = one instruction's N");
   if constexpr (WG && !kWg) __trap();  // a pass without wgmma: the host launches WG only on sm_90a builds
-  static_assert(!WG || sizeof(T) == 2, "wgmma: fp16 / bf16 only (fp32 runs TF32 on mma.sync)");
   using E = TcElem<T>;
   constexpr int BM = Cfg::BM;
   constexpr int THREADS = Cfg::THREADS;
@@ -1069,6 +1060,22 @@ __global__ void __launch_bounds__(Conv1Cfg<NW, NT, WG>::THREADS) conv_gather_tc_
 #pragma unroll 1
   for (int s = 0; s < total; ++s) {
     cp_async_wait_dyn(P - 1);
+    if constexpr (std::is_same<T, float>::value) {  // TF32: this thread's pieces of the stage (round_tf32)
+      const uint32_t sa = s_base + (s % wslots) * Cfg::STAGE;
+#pragma unroll
+      for (int k = 0; k < Cfg::RPT; ++k) {
+        const int r = r0 + k * RSTEP;
+        round_tf32(sa + r * 128 + ((jl ^ (r & 7)) << 4));
+      }
+      if (TAPS || nch > 1 || s < wslots) {  // else the slot's weights were rounded on its first use
+#pragma unroll
+        for (int k = 0; k < (Cfg::BN * 8 + THREADS - 1) / THREADS; ++k) {
+          const int idx = tid + k * THREADS;
+          if (Cfg::BN * 8 % THREADS == 0 || idx < Cfg::BN * 8)
+            round_tf32(sa + Cfg::A_BYTES + (idx >> 3) * 128 + (((idx & 7) ^ ((idx >> 3) & 7)) << 4));
+        }
+      }
+    }
     if constexpr (kWg) fence_proxy_async();
     __syncthreads();
     if (s + P < total) issue(s + P);

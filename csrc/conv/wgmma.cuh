@@ -1,5 +1,6 @@
 // Hopper warpgroup MMA (wgmma, sm_90a) for the tensor-core convolutions: D[64 x N] += A[64 x 16] *
-// B[16 x N] per instruction, issued by the 4 warps of a warpgroup, A and B read from shared memory
+// B[16 x N] per instruction (fp16 / bf16; fp32 in TF32: A[64 x 8] * B[8 x N], the same 32 bytes of
+// each row), issued by the 4 warps of a warpgroup, A and B read from shared memory
 // through matrix descriptors, the fp32 accumulators in registers.
 //
 // Operand layout: both K-major with the 128-byte swizzle: rows of 64 fp16/bf16 = 128 bytes, the
@@ -130,30 +131,36 @@ __device__ __forceinline__ void wgmma_wait() {
 template <typename T, int N>
 struct Wgmma;  // run(d0, d1, desc_a, desc_b): D += A * B, m64nNk16, d0 / d1 the two halves of N
 
+// K and the trailing immediates per type: fp16 / bf16 k16 with scale-d, scale-a, scale-b and the
+// two transpose flags (0: K-major); fp32 (TF32) k8 (32 bytes of a row, as a k16 step of the 16-bit
+// types), whose operands are always K-major and take no transpose flags.
 #if DC_HAS_WGMMA
-#define DC_WGMMA_RUN(PTX_TYPE, N, DESCS)                                                                        \
-  asm volatile("wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PTX_TYPE "." PTX_TYPE " " DC_WGMMA_D##N ", " \
-               DESCS ", 1, 1, 1, 0, 0;\n"                                                                      \
-               : DC_WGMMA_BIND##N(d0, d1)                                                                      \
+#define DC_WGMMA_RUN(PTX_TYPE, K, N, DESCS, IMM)                                                               \
+  asm volatile("wgmma.mma_async.sync.aligned.m64n" #N "k" #K ".f32." PTX_TYPE "." PTX_TYPE " " DC_WGMMA_D##N \
+               ", " DESCS IMM ";\n"                                                                           \
+               : DC_WGMMA_BIND##N(d0, d1)                                                                     \
                : "l"(da), "l"(db))
 #else
-#define DC_WGMMA_RUN(PTX_TYPE, N, DESCS) ((void)d0, (void)d1, (void)da, (void)db)
+#define DC_WGMMA_RUN(PTX_TYPE, K, N, DESCS, IMM) ((void)d0, (void)d1, (void)da, (void)db)
 #endif
 
-#define DC_DEFINE_WGMMA(TYPE, PTX_TYPE, N, DESCS)                                                          \
+#define DC_DEFINE_WGMMA(TYPE, PTX_TYPE, K, N, DESCS, IMM)                                                  \
   template <>                                                                                              \
   struct Wgmma<TYPE, N> {                                                                                  \
     static __device__ __forceinline__ void run(float (&d0)[N / 16][4], float (&d1)[N / 16][4], uint64_t da, \
                                                uint64_t db) {                                              \
-      DC_WGMMA_RUN(PTX_TYPE, N, DESCS);                                                                    \
+      DC_WGMMA_RUN(PTX_TYPE, K, N, DESCS, IMM);                                                            \
     }                                                                                                      \
   };
-DC_DEFINE_WGMMA(__half, "f16", 32, "%16, %17")
-DC_DEFINE_WGMMA(__half, "f16", 64, "%32, %33")
-DC_DEFINE_WGMMA(__half, "f16", 128, "%64, %65")
-DC_DEFINE_WGMMA(__nv_bfloat16, "bf16", 32, "%16, %17")
-DC_DEFINE_WGMMA(__nv_bfloat16, "bf16", 64, "%32, %33")
-DC_DEFINE_WGMMA(__nv_bfloat16, "bf16", 128, "%64, %65")
+DC_DEFINE_WGMMA(__half, "f16", 16, 32, "%16, %17", ", 1, 1, 1, 0, 0")
+DC_DEFINE_WGMMA(__half, "f16", 16, 64, "%32, %33", ", 1, 1, 1, 0, 0")
+DC_DEFINE_WGMMA(__half, "f16", 16, 128, "%64, %65", ", 1, 1, 1, 0, 0")
+DC_DEFINE_WGMMA(__nv_bfloat16, "bf16", 16, 32, "%16, %17", ", 1, 1, 1, 0, 0")
+DC_DEFINE_WGMMA(__nv_bfloat16, "bf16", 16, 64, "%32, %33", ", 1, 1, 1, 0, 0")
+DC_DEFINE_WGMMA(__nv_bfloat16, "bf16", 16, 128, "%64, %65", ", 1, 1, 1, 0, 0")
+DC_DEFINE_WGMMA(float, "tf32", 8, 32, "%16, %17", ", 1, 1, 1")
+DC_DEFINE_WGMMA(float, "tf32", 8, 64, "%32, %33", ", 1, 1, 1")
+DC_DEFINE_WGMMA(float, "tf32", 8, 128, "%64, %65", ", 1, 1, 1")
 #undef DC_DEFINE_WGMMA
 #undef DC_WGMMA_RUN
 
