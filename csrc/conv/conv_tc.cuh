@@ -33,8 +33,8 @@
 //       conv3x3_ring.cuh.)
 //   conv_gather_tc_kernel<T, NW, NT, ROWS, WG>
 //       groups 1, Cin % 8 == 0: a GEMM over 128 output pixels x BN output channels per item, K in
-//       chunks of 64 channels (32 in fp32: TcElem) (x taps), 3-slot cp.async ring over the flattened (item, tap, chunk)
-//       loop of a persistent block; A rows gathered from global memory by input pixel index
+//       chunks of 64 channels (32 in fp32: TcElem) (x taps), 3-slot cp.async ring over the flattened
+//       (item, tap, chunk) loop of a persistent block; A rows gathered from global memory by input pixel index
 //       (inactive / outside pixels zero-filled). WG: two warpgroups issue Hopper wgmma straight
 //       from the shared-memory ring (wgmma.cuh; 1.2-1.9x faster than mma.sync on an H200);
 //       otherwise 4 warps issue mma.sync from ldmatrix fragments. On Hopper, from 8 chunks of C_in
@@ -191,7 +191,9 @@ struct Mma<__nv_bfloat16> {
 // copied, once they have landed and before the barrier that publishes them.
 __device__ __forceinline__ void round_tf32(uint32_t addr) {
   uint32_t v[4];
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3]) : "r"(addr));
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
+               : "r"(addr));
 #pragma unroll
   for (int k = 0; k < 4; ++k) asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(v[k]) : "f"(__uint_as_float(v[k])));
   asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v[0]), "r"(v[1]), "r"(v[2]), "r"(v[3])
