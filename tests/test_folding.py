@@ -17,7 +17,7 @@ from deltaconv.modules import folding
 from deltaconv.modules.folding import FoldedWeights, block_diagonal, bn_scale_shift, round_keeping_sums
 from deltaconv.delta import Delta
 from deltaconv.modules.linear import (BLOCK_DIAGONAL_MAX_CIN, BLOCK_DIAGONAL_MAX_GROUPS, BLOCK_DIAGONAL_MIN_PIXELS,
-                                      padded_out_channels, runs_block_diagonal)
+                                      padded_out_channels, runs_block_diagonal, runs_tensor_cores)
 from helpers import video_frames
 
 
@@ -302,7 +302,15 @@ def test_which_convolutions_pad_their_filters_once(monkeypatch):
     assert padded_out_channels(21, 12, 1, 9, half, True) == 21  # input channels not a multiple of 8
     assert padded_out_channels(21, 16, 3, 9, half, True) == 21  # grouped
     assert padded_out_channels(21, 16, 1, 49, half, True) == 21  # more taps than the tensor cores' paths
-    assert padded_out_channels(21, 16, 1, 9, torch.float32, True) == 21
+    assert padded_out_channels(21, 16, 1, 9, torch.float32, True) == 21  # TF32 off (the tests' default)
     assert padded_out_channels(21, 16, 1, 9, half, False) == 21
+    # float32 on the tensor cores in TF32 where torch.backends.cudnn.allow_tf32 lets it, unless
+    # DELTACONV_TC_TF32=0; float64 never
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
+    assert runs_tensor_cores(torch.float32) and padded_out_channels(21, 16, 1, 9, torch.float32, True) == 24
+    assert not runs_tensor_cores(torch.float64) and padded_out_channels(21, 16, 1, 9, torch.float64, True) == 21
+    monkeypatch.setenv("DELTACONV_TC_TF32", "0")
+    assert not runs_tensor_cores(torch.float32) and padded_out_channels(21, 16, 1, 9, torch.float32, True) == 21
+    assert runs_tensor_cores(half) and runs_tensor_cores(torch.bfloat16)
     monkeypatch.setenv("DELTACONV_TC_PAD", "0")
     assert padded_out_channels(21, 16, 1, 9, half, True) == 21
