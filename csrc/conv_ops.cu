@@ -776,17 +776,26 @@ void launch_tc_gather(const Tensor& x, const Tensor& m, const ConvWeights& tw, c
   }
 }
 
-// The small-Cin kernel's input: x [N, C < 8, H, W] channels_last -> [N, 8, H, W] channels_last,
-// channels C..7 zero, written on the active pixels of m only (the others are never read).
-Tensor pad_channels8(const Tensor& x, const Tensor& m, cudaStream_t stream) {
+// The small-Cin kernel's input: x [N, C < R, H, W] channels_last -> [N, R, H, W] channels_last, R
+// channels of 16 bytes (8 of fp16 / bf16, 4 of fp32), channels C..R-1 zero, written on the active
+// pixels of m only (the others are never read).
+Tensor pad_channels_row(const Tensor& x, const Tensor& m, cudaStream_t stream) {
   const int64_t N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
-  Tensor out = at::empty({N, conv::tc::kSmallCin, H, W}, x.options().memory_format(at::MemoryFormat::ChannelsLast));
+  const bool fp32 = x.element_size() == 4;
+  const int64_t cin = fp32 ? conv::tc::small_cin<float>() : conv::tc::kSmallCin;
+  Tensor out = at::empty({N, cin, H, W}, x.options().memory_format(at::MemoryFormat::ChannelsLast));
   const int64_t pixels = N * H * W;
   if (pixels == 0) return out;
   constexpr int threads = 256;
-  launch_kernel(conv::tc::pad_channels8_kernel, (unsigned)((pixels + threads - 1) / threads), threads, 0, stream,
-                reinterpret_cast<const uint16_t*>(x.const_data_ptr()), m.data_ptr<bool>(),
-                reinterpret_cast<uint4*>(out.data_ptr()), pixels, (int)C);
+  const unsigned blocks = (unsigned)((pixels + threads - 1) / threads);
+  if (fp32)
+    launch_kernel(conv::tc::pad_channels_kernel<uint32_t>, blocks, threads, 0, stream,
+                  reinterpret_cast<const uint32_t*>(x.const_data_ptr()), m.data_ptr<bool>(),
+                  reinterpret_cast<uint4*>(out.data_ptr()), pixels, (int)C);
+  else
+    launch_kernel(conv::tc::pad_channels_kernel<uint16_t>, blocks, threads, 0, stream,
+                  reinterpret_cast<const uint16_t*>(x.const_data_ptr()), m.data_ptr<bool>(),
+                  reinterpret_cast<uint4*>(out.data_ptr()), pixels, (int)C);
   return out;
 }
 
@@ -818,7 +827,9 @@ void launch_small_cin_tc(const Tensor& x, const Tensor& m, const ConvWeights& tw
       if (narrow) run_small_cin_tc<T, 2, 1>(a, tiles, stream); else run_small_cin_tc<T, 2, 2>(a, tiles, stream);
     }
   };
-  if (x.scalar_type() == at::kHalf) run(__half()); else run(__nv_bfloat16());
+  if (x.scalar_type() == at::kHalf) run(__half());
+  else if (x.scalar_type() == at::kBFloat16) run(__nv_bfloat16());
+  else run(float());  // TF32 (tf32_ok)
 }
 
 // Depthwise 3x3 / 5x5, stride 1 / 2, dilation 1 / 2 (equal along both axes), and 7x7 at stride 1
@@ -1014,20 +1025,21 @@ std::tuple<Tensor, Tensor> conv2d_cuda(const Tensor& delta, const Tensor& mask, 
   // dilation 2 or 4, stride 1). The others of at most 32 taps: gathered taps, below.
   const bool tc_dtype = tc_dtype_ok(x);
   const bool tc_ok = groups == 1 && tc_gemm_ok(x, Cin, Cout, KH * KW);
-  // Few input channels (the stems: 3): fp16 / bf16, groups 1, dilation 1, equal strides 1 or 2,
-  // 2..64 taps: two taps per k16 step from the tile's input halo (conv_small_cin_tc.cuh), the
-  // delta padded to 8 channels.
-  const bool small_cin = tc_dtype && groups == 1 && Cin <= conv::tc::kSmallCin && Cout % 8 == 0 && dh == 1 && dw == 1 &&
-                         sh == sw && (sh == 1 || sh == 2) && KH * KW >= 2 && KH * KW <= conv::tc::kSmallCinMaxTaps &&
-                         Cout * KH * KW * conv::tc::kSmallCin < kIntMax;
+  // Few input channels (the stems: 3): fp16 / bf16 or fp32 in TF32, groups 1, dilation 1, equal
+  // strides 1 or 2, 2..64 taps: two taps per k16 step (TF32: k8) from the tile's input halo
+  // (conv_small_cin_tc.cuh), the delta padded to one 16-byte row per pixel (8 channels; fp32: 4).
+  const int64_t small_cin_rows = tc_dtype ? conv::tc::kSmallCin : conv::tc::small_cin<float>();  // fp32: 4
+  const bool small_cin = (tc_dtype || tf32_ok(x)) && groups == 1 && Cin <= small_cin_rows && Cout % 8 == 0 &&
+                         dh == 1 && dw == 1 && sh == sw && (sh == 1 || sh == 2) && KH * KW >= 2 &&
+                         KH * KW <= conv::tc::kSmallCinMaxTaps && Cout * KH * KW * conv::tc::kSmallCin < kIntMax;
   if (small_cin) {
     const bool aligned = reinterpret_cast<uintptr_t>(x.const_data_ptr()) % 16 == 0;
-    const Tensor xp = Cin == conv::tc::kSmallCin && aligned ? x : pad_channels8(x, m, stream);
+    const Tensor xp = Cin == small_cin_rows && aligned ? x : pad_channels_row(x, m, stream);
     ConvGeom gp = g;
-    gp.Cin = gp.cin_g = conv::tc::kSmallCin;
+    gp.Cin = gp.cin_g = (int)small_cin_rows;
     const WorkList wl = work_list(delta, tiles, stream, counters);
     launch_tile_mask<false>(m, key, mask_out, wl, g, tiles, stream);
-    launch_small_cin_tc(xp, m, conv_weights(weight, bias, x.scalar_type(), true, conv::tc::kSmallCin), key, y, wl,
+    launch_small_cin_tc(xp, m, conv_weights(weight, bias, x.scalar_type(), true, small_cin_rows), key, y, wl,
                         gp, tiles, stream);
     return {y, mask_out};
   }

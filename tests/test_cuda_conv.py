@@ -299,7 +299,7 @@ def test_conv2d(case, dtype):
 # float32 convolutions on the tensor cores in TF32 (torch.backends.cudnn.allow_tf32): one group,
 # channels multiples of 8 (or C_out padded to 8), at most 32 taps; K chunks of 32 channels. 3x3
 # (stride 1 / 2, dilation 1 / 2 / 4): the halo kernel (wgmma on Hopper at stride 1, else mma.sync);
-# others: gathered rows (wgmma on Hopper).
+# others: gathered rows (wgmma on Hopper); at most 4 input channels: the small-C_in kernel.
 TF32_CASES = [
     (64, 96, (1, 1), 1, 0, 1, 1, (31, 45)),      # 1x1: 2 chunks of C_in, 2 blocks of C_out
     (40, 32, (1, 1), 2, 0, 1, 1, (31, 45)),      # 1x1 stride 2, a last chunk of one k-step
@@ -314,8 +314,13 @@ TF32_CASES = [
     (16, 24, (5, 5), 1, 2, 1, 1, (21, 30)),      # 5x5: gathered taps
     (64, 21, (1, 1), 1, 0, 1, 1, (31, 45)),      # C_out 21: filters padded to 24
     (32, 12, (3, 3), 1, 1, 1, 1, (13, 17)),      # C_out 12: padded to 16
+    # few input channels: the small-C_in kernel, one 16-byte row of 4 channels per pixel
+    (3, 32, (3, 3), 2, 1, 1, 1, (31, 45)),       # MobileNetV2 stem
+    (3, 64, (7, 7), 2, 3, 1, 1, (31, 45)),       # ResNet stem
+    (4, 16, (8, 8), 1, 3, 1, 1, (21, 30)),       # 4 channels (no padding copy), 64 taps
+    (1, 8, (5, 5), 1, 2, 1, 1, (13, 17)),        # one input channel
 ]
-TF32_KERNEL = re.compile(r"(conv_gather_tc_kernel|conv3x3_tc_kernel)<float")
+TF32_KERNEL = re.compile(r"(conv_gather_tc_kernel|conv3x3_tc_kernel|conv_small_cin_tc_kernel)<float")
 
 
 def tf32_round(t: torch.Tensor) -> torch.Tensor:
@@ -369,7 +374,8 @@ def test_conv2d_float32_runs_tf32_on_the_tensor_cores(case, wgmma, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("wgmma", ["1", "0"])
 @pytest.mark.parametrize("launch", ["coarse", "fine", "split"])
-@pytest.mark.parametrize("case", [c for c in TF32_CASES if c[2] == (3, 3) and c[3] in (1, 2)], ids=_case_id)
+@pytest.mark.parametrize("case", [c for c in TF32_CASES if c[2] == (3, 3) and c[3] in (1, 2) and c[0] >= 8],
+                         ids=_case_id)
 def test_conv2d_float32_tf32_3x3_launches(case, launch, wgmma, monkeypatch):
     """The TF32 3x3 conv on each launch of the halo kernel (coarse, fine: forced through
     DELTACONV_TC_FINE_MAX) and with the sparse tiles on the gathered pixel rows (DELTACONV_TC_SPLIT),

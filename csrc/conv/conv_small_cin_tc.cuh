@@ -1,11 +1,15 @@
 // Tensor-core sparse convolution for few input channels (the stems of image models: 3 channels),
-// fp16 / bf16, fp32 accumulation. Consumer of the tile list of conv_tile_mask_kernel.
+// fp16 / bf16, and fp32 in TF32, fp32 accumulation. Consumer of the tile list of conv_tile_mask_kernel.
+// One pixel's input channels are one 16-byte row: 8 of fp16 / bf16, 4 of fp32 (small_cin<T>; the
+// channel counts below are the 16-bit ones); a k16 step of fp16 and a k8 step of TF32 both read two
+// of them (conv_tc.cuh, TcElem).
 //
-//   pad_channels8_kernel
-//       x [pixels, C] (C < 8, 16-bit elements) -> [pixels, 8], channels C..7 zero, on the pixels
-//       whose mask is set (the others are never read and stay unwritten).
+//   pad_channels_kernel<E>
+//       x [pixels, C] (C < 16 / sizeof(E) elements of E's size) -> [pixels, 16 / sizeof(E)],
+//       channels C.. zero, on the pixels whose mask is set (the others are never read and stay
+//       unwritten).
 //   conv_small_cin_tc_kernel<T, S, TPB, NW, NT>
-//       Cin == 8 (fewer channels padded to 8 by pad_channels8_kernel), groups 1, dilation 1,
+//       Cin == 8 (fewer channels padded to 8 by pad_channels_kernel), groups 1, dilation 1,
 //       stride S (1 or 2) along both axes, 2..64 taps (KH x KW), any padding, Cout % 8 == 0.
 //       Implicit GEMM per listed 8x8 output tile: M = the tile's 64 pixels, N = BN output
 //       channels (blockIdx.y), K = taps x 8 channels, two taps per k16 step. One 16-byte row of
@@ -27,20 +31,26 @@ namespace deltaconv {
 namespace conv {
 namespace tc {
 
-constexpr int kSmallCin = 8;        // input channels of the kernel (one 16-byte row per pixel)
+constexpr int kSmallCin = 8;        // input channels of the 16-bit kernel (one 16-byte row per pixel)
 constexpr int kSmallCinMaxTaps = 64;
+// input channels of the kernel for T: one 16-byte row per pixel (fp32: 4)
+template <typename T>
+constexpr int small_cin() { return 16 / (int)sizeof(T); }
 
-__global__ void pad_channels8_kernel(const uint16_t* __restrict__ x, const bool* __restrict__ mask,
-                                     uint4* __restrict__ out, int64_t pixels, int C) {
+// E: an unsigned integer of the element's size (uint16_t, uint32_t)
+template <typename E>
+__global__ void pad_channels_kernel(const E* __restrict__ x, const bool* __restrict__ mask, uint4* __restrict__ out,
+                                    int64_t pixels, int C) {
   grid_dependency_sync();
+  constexpr int kC = 16 / (int)sizeof(E);
   const int64_t p = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (p >= pixels || !mask[p]) return;
   union {
     uint4 u;
-    uint16_t h[kSmallCin];
+    E h[kC];
   } v;
 #pragma unroll
-  for (int c = 0; c < kSmallCin; ++c) v.h[c] = c < C ? x[p * C + c] : (uint16_t)0;
+  for (int c = 0; c < kC; ++c) v.h[c] = c < C ? x[p * C + c] : (E)0;
   out[p] = v.u;
 }
 
@@ -78,6 +88,7 @@ __global__ void __launch_bounds__(32 * TPB * NW) conv_small_cin_tc_kernel(const 
   const int HW = Cfg::halo_w(g);
   const int HPIX = Cfg::halo_pix(g);
   const int n0 = blockIdx.y * Cfg::BN;
+  constexpr int CIN = small_cin<T>();
 
   const T* __restrict__ x = static_cast<const T*>(a.x);
   const T* __restrict__ w = static_cast<const T*>(a.w);
@@ -98,7 +109,7 @@ __global__ void __launch_bounds__(32 * TPB * NW) conv_small_cin_tc_kernel(const 
   for (int e = tid; e < Cfg::BN * KP; e += THREADS) {
     const int n = e / KP, kk = e - n * KP;
     const bool v = n0 + n < g.Cout && kk < KK;
-    cp_async16(w_s + (n * pitch + kk) * 16, v ? w + ((size_t)(n0 + n) * KK + kk) * kSmallCin : w, v);
+    cp_async16(w_s + (n * pitch + kk) * 16, v ? w + ((size_t)(n0 + n) * KK + kk) * CIN : w, v);
   }
   for (int kk = tid; kk < KP; kk += THREADS) toff_s[kk] = kk < KK ? (kk / g.KW) * HW + kk % g.KW : 0;
 
@@ -123,7 +134,7 @@ __global__ void __launch_bounds__(32 * TPB * NW) conv_small_cin_tc_kernel(const 
           pix = (at.n * g.H + ih) * g.W + iw;
           v = a.mask[pix];
         }
-        cp_async16(hb + e * 16, v ? x + (size_t)pix * kSmallCin : x, v);
+        cp_async16(hb + e * 16, v ? x + (size_t)pix * CIN : x, v);
       }
     }
   };
@@ -147,6 +158,14 @@ __global__ void __launch_bounds__(32 * TPB * NW) conv_small_cin_tc_kernel(const 
     if (gi + 1 < my_groups) issue_halo(gi + 1);
     cp_async_commit();
     cp_async_wait<1>();
+    if constexpr (std::is_same<T, float>::value) {  // TF32: this thread's landed pieces (round_tf32)
+      if (gi == 0)
+        for (int e = tid; e < Cfg::BN * KP; e += THREADS) round_tf32(w_s + ((e / KP) * pitch + e % KP) * 16);
+      const uint32_t hb = halo_s + (gi & 1) * halo_bytes;
+      const int first = ((int)blockIdx.x + gi * (int)gridDim.x) * TPB;
+      for (int e = tid; e < TPB * HPIX; e += THREADS)
+        if (first + e / HPIX < count) round_tf32(hb + e * 16);
+    }
     __syncthreads();
 
     const int grp = (int)blockIdx.x + gi * (int)gridDim.x;
