@@ -235,7 +235,8 @@ bool tc_dtype_ok(const Tensor& x) {
 
 // Whether an fp32 delta x runs on the tensor cores in TF32: where PyTorch lets cuDNN's float32
 // convolutions use TF32 (torch.backends.cudnn.allow_tf32, on by default: the dense model's own
-// precision), on the gathered-rows GEMM only (conv_tc.cuh, TcElem); else on the exact CUDA-core
+// precision), on the 3x3 halo kernel, the gathered-rows GEMM and the small-C_in kernel (conv_tc.cuh,
+// TcElem; not the weight-stationary or warp-specialised kernels); else on the exact CUDA-core
 // kernels. Read on every call, as cuDNN reads it. DELTACONV_TC_TF32=0 keeps fp32 off the tensor
 // cores (A/B runs).
 bool tf32_ok(const Tensor& x) {
@@ -353,8 +354,8 @@ conv::tc::TcArgs tc_args(const Tensor& x, const Tensor& m_or_empty, const Tensor
 
 // The fine 3x3 launch (and the gathered-rows GEMM, from kGatherSplitChunks chunks) runs in
 // thread-block clusters of this many CTAs, the most that may split an item's K (its `chunks` input
-// chunks, of 64 channels, 32 in fp32; the kernel chooses the split on the device with k_split_ctas and records it in the
-// call's counters): DELTACONV_TC_KSPLIT = 1, 2 or 4 (read on
+// chunks, of 64 channels, 32 in fp32; the kernel chooses the split on the device with k_split_ctas
+// and records it in the call's counters): DELTACONV_TC_KSPLIT = 1, 2 or 4 (read on
 // every call; A/B runs, tests of every split; 4 measured slower than 2 from 33 tiles of C = 256 on:
 // benchmarks/results/fine_ksplit_ab.txt), at most the tile's chunks, and 1 without clusters (before
 // Hopper, or code not compiled for sm_90).
@@ -782,7 +783,7 @@ void launch_tc_gather(const Tensor& x, const Tensor& m, const ConvWeights& tw, c
 Tensor pad_channels_row(const Tensor& x, const Tensor& m, cudaStream_t stream) {
   const int64_t N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
   const bool fp32 = x.element_size() == 4;
-  const int64_t cin = fp32 ? conv::tc::small_cin<float>() : conv::tc::kSmallCin;
+  const int64_t cin = 16 / x.element_size();  // one 16-byte row per pixel
   Tensor out = at::empty({N, cin, H, W}, x.options().memory_format(at::MemoryFormat::ChannelsLast));
   const int64_t pixels = N * H * W;
   if (pixels == 0) return out;
@@ -1028,7 +1029,7 @@ std::tuple<Tensor, Tensor> conv2d_cuda(const Tensor& delta, const Tensor& mask, 
   // Few input channels (the stems: 3): fp16 / bf16 or fp32 in TF32, groups 1, dilation 1, equal
   // strides 1 or 2, 2..64 taps: two taps per k16 step (TF32: k8) from the tile's input halo
   // (conv_small_cin_tc.cuh), the delta padded to one 16-byte row per pixel (8 channels; fp32: 4).
-  const int64_t small_cin_rows = tc_dtype ? conv::tc::kSmallCin : conv::tc::small_cin<float>();  // fp32: 4
+  const int64_t small_cin_rows = 16 / x.element_size();  // channels of a 16-byte row: 8, fp32 4
   const bool small_cin = (tc_dtype || tf32_ok(x)) && groups == 1 && Cin <= small_cin_rows && Cout % 8 == 0 &&
                          dh == 1 && dw == 1 && sh == sw && (sh == 1 || sh == 2) && KH * KW >= 2 &&
                          KH * KW <= conv::tc::kSmallCinMaxTaps && Cout * KH * KW * conv::tc::kSmallCin < kIntMax;

@@ -21,11 +21,13 @@ from .report import ConversionReport
 #: the rounding of the deltas that each layer sums drifts slowly: mobilenet_v2 with thresholds
 #: calibrated for a 2 % logit error went from 2.2 % over its first 1,394 frames to 20 % after 12,000
 #: with a key frame only at the start, and stayed at 2.2 % over 12,000 frames with one every 1,000
-#: (one-by-one at 1080x1920, H200; README, *Reliability*). Float32 does not drift (2.4 % throughout).
+#: (one-by-one at 1080x1920, H200; README, *Reliability*). Exact float32 does not drift (2.4 % throughout).
 AUTO_REFRESH = {torch.float16: 1000, torch.bfloat16: 1000}
 #: ``refresh_every="auto"`` for float32 frames on a GPU whose convolutions run in TF32
 #: (``torch.backends.cudnn.allow_tf32``, PyTorch's default): TF32 keeps float16's 10-bit mantissa in
-#: the products, so these get float16's interval (a choice by analogy, not a drift measurement).
+#: the products and drifts too, slowly: mobilenet_v2's logit error went from 2.47 % to 2.84 % over
+#: 12,000 frames with a key frame only at the start, and stayed at 2.43-2.46 % with one every 1,000
+#: (H100; README, *Status*, Float32 models in TF32).
 AUTO_REFRESH_TF32 = 1000
 
 

@@ -1,6 +1,6 @@
 // Tensor-core sparse convolution for few input channels (the stems of image models: 3 channels),
 // fp16 / bf16, and fp32 in TF32, fp32 accumulation. Consumer of the tile list of conv_tile_mask_kernel.
-// One pixel's input channels are one 16-byte row: 8 of fp16 / bf16, 4 of fp32 (small_cin<T>; the
+// One pixel's input channels are one 16-byte row: 8 of fp16 / bf16, 4 of fp32 (TcElem<T>::kVec; the
 // channel counts below are the 16-bit ones); a k16 step of fp16 and a k8 step of TF32 both read two
 // of them (conv_tc.cuh, TcElem).
 //
@@ -33,9 +33,6 @@ namespace tc {
 
 constexpr int kSmallCin = 8;        // input channels of the 16-bit kernel (one 16-byte row per pixel)
 constexpr int kSmallCinMaxTaps = 64;
-// input channels of the kernel for T: one 16-byte row per pixel (fp32: 4)
-template <typename T>
-constexpr int small_cin() { return 16 / (int)sizeof(T); }
 
 // E: an unsigned integer of the element's size (uint16_t, uint32_t)
 template <typename E>
@@ -88,7 +85,7 @@ __global__ void __launch_bounds__(32 * TPB * NW) conv_small_cin_tc_kernel(const 
   const int HW = Cfg::halo_w(g);
   const int HPIX = Cfg::halo_pix(g);
   const int n0 = blockIdx.y * Cfg::BN;
-  constexpr int CIN = small_cin<T>();
+  constexpr int CIN = TcElem<T>::kVec;  // input channels: one 16-byte row per pixel
 
   const T* __restrict__ x = static_cast<const T*>(a.x);
   const T* __restrict__ w = static_cast<const T*>(a.w);
