@@ -235,9 +235,10 @@ bool tc_dtype_ok(const Tensor& x) {
 
 // Whether an fp32 delta x runs on the tensor cores in TF32: where PyTorch lets cuDNN's float32
 // convolutions use TF32 (torch.backends.cudnn.allow_tf32, on by default: the dense model's own
-// precision), on the 3x3 halo kernel, the gathered-rows GEMM and the small-C_in kernel (conv_tc.cuh,
-// TcElem; not the weight-stationary or warp-specialised kernels); else on the exact CUDA-core
-// kernels. Read on every call, as cuDNN reads it. DELTACONV_TC_TF32=0 keeps fp32 off the tensor
+// precision), on the same kernels as fp16 (conv_tc.cuh, TcElem: K chunks of 32 channels); else on the
+// exact CUDA-core kernels. The deltas are rounded to nearest TF32 in shared memory, the weights read
+// as they come (truncated by the tensor cores; deltaconv's convolutions round them to nearest with
+// their fold). Read on every call, as cuDNN reads it. DELTACONV_TC_TF32=0 keeps fp32 off the tensor
 // cores (A/B runs).
 bool tf32_ok(const Tensor& x) {
   return x.scalar_type() == at::kFloat && tc_enabled() && at::globalContext().allowTF32CuDNN() &&
@@ -386,23 +387,28 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder(const char* fallback) {
   return fn.first;
 }
 
-// The weight of a 3x3 or 1x1 conv ([Cout][taps][Cin], taps 9 or 1, fp16 or bf16 at `w`) as the 2-D
-// tensor map the TMA copies of the weight-stationary and the warp-specialised kernels read
+// The weight of a 3x3 or 1x1 conv ([Cout][taps][Cin], taps 9 or 1, T = fp16, bf16 or fp32 at `w`) as
+// the 2-D tensor map the TMA copies of the weight-stationary and the warp-specialised kernels read
 // (conv3x3_stationary.cuh, conv3x3_ring.cuh, conv1x1_ring.cuh): Cout rows of taps * Cin values,
-// boxes of `bn` rows x 64 values (128 bytes) with the 128-byte swizzle; rows past Cout read as
-// zeros. The map holds the address and is encoded on every call (host work), so a captured graph
-// keeps the weight it was captured with, as for every other argument. `fallback`: the switch that
-// runs without the kernel, for the error.
-CUtensorMap conv_weight_map(const void* w, bool half, const ConvGeom& g, int taps, int bn, const char* fallback) {
+// boxes of `bn` rows x 128 bytes (TcElem<T>::kChunk values) with the 128-byte swizzle; rows past Cout
+// read as zeros. fp32 values are copied as they are (the tensor cores read them as TF32). The map
+// holds the address and is encoded on every call (host work), so a captured graph keeps the weight
+// it was captured with, as for every other argument. `fallback`: the switch that runs without the
+// kernel, for the error.
+template <typename T>
+CUtensorMap conv_weight_map(const void* w, const ConvGeom& g, int taps, int bn, const char* fallback) {
   const auto encode = tensor_map_encoder(fallback);
   TORCH_CHECK(aligned16(w), "deltaconv::conv2d: the ", taps == 9 ? "3x3" : "1x1", " weight's data must be 16-byte "
               "aligned, got address ", w);
   CUtensorMap map;
   const cuuint64_t dims[2] = {(cuuint64_t)taps * g.Cin, (cuuint64_t)g.Cout};
-  const cuuint64_t row_bytes[1] = {(cuuint64_t)taps * g.Cin * 2};
-  const cuuint32_t box[2] = {(cuuint32_t)conv::tc::CK, (cuuint32_t)bn};
+  const cuuint64_t row_bytes[1] = {(cuuint64_t)taps * g.Cin * sizeof(T)};
+  const cuuint32_t box[2] = {(cuuint32_t)conv::tc::TcElem<T>::kChunk, (cuuint32_t)bn};
   const cuuint32_t step[2] = {1, 1};
-  const CUresult r = encode(&map, half ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
+  const CUtensorMapDataType type = std::is_same<T, __half>::value          ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                   : std::is_same<T, __nv_bfloat16>::value ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                                           : CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
+  const CUresult r = encode(&map, type, 2,
                             const_cast<void*>(w), dims, row_bytes, box, step, CU_TENSOR_MAP_INTERLEAVE_NONE,
                             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
@@ -437,8 +443,8 @@ CUtensorMap depthwise_halo_map(const Tensor& x, int cb, int fw) {
 }
 
 // The weight-stationary 3x3 kernel (conv3x3_stationary.cuh) on its tiles: a block per
-// multiprocessor and BN-channel block of C_out, its weight slice loaded once. Alone (C_in = 64 /
-// 128: a.fine_max = the largest int, every tile) or in place of conv3x3_tc_kernel's fine launch.
+// multiprocessor and BN-channel block of C_out, its weight slice loaded once. Alone (1 or 2 K
+// chunks: a.fine_max = the largest int, every tile) or in place of conv3x3_tc_kernel's fine launch.
 template <typename T, int CHUNKS, int BN>
 void launch_tc_3x3_stationary(const conv::tc::TcArgs& a, int64_t tiles, cudaStream_t stream) {
   using Cfg = conv::tc::StationaryCfg<CHUNKS, BN>;
@@ -446,20 +452,22 @@ void launch_tc_3x3_stationary(const conv::tc::TcArgs& a, int64_t tiles, cudaStre
   (void)prepare_kernel(kernel, Cfg::THREADS, Cfg::smem());
   const int nb = ceil_div(a.g.Cout, Cfg::BN);
   const int64_t gx = std::max<int64_t>(1, std::min<int64_t>((tiles + Cfg::WGS - 1) / Cfg::WGS, num_sms() / nb));
-  const CUtensorMap w_map = conv_weight_map(a.w, std::is_same<T, __half>::value, a.g, 9, BN,
+  const CUtensorMap w_map = conv_weight_map<T>(a.w, a.g, 9, BN,
                                             "set DELTACONV_TC_STATIONARY=0 to use the 3x3 kernels without it");
   launch_kernel(kernel, dim3((unsigned)gx, (unsigned)nb), Cfg::THREADS, Cfg::smem(), stream, a, w_map);
 }
 
 // Whether the coarse 3x3 launch runs on the warp-specialised kernel (conv3x3_ring.cuh) in place of
 // conv3x3_tc_kernel: Hopper wgmma, stride 1 or 2 (the caller's), 128 channels of C_out per block
-// (the caller's), C_in % 64 == 0. DELTACONV_TC_RING=0: never (read on every call: A/B runs, tests of both).
+// (the caller's), C_in in whole K chunks (TcElem<T>::kChunk). DELTACONV_TC_RING=0: never (read on
+// every call: A/B runs, tests of both).
+template <typename T>
 bool ring_enabled(const ConvGeom& g) {
-  return g.Cin % conv::tc::CK == 0 && wgmma_enabled() && env_switch("DELTACONV_TC_RING");
+  return g.Cin % conv::tc::TcElem<T>::kChunk == 0 && wgmma_enabled() && env_switch("DELTACONV_TC_RING");
 }
 
 // One 3x3 configuration: (coarse, fine) pair of instantiations for one dtype / stride / width /
-// dilation. STAT: the weight-stationary kernel with 4 chunks of C_in (256) and 32 channels per
+// dilation. STAT: the weight-stationary kernel with 4 K chunks of C_in and 32 channels per
 // block takes the fine launch's tiles (few tiles, and the coarse launch's tail). The coarse launch
 // runs on the warp-specialised kernel where ring_enabled (stride 1 with WG or stride 2 without
 // dilation, 128-channel blocks).
@@ -472,12 +480,9 @@ void run_tc_3x3(conv::tc::TcArgs a, int64_t tiles, cudaStream_t stream) {
   static_assert(CC::BN == CF::BN, "coarse and fine launches must split Cout alike");
   auto kc = conv::tc::conv3x3_tc_kernel<T, S, TPB, NWc, NTc, false, D, WG>;
   auto kf = conv::tc::conv3x3_tc_kernel<T, S, 1, NWf, NTf, true, D, WG>;
-  // the warp-specialised kernel (wgmma) is fp16 / bf16 only: fp32 (TF32) instantiates it as fp16, never launched
-  constexpr bool kRingType = sizeof(T) == 2;
-  using TR = std::conditional_t<kRingType, T, __half>;
-  auto kr = conv::tc::conv3x3_ring_kernel<TR, D, S>;
+  auto kr = conv::tc::conv3x3_ring_kernel<T, D, S>;
   // (stride 2 runs mma.sync in the halo kernel, WG false, and on the warp-specialised one wgmma)
-  const bool ring = kRingType && (S == 1 ? WG : D == 1) && CC::BN == RC::BN && ring_enabled(a.g);
+  const bool ring = (S == 1 ? WG : D == 1) && CC::BN == RC::BN && ring_enabled<T>(a.g);
   a.cap = (int)tiles;
   const int smem_c = CC::smem(conv::tc::conv3x3_weight_slots(WG, false));
   const int smem_f = CF::smem(conv::tc::conv3x3_weight_slots(WG, true));
@@ -518,7 +523,7 @@ void run_tc_3x3(conv::tc::TcArgs a, int64_t tiles, cudaStream_t stream) {
   a.tail_max = tail ? (int)std::min<int64_t>(sms / (2 * nb), gx_f) : 0;
   if (a.fine_max < tiles) {  // the coarse launch can have work
     if (ring) {
-      const CUtensorMap w_map = conv_weight_map(a.w, std::is_same<T, __half>::value, a.g, 9, RC::BN,
+      const CUtensorMap w_map = conv_weight_map<T>(a.w, a.g, 9, RC::BN,
                                                 "set DELTACONV_TC_RING=0 to use the 3x3 kernels without it");
       launch_kernel(kr, dim3((unsigned)gx_c, (unsigned)nb), RC::THREADS, RC::smem(), stream, a, w_map);
     } else {
@@ -527,7 +532,6 @@ void run_tc_3x3(conv::tc::TcArgs a, int64_t tiles, cudaStream_t stream) {
   }
   if (a.fine_max >= 0) {  // the fine launch can have work
     if constexpr (STAT) {
-      static_assert(kRingType, "the weight-stationary kernel: fp16 / bf16");
       launch_tc_3x3_stationary<T, 4, 32>(a, gx_f, stream);
     } else {
       const int64_t gx = conv::tc::k_split_grid(gx_f, gx_f, cluster, nb, sms);
@@ -536,7 +540,8 @@ void run_tc_3x3(conv::tc::TcArgs a, int64_t tiles, cudaStream_t stream) {
   }
 }
 
-// C_in = 64 / 128: the weight-stationary kernel takes every tile, one launch.
+// 1 or 2 K chunks of C_in (64 / 128 channels of fp16 / bf16, 32 / 64 of fp32): the weight-stationary
+// kernel takes every tile, one launch.
 template <typename T, int CHUNKS>
 void run_tc_3x3_stationary(conv::tc::TcArgs a, int64_t tiles, cudaStream_t stream) {
   a.cap = (int)tiles;
@@ -546,35 +551,35 @@ void run_tc_3x3_stationary(conv::tc::TcArgs a, int64_t tiles, cudaStream_t strea
   launch_tc_3x3_stationary<T, CHUNKS, 64>(a, tiles, stream);
 }
 
-// The input chunks (C_in / 64) of a 3x3 conv that runs on the weight-stationary kernel, 0 for one
-// that does not: Hopper wgmma, stride 1, dilation 1, C_in = 64 or 128 (every tile: its weights fit
-// in shared memory beside the halos of four or three warpgroups; 64 channels of C_out per block)
-// or 256 (32 channels of C_out per block, in place of the fine launch of conv3x3_tc_kernel).
-// DELTACONV_TC_STATIONARY=0: none (conv3x3_tc_kernel's coarse and fine launches instead; read on
-// every call: A/B runs, tests of both kernels).
+// The 128-byte K chunks of C_in (C_in / TcElem<T>::kChunk: 64 channels of fp16 / bf16, 32 of fp32)
+// of a 3x3 conv that runs on the weight-stationary kernel, 0 for one that does not: Hopper wgmma,
+// stride 1, dilation 1, 1 or 2 chunks (every tile: its weights fit in shared memory beside the halos
+// of four or three warpgroups; 64 channels of C_out per block) or 4 (32 channels of C_out per block,
+// in place of the fine launch of conv3x3_tc_kernel). DELTACONV_TC_STATIONARY=0: none
+// (conv3x3_tc_kernel's coarse and fine launches instead; read on every call: A/B runs, tests of both
+// kernels).
+template <typename T>
 int stationary_chunks(const ConvGeom& g, bool stride2, int dilation) {
-  const int chunks = g.Cin % conv::tc::CK == 0 ? g.Cin / conv::tc::CK : 0;
+  constexpr int ck = conv::tc::TcElem<T>::kChunk;
+  const int chunks = g.Cin % ck == 0 ? g.Cin / ck : 0;
   if (stride2 || dilation != 1 || (chunks != 1 && chunks != 2 && chunks != 4)) return 0;
   return wgmma_enabled() && env_switch("DELTACONV_TC_STATIONARY") ? chunks : 0;
 }
 
 // dilation 2 and 4 (the dilated backbones of the segmentation models) only with stride 1;
 // wgmma (stride 1): a warpgroup per tile, 2 tiles per block in the coarse launch, 1 in the fine one.
-// fp32 (TF32): the halo kernel's launches (wgmma or mma.sync), not the weight-stationary or the
-// warp-specialised kernels (their weights come by TMA as 16-bit tensors).
+// fp32 (TF32) as fp16, in K chunks of 32 channels.
 template <typename T>
 void dispatch_tc_3x3(const conv::tc::TcArgs& a, int64_t tiles, bool stride2, bool wide, int dilation,
                      cudaStream_t stream) {
-  if constexpr (sizeof(T) == 2) {  // the weight-stationary kernel (TMA of 16-bit weights): fp16 / bf16
-    switch (stationary_chunks(a.g, stride2, dilation)) {
-      case 1: run_tc_3x3_stationary<T, 1>(a, tiles, stream); return;
-      case 2: run_tc_3x3_stationary<T, 2>(a, tiles, stream); return;
-      case 4:
-        if (wide) run_tc_3x3<T, 1, 2, 4, 4, 4, 4, 1, true, true>(a, tiles, stream);
-        else run_tc_3x3<T, 1, 2, 4, 2, 4, 2, 1, true, true>(a, tiles, stream);
-        return;
-      default: break;
-    }
+  switch (stationary_chunks<T>(a.g, stride2, dilation)) {
+    case 1: run_tc_3x3_stationary<T, 1>(a, tiles, stream); return;
+    case 2: run_tc_3x3_stationary<T, 2>(a, tiles, stream); return;
+    case 4:
+      if (wide) run_tc_3x3<T, 1, 2, 4, 4, 4, 4, 1, true, true>(a, tiles, stream);
+      else run_tc_3x3<T, 1, 2, 4, 2, 4, 2, 1, true, true>(a, tiles, stream);
+      return;
+    default: break;
   }
   if (!stride2 && wgmma_enabled()) {
     switch (dilation * 2 + (wide ? 1 : 0)) {
@@ -683,18 +688,19 @@ void launch_tc_3x3(const Tensor& x, const Tensor& m, const ConvWeights& tw, cons
 constexpr int kGatherSplitChunks = 8;
 
 // Whether a 1x1 GEMM over at most `pixels` rows (kRows1x1, wgmma, 128 channels of C_out per block:
-// the caller's) runs on the warp-specialised kernel (conv1x1_ring.cuh): C_in % 64 == 0, and the
-// frame holds at least an item of 64 rows per block of a full grid (a block per multiprocessor and
-// channel block). Below that, even with every pixel changed, a block has one warpgroup busy,
+// the caller's) runs on the warp-specialised kernel (conv1x1_ring.cuh): C_in in whole K chunks
+// (TcElem<T>::kChunk), and the frame holds at least an item of 64 rows per block of a full grid (a
+// block per multiprocessor and channel block). Below that, even with every pixel changed, a block has one warpgroup busy,
 // which runs its chunks one after another, and conv_gather_tc_kernel, which splits their K over
 // clusters, is faster (2048 -> 512 channels at 34 x 60, resnet50's layer4 at 1080p: 28.1 against
 // 38.8 us at 100 %, 27.0 against 28.2 at 25 %; H200, 2026-11-22, benchmarks/results/ring_ab.txt
 // section 8). DELTACONV_TC_RING1=0: never; DELTACONV_TC_RING1_MIN=n: from n items on instead (tests
 // force small frames onto it with 0). Both read on every call: A/B runs, tests of both.
+template <typename T>
 bool ring1_enabled(const ConvGeom& g, int64_t pixels) {
   using Cfg = conv::tc::Ring1Cfg;
   const int64_t min_items = env_int("DELTACONV_TC_RING1_MIN", num_sms() / ceil_div(g.Cout, Cfg::BN));
-  return g.Cin % conv::tc::CK == 0 && (pixels + Cfg::BM - 1) / Cfg::BM >= min_items && env_switch("DELTACONV_TC_RING1");
+  return g.Cin % conv::tc::TcElem<T>::kChunk == 0 && (pixels + Cfg::BM - 1) / Cfg::BM >= min_items && env_switch("DELTACONV_TC_RING1");
 }
 
 // conv1x1_ring_kernel over `pixels` (the list's capacity): a block per multiprocessor and
@@ -707,7 +713,7 @@ void launch_tc_1x1_ring(const conv::tc::TcArgs& a, int64_t pixels, cudaStream_t 
   const int nb = ceil_div(a.g.Cout, Cfg::BN);
   const int64_t groups = ((pixels + Cfg::BM - 1) / Cfg::BM + Cfg::WGS - 1) / Cfg::WGS;
   const int64_t gx = std::max<int64_t>(1, std::min<int64_t>(groups, num_sms() / nb));
-  const CUtensorMap w_map = conv_weight_map(a.w, std::is_same<T, __half>::value, a.g, 1, Cfg::BN,
+  const CUtensorMap w_map = conv_weight_map<T>(a.w, a.g, 1, Cfg::BN,
                                             "set DELTACONV_TC_RING1=0 to use the 1x1 kernel without it");
   launch_kernel(kernel, dim3((unsigned)gx, (unsigned)nb), Cfg::THREADS, Cfg::smem(), stream, a, w_map);
 }
@@ -722,8 +728,8 @@ void run_tc_gather(conv::tc::TcArgs a, int64_t items, cudaStream_t stream) {
   // prefetch distance in stages; wgmma keeps one more slot for the group in flight (wgmma_chunk)
   a.prefetch = (int)std::min<int64_t>(5, std::max<int64_t>(1, env_int("DELTACONV_TC_PREFETCH1", WG ? 1 : 2)));
   a.cap = (int)items;
-  if constexpr (ROWS == conv::tc::kRows1x1 && WG && Cfg::BN == conv::tc::Ring1Cfg::BN && sizeof(T) == 2) {
-    if (ring1_enabled(a.g, items)) {
+  if constexpr (ROWS == conv::tc::kRows1x1 && WG && Cfg::BN == conv::tc::Ring1Cfg::BN) {
+    if (ring1_enabled<T>(a.g, items)) {
       launch_tc_1x1_ring<T>(a, items, stream);
       return;
     }

@@ -320,20 +320,28 @@ TF32_CASES = [
     (4, 16, (8, 8), 1, 3, 1, 1, (21, 30)),       # 4 channels (no padding copy), 64 taps
     (1, 8, (5, 5), 1, 2, 1, 1, (13, 17)),        # one input channel
 ]
-TF32_KERNEL = re.compile(r"(conv_gather_tc_kernel|conv3x3_tc_kernel|conv_small_cin_tc_kernel)<float")
+TF32_KERNEL = re.compile(r"(conv_gather_tc_kernel|conv3x3_tc_kernel|conv_small_cin_tc_kernel|conv3x3_stationary_kernel"
+                        r"|conv3x3_ring_kernel|conv1x1_ring_kernel)<float")
 
 
 def tf32_round(t: torch.Tensor) -> torch.Tensor:
-    """``t`` (float32) rounded to TF32 as the kernels round their operands in shared memory
+    """``t`` (float32) rounded to TF32 as the kernels round their deltas in shared memory
     (``round_tf32``): 10 mantissa bits, to nearest with ties away from zero (cvt.rna.tf32.f32)."""
     bits = t.float().contiguous().view(torch.int32)
     return ((bits + 0x1000) & ~0x1FFF).view(torch.float32)
 
 
+def tf32_truncate(t: torch.Tensor) -> torch.Tensor:
+    """``t`` (float32) as the tensor cores read a float32 weight in TF32: its low 13 mantissa bits
+    dropped (deltaconv's convolutions round their weights to nearest first, with their fold)."""
+    return (t.float().contiguous().view(torch.int32) & ~0x1FFF).view(torch.float32)
+
+
 def run_tf32_conv2d(case, fracs, key, seed: int, bias: bool) -> None:
     """conv2d of a float32 ``case`` (groups 1) against a float64 conv of the TF32-rounded delta and
-    weight: equal to float32 accumulation (exact float32 products would differ from it by the TF32
-    rounding); masks exactly."""
+    the truncated weight (as the kernels read them): equal to float32 accumulation (exact float32
+    products, or a weight rounded otherwise, would differ from it by the TF32 rounding); masks
+    exactly."""
     cin, cout, k, s, p, d, _, (H, W) = case
     s, p, d = _pair(s), _pair(p), _pair(d)
     gen = torch.Generator().manual_seed(seed)
@@ -344,7 +352,7 @@ def run_tf32_conv2d(case, fracs, key, seed: int, bias: bool) -> None:
     kt = make_key(key, len(fracs))
     out, mo = ops().conv2d(delta, mask.cuda(), weight.cuda(), cuda_or_none(b), list(s), list(p), list(d), 1,
                            cuda_or_none(kt))
-    r_out, r_mask = ref.conv2d(tf32_round(delta).double(), mask.cuda(), tf32_round(weight).double().cuda(),
+    r_out, r_mask = ref.conv2d(tf32_round(delta).double(), mask.cuda(), tf32_truncate(weight).double().cuda(),
                                None if b is None else b.double().cuda(), s, p, d, 1, cuda_or_none(kt))
     check_layout(out, mo, len(fracs), cout, r_out.shape[2], r_out.shape[3], torch.float32)
     assert torch.equal(mo, r_mask), f"conv2d mask differs (fracs {fracs}, key {key})"
@@ -379,9 +387,11 @@ def test_conv2d_float32_runs_tf32_on_the_tensor_cores(case, wgmma, monkeypatch):
 def test_conv2d_float32_tf32_3x3_launches(case, launch, wgmma, monkeypatch):
     """The TF32 3x3 conv on each launch of the halo kernel (coarse, fine: forced through
     DELTACONV_TC_FINE_MAX) and with the sparse tiles on the gathered pixel rows (DELTACONV_TC_SPLIT),
-    on wgmma and mma.sync."""
+    on wgmma and mma.sync (not on the kernels whose weights come by TMA: their own test)."""
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
     monkeypatch.setenv("DELTACONV_WGMMA", wgmma)
+    monkeypatch.setenv("DELTACONV_TC_STATIONARY", "0")
+    monkeypatch.setenv("DELTACONV_TC_RING", "0")
     if launch == "split":
         set_tile_split(monkeypatch, "40/0")
     else:
@@ -389,6 +399,54 @@ def test_conv2d_float32_tf32_3x3_launches(case, launch, wgmma, monkeypatch):
     for i, fracs in enumerate(FRACS):
         run_tf32_conv2d(case, fracs, (True, False), seed=10 + i, bias=True)
         run_tf32_conv2d(case, fracs, None, seed=20 + i, bias=False)
+
+
+# float32 (TF32) cases of the Hopper kernels whose weights come by TMA, in K chunks of 32 channels:
+# the weight-stationary 3x3 kernel (1 or 2 chunks: every tile; 4 chunks: beside the coarse launch),
+# the warp-specialised 3x3 kernel (the coarse launch, forced) and the warp-specialised 1x1 GEMM
+TF32_TMA_CASES = [
+    ("stationary", (32, 64, (3, 3), 1, 1, 1, 1, (31, 45))),     # one chunk, 4 warpgroups
+    ("stationary", (64, 136, (3, 3), 1, 1, 1, 1, (21, 30))),    # two chunks, 3 C_out blocks, the last partial
+    ("stationary", (64, 64, (3, 3), 1, 1, 1, 1, (135, 240))),   # many tiles: several per warpgroup
+    ("stationary", (128, 40, (3, 3), 1, 0, 1, 1, (13, 17))),    # four chunks, 32 channels per block, no padding
+    ("stationary", (128, 136, (3, 3), 1, 1, 1, 1, (135, 240))),  # four chunks beside the coarse launch
+    ("ring", (64, 128, (3, 3), 1, 1, 1, 1, (31, 45))),          # two chunks
+    ("ring", (96, 136, (3, 3), 1, 1, 1, 1, (31, 45))),          # three chunks, 2 C_out blocks, the last partial
+    ("ring", (64, 136, (3, 3), 2, 1, 1, 1, (31, 45))),          # stride 2
+    ("ring", (64, 128, (3, 3), 1, 2, 2, 1, (31, 45))),          # dilation 2
+    ("ring1", (64, 128, (1, 1), 1, 0, 1, 1, (31, 45))),         # two chunks
+    ("ring1", (96, 136, (1, 1), 1, 0, 1, 1, (21, 30))),         # three chunks, 2 C_out blocks, the last partial
+    ("ring1", (256, 256, (1, 1), 1, 0, 1, 1, (68, 120))),       # many items: several groups per block
+    ("ring1", (512, 256, (1, 1), 2, 0, 1, 1, (45, 60))),        # stride 2, 16 chunks
+]
+TF32_TMA_SWITCH = {"stationary": "DELTACONV_TC_STATIONARY", "ring": "DELTACONV_TC_RING", "ring1": "DELTACONV_TC_RING1"}
+TF32_TMA_KERNEL = {"stationary": "conv3x3_stationary_kernel<float", "ring": "conv3x3_ring_kernel<float",
+                   "ring1": "conv1x1_ring_kernel<float"}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel,case", TF32_TMA_CASES, ids=[f"{k}-{_case_id(c)}" for k, c in TF32_TMA_CASES])
+def test_conv2d_float32_tf32_on_the_tma_weight_kernels(kernel, case, monkeypatch):
+    """In TF32 the weight-stationary 3x3 kernel, the warp-specialised 3x3 kernel (its coarse launch
+    forced) and the warp-specialised 1x1 GEMM equal the float64 conv of the rounded delta and the
+    truncated weight at every changed fraction and key pattern, run on Hopper (and not with their
+    switch off), and give bit-identical outputs from call to call."""
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
+    if kernel == "ring":
+        monkeypatch.setenv("DELTACONV_TC_STATIONARY", "0")
+        monkeypatch.setenv("DELTACONV_TC_FINE_MAX", "-1")
+        monkeypatch.setenv("DELTACONV_TC_SPLIT", "0")
+    if kernel == "ring1":
+        monkeypatch.setenv("DELTACONV_TC_RING1_MIN", "0")  # small frames too
+    for i, fracs in enumerate(FRACS):
+        for key in KEYS:
+            run_tf32_conv2d(case, fracs, key, seed=80 + i, bias=i % 2 == 0 or key is not None)
+    call = repeatable_conv2d(case, torch.float32, FRACS[2], seed=9)
+    for switch in ("1", "0"):
+        monkeypatch.setenv(TF32_TMA_SWITCH[kernel], switch)
+        names = kernel_names_or_skip(call)
+        ran = any(TF32_TMA_KERNEL[kernel] in n for n in names)
+        assert ran == (runs_wgmma_kernels() and switch == "1"), f"{TF32_TMA_SWITCH[kernel]}={switch}: kernels {names}"
 
 
 # 3x3 tensor-core cases (fp16 / bf16, Cin and Cout multiples of 8): the tile kernel, and the

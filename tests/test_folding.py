@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 import deltaconv
 from deltaconv import DCConv2d
 from deltaconv.modules import folding
-from deltaconv.modules.folding import FoldedWeights, block_diagonal, bn_scale_shift, round_keeping_sums
+from deltaconv.modules.folding import (FoldedWeights, block_diagonal, bn_scale_shift, round_keeping_sums,
+                                      round_to_tf32)
 from deltaconv.delta import Delta
 from deltaconv.modules.linear import (BLOCK_DIAGONAL_MAX_CIN, BLOCK_DIAGONAL_MAX_GROUPS, BLOCK_DIAGONAL_MIN_PIXELS,
                                       padded_out_channels, runs_block_diagonal, runs_tensor_cores)
@@ -314,3 +315,54 @@ def test_which_convolutions_pad_their_filters_once(monkeypatch):
     assert runs_tensor_cores(half) and runs_tensor_cores(torch.bfloat16)
     monkeypatch.setenv("DELTACONV_TC_PAD", "0")
     assert padded_out_channels(21, 16, 1, 9, half, True) == 21
+
+
+def test_round_to_tf32_rounds_to_nearest_with_ties_away_from_zero():
+    """10 mantissa bits, to nearest, halfway cases away from zero (cvt.rna.tf32.f32); the result is
+    float32 with its low 13 mantissa bits zero, within half a TF32 unit of the value, rounded again
+    unchanged; infinities and NaNs stay; the memory format is kept."""
+    ulp = 2.0 ** -10  # TF32's unit in the last place at 1
+    x = torch.tensor([1.0, 1 + ulp / 2, 1 + ulp / 2 + 2 ** -20, 1 + ulp / 4, -(1 + ulp / 2), 1 + ulp * 3 / 4, 0.0,
+                      float("inf"), float("-inf")])
+    expected = torch.tensor([1.0, 1 + ulp, 1 + ulp, 1.0, -(1 + ulp), 1 + ulp, 0.0, float("inf"), float("-inf")])
+    assert torch.equal(round_to_tf32(x), expected)
+    assert torch.isnan(round_to_tf32(torch.tensor([float("nan")]))).all()
+    w = torch.randn(32, 16, 3, 3, generator=torch.Generator().manual_seed(3)) * 10.0 ** torch.randint(
+        -8, 8, (32, 1, 1, 1), generator=torch.Generator().manual_seed(4))
+    w = w.contiguous(memory_format=torch.channels_last)
+    r = round_to_tf32(w)
+    assert r.dtype == torch.float32 and r.is_contiguous(memory_format=torch.channels_last)
+    assert not (r.view(torch.int32) & 0x1FFF).any()
+    unit = torch.ldexp(torch.ones_like(w), torch.frexp(w)[1] - 11)  # TF32's unit at each value
+    assert ((r.double() - w.double()).abs() <= unit.double() / 2).all()
+    assert torch.equal(round_to_tf32(r), r)
+
+
+def test_folded_weights_rounded_to_tf32_on_request():
+    """``FoldedWeights.get(..., tf32=True)``: the fold in its layout, rounded to TF32; cached apart
+    from the unrounded fold."""
+    conv, bn = nn.Conv2d(16, 24, 3), nn.BatchNorm2d(24)
+    with torch.no_grad():
+        bn.running_var.uniform_(0.5, 2.0)
+        bn.running_mean.normal_()
+    fw = FoldedWeights()
+    exact, b = fw.get(conv.weight, conv.bias, bn, out_dim=0, layout=torch.channels_last)
+    rounded, b2 = fw.get(conv.weight, conv.bias, bn, out_dim=0, layout=torch.channels_last, tf32=True)
+    assert torch.equal(rounded, round_to_tf32(exact)) and not torch.equal(rounded, exact) and torch.equal(b2, b)
+    assert rounded.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(fw.get(conv.weight, conv.bias, bn, out_dim=0, layout=torch.channels_last)[0], exact)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_float32_convolution_rounds_its_weights_to_tf32_where_the_tensor_cores_take_it(monkeypatch):
+    """On the GPU with TF32 allowed a float32 convolution's folded weight is rounded to TF32 (the
+    tensor cores would truncate it); with TF32 off, or a grouped conv, it stays exact."""
+    conv = DCConv2d.from_dense(nn.Conv2d(16, 32, 3, padding=1)).cuda()
+    grouped = DCConv2d.from_dense(nn.Conv2d(16, 32, 3, padding=1, groups=4)).cuda()
+    exact = conv.weight.detach()
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
+    assert torch.equal(conv.folded_weight_bias()[0], round_to_tf32(exact))
+    assert torch.equal(grouped.folded_weight_bias()[0], grouped.weight.detach())
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    assert torch.equal(conv.folded_weight_bias()[0], exact)

@@ -96,6 +96,37 @@ def test_float32_in_tf32_within_the_dense_tf32_rounding(name, monkeypatch):
     assert dm.refresh_interval(torch.float32, frames[0].device) == AUTO_REFRESH_TF32
 
 
+class _ComputedWeightConv(torch.nn.Module):
+    """A conv whose weight arrives per call (``F.conv2d`` with a computed weight: DCFunctionalConv2d)."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 16, 3, padding=1)
+        self.w = torch.nn.Parameter(weight.clone())
+
+    def forward(self, x):
+        return torch.nn.functional.conv2d(torch.relu(self.stem(x)), self.w * 1.0, padding=1)
+
+
+def test_a_float32_conv_with_a_computed_weight_rounds_it_to_tf32(monkeypatch):
+    """In TF32 a conv whose weight arrives per call rounds it to nearest on each call (the tensor
+    cores would truncate it): it equals, bit for bit, the same conv given that weight rounded first."""
+    from deltaconv.modules.folding import round_to_tf32
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
+    torch.manual_seed(0)
+    w = torch.randn(32, 16, 3, 3) / 12
+    model = _ComputedWeightConv(w).cuda().eval()
+    rounded = _ComputedWeightConv(round_to_tf32(w)).cuda().eval()
+    rounded.stem.load_state_dict(model.stem.state_dict())
+    assert not torch.equal(rounded.w, model.w)
+    frames = [f.cuda() for f in video_frames(3, (48, 64), "one-by-one-person-detection.mp4", start=200)]
+    dms = [deltaconv.convert(m, backend="cuda", example_input=frames[0]) for m in (model, rounded)]
+    assert {"DCFunctionalConv2d"} <= {n.dc_class for n in dms[0].report.nodes}
+    with torch.no_grad():
+        for f in frames:
+            torch.testing.assert_close(dms[0](f), dms[1](f), rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("name", ["regnet_y_400mf", "resnext50_32x4d"])
 def test_grouped_convs_run_block_diagonal_on_the_tensor_cores(name, dtype):

@@ -1,8 +1,10 @@
 // Warp-specialised 1x1 convolution (a GEMM over the listed pixels) on Hopper wgmma:
 //
 //   conv1x1_ring_kernel<T>
-//       1x1 conv, any stride and padding, groups 1, C_in % 64 == 0, C_out % 8 == 0 (the host takes it
-//       for C_out > 64), fp16 / bf16 deltas; in place of conv_gather_tc_kernel<kRows1x1>, with its
+//       1x1 conv, any stride and padding, groups 1, C_in in whole 128-byte K chunks (C_in %
+//       TcElem<T>::kChunk == 0: 64 channels of fp16 / bf16, 32 of fp32), C_out % 8 == 0 (the host
+//       takes it for C_out > 64), fp16 / bf16 deltas, or fp32 in TF32 (input rows rounded to nearest
+//       in shared memory, round_tf32; weights as they come, rounded by the caller); in place of conv_gather_tc_kernel<kRows1x1>, with its
 //       TcArgs: list[1 + l] the output pixel of GEMM row l < *count, list[1 + cap + l] its input
 //       pixel (-1: a zero row). Block (x, y) computes output channels [128 y, 128 y + 128) of its
 //       groups of up to WGS items of 64 rows, an item per warpgroup (items x + k gridDim.x: few
@@ -13,7 +15,7 @@
 // 0.55-0.73x of cuDNN (H200, benchmarks/results/kernels.csv), and it is 23-29 % of the GPU time of
 // resnet50 and fcn_resnet50 frames (profile_1080p.txt). Here, as in conv3x3_ring.cuh, one block per
 // multiprocessor:
-//   - a producer warp (one lane) has the copy engine copy each 64-channel chunk of the block's
+//   - a producer warp (one lane) has the copy engine copy each K chunk (128-byte rows) of the block's
 //     [128 x C_in] weight slice into the weight ring (weight_ring.cuh), shared by the WGS consumers;
 //   - each consumer warpgroup computes one item (64 rows x 128 channels, m64n128k16 wgmma), one wgmma
 //     group per chunk with one more in flight, and frees the previous chunk's slot when that group is
@@ -41,8 +43,8 @@ struct Ring1Cfg {
   static constexpr int A_SLOTS = 4;               // input-chunk slots per warpgroup
   static constexpr int DIST = A_SLOTS - 2;        // input chunks loaded ahead
   static constexpr int RPT = BM / 16;             // input rows each thread copies per chunk
-  static constexpr int A_BYTES = BM * 128;        // one item's rows x 64 input channels
-  static constexpr int SLOT_BYTES = BN * 128;     // one weight chunk: BN rows of 64 input channels
+  static constexpr int A_BYTES = BM * 128;        // one item's rows x one 128-byte K chunk
+  static constexpr int SLOT_BYTES = BN * 128;     // one weight chunk: BN rows of one 128-byte K chunk
   static constexpr int FIXED = WGS * A_SLOTS * A_BYTES + 1024;  // input slots, alignment
   static constexpr int SLOTS = (kRingSmem - FIXED - 256) / SLOT_BYTES;
   static_assert(DIST >= 1 && SLOTS >= 3 && SLOTS <= 16, "input slots and weight ring");
@@ -50,7 +52,7 @@ struct Ring1Cfg {
   static constexpr int smem() { return SLOTS * SLOT_BYTES + FIXED + 2 * 8 * SLOTS; }
 };
 
-// w_map: the weight [C_out][C_in] as a 2-D tensor map, boxes of 128 rows x 64 values with the 128-byte
+// w_map: the weight [C_out][C_in] as a 2-D tensor map, boxes of 128 rows x 128 bytes with the 128-byte
 // swizzle (conv_ops.cu: conv_weight_map with 1 tap).
 template <typename T>
 __global__ void __launch_bounds__(Ring1Cfg::THREADS, 1)
@@ -78,12 +80,13 @@ __global__ void __launch_bounds__(Ring1Cfg::THREADS, 1)
   if (a.k_split != nullptr && blockIdx.x == 0 && blockIdx.y == 0 && tid == 0) *a.k_split = 1;
   const int my_groups = stripes.groups(0);
   const int Cin = g.Cin;
-  const int chunks = Cin / CK;
+  constexpr int CK_T = TcElem<T>::kChunk;  // input channels per K chunk
+  const int chunks = Cin / CK_T;
   const int n0 = (int)blockIdx.y * Cfg::BN;
 
   if (tid >= 128 * WGS) {  // ---- the producer warp: one lane issues the weight chunks
     if (tid == 128 * WGS)
-      ring_produce_groups<Cfg::SLOTS, Cfg::SLOT_BYTES, 1>(full_s, empty_s, w_s, &w_map, my_groups, Cin, n0);
+      ring_produce_groups<Cfg::SLOTS, Cfg::SLOT_BYTES, 1>(full_s, empty_s, w_s, &w_map, my_groups, Cin, CK_T, n0);
     return;  // the consumers wait for every copy before they exit
   }
 
@@ -114,7 +117,7 @@ __global__ void __launch_bounds__(Ring1Cfg::THREADS, 1)
         }
       }
       const uint32_t sa = a_s + l_slot * Cfg::A_BYTES;
-      const T* xc = x + l_chunk * CK + wj * 8;
+      const T* xc = x + l_chunk * CK_T + wj * TcElem<T>::kVec;
 #pragma unroll
       for (int k = 0; k < RPT; ++k) {
         const int r = (wt >> 3) + 16 * k;
@@ -153,6 +156,14 @@ __global__ void __launch_bounds__(Ring1Cfg::THREADS, 1)
       // this stage's input chunk, copied by all of the warpgroup, visible to its wgmmas; and every
       // warp past the previous stage's wgmma_wait<1>: the stage before it is done, its slot free
       cp_async_wait<DIST - 1>();
+      if constexpr (std::is_same<T, float>::value) {  // TF32: this thread's pieces of the chunk (round_tf32)
+        const uint32_t sa = a_s + slot * Cfg::A_BYTES;
+#pragma unroll
+        for (int k = 0; k < RPT; ++k) {
+          const int r = (wt >> 3) + 16 * k;
+          round_tf32(sa + r * 128 + ((wj ^ (r & 7)) << 4));
+        }
+      }
       fence_proxy_async();
       warpgroup_sync(wg);
       load_next();

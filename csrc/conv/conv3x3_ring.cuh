@@ -1,8 +1,11 @@
-// Warp-specialised 3x3 convolution on Hopper wgmma for C_in % 64 == 0 (the coarse launch's tiles):
+// Warp-specialised 3x3 convolution on Hopper wgmma for C_in in whole 128-byte K chunks (64 channels
+// of fp16 / bf16, 32 of fp32; TcElem), the coarse launch's tiles:
 //
 //   conv3x3_ring_kernel<T, D, S>
 //       3x3 conv, stride S (1, or 2 with D = 1), dilation D (1, 2 or 4), any padding, groups 1,
-//       C_in % 64 == 0, C_out % 8 == 0 (the host takes it for C_out > 64), fp16 / bf16 deltas; in
+//       C_in % TcElem<T>::kChunk == 0, C_out % 8 == 0 (the host takes it for C_out > 64), fp16 / bf16
+//       deltas, or fp32 in TF32 (halos rounded to nearest in shared memory, round_tf32; weights as
+//       they come, rounded by the caller); in
 //       place of conv3x3_tc_kernel's coarse launch (the tiles [0, coarse_tile_end) of the 3x3 tile
 //       list, TcArgs as there). Block (x, y) computes output channels [128 y, 128 y + 128) of its
 //       groups of up to WGS tiles, a tile per warpgroup (list entries x + k gridDim.x: few tiles
@@ -21,7 +24,7 @@
 //     group per stage with one more in flight; it frees the previous stage's slot when that group
 //     is done, so the warpgroups only meet at the ring and drift apart (one's epilogue overlaps the
 //     others' tensor-core work);
-//   - a warpgroup stages its own halo ((7S + 2D + 1)^2 pixels x 64 channels per input chunk,
+//   - a warpgroup stages its own halo ((7S + 2D + 1)^2 pixels x one 128-byte row per input chunk,
 //     inactive and outside pixels zero; WarpgroupHalo's layout) with cp.async, double buffered:
 //     chunk h + 1's copies are issued at tap 1 of chunk h, once chunk h - 1's wgmmas (same buffer)
 //     are done, and waited for before chunk h + 1's first tap; warpgroup-local barriers only.
@@ -45,7 +48,7 @@ struct RingCfg {
   static constexpr int HALO_BYTES = WarpgroupHalo<D, S>::BYTES;
   static constexpr int WGS = HALO_BYTES <= 20 * 1024 ? 4 : 2;  // consumer warpgroups = tiles per group
   static constexpr int THREADS = 128 * WGS + 32;   // and the producer warp
-  static constexpr int SLOT_BYTES = BN * 128;      // one (chunk, tap): BN rows of 64 input channels
+  static constexpr int SLOT_BYTES = BN * 128;      // one (chunk, tap): BN rows of one 128-byte K chunk
   static constexpr int FIXED = WGS * 2 * HALO_BYTES + 1024;  // halos, alignment
   static constexpr int SLOTS = (kRingSmem - FIXED - 256) / SLOT_BYTES;
   static_assert(SLOTS >= 3 && SLOTS <= 16, "weight ring");
@@ -54,7 +57,7 @@ struct RingCfg {
 };
 
 // w_map: the weight [C_out][3][3][C_in] as a 2-D tensor map of C_out rows of 9 C_in values, boxes of
-// 128 rows x 64 values with the 128-byte swizzle (conv_ops.cu: conv_weight_map with 9 taps).
+// 128 rows x 128 bytes with the 128-byte swizzle (conv_ops.cu: conv_weight_map with 9 taps).
 template <typename T, int D, int S>
 __global__ void __launch_bounds__(RingCfg<D, S>::THREADS, 1)
     conv3x3_ring_kernel(const TcArgs a, const __grid_constant__ CUtensorMap w_map) {
@@ -79,12 +82,13 @@ __global__ void __launch_bounds__(RingCfg<D, S>::THREADS, 1)
   __syncthreads();  // the mbarriers initialised before anyone uses them: the only block-wide barrier
   const int my_groups = stripes.groups(0);
   const int Cin = g.Cin;
-  const int chunks = Cin / CK;
+  constexpr int CK_T = TcElem<T>::kChunk;  // input channels per K chunk
+  const int chunks = Cin / CK_T;
   const int n0 = (int)blockIdx.y * Cfg::BN;
 
   if (tid >= 128 * WGS) {  // ---- the producer warp: one lane issues the weight slices
     if (tid == 128 * WGS)
-      ring_produce_groups<Cfg::SLOTS, Cfg::SLOT_BYTES, 9>(full_s, empty_s, w_s, &w_map, my_groups, Cin, n0);
+      ring_produce_groups<Cfg::SLOTS, Cfg::SLOT_BYTES, 9>(full_s, empty_s, w_s, &w_map, my_groups, Cin, CK_T, n0);
     return;  // the consumers wait for every copy before they exit
   }
 
@@ -104,7 +108,7 @@ __global__ void __launch_bounds__(RingCfg<D, S>::THREADS, 1)
   };
   // copy input chunk `chunk` of a halo into buffer `buf` (nothing if !any), one cp.async group either way
   auto load_halo = [&](bool any, const int (&p)[R], int buf, int chunk) {
-    if (any) WH::copy(x, Cin, chunk * CK, halo_s + buf * Cfg::HALO_BYTES, wt, p);
+    if (any) WH::copy(x, Cin, chunk * CK_T, halo_s + buf * Cfg::HALO_BYTES, wt, p);
     cp_async_commit();
   };
 
@@ -129,6 +133,7 @@ __global__ void __launch_bounds__(RingCfg<D, S>::THREADS, 1)
       bool next_any = false;
       // this chunk's halo, copied by all of the warpgroup, visible to its wgmmas
       cp_async_wait<0>();
+      if constexpr (std::is_same<T, float>::value) WH::round(hb, wt);  // TF32
       fence_proxy_async();
       warpgroup_sync(wg);
 #pragma unroll 1

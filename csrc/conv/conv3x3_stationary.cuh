@@ -1,12 +1,15 @@
-// Weight-stationary 3x3 convolution on Hopper wgmma for C_in = 64, 128 or 256 (1, 2 or 4 K chunks):
+// Weight-stationary 3x3 convolution on Hopper wgmma for 1, 2 or 4 K chunks of C_in (128-byte rows:
+// C_in = 64, 128, 256 in fp16 / bf16, 32, 64, 128 in fp32; TcElem):
 //
 //   conv3x3_stationary_kernel<T, CHUNKS, BN>
-//       3x3 conv, stride 1, dilation 1, any padding, groups 1, C_in = 64 CHUNKS, C_out % 8 == 0,
-//       fp16 / bf16 deltas; a consumer of the 3x3 tile list of conv_common.cuh (TcArgs as
-//       conv3x3_tc_kernel, the sparse tiles of a TileSplit included). Block (x, y) computes output
-//       channels [BN y, BN y + BN) of its tiles. C_in = 64 / 128 (BN = 64): every tile count, one
-//       launch. C_in = 256 (BN = 32): in place of conv3x3_tc_kernel's fine launch (few tiles, and the
-//       tail past one round of its coarse launch; coarse_tile_end), beside that coarse launch.
+//       3x3 conv, stride 1, dilation 1, any padding, groups 1, C_in = CHUNKS TcElem<T>::kChunk,
+//       C_out % 8 == 0, fp16 / bf16 deltas, or fp32 in TF32 (its halos rounded to nearest in shared
+//       memory, round_tf32; its weights as they come, rounded by the caller); a consumer of the 3x3
+//       tile list of conv_common.cuh (TcArgs as conv3x3_tc_kernel, the sparse tiles of a TileSplit
+//       included). Block (x, y) computes output channels [BN y, BN y + BN) of its tiles. 1 or 2
+//       chunks (BN = 64): every tile count, one launch. 4 chunks (BN = 32): in place of
+//       conv3x3_tc_kernel's fine launch (few tiles, and the tail past one round of its coarse launch;
+//       coarse_tile_end), beside that coarse launch.
 //
 // Why: conv3x3_tc_kernel streams a [BN x 64] weight slice per (chunk, tap) stage and synchronises
 // its block on every stage (9 per chunk and tile). Here the block's whole weight slice
@@ -16,12 +19,12 @@
 // once the tile count shows that the block has a tile, and a warpgroup's first stage waits only for
 // the first chunk. Each of its warpgroups (4, or 3 for 144 KiB) then runs a pipeline of its own over
 // its tiles, with warpgroup-local barriers only:
-//   - a stage is one input chunk of one tile: its halo (10 x 10 pixels x 64 channels, inactive
+//   - a stage is one input chunk of one tile: its halo (10 x 10 pixels x one 128-byte row, inactive
 //     and outside pixels zero) is double buffered per warpgroup and loaded with cp.async two
 //     stages ahead;
-//   - a stage is one wgmma group of 9 taps x 4 k16 steps of m64n(BN)k16, A straight from the halo
-//     (the 8 pixels of an output row are consecutive halo rows, rows 10 apart), B the chunk's and
-//     tap's buffer; the tile's last chunk stores it;
+//   - a stage is one wgmma group of 9 taps x 4 k-steps (32 bytes each: k16, TF32 k8) of m64n(BN), A
+//     straight from the halo (the 8 pixels of an output row are consecutive halo rows, rows 10
+//     apart), B the chunk's and tap's buffer; the tile's last chunk stores it;
 //   - while it runs, the warpgroup reads the list and the input mask for its stage after next.
 // The warpgroups drift apart, so one's epilogue and loads overlap the others' tensor-core work.
 // Tiles: warpgroup w of block x takes list entries w * gridDim.x + x, + WGS gridDim.x, ... (few
@@ -36,14 +39,14 @@ namespace deltaconv {
 namespace conv {
 namespace tc {
 
-// CHUNKS: C_in / 64; BN: output channels per block (64, or 32 for C_in = 256). Four warpgroups per
-// block for 72 KiB of weights (C_in = 64); three for 144 KiB (C_in = 128, or 256 with BN = 32: the
-// shared memory holds no fourth warpgroup's halos).
+// CHUNKS: 128-byte K chunks of C_in; BN: output channels per block (64, or 32 for 4 chunks). Four
+// warpgroups per block for 72 KiB of weights (1 chunk); three for 144 KiB (2 chunks, or 4 with
+// BN = 32: the shared memory holds no fourth warpgroup's halos).
 template <int CHUNKS, int BN_>
 struct StationaryCfg {
   static constexpr int BN = BN_;
   static constexpr int TAPS = 9;
-  static constexpr int TAP_BYTES = BN * 128;       // one (chunk, tap): BN rows of 64 input channels
+  static constexpr int TAP_BYTES = BN * 128;       // one (chunk, tap): BN rows of one 128-byte K chunk
   static constexpr int W_BYTES = CHUNKS * TAPS * TAP_BYTES;
   static_assert((BN == 32 || BN == 64) && W_BYTES <= 2 * TAPS * 64 * 128, "at most 144 KiB of weights");
   static constexpr int WGS = W_BYTES <= TAPS * 64 * 128 ? 4 : 3;  // warpgroups per block (one block per multiprocessor)
@@ -57,7 +60,7 @@ struct StationaryCfg {
 };
 
 // w_map: the weight [C_out][3][3][C_in] as a 2-D tensor map of C_out rows of 9 C_in values, boxes of
-// BN rows x 64 values with the 128-byte swizzle (conv_ops.cu: conv_weight_map with 9 taps).
+// BN rows x 128 bytes with the 128-byte swizzle (conv_ops.cu: conv_weight_map with 9 taps).
 template <typename T, int CHUNKS, int BN>
 __global__ void __launch_bounds__(StationaryCfg<CHUNKS, BN>::THREADS, 1)
     conv3x3_stationary_kernel(const TcArgs a, const __grid_constant__ CUtensorMap w_map) {
@@ -65,7 +68,8 @@ __global__ void __launch_bounds__(StationaryCfg<CHUNKS, BN>::THREADS, 1)
   using Cfg = StationaryCfg<CHUNKS, BN>;
   using WH = WarpgroupHalo<1>;
   constexpr int R = WH::R;
-  constexpr int CIN = CHUNKS * CK;
+  constexpr int CK_T = TcElem<T>::kChunk;  // input channels per K chunk
+  constexpr int CIN = CHUNKS * CK_T;
   const ConvGeom& g = a.g;
   extern __shared__ __align__(128) unsigned char smem[];
   const uint32_t w_s = (smem_u32(smem) + 1023u) & ~1023u;
@@ -80,7 +84,7 @@ __global__ void __launch_bounds__(StationaryCfg<CHUNKS, BN>::THREADS, 1)
     mbarrier_arrive_expect_tx(bar_s + 8 * c, Cfg::TAPS * Cfg::TAP_BYTES);
 #pragma unroll
     for (int tap = 0; tap < Cfg::TAPS; ++tap)
-      tma_load_2d(w_s + (c * Cfg::TAPS + tap) * Cfg::TAP_BYTES, &w_map, tap * CIN + c * CK, n0, bar_s + 8 * c);
+      tma_load_2d(w_s + (c * Cfg::TAPS + tap) * Cfg::TAP_BYTES, &w_map, tap * CIN + c * CK_T, n0, bar_s + 8 * c);
   };
   // The first chunk is requested before the wait for the kernel before (programmatic dependent
   // launch), which is this op's mask pass or coarse 3x3 launch: neither writes the weights, and the
@@ -132,7 +136,7 @@ __global__ void __launch_bounds__(StationaryCfg<CHUNKS, BN>::THREADS, 1)
   };
   // copy input chunk `chunk` of a halo into buffer `buf` (nothing if !any), one cp.async group either way
   auto load_halo = [&](bool any, const int (&p)[R], int buf, int chunk) {
-    if (any) WH::copy(x, CIN, chunk * CK, halo_s + buf * Cfg::HALO_BYTES, wt, p);
+    if (any) WH::copy(x, CIN, chunk * CK_T, halo_s + buf * Cfg::HALO_BYTES, wt, p);
     cp_async_commit();
   };
 
@@ -149,6 +153,7 @@ __global__ void __launch_bounds__(StationaryCfg<CHUNKS, BN>::THREADS, 1)
 #pragma unroll 1
   for (int s = 0, chunk = 0; s < stages; ++s, chunk = chunk == CHUNKS - 1 ? 0 : chunk + 1) {
     cp_async_wait<1>();  // this thread's pieces of this stage's halo (the next one's may be in flight)
+    if constexpr (std::is_same<T, float>::value) WH::round(halo_s + (s & 1) * Cfg::HALO_BYTES, wt);  // TF32
     fence_proxy_async();
     warpgroup_sync(wg);
     if (s < CHUNKS) mbarrier_wait(bar_s + 8 * chunk, 0);  // the chunk's weights, before its first use
@@ -162,7 +167,7 @@ __global__ void __launch_bounds__(StationaryCfg<CHUNKS, BN>::THREADS, 1)
 #pragma unroll
     for (int tap = 0; tap < Cfg::TAPS; ++tap) {
 #pragma unroll
-      for (int ks = 0; ks < CK / 16; ++ks)
+      for (int ks = 0; ks < 4; ++ks)  // 32-byte k-steps of the 128-byte chunk
         Wgmma<T, Cfg::BN>::run(acc[0], acc[1], wgmma_desc_add(da, ((tap / 3) * Cfg::HALO_W + tap % 3) * 128 + ks * 32),
                                wgmma_desc_add(db, tap * Cfg::TAP_BYTES + ks * 32));
     }

@@ -67,8 +67,6 @@ namespace deltaconv {
 namespace conv {
 namespace tc {
 
-constexpr int CK = 64;          // input channels per K chunk (one 128-byte smem row per pixel)
-
 // The element type's units of the kernels, which all count in bytes: a K chunk is one 128-byte
 // shared-memory row per pixel, loaded as 8 chunks of 16 bytes, and an mma k-step reads 32 bytes of
 // a row. fp16 / bf16: 64 channels per K chunk, 8 per 16 bytes, m16n8k16. fp32 (TF32): 32 channels per
@@ -81,7 +79,6 @@ struct TcElem {
   static constexpr int kVec = 16 / (int)sizeof(T);     // channels per 16-byte load
   static constexpr int kStep = 32 / (int)sizeof(T);    // channels per mma k-step
 };
-static_assert(TcElem<__half>::kChunk == CK, "the 16-bit kernels' K chunk");
 
 struct TcArgs {
   const void* x;        // [N, H, W, Cin]
@@ -184,11 +181,15 @@ struct Mma<__nv_bfloat16> {
 // channel), as m16n8k8's operands: the A fragment's registers a0..a3 (rows g / g + 8, channels t /
 // t + 4 of the k8 step) hold the 16-bit fragment's bytes, and so do b0 / b1 (channels t / t + 4 of
 // output channel g). The tensor cores read an fp32 value as TF32 by dropping its low 13 mantissa
-// bits (rounding toward zero, in mma.sync's registers and in wgmma's shared-memory operands alike),
-// a bias that the delta states would sum frame after frame (resnet50 at t=0.02 on one-by-one: a
-// relative error of 2.7e-2 where rounding to nearest gives 1.9e-2). So both kernels round every
-// stage's operands to nearest in shared memory first (round_tf32): each thread the 16-byte pieces it
-// copied, once they have landed and before the barrier that publishes them.
+// bits (rounding toward zero, in mma.sync's registers and in wgmma's shared-memory operands alike).
+// On the deltas that is a bias that the delta states would sum frame after frame (resnet50 at t=0.02
+// on one-by-one: a relative error of 2.7e-2 where rounding to nearest gives 1.9e-2), so every kernel
+// rounds its stages' input operand to nearest in shared memory first (round_tf32): each thread the
+// 16-byte pieces it copied, once they have landed and before the barrier that publishes them. The
+// weights are read as they are (truncated: a fixed error of the weights, which a delta sum does
+// not accumulate): deltaconv's convolutions round them to nearest once, with their fold
+// (deltaconv/modules/folding.py, round_to_tf32), and the weight-stationary and warp-specialised
+// kernels copy them by TMA, past any thread.
 __device__ __forceinline__ void round_tf32(uint32_t addr) {
   uint32_t v[4];
   asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
@@ -384,18 +385,31 @@ struct WarpgroupHalo {
       p[k] = e < ROWS ? halo_source<S, D>(a, at, e) : -1;
     }
   }
-  // cp.async of input channels [c0, c0 + 64) of this thread's rows (x: [pixels][cin]) into the buffer
-  // at `hb`; the caller commits
+  // cp.async of input channels [c0, c0 + TcElem<T>::kChunk) (one 128-byte row) of this thread's rows
+  // (x: [pixels][cin]) into the buffer at `hb`; the caller commits
   template <typename T>
   static __device__ __forceinline__ void copy(const T* x, int cin, int c0, uint32_t hb, int wt, const int (&p)[R]) {
     const int wj = wt & 7;
-    const T* xc = x + c0 + wj * 8;
+    const T* xc = x + c0 + wj * TcElem<T>::kVec;
 #pragma unroll
     for (int k = 0; k < R; ++k) {
       const int e = (wt >> 3) + 16 * k;
       if (e < ROWS) {
         const int r = slot(e);
         cp_async16(hb + r * 128 + ((wj ^ (r & 7)) << 4), p[k] >= 0 ? xc + (size_t)p[k] * cin : x, p[k] >= 0);
+      }
+    }
+  }
+  // TF32: rounds the pieces that this thread copied into the buffer at `hb` to nearest (round_tf32),
+  // once they have landed; the caller's barrier publishes them
+  static __device__ __forceinline__ void round(uint32_t hb, int wt) {
+    const int wj = wt & 7;
+#pragma unroll
+    for (int k = 0; k < R; ++k) {
+      const int e = (wt >> 3) + 16 * k;
+      if (e < ROWS) {
+        const int r = slot(e);
+        round_tf32(hb + r * 128 + ((wj ^ (r & 7)) << 4));
       }
     }
   }
@@ -741,13 +755,11 @@ __global__ void __launch_bounds__(32 * TPB * NW, WG ? 2 : 1) conv3x3_tc_kernel(c
 #pragma unroll 1
       for (int c_tap = 0; c_tap < 9; ++c_tap, ++s) {
         cp_async_wait<P - 1>();
-        if constexpr (std::is_same<T, float>::value) {  // TF32: this thread's pieces of the stage (round_tf32)
+        if constexpr (std::is_same<T, float>::value) {  // TF32: this thread's pieces of the halo (round_tf32)
           if (c_tap == 0) {
             const uint32_t hb = halo_s + c_hpar * Cfg::HALO_BYTES;
             for (int e = tid >> 3; e < PIXT; e += WROWSTEP) round_tf32(hb + e * 128 + ((wj ^ HL::swz(e)) << 4));
           }
-#pragma unroll
-          for (int k = 0; k < WPT; ++k) round_tf32(w_s + c_ws * Cfg::W_BYTES + wdst0 + k * WROWSTEP * 128);
         }
         if constexpr (kWg) fence_proxy_async();
         __syncthreads();
@@ -1062,20 +1074,12 @@ __global__ void __launch_bounds__(Conv1Cfg<NW, NT, WG>::THREADS) conv_gather_tc_
 #pragma unroll 1
   for (int s = 0; s < total; ++s) {
     cp_async_wait_dyn(P - 1);
-    if constexpr (std::is_same<T, float>::value) {  // TF32: this thread's pieces of the stage (round_tf32)
+    if constexpr (std::is_same<T, float>::value) {  // TF32: this thread's pieces of the input rows (round_tf32)
       const uint32_t sa = s_base + (s % wslots) * Cfg::STAGE;
 #pragma unroll
       for (int k = 0; k < Cfg::RPT; ++k) {
         const int r = r0 + k * RSTEP;
         round_tf32(sa + r * 128 + ((jl ^ (r & 7)) << 4));
-      }
-      if (TAPS || nch > 1 || s < wslots) {  // else the slot's weights were rounded on its first use
-#pragma unroll
-        for (int k = 0; k < (Cfg::BN * 8 + THREADS - 1) / THREADS; ++k) {
-          const int idx = tid + k * THREADS;
-          if (Cfg::BN * 8 % THREADS == 0 || idx < Cfg::BN * 8)
-            round_tf32(sa + Cfg::A_BYTES + (idx >> 3) * 128 + (((idx & 7) ^ ((idx >> 3) & 7)) << 4));
-        }
       }
     }
     if constexpr (kWg) fence_proxy_async();

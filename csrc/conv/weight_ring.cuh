@@ -71,17 +71,18 @@ __device__ __forceinline__ void ring_produce(RingPos<SLOTS>& r, uint32_t full_s,
   r.next();
 }
 
-// The producer lane's whole work: for each of `groups` groups, the weight slice of every 64-channel
-// chunk c0 of C_in = `cin` and tap of TAPS (the box at (tap * cin + c0, n0): C_out rows of TAPS * cin
-// values), chunk by chunk and tap by tap within a chunk, the order in which the consumers read them.
+// The producer lane's whole work: for each of `groups` groups, the weight slice of every K chunk c0
+// of C_in = `cin` (`chunk` channels: one 128-byte row) and tap of TAPS (the box at (tap * cin + c0,
+// n0): C_out rows of TAPS * cin values), chunk by chunk and tap by tap within a chunk, the order in
+// which the consumers read them.
 template <int SLOTS, int SLOT_BYTES, int TAPS>
 __device__ __forceinline__ void ring_produce_groups(uint32_t full_s, uint32_t empty_s, uint32_t slots_s,
-                                                    const CUtensorMap* map, int groups, int cin, int n0) {
+                                                    const CUtensorMap* map, int groups, int cin, int chunk, int n0) {
   RingPos<SLOTS> r;
 #pragma unroll 1
   for (int gi = 0; gi < groups; ++gi)
 #pragma unroll 1
-    for (int c0 = 0; c0 < cin; c0 += 64)
+    for (int c0 = 0; c0 < cin; c0 += chunk)
 #pragma unroll 1
       for (int tap = 0; tap < TAPS; ++tap)
         ring_produce<SLOTS, SLOT_BYTES>(r, full_s, empty_s, slots_s, map, tap * cin + c0, n0);
@@ -96,8 +97,8 @@ struct RingReader {
   RingPos<SLOTS> r;
   int held = -1;
 
-  // One stage: waits for the next slot's weights (BN rows x 64 channels), issues its 4 k16 steps of
-  // m64nBNk16 on the A operand at descriptor `da` as one wgmma group, runs `during()` while the
+  // One stage: waits for the next slot's weights (BN rows x one 128-byte K chunk), issues its 4
+  // k-steps of 32 bytes (m64nBNk16; TF32: k8) on the A operand at descriptor `da` as one wgmma group, runs `during()` while the
   // tensor cores work, then waits for the previous stage's group and frees that slot.
   template <typename T, int BN, typename F>
   __device__ __forceinline__ void stage(float (&acc)[2][BN / 16][4], uint32_t full_s, uint32_t empty_s,

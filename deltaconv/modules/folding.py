@@ -75,6 +75,18 @@ def round_keeping_sums(weight: torch.Tensor, dtype: torch.dtype, max_flips: Opti
     return torch.where(flipped, other, lo).reshape(weight.shape).to(dtype)
 
 
+def round_to_tf32(t: torch.Tensor) -> torch.Tensor:
+    """Float32 ``t`` rounded to the nearest TF32 value (10 mantissa bits, ties away from zero, as
+    ``cvt.rna.tf32.f32``), still float32 and in ``t``'s memory format; infinities and NaNs as they are.
+
+    The CUDA backend's tensor-core convolutions read float32 weights in TF32 by dropping their low 13
+    mantissa bits (the tensor cores' own conversion, toward zero), so the convolutions round their
+    weights to nearest with their fold, once (:meth:`FoldedWeights.get` with ``tf32``)."""
+    bits = t.view(torch.int32)
+    rounded = ((bits + 0x1000) & ~0x1FFF).view(torch.float32)
+    return torch.where(torch.isfinite(t), rounded, t)
+
+
 def fold_sources(weight, bias, bn) -> tuple:
     """The tensors a fold reads: the weight, the bias and the BatchNorm's parameters and statistics."""
     return (weight, bias) + ((bn.weight, bn.bias, bn.running_mean, bn.running_var) if bn is not None else ())
@@ -176,12 +188,14 @@ class FoldedWeights:
         return (w, b) if exact else self.rounded(w, b, weight.dtype)
 
     def get(self, weight, bias, bn, out_dim: int, layout: Optional[torch.memory_format] = None,
-            expand_groups: int = 1, out_channels: Optional[int] = None):
+            expand_groups: int = 1, out_channels: Optional[int] = None, tf32: bool = False):
         """The folded ``(weight, bias)``, cached; the weight made block-diagonal over
         ``expand_groups`` groups (:func:`block_diagonal`) when > 1, both padded with zero filters to
-        ``out_channels`` (dim 0) when that is more, the weight in ``layout`` if given."""
+        ``out_channels`` (dim 0) when that is more, the weight in ``layout`` if given and, with
+        ``tf32`` (a float32 weight that the tensor cores read in TF32), rounded by
+        :func:`round_to_tf32`."""
         versions = tensor_versions(*fold_sources(weight, bias, bn))
-        key = versions + (layout, expand_groups, out_channels)
+        key = versions + (layout, expand_groups, out_channels, tf32)
         if key != self._key:
             if self._seed is not None and self._seed[1] != versions:
                 self._seed = None  # a source changed: the seed is no longer their fold
@@ -193,6 +207,8 @@ class FoldedWeights:
                 b = None if b is None else torch.cat([b, b.new_zeros(extra)])
             if layout is not None:
                 w = w.contiguous(memory_format=layout)
+            if tf32:
+                w = round_to_tf32(w)
             self._key, self._value = key, (w, b)
         return self._value
 

@@ -15,7 +15,7 @@ from torch.nn.modules.utils import _pair
 
 from ..delta import Delta, filled_rows, mask_shape, reduce_mask
 from .base import DCModule
-from .folding import FoldedWeights, bn_scale_shift
+from .folding import FoldedWeights, bn_scale_shift, round_to_tf32
 
 
 def _adopt(target: nn.Module, dense: nn.Module, names) -> None:
@@ -77,6 +77,13 @@ def kernel_weight_layout(weight: torch.Tensor, groups: int,
     out = weight.shape[0] if out_channels is None else out_channels
     tc = runs_tensor_cores(weight.dtype) and groups == 1 and out % 8 == 0 and weight.shape[1] % 8 == 0
     return torch.channels_last if tc else torch.contiguous_format
+
+
+def reads_tf32_weights(dtype: torch.dtype, layout: Optional[torch.memory_format]) -> bool:
+    """Whether the tensor-core convolutions read a weight of ``dtype`` in ``layout`` (as
+    :func:`kernel_weight_layout` gives it) in TF32: float32 on their channels_last layout. They read
+    it truncated to TF32, so the convolution rounds it to nearest first (:func:`round_to_tf32`)."""
+    return dtype == torch.float32 and layout == torch.channels_last
 
 
 def padded_out_channels(out_channels: int, in_channels: int, groups: int, taps: int, dtype: torch.dtype,
@@ -170,9 +177,11 @@ class DCConv2d(DCModule):
         groups, w = self.kernel_groups(pixels), self.weight
         out = padded_out_channels(self.out_channels, self.in_channels, groups, math.prod(self.kernel_size),
                                   w.dtype, w.is_cuda)
-        return self._folded.get(w, self.bias, self.folded_bn, out_dim=0, layout=kernel_weight_layout(w, groups, out),
+        layout = kernel_weight_layout(w, groups, out)
+        return self._folded.get(w, self.bias, self.folded_bn, out_dim=0, layout=layout,
                                 expand_groups=self.groups if groups != self.groups else 1,
-                                out_channels=out if out != self.out_channels else None)
+                                out_channels=out if out != self.out_channels else None,
+                                tf32=reads_tf32_weights(w.dtype, layout))
 
     def fold_before_cast(self) -> tuple:
         """What :meth:`keep_fold` needs after a cast (``DeltaModel._apply``): the parameters as
@@ -264,6 +273,9 @@ class DCFunctionalConv2d(DCModule):
 
     def forward(self, x: Delta, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> Delta:
         self._flops_per_pixel = 2.0 * math.prod(weight.shape)
+        if weight.is_cuda and weight.dim() == 4 and self.groups == 1 and reads_tf32_weights(
+                weight.dtype, kernel_weight_layout(weight, 1)):  # per call: the weight may change
+            weight = round_to_tf32(weight)
         v, m = self.ops.conv2d(x.value, x.mask, weight, bias, self.stride, self.padding, self.dilation, self.groups,
                                self.key, counters=self.work_counters(x))
         return self.observe(Delta(v, m))
