@@ -333,7 +333,8 @@ def run_demo(video: Union[str, os.PathLike, None] = None, camera: Optional[int] 
     Returns the summary dict (also printed when ``verbose``): frame count, ``thresholds`` (what was
     used, in words), ``dtype``, ``cuda_graph``, ``fold_bn``,
     mean dense and delta milliseconds and their ratio ``speedup`` over the non-key frames (the first,
-    and in float16 / bfloat16 one every 1,000 frames, ``refresh_every="auto"``) and those that
+    and in float16 / bfloat16, and float32 in TF32 on a GPU, one every 1,000 frames,
+    ``refresh_every="auto"``) and those that
     recorded a graph, mean input ``density`` and
     FLOP fraction ``work``, mean and max relative error of the delta output against the dense one,
     and ``top1_agreement`` for classifiers (``None`` otherwise).
@@ -436,7 +437,7 @@ def run_demo(video: Union[str, os.PathLike, None] = None, camera: Optional[int] 
                 task = infer_task(y_dense)
             stats = dm.stats()
             density = stats[0]["density"] if stats else math.nan
-            # key: the first frame, and in float16 / bfloat16 the periodic ones (refresh_every="auto")
+            # key: the first frame, and the periodic ones of refresh_every="auto" (float16 / bfloat16, TF32)
             row = {"frame": i, "key": dm.frames_since_key == 1, "records_graph": bool(cuda_graph) and i == 1,
                    "dense_ms": ms_dense, "delta_ms": ms_delta,
                    "density": density, "work": work_fraction(stats),

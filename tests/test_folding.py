@@ -249,7 +249,7 @@ def test_folded_weights_expand_groups_after_the_fold():
     assert not torch.equal(folded.get(conv.weight, conv.bias, bn, out_dim=0, expand_groups=3)[0], w1)
 
 
-def test_which_grouped_convolutions_run_block_diagonal():
+def test_which_grouped_convolutions_run_block_diagonal(monkeypatch):
     half, gpu = torch.float16, True
     assert runs_block_diagonal(6, 48, half, gpu) and runs_block_diagonal(32, 128, torch.bfloat16, gpu)
     assert runs_block_diagonal(BLOCK_DIAGONAL_MAX_GROUPS, BLOCK_DIAGONAL_MAX_CIN, half, gpu)
@@ -259,6 +259,9 @@ def test_which_grouped_convolutions_run_block_diagonal():
     assert not runs_block_diagonal(6, 54, half, gpu)  # rows not a multiple of 8
     assert not runs_block_diagonal(1, 48, half, gpu)
     assert not runs_block_diagonal(6, 48, torch.float32, gpu) and not runs_block_diagonal(6, 48, half, False)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)  # float32 in TF32 on the tensor cores
+    assert runs_block_diagonal(6, 48, torch.float32, gpu) and not runs_block_diagonal(6, 48, torch.float64, gpu)
+    assert not runs_block_diagonal(6, 48, torch.float32, False)
     assert runs_block_diagonal(6, 48, half, gpu, pixels=BLOCK_DIAGONAL_MIN_PIXELS)
     assert not runs_block_diagonal(6, 48, half, gpu, pixels=BLOCK_DIAGONAL_MIN_PIXELS - 1)  # a small map
     layer = DCConv2d.from_dense(nn.Conv2d(48, 48, 3, padding=1, groups=6).half())

@@ -9,6 +9,9 @@ dense (``F.conv2d``, channels_last, ``cudnn.benchmark`` on). Both deltaconv outp
 (they must agree to float16 rounding). Run on a CUDA machine::
 
     PYTHONPATH=. python benchmarks/experiments/grouped_conv_ab.py [--dtype float16]
+
+float32 runs the block-diagonal weight in TF32 (``torch.backends.cudnn.allow_tf32``, PyTorch's
+default, which cuDNN's float32 convolution then uses too).
 """
 from __future__ import annotations
 
@@ -40,11 +43,12 @@ FRACTIONS = [0.01, 0.05, 0.3, 0.6, 1.0]
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
+    p.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
     p.add_argument("--models", nargs="*", default=None, help="only these models' shapes")
     args = p.parse_args(argv)
     dtype = getattr(torch, args.dtype)
     torch.backends.cudnn.benchmark = True
+    torch.backends.cudnn.allow_tf32 = True
     print(f"# grouped 3x3 conv, {args.dtype}: {run_info()}")
     print("model            C    g  HxW       changed  cudnn_ms  grouped_ms  blockdiag_ms  blockdiag/grouped  "
           "best_vs_cudnn")

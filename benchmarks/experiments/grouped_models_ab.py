@@ -1,10 +1,11 @@
 """Models with grouped convolutions (RegNet, ResNeXt), their grouped 3x3 convs run block-diagonal
 on the tensor cores (``DCConv2d.block_diagonal_ok``, the default) against the grouped CUDA-core kernel,
 and against the dense model, the three replayed as CUDA graphs and alternated frame by frame in one
-process (float16, 1080x1920, medians after ``--warmup`` frames; random weights, BatchNorm statistics
-randomised as the tests do). Run on a CUDA machine::
+process (float16 by default, float32 in TF32 with ``--dtype float32``; 1080x1920, medians after
+``--warmup`` frames; random weights, BatchNorm statistics randomised as the tests do). Run on a CUDA
+machine::
 
-    PYTHONPATH=. python benchmarks/experiments/grouped_models_ab.py [--models ...] [--videos ...]
+    PYTHONPATH=. python benchmarks/experiments/grouped_models_ab.py [--models ...] [--videos ...] [--dtype ...]
 """
 from __future__ import annotations
 
@@ -30,18 +31,21 @@ def main(argv=None) -> None:
     p.add_argument("--frames", type=int, default=24)
     p.add_argument("--warmup", type=int, default=4)
     p.add_argument("--size", type=int, nargs=2, default=[1080, 1920])
+    p.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
     a = p.parse_args(argv)
+    dtype = getattr(torch, a.dtype)
+    torch.backends.cudnn.allow_tf32 = True  # float32: TF32, as PyTorch's default
     import deltaconv
     from deltaconv.cuda_graphs import graphed_model
     from deltaconv.video import find_sample_video, read_frames
 
     info = run_info()
-    print(f"# {info['device']}, {info['date']}, torch {torch.__version__}, float16 {a.size[0]}x{a.size[1]}, "
+    print(f"# {info['device']}, {info['date']}, torch {torch.__version__}, {a.dtype} {a.size[0]}x{a.size[1]}, "
           f"t={a.threshold:g}, frames {a.start + 2}-{a.start + a.frames - 1}", flush=True)
     for name in a.models:
-        model = torchvision_model(name).cuda().half().to(memory_format=torch.channels_last)
+        model = torchvision_model(name).cuda().to(dtype).to(memory_format=torch.channels_last)
         for video in a.videos:
-            frames = [f.cuda().half() for f in read_frames(find_sample_video(video), start=a.start,
+            frames = [f.cuda().to(dtype) for f in read_frames(find_sample_video(video), start=a.start,
                                                            max_frames=a.frames, size=tuple(a.size))]
             runs = {}
             with torch.no_grad():

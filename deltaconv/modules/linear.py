@@ -44,23 +44,25 @@ def runs_tensor_cores(dtype: torch.dtype) -> bool:
             and os.environ.get("DELTACONV_TC_TF32") != "0")
 
 
-#: grouped convolutions run on the GPU in float16 / bfloat16 as one group with a block-diagonal
-#: weight, on the tensor-core kernels, where :func:`runs_block_diagonal` says so: ``groups`` times
-#: the multiply-adds, yet at the 1080p shapes of RegNet and ResNeXt up to 512 input channels, 32
-#: groups and maps of 4,096 pixels or more 1.1-8.2x faster than the grouped CUDA-core kernel at
-#: 30-100 % changed pixels (0.8-4x at 1-5 %, where the tensor-core path's fixed cost shows); past
-#: those bounds 0.5-1.1x (``benchmarks/results/grouped_conv_ab.txt``)
+#: grouped convolutions run on the GPU in float16 / bfloat16 (and float32 in TF32) as one group with
+#: a block-diagonal weight, on the tensor-core kernels, where :func:`runs_block_diagonal` says so:
+#: ``groups`` times the multiply-adds, yet at the 1080p shapes of RegNet and ResNeXt up to 512 input
+#: channels, 32 groups and maps of 4,096 pixels or more 1.1-8.2x faster than the grouped CUDA-core
+#: kernel at 30-100 % changed pixels in float16 (0.8-4x at 1-5 %, where the tensor-core path's fixed
+#: cost shows); past those bounds 0.5-1.1x (``benchmarks/results/grouped_conv_ab.txt``, which also
+#: has the float32 runs)
 BLOCK_DIAGONAL_MAX_CIN, BLOCK_DIAGONAL_MAX_GROUPS, BLOCK_DIAGONAL_MIN_PIXELS = 512, 32, 4096
 
 
 def runs_block_diagonal(groups: int, in_channels: int, dtype: torch.dtype, on_gpu: bool,
                         pixels: Optional[int] = None) -> bool:
     """Whether a grouped convolution runs as one group with a block-diagonal weight (see
-    ``BLOCK_DIAGONAL_MAX_CIN``): on the GPU in float16 / bfloat16, 2 to ``BLOCK_DIAGONAL_MAX_GROUPS``
+    ``BLOCK_DIAGONAL_MAX_CIN``): on the GPU in a dtype of the tensor cores (:func:`runs_tensor_cores`:
+    float16, bfloat16, float32 in TF32), 2 to ``BLOCK_DIAGONAL_MAX_GROUPS``
     groups of two or more input channels, at most ``BLOCK_DIAGONAL_MAX_CIN`` input channels in all,
     a multiple of 8 (the tensor-core kernels' rows), and at least ``BLOCK_DIAGONAL_MIN_PIXELS``
     output pixels per frame (``pixels``, all streams; ``None``: not checked)."""
-    return (on_gpu and dtype in _TC_DTYPES and 1 < groups <= BLOCK_DIAGONAL_MAX_GROUPS
+    return (on_gpu and runs_tensor_cores(dtype) and 1 < groups <= BLOCK_DIAGONAL_MAX_GROUPS
             and in_channels // groups >= 2 and in_channels <= BLOCK_DIAGONAL_MAX_CIN and in_channels % 8 == 0
             and (pixels is None or pixels >= BLOCK_DIAGONAL_MIN_PIXELS))
 
