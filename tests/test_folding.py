@@ -360,12 +360,21 @@ def test_folded_weights_rounded_to_tf32_on_request():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_a_float32_convolution_rounds_its_weights_to_tf32_where_the_tensor_cores_take_it(monkeypatch):
     """On the GPU with TF32 allowed a float32 convolution's folded weight is rounded to TF32 (the
-    tensor cores would truncate it); with TF32 off, or a grouped conv, it stays exact."""
+    tensor cores would truncate it), a grouped one's block-diagonal weight too, channels_last as
+    the kernels read it (in float16 as well); with TF32 off, or a depthwise conv (CUDA cores), it
+    stays exact."""
     conv = DCConv2d.from_dense(nn.Conv2d(16, 32, 3, padding=1)).cuda()
     grouped = DCConv2d.from_dense(nn.Conv2d(16, 32, 3, padding=1, groups=4)).cuda()
+    depthwise = DCConv2d.from_dense(nn.Conv2d(16, 16, 3, padding=1, groups=16)).cuda()
     exact = conv.weight.detach()
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
     assert torch.equal(conv.folded_weight_bias()[0], round_to_tf32(exact))
-    assert torch.equal(grouped.folded_weight_bias()[0], grouped.weight.detach())
+    block = grouped.folded_weight_bias()[0]  # channels_last, as the tensor-core kernels read it (4 channels per group)
+    assert torch.equal(block, round_to_tf32(block_diagonal(grouped.weight.detach(), 4)))
+    assert block.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(depthwise.folded_weight_bias()[0], depthwise.weight.detach())
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     assert torch.equal(conv.folded_weight_bias()[0], exact)
+    assert torch.equal(grouped.folded_weight_bias()[0], grouped.weight.detach())
+    half = DCConv2d.from_dense(nn.Conv2d(16, 32, 3, padding=1, groups=4)).cuda().half()
+    assert half.folded_weight_bias()[0].is_contiguous(memory_format=torch.channels_last)

@@ -67,17 +67,19 @@ def runs_block_diagonal(groups: int, in_channels: int, dtype: torch.dtype, on_gp
             and (pixels is None or pixels >= BLOCK_DIAGONAL_MIN_PIXELS))
 
 
-def kernel_weight_layout(weight: torch.Tensor, groups: int,
-                         out_channels: Optional[int] = None) -> Optional[torch.memory_format]:
+def kernel_weight_layout(weight: torch.Tensor, groups: int, out_channels: Optional[int] = None,
+                         in_channels: Optional[int] = None) -> Optional[torch.memory_format]:
     """The memory format in which the CUDA kernels read a conv weight without a copy per call:
     channels_last (``[C_out][KH][KW][C_in]``) for the tensor-core convolutions (groups 1, channels
     multiples of 8, fp16 / bf16 or fp32 in TF32: :func:`runs_tensor_cores`; ``out_channels``: the
-    filters once padded, default ``weight.shape[0]``), the dense layout for the others; ``None`` (as
-    it is) off the GPU."""
+    filters once padded, default ``weight.shape[0]``; ``in_channels``: the filters' input channels
+    as the kernel runs them, default ``weight.shape[1]``, all of them for a grouped weight made
+    block-diagonal), the dense layout for the others; ``None`` (as it is) off the GPU."""
     if not weight.is_cuda or weight.dim() != 4:
         return None
     out = weight.shape[0] if out_channels is None else out_channels
-    tc = runs_tensor_cores(weight.dtype) and groups == 1 and out % 8 == 0 and weight.shape[1] % 8 == 0
+    cin = weight.shape[1] if in_channels is None else in_channels
+    tc = runs_tensor_cores(weight.dtype) and groups == 1 and out % 8 == 0 and cin % 8 == 0
     return torch.channels_last if tc else torch.contiguous_format
 
 
@@ -179,7 +181,7 @@ class DCConv2d(DCModule):
         groups, w = self.kernel_groups(pixels), self.weight
         out = padded_out_channels(self.out_channels, self.in_channels, groups, math.prod(self.kernel_size),
                                   w.dtype, w.is_cuda)
-        layout = kernel_weight_layout(w, groups, out)
+        layout = kernel_weight_layout(w, groups, out, in_channels=self.in_channels // groups)
         return self._folded.get(w, self.bias, self.folded_bn, out_dim=0, layout=layout,
                                 expand_groups=self.groups if groups != self.groups else 1,
                                 out_channels=out if out != self.out_channels else None,
