@@ -245,6 +245,15 @@ bool tf32_ok(const Tensor& x) {
          env_switch("DELTACONV_TC_TF32");
 }
 
+// Calls f with a value of the element type of the tensor-core kernels for x (tc_dtype_ok or tf32_ok):
+// __half, __nv_bfloat16, or float (TF32).
+template <typename F>
+void with_tc_type(const Tensor& x, F&& f) {
+  if (x.scalar_type() == at::kHalf) f(__half());
+  else if (x.scalar_type() == at::kBFloat16) f(__nv_bfloat16());
+  else f(float());
+}
+
 // ... and their GEMM a conv (groups 1) of Cin -> Cout channels over `taps` taps: fp16 / bf16, or
 // fp32 in TF32; channels in multiples of 8, 16-byte aligned rows, the weight's elements countable in
 // int.
@@ -680,9 +689,7 @@ void launch_tc_3x3(const Tensor& x, const Tensor& m, const ConvWeights& tw, cons
   // was 6-16 % slower at every density on an H200 with mma.sync, and up to 10 % slower with wgmma
   // except dilated C=256 at 135x240, scratch A/B 2026-11-21); Cout > 64: 128 channels per block
   const bool wide = g.Cout > 64;
-  if (x.scalar_type() == at::kHalf) dispatch_tc_3x3<__half>(a, tiles, g.sh == 2, wide, g.dh, stream);
-  else if (x.scalar_type() == at::kBFloat16) dispatch_tc_3x3<__nv_bfloat16>(a, tiles, g.sh == 2, wide, g.dh, stream);
-  else dispatch_tc_3x3<float>(a, tiles, g.sh == 2, wide, g.dh, stream);  // TF32 (tf32_ok)
+  with_tc_type(x, [&](auto t) { dispatch_tc_3x3<decltype(t)>(a, tiles, g.sh == 2, wide, g.dh, stream); });
 }
 
 constexpr int kGatherSplitChunks = 8;
@@ -690,9 +697,9 @@ constexpr int kGatherSplitChunks = 8;
 // Whether a 1x1 GEMM over at most `pixels` rows (kRows1x1, wgmma, 128 channels of C_out per block:
 // the caller's) runs on the warp-specialised kernel (conv1x1_ring.cuh): C_in in whole K chunks
 // (TcElem<T>::kChunk), and the frame holds at least an item of 64 rows per block of a full grid (a
-// block per multiprocessor and channel block). Below that, even with every pixel changed, a block has one warpgroup busy,
-// which runs its chunks one after another, and conv_gather_tc_kernel, which splits their K over
-// clusters, is faster (2048 -> 512 channels at 34 x 60, resnet50's layer4 at 1080p: 28.1 against
+// block per multiprocessor and channel block). Below that, even with every pixel changed, a block
+// has one warpgroup busy, which runs its chunks one after another, and conv_gather_tc_kernel, which
+// splits their K over clusters, is faster (2048 -> 512 channels at 34 x 60, resnet50's layer4 at 1080p: 28.1 against
 // 38.8 us at 100 %, 27.0 against 28.2 at 25 %; H200, 2026-11-22, benchmarks/results/ring_ab.txt
 // section 8). DELTACONV_TC_RING1=0: never; DELTACONV_TC_RING1_MIN=n: from n items on instead (tests
 // force small frames onto it with 0). Both read on every call: A/B runs, tests of both.
@@ -700,7 +707,8 @@ template <typename T>
 bool ring1_enabled(const ConvGeom& g, int64_t pixels) {
   using Cfg = conv::tc::Ring1Cfg;
   const int64_t min_items = env_int("DELTACONV_TC_RING1_MIN", num_sms() / ceil_div(g.Cout, Cfg::BN));
-  return g.Cin % conv::tc::TcElem<T>::kChunk == 0 && (pixels + Cfg::BM - 1) / Cfg::BM >= min_items && env_switch("DELTACONV_TC_RING1");
+  return g.Cin % conv::tc::TcElem<T>::kChunk == 0 && (pixels + Cfg::BM - 1) / Cfg::BM >= min_items &&
+         env_switch("DELTACONV_TC_RING1");
 }
 
 // conv1x1_ring_kernel over `pixels` (the list's capacity): a block per multiprocessor and
@@ -774,13 +782,7 @@ void launch_tc_gather(const Tensor& x, const Tensor& m, const ConvWeights& tw, c
   // the K split in the call's counters (kRowsPixels runs beside the 3x3 kernel, which records its own)
   if (ROWS != conv::tc::kRowsPixels) a.k_split = wl.count + conv::kKSplitAt;
   const bool wide = g.Cout > 64;
-  if (x.scalar_type() == at::kHalf) {
-    dispatch_tc_gather<__half, ROWS>(a, items, wide, wgmma_enabled(), stream);
-  } else if (x.scalar_type() == at::kBFloat16) {
-    dispatch_tc_gather<__nv_bfloat16, ROWS>(a, items, wide, wgmma_enabled(), stream);
-  } else {  // fp32 in TF32 (tf32_ok)
-    dispatch_tc_gather<float, ROWS>(a, items, wide, wgmma_enabled(), stream);
-  }
+  with_tc_type(x, [&](auto t) { dispatch_tc_gather<decltype(t), ROWS>(a, items, wide, wgmma_enabled(), stream); });
 }
 
 // The small-Cin kernel's input: x [N, C < R, H, W] channels_last -> [N, R, H, W] channels_last, R
@@ -834,9 +836,7 @@ void launch_small_cin_tc(const Tensor& x, const Tensor& m, const ConvWeights& tw
       if (narrow) run_small_cin_tc<T, 2, 1>(a, tiles, stream); else run_small_cin_tc<T, 2, 2>(a, tiles, stream);
     }
   };
-  if (x.scalar_type() == at::kHalf) run(__half());
-  else if (x.scalar_type() == at::kBFloat16) run(__nv_bfloat16());
-  else run(float());  // TF32 (tf32_ok)
+  with_tc_type(x, run);
 }
 
 // Depthwise 3x3 / 5x5, stride 1 / 2, dilation 1 / 2 (equal along both axes), and 7x7 at stride 1

@@ -121,7 +121,7 @@ __global__ void __launch_bounds__(Ring1Cfg::THREADS, 1)
 #pragma unroll
       for (int k = 0; k < RPT; ++k) {
         const int r = (wt >> 3) + 16 * k;
-        cp_async16(sa + r * 128 + ((wj ^ (r & 7)) << 4), src[k] >= 0 ? xc + (size_t)src[k] * Cin : x, src[k] >= 0);
+        cp_async16(swizzled_piece(sa, r, wj), src[k] >= 0 ? xc + (size_t)src[k] * Cin : x, src[k] >= 0);
       }
       if (++l_chunk == chunks) {
         l_chunk = 0;
@@ -161,7 +161,7 @@ __global__ void __launch_bounds__(Ring1Cfg::THREADS, 1)
 #pragma unroll
         for (int k = 0; k < RPT; ++k) {
           const int r = (wt >> 3) + 16 * k;
-          round_tf32(sa + r * 128 + ((wj ^ (r & 7)) << 4));
+          round_tf32(swizzled_piece(sa, r, wj));
         }
       }
       fence_proxy_async();

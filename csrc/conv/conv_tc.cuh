@@ -80,6 +80,16 @@ struct TcElem {
   static constexpr int kStep = 32 / (int)sizeof(T);    // channels per mma k-step
 };
 
+// The shared-memory address of 16-byte piece `piece` (0..7) of 128-byte row `row` of a buffer at
+// `base`, stored at piece ^ key (the 128-byte swizzle that ldmatrix and wgmma read; key: the row's
+// swizzle key, row & 7 unless the buffer's layout says otherwise).
+__device__ __forceinline__ uint32_t swizzled_piece(uint32_t base, int row, int piece, int key) {
+  return base + row * 128 + ((piece ^ key) << 4);
+}
+__device__ __forceinline__ uint32_t swizzled_piece(uint32_t base, int row, int piece) {
+  return swizzled_piece(base, row, piece, row & 7);
+}
+
 struct TcArgs {
   const void* x;        // [N, H, W, Cin]
   const bool* mask;     // [N, H, W]
@@ -396,7 +406,7 @@ struct WarpgroupHalo {
       const int e = (wt >> 3) + 16 * k;
       if (e < ROWS) {
         const int r = slot(e);
-        cp_async16(hb + r * 128 + ((wj ^ (r & 7)) << 4), p[k] >= 0 ? xc + (size_t)p[k] * cin : x, p[k] >= 0);
+        cp_async16(swizzled_piece(hb, r, wj), p[k] >= 0 ? xc + (size_t)p[k] * cin : x, p[k] >= 0);
       }
     }
   }
@@ -409,7 +419,7 @@ struct WarpgroupHalo {
       const int e = (wt >> 3) + 16 * k;
       if (e < ROWS) {
         const int r = slot(e);
-        round_tf32(hb + r * 128 + ((wj ^ (r & 7)) << 4));
+        round_tf32(swizzled_piece(hb, r, wj));
       }
     }
   }
@@ -676,7 +686,7 @@ __global__ void __launch_bounds__(32 * TPB * NW, WG ? 2 : 1) conv3x3_tc_kernel(c
   // ---- producer constants: this thread always copies 16-byte piece wj of its rows
   const int wj = tid & 7;
   const int wrow0 = tid >> 3;
-  const uint32_t wdst0 = wrow0 * 128 + ((wj ^ (wrow0 & 7)) << 4);  // (row + k * WROWSTEP) & 7 == row & 7
+  const uint32_t wdst0 = swizzled_piece(0, wrow0, wj);  // (row + k * WROWSTEP) & 7 == row & 7
   const int woff0 = (n0 + wrow0) * 9 * Cin + wj * E::kVec;
   const int wkstep = WROWSTEP * 9 * Cin;
   unsigned wco_ok = 0;
@@ -696,7 +706,7 @@ __global__ void __launch_bounds__(32 * TPB * NW, WG ? 2 : 1) conv3x3_tc_kernel(c
       for (int e = tid >> 3; e < PIXT; e += WROWSTEP) {
         const int p = tab[e];
         const bool v = ci_ok && p >= 0;
-        cp_async16(hb + e * 128 + ((wj ^ HL::swz(e)) << 4), v ? xc + (size_t)p * Cin : x, v);
+        cp_async16(swizzled_piece(hb, e, wj, HL::swz(e)), v ? xc + (size_t)p * Cin : x, v);
       }
     }
     const uint32_t wb = w_s + i_ws * Cfg::W_BYTES + wdst0;
@@ -758,7 +768,7 @@ __global__ void __launch_bounds__(32 * TPB * NW, WG ? 2 : 1) conv3x3_tc_kernel(c
         if constexpr (std::is_same<T, float>::value) {  // TF32: this thread's pieces of the halo (round_tf32)
           if (c_tap == 0) {
             const uint32_t hb = halo_s + c_hpar * Cfg::HALO_BYTES;
-            for (int e = tid >> 3; e < PIXT; e += WROWSTEP) round_tf32(hb + e * 128 + ((wj ^ HL::swz(e)) << 4));
+            for (int e = tid >> 3; e < PIXT; e += WROWSTEP) round_tf32(swizzled_piece(hb, e, wj, HL::swz(e)));
           }
         }
         if constexpr (kWg) fence_proxy_async();
@@ -1020,7 +1030,7 @@ __global__ void __launch_bounds__(Conv1Cfg<NW, NT, WG>::THREADS) conv_gather_tc_
     for (int k = 0; k < Cfg::RPT; ++k) {
       const int r = r0 + k * RSTEP;
       const bool v = src[k] >= 0 && ci < g.Cin;
-      cp_async16(sa + r * 128 + ((jl ^ (r & 7)) << 4), v ? x + (size_t)src[k] * g.Cin + ci : x, v);
+      cp_async16(swizzled_piece(sa, r, jl), v ? x + (size_t)src[k] * g.Cin + ci : x, v);
     }
     // 1x1 with one chunk of C_in: every stage's weight slice is the same, so each slot keeps the
     // one it got on its first use
@@ -1034,7 +1044,7 @@ __global__ void __launch_bounds__(Conv1Cfg<NW, NT, WG>::THREADS) conv_gather_tc_
         const int co = n0 + nn;
         const int cw = c0 + j * E::kVec;
         const bool v = co < g.Cout && cw < g.Cin;
-        cp_async16(sb + nn * 128 + ((j ^ (nn & 7)) << 4), v ? w + ((size_t)co * KK + tap) * g.Cin + cw : w, v);
+        cp_async16(swizzled_piece(sb, nn, j), v ? w + ((size_t)co * KK + tap) * g.Cin + cw : w, v);
       }
     }
   };
@@ -1079,7 +1089,7 @@ __global__ void __launch_bounds__(Conv1Cfg<NW, NT, WG>::THREADS) conv_gather_tc_
 #pragma unroll
       for (int k = 0; k < Cfg::RPT; ++k) {
         const int r = r0 + k * RSTEP;
-        round_tf32(sa + r * 128 + ((jl ^ (r & 7)) << 4));
+        round_tf32(swizzled_piece(sa, r, jl));
       }
     }
     if constexpr (kWg) fence_proxy_async();

@@ -277,9 +277,8 @@ class DCFunctionalConv2d(DCModule):
 
     def forward(self, x: Delta, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> Delta:
         self._flops_per_pixel = 2.0 * math.prod(weight.shape)
-        if weight.is_cuda and weight.dim() == 4 and self.groups == 1 and reads_tf32_weights(
-                weight.dtype, kernel_weight_layout(weight, 1)):  # per call: the weight may change
-            weight = round_to_tf32(weight)
+        if self.groups == 1 and reads_tf32_weights(weight.dtype, kernel_weight_layout(weight, 1)):
+            weight = round_to_tf32(weight)  # per call: the weight may change
         v, m = self.ops.conv2d(x.value, x.mask, weight, bias, self.stride, self.padding, self.dilation, self.groups,
                                self.key, counters=self.work_counters(x))
         return self.observe(Delta(v, m))
