@@ -24,7 +24,9 @@ tensor-core convs, read without a relayout copy per call).
 ``stem7x7`` (ResNet, 64 channels); and the dilated 3x3 convs of the segmentation backbones at
 their 1080p sizes: ``conv3x3d2`` (C=256 at 135x240, C=64 at 540x960) and ``conv3x3d4`` (C=512 at
 135x240). ``DELTACONV_TC=0`` in the environment times the CUDA-core kernels instead of the
-tensor-core ones; ``--library PATH`` times another build of the extension (an A/B of two builds).
+tensor-core ones; ``--library PATH`` times another build of the extension (an A/B of two builds);
+``--input-tf32`` gives float32 convs deltas rounded to TF32 with the op's ``input_tf32``, as the
+activations send them, so the kernels skip their rounding pass.
 
 Writes ``benchmarks/results/kernels.csv`` (``--name`` changes the file name) and
 ``kernels_speedup.png``. Run on a CUDA machine::
@@ -45,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (RESULTS, capture_graph, clustered_mask, run_info, time_cuda, time_in_graph,  # noqa: E402
                     write_csv)
 
+from deltaconv.backends.reference import round_to_tf32  # noqa: E402
 from deltaconv.modules.linear import kernel_weight_layout  # noqa: E402
 
 #: (channels, (H, W)) pairs: resolution chosen to fit the channel count
@@ -61,7 +64,7 @@ DEFAULT_OPS = ["conv3x3", "conv1x1", "dwconv3x3"]
 
 
 def sweep(dtypes, shapes, fractions, iters: int, ops=DEFAULT_OPS, library=None,
-          in_graph_calls: int = 20) -> list[dict]:
+          in_graph_calls: int = 20, input_tf32: bool = False) -> list[dict]:
     if library is not None:  # another build of the extension: its ops only, not deltaconv's backend
         if not torch.cuda.is_available():
             raise SystemExit("kernel_sweep: --library needs a CUDA GPU")
@@ -94,13 +97,18 @@ def sweep(dtypes, shapes, fractions, iters: int, ops=DEFAULT_OPS, library=None,
                 for frac in fractions:
                     mask = clustered_mask(1, h, w, frac)
                     delta = (x * mask).contiguous(memory_format=torch.channels_last)
+                    # float32 with --input-tf32: the delta as an activation sends it in TF32 (rounded),
+                    # which the kernels then read without rounding it themselves
+                    flag = {"input_tf32": True} if input_tf32 and dtype == torch.float32 else {}
+                    if flag:
+                        delta = round_to_tf32(delta)
 
                     layout = kernel_weight_layout(wt, groups)
                     wdc = wt if layout is None else wt.contiguous(memory_format=layout)
 
                     def delta_conv():
                         return torch.ops.deltaconv.conv2d(delta, mask, wdc, None, [stride, stride], [pad, pad],
-                                                          [dil, dil], groups, None)
+                                                          [dil, dil], groups, None, **flag)
                     dc_ms = time_cuda(delta_conv, iters=iters)
                     dc_graph_ms = time_cuda(capture_graph(delta_conv)[0], iters=iters)
                     dc_in_graph_ms = time_in_graph(delta_conv, calls=in_graph_calls)
@@ -159,6 +167,9 @@ def main(argv=None) -> None:
                    help="calls per graph for the *_in_graph_ms columns (default 20)")
     p.add_argument("--library", type=Path, default=None, metavar="PATH",
                    help="time this build of the extension (a _C*.so) instead of deltaconv's")
+    p.add_argument("--input-tf32", action="store_true",
+                   help="float32: deltas rounded to TF32 and passed with input_tf32, as an activation sends them "
+                        "(the kernels skip their rounding pass)")
     args = p.parse_args(argv)
     dtypes = [getattr(torch, d) for d in args.dtypes]
     shapes = SHAPES[:1] if args.quick else SHAPES
@@ -168,7 +179,7 @@ def main(argv=None) -> None:
     if args.library is not None and not args.library.is_file():
         p.error(f"--library: no such file: {args.library}")
     rows = sweep(dtypes, shapes, fractions, iters=10 if args.quick else 50, ops=args.ops, library=args.library,
-                 in_graph_calls=args.in_graph_calls)
+                 in_graph_calls=args.in_graph_calls, input_tf32=args.input_tf32)
     write_csv(args.out / f"{args.name}.csv", rows)
     plot(rows, args.out / f"{args.name}_speedup.png")
     print(f"wrote {args.out / (args.name + '.csv')} and {args.name}_speedup.png")

@@ -60,6 +60,11 @@ using conv::Strides4;
                 "deltaconv::" OP ": argument 'delta' is too large, got shape ", delta.sizes());       \
   } while (0)
 
+// input_tf32 (the deltas arrive rounded to TF32: ConvGeom::input_tf32) only with float32 deltas
+#define DC_CHECK_INPUT_TF32(OP, input_tf32, delta)                                                    \
+  TORCH_CHECK(!(input_tf32) || delta.scalar_type() == at::kFloat,                                     \
+              "deltaconv::" OP ": argument 'input_tf32' needs float32 deltas, got ", delta.scalar_type())
+
 #define DC_CHECK_KEY(OP, key, delta)                                                                  \
   do {                                                                                                \
     if (key.has_value()) {                                                                            \
@@ -137,8 +142,10 @@ bool allow_smem(Kernel kernel, size_t bytes) {
 
 // The geometry of a (transposed) convolution, sizes already checked to fit int.
 ConvGeom conv_geom(int64_t N, int64_t Cin, int64_t H, int64_t W, int64_t Cout, int64_t Ho, int64_t Wo, int64_t KH,
-                   int64_t KW, int sh, int sw, int ph, int pw, int dh, int dw, int64_t groups) {
+                   int64_t KW, int sh, int sw, int ph, int pw, int dh, int dw, int64_t groups,
+                   bool input_tf32 = false) {
   ConvGeom g{};
+  g.input_tf32 = input_tf32;
   g.N = (int)N; g.Cin = (int)Cin; g.H = (int)H; g.W = (int)W;
   g.Cout = (int)Cout; g.Ho = (int)Ho; g.Wo = (int)Wo;
   g.KH = (int)KH; g.KW = (int)KW; g.sh = sh; g.sw = sw; g.ph = ph; g.pw = pw; g.dh = dh; g.dw = dw;
@@ -981,9 +988,10 @@ void launch_conv1x1(const Tensor& x, const Tensor& m, const ConvWeights& tw, con
 std::tuple<Tensor, Tensor> conv2d_cuda(const Tensor& delta, const Tensor& mask, const Tensor& weight,
                                        const c10::optional<Tensor>& bias, IntArrayRef stride, IntArrayRef padding,
                                        IntArrayRef dilation, int64_t groups, const c10::optional<Tensor>& key_in,
-                                       const c10::optional<Tensor>& counters) {
+                                       const c10::optional<Tensor>& counters, bool input_tf32) {
   const c10::optional<Tensor> key = contiguous_key(key_in);
   DC_CHECK_DELTA_MASK("conv2d", delta, mask);
+  DC_CHECK_INPUT_TF32("conv2d", input_tf32, delta);
   DC_CHECK_KEY("conv2d", key, delta);
   DC_CHECK_COUNTERS("conv2d", counters, delta);
   DC_CHECK_FLOAT_PARAM("conv2d", "weight", weight, delta);
@@ -1010,7 +1018,8 @@ std::tuple<Tensor, Tensor> conv2d_cuda(const Tensor& delta, const Tensor& mask, 
   c10::cuda::CUDAGuard guard(delta.device());
   if (const int64_t cout8 = padded_cout(delta, Cin, Cout, groups, KH * KW)) {
     const auto [wp, bp] = pad_filters(weight, bias, cout8);
-    const auto [y8, mask8] = conv2d_cuda(delta, mask, wp, bp, stride, padding, dilation, groups, key_in, counters);
+    const auto [y8, mask8] =
+        conv2d_cuda(delta, mask, wp, bp, stride, padding, dilation, groups, key_in, counters, input_tf32);
     return {y8.narrow(1, 0, Cout).contiguous(at::MemoryFormat::ChannelsLast), mask8};
   }
   Tensor y = empty_delta(delta, N, Cout, Ho, Wo);
@@ -1020,7 +1029,7 @@ std::tuple<Tensor, Tensor> conv2d_cuda(const Tensor& delta, const Tensor& mask, 
   const Tensor x = delta.contiguous(at::MemoryFormat::ChannelsLast);
   const Tensor m = mask.contiguous();
 
-  const ConvGeom g = conv_geom(N, Cin, H, W, Cout, Ho, Wo, KH, KW, sh, sw, ph, pw, dh, dw, groups);
+  const ConvGeom g = conv_geom(N, Cin, H, W, Cout, Ho, Wo, KH, KW, sh, sw, ph, pw, dh, dw, groups, input_tf32);
   const int64_t tiles = N * g.tiles_h * g.tiles_w;
   const int64_t cob = groups * ((g.cout_g + conv::CONV_COB - 1) / conv::CONV_COB);
   TORCH_CHECK(cob <= 65535, "deltaconv::conv2d: too many output channel blocks (", cob, ")");
@@ -1156,8 +1165,9 @@ std::tuple<Tensor, Tensor> conv2d_cuda(const Tensor& delta, const Tensor& mask, 
 // that the activation before it listed (rows, with the count in counters[0]): conv2d without its
 // mask pass. The output mask is `mask` itself (the caller keeps it).
 Tensor conv1x1_rows_cuda(const Tensor& delta, const Tensor& mask, const Tensor& weight,
-                         const c10::optional<Tensor>& bias, const Tensor& rows, Tensor& counters) {
+                         const c10::optional<Tensor>& bias, const Tensor& rows, Tensor& counters, bool input_tf32) {
   DC_CHECK_DELTA_MASK("conv1x1_rows", delta, mask);
+  DC_CHECK_INPUT_TF32("conv1x1_rows", input_tf32, delta);
   const c10::optional<Tensor> counters_opt = counters;
   DC_CHECK_COUNTERS("conv1x1_rows", counters_opt, delta);
   DC_CHECK_FLOAT_PARAM("conv1x1_rows", "weight", weight, delta);
@@ -1176,7 +1186,7 @@ Tensor conv1x1_rows_cuda(const Tensor& delta, const Tensor& mask, const Tensor& 
   c10::cuda::CUDAGuard guard(delta.device());
   if (const int64_t cout8 = padded_cout(delta, Cin, Cout, 1, 1)) {
     const auto [wp, bp] = pad_filters(weight, bias, cout8);
-    return conv1x1_rows_cuda(delta, mask, wp, bp, rows, counters)
+    return conv1x1_rows_cuda(delta, mask, wp, bp, rows, counters, input_tf32)
         .narrow(1, 0, Cout)
         .contiguous(at::MemoryFormat::ChannelsLast);
   }
@@ -1185,7 +1195,7 @@ Tensor conv1x1_rows_cuda(const Tensor& delta, const Tensor& mask, const Tensor& 
   cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const Tensor x = delta.contiguous(at::MemoryFormat::ChannelsLast);
   const Tensor m = mask.contiguous();
-  const ConvGeom g = conv_geom(N, Cin, H, W, Cout, H, W, 1, 1, 1, 1, 0, 0, 1, 1, 1);
+  const ConvGeom g = conv_geom(N, Cin, H, W, Cout, H, W, 1, 1, 1, 1, 0, 0, 1, 1, 1, input_tf32);
   const bool use_tc = tc_gemm_ok(x, Cin, Cout, 1);
   TORCH_CHECK(use_tc || ceil_div((int)Cout, conv::CONV_COB) <= 65535,
               "deltaconv::conv1x1_rows: too many output channels (", Cout, ")");

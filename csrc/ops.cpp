@@ -24,18 +24,22 @@ PyObject* PyInit__C(void) {
 
 TORCH_LIBRARY(deltaconv, m) {
   // ---- boundaries
-  m.def("sparsify(Tensor x, Tensor(a!) sent, float threshold, Tensor? key, Tensor? measure) -> (Tensor, Tensor)");
+  // tf32 (float32 only): the changes sent rounded to TF32, as the activations' tf32
+  m.def("sparsify(Tensor x, Tensor(a!) sent, float threshold, Tensor? key, Tensor? measure, bool tf32=False) -> "
+        "(Tensor, Tensor)");
   m.def("densify(Tensor delta, Tensor mask, Tensor(a!) acc, ScalarType out_dtype) -> Tensor");
   // ---- pointwise
   // rows / rows_count (optional, together): the sent (add: active) pixels listed for a 1x1 conv after it
   // (conv1x1_rows)
+  // tf32 (float32 only): the changes sent rounded to TF32, for convolutions that read them in TF32
+  // (conv2d / conv1x1_rows with input_tf32)
   m.def("activation(Tensor delta, Tensor mask, Tensor(a!) acc, Tensor(b!) sent, str kind, float param, "
-        "float threshold, Tensor? key, bool rms=False, Tensor(c!)? rows=None, Tensor(d!)? rows_count=None) -> "
-        "(Tensor, Tensor)");
+        "float threshold, Tensor? key, bool rms=False, Tensor(c!)? rows=None, Tensor(d!)? rows_count=None, "
+        "bool tf32=False) -> (Tensor, Tensor)");
   // activation(add(delta_a, delta_b, alpha)) in one pass; returns (out, mask_out, mask_a | mask_b)
   m.def("add_activation(Tensor delta_a, Tensor mask_a, Tensor delta_b, Tensor mask_b, float alpha, Tensor(a!) acc, "
         "Tensor(b!) sent, str kind, float param, float threshold, Tensor? key, bool rms=False, "
-        "Tensor(c!)? rows=None, Tensor(d!)? rows_count=None) -> (Tensor, Tensor, Tensor)");
+        "Tensor(c!)? rows=None, Tensor(d!)? rows_count=None, bool tf32=False) -> (Tensor, Tensor, Tensor)");
   m.def("affine_channel(Tensor delta, Tensor mask, Tensor? scale, Tensor? shift, Tensor? key) -> (Tensor, Tensor)");
   m.def("add(Tensor delta_a, Tensor mask_a, Tensor delta_b, Tensor mask_b, float alpha, Tensor(a!)? rows=None, "
         "Tensor(b!)? rows_count=None) -> (Tensor, Tensor)");
@@ -54,12 +58,15 @@ TORCH_LIBRARY(deltaconv, m) {
   // ---- convolution and pooling
   // counters: int32 [>= 14] zeroed by the caller, where the work lists count, the blocks take ranks and the
   // K split is recorded (conv_common.cuh: kConvCounters; None: zeroed per call)
+  // input_tf32 (float32 only): the deltas are TF32 values already (an activation with tf32 sent them), so
+  // the tensor-core kernels skip rounding them; with other deltas they would read them truncated
   m.def("conv2d(Tensor delta, Tensor mask, Tensor weight, Tensor? bias, int[2] stride, int[2] padding, "
-        "int[2] dilation, int groups, Tensor? key, Tensor(a!)? counters=None) -> (Tensor, Tensor)");
+        "int[2] dilation, int groups, Tensor? key, Tensor(a!)? counters=None, bool input_tf32=False) -> "
+        "(Tensor, Tensor)");
   // a 1x1 conv, stride 1, no padding, groups 1, of a delta frame (no key) over the rows the layer before it listed
   // (rows: int32 [1 + 2 * N*H*W]; counters: as in conv2d, the row count at [0], zeroed before the activation)
-  m.def("conv1x1_rows(Tensor delta, Tensor mask, Tensor weight, Tensor? bias, Tensor rows, Tensor(a!) counters) -> "
-        "Tensor");
+  m.def("conv1x1_rows(Tensor delta, Tensor mask, Tensor weight, Tensor? bias, Tensor rows, Tensor(a!) counters, "
+        "bool input_tf32=False) -> Tensor");
   m.def("conv_transpose2d(Tensor delta, Tensor mask, Tensor weight, Tensor? bias, int[2] stride, int[2] padding, "
         "int[2] output_padding, int groups, int[2] dilation, Tensor? key, Tensor(a!)? counters=None) -> "
         "(Tensor, Tensor)");

@@ -184,8 +184,10 @@ const T* cptr(const Tensor& t) {
 
 // ---------------------------------------------------------------- sparsify
 std::tuple<Tensor, Tensor> sparsify(const Tensor& x, Tensor& sent, double threshold, const std::optional<Tensor>& key,
-                                    const std::optional<Tensor>& measure) {
+                                    const std::optional<Tensor>& measure, bool tf32) {
   const char* op = "sparsify";
+  TORCH_CHECK(!tf32 || x.scalar_type() == at::kFloat,
+              "deltaconv::sparsify: argument 'tf32' needs a float32 frame, got ", x.scalar_type());
   check_value(op, "x", x, x);
   check_state(op, "sent", sent, x, x.sizes(), x.scalar_type());
   const int64_t N = x.size(0), H = x.size(2), W = x.size(3);
@@ -207,7 +209,7 @@ std::tuple<Tensor, Tensor> sparsify(const Tensor& x, Tensor& sent, double thresh
   DC_DISPATCH_ACTIVATION_TYPES(x.scalar_type(), "deltaconv::sparsify", [&] {
     pw::SparsifyParams<scalar_t> p{cptr<scalar_t>(x), ptr<scalar_t>(sent), measure_ptr, key_ptr,
                                    ptr<scalar_t>(out), ptr<bool>(mask_out), static_cast<float>(threshold),
-                                   pixels, H * W, C, 0};
+                                   pixels, H * W, C, 0, tf32};
     const bool vec_ok = C % kVec<scalar_t> == 0 && all_aligned({p.x, p.sent, p.out});
     DC_LAUNCH_VEC(pw::sparsify_kernel, p, vec_ok, pixels, C, false);
   });
@@ -282,8 +284,10 @@ std::tuple<Tensor, Tensor, Tensor> run_activation(const char* op, const Tensor& 
                                                   Tensor& acc, Tensor& sent, c10::string_view kind, double param,
                                                   double threshold, const std::optional<Tensor>& key, bool rms,
                                                   const std::optional<Tensor>& rows,
-                                                  const std::optional<Tensor>& rows_count) {
+                                                  const std::optional<Tensor>& rows_count, bool tf32) {
   const bool residual = delta_b != nullptr;
+  TORCH_CHECK(!tf32 || delta.scalar_type() == at::kFloat, "deltaconv::", op,
+              ": argument 'tf32' needs float32 deltas, got ", delta.scalar_type());
   const int kind_id = activation_kind(op, std::string(kind));
   check_value(op, residual ? "delta_a" : "delta", delta, delta);
   check_mask(op, residual ? "mask_a" : "mask", mask, delta, delta.sizes());
@@ -312,7 +316,7 @@ std::tuple<Tensor, Tensor, Tensor> run_activation(const char* op, const Tensor& 
                                      residual ? cptr<scalar_t>(*delta_b) : nullptr,
                                      residual ? cptr<bool>(*mask_b) : nullptr,
                                      residual ? ptr<bool>(mask_sum) : nullptr, static_cast<float>(alpha),
-                                     row_list.rows, row_list.count};
+                                     row_list.rows, row_list.count, tf32};
     const bool vec_ok = C % kVec<scalar_t> == 0 && all_aligned({p.delta, p.acc, p.sent, p.out}) &&
                         (!residual || all_aligned({p.delta_b}));
     // the common kinds with the activation fixed at compile time (with a residual: ReLU only)
@@ -342,9 +346,9 @@ std::tuple<Tensor, Tensor, Tensor> run_activation(const char* op, const Tensor& 
 std::tuple<Tensor, Tensor> activation(const Tensor& delta, const Tensor& mask, Tensor& acc, Tensor& sent,
                                       c10::string_view kind, double param, double threshold,
                                       const std::optional<Tensor>& key, bool rms, const std::optional<Tensor>& rows,
-                                      const std::optional<Tensor>& rows_count) {
+                                      const std::optional<Tensor>& rows_count, bool tf32) {
   auto [out, mask_out, unused] = run_activation("activation", delta, mask, nullptr, nullptr, 1.0, acc, sent, kind,
-                                                param, threshold, key, rms, rows, rows_count);
+                                                param, threshold, key, rms, rows, rows_count, tf32);
   return {out, mask_out};
 }
 
@@ -354,9 +358,9 @@ std::tuple<Tensor, Tensor, Tensor> add_activation(const Tensor& delta_a, const T
                                                   c10::string_view kind, double param, double threshold,
                                                   const std::optional<Tensor>& key, bool rms,
                                                   const std::optional<Tensor>& rows,
-                                                  const std::optional<Tensor>& rows_count) {
+                                                  const std::optional<Tensor>& rows_count, bool tf32) {
   return run_activation("add_activation", delta_a, mask_a, &delta_b, &mask_b, alpha, acc, sent, kind, param,
-                        threshold, key, rms, rows, rows_count);
+                        threshold, key, rms, rows, rows_count, tf32);
 }
 
 // ---------------------------------------------------------------- affine_channel

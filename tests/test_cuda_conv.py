@@ -357,6 +357,15 @@ def run_tf32_conv2d(case, fracs, key, seed: int, bias: bool) -> None:
     check_layout(out, mo, len(fracs), cout, r_out.shape[2], r_out.shape[3], torch.float32)
     assert torch.equal(mo, r_mask), f"conv2d mask differs (fracs {fracs}, key {key})"
     assert_active_close(out, r_out.cpu(), r_mask.cpu(), torch.float32, f"TF32 conv2d (fracs {fracs}, key {key})")
+    # input_tf32: a delta that an activation sent rounded is read as it is (the same outputs), and an
+    # unrounded one then truncated, as the tensor cores convert it: the kernel skipped its rounding
+    for given, read in ((tf32_round(delta), tf32_round(delta)), (delta, tf32_truncate(delta))):
+        out2, mo2 = ops().conv2d(given, mask.cuda(), weight.cuda(), cuda_or_none(b), list(s), list(p), list(d), 1,
+                                 cuda_or_none(kt), input_tf32=True)
+        r2, _ = ref.conv2d(read.double(), mask.cuda(), tf32_truncate(weight).double().cuda(),
+                           None if b is None else b.double().cuda(), s, p, d, 1, cuda_or_none(kt))
+        assert torch.equal(mo2, r_mask)
+        assert_active_close(out2, r2.cpu(), r_mask.cpu(), torch.float32, f"TF32 conv2d, input_tf32 (fracs {fracs})")
 
 
 @pytest.mark.gpu
@@ -399,6 +408,52 @@ def test_conv2d_float32_tf32_3x3_launches(case, launch, wgmma, monkeypatch):
     for i, fracs in enumerate(FRACS):
         run_tf32_conv2d(case, fracs, (True, False), seed=10 + i, bias=True)
         run_tf32_conv2d(case, fracs, None, seed=20 + i, bias=False)
+
+
+# every TF32 path with C_in and C_out multiples of 8 (tails of a 32-channel K chunk too), for the
+# rounding test below: (C_in, kernel, stride, dilation, size)
+TF32_ROUNDING_CASES = [(c, k, s, d, hw) for c in (8, 16, 24, 40, 64, 96, 136) for k, s, d, hw in
+                       ((1, 1, 1, (21, 30)), (1, 2, 1, (21, 30)), (3, 1, 1, (21, 30)), (3, 2, 1, (21, 30)),
+                        (3, 1, 2, (21, 30)), (5, 1, 1, (13, 17)))]
+TF32_ROUNDING_CASES += [(3, 3, 2, 1, (31, 45)), (3, 7, 2, 1, (31, 45))]  # the small-C_in kernel (stems)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", TF32_ROUNDING_CASES, ids=lambda c: f"{c[0]}-k{c[1]}-s{c[2]}-d{c[3]}")
+def test_conv2d_float32_rounds_every_delta_to_nearest_tf32(case, monkeypatch):
+    """Each TF32 path rounds every staged delta to nearest, in every channel of a K chunk: with the
+    identity as the filter's centre tap and deltas 1 + 0.75 * 2^-10 (TF32 rounds them up to
+    1 + 2^-10; the tensor cores' own conversion would truncate them to 1) every active output is
+    exactly 1 + 2^-10. With input_tf32 the kernels read them as they are, truncated: exactly 1. A
+    truncating path sums a bias frame after frame in the delta states."""
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
+    cin, k, s, d, (H, W) = case
+    cout = max(8, -(-cin // 8) * 8)
+    weight = torch.zeros(cout, cin, k, k, device="cuda")
+    weight[torch.arange(cin), torch.arange(cin), k // 2, k // 2] = 1.0
+    weight = weight.contiguous(memory_format=torch.channels_last)
+    gen = torch.Generator().manual_seed(5)
+    mask = (torch.rand(1, 1, H, W, generator=gen) < 0.5).cuda()
+    delta = torch.full((1, cin, H, W), 1.0 + 0.75 * 2.0 ** -10, device="cuda").contiguous(
+        memory_format=torch.channels_last)
+    pad = k // 2 * d
+    # the default kernels, then the warp-specialised 3x3 (coarse launch forced) and 1x1 ones
+    paths = {"default": {}, "ring": {"DELTACONV_TC_STATIONARY": "0", "DELTACONV_TC_FINE_MAX": "-1",
+                                     "DELTACONV_TC_SPLIT": "0"}, "ring1": {"DELTACONV_TC_RING1_MIN": "0"}}
+    for path, env in paths.items():
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        for input_tf32, want in ((False, 1.0 + 2.0 ** -10), (True, 1.0)):
+            out, mo = ops().conv2d(delta, mask, weight, None, [s, s], [pad, pad], [d, d], 1, None,
+                                   input_tf32=input_tf32)
+            # the outputs whose centre tap is an active input pixel carry exactly one delta per channel
+            centre = mask[:, :, ::s, ::s][:, :, :out.shape[2], :out.shape[3]].expand(-1, cin, -1, -1)
+            got = out[:, :cin][centre]
+            assert got.numel() > 0 and bool((got == want).all()), \
+                (f"{path}, input_tf32={input_tf32}: {int((got != want).sum())} of {got.numel()} outputs differ "
+                 f"from {want!r}; values {got.unique()[:6].tolist()}")
+        for name in env:
+            monkeypatch.delenv(name)
 
 
 # float32 (TF32) cases of the Hopper kernels whose weights come by TMA, in K chunks of 32 channels:

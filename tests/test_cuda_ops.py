@@ -157,6 +157,34 @@ def test_sparsify(dtype, c, frac, key, measure):
     assert s_c.dtype == dtype and torch.equal(s_c, s_r)  # same float32 arithmetic: bit-identical state
 
 
+@pytest.mark.parametrize("frac", FRACS)
+@pytest.mark.parametrize("c", CHANNELS)
+def test_sparsify_tf32_sends(c, frac):
+    """A float32 frame with ``tf32``: the kernel sends TF32 values, bit for bit the reference's, and
+    keeps what the rounding left in ``sent``; at threshold 0 an unchanged frame then sends that
+    residual until ``sent`` is the frame (within three calls); float16 frames are refused."""
+    g = gen(19)
+    n, (h, w) = 2, spatial(c)
+    moved = make_mask(n, h, w, frac, g)
+    sent = make_state((n, c, h, w), g)
+    x = (sent + torch.where(moved, torch.randn((n, c, h, w), generator=g, device=DEV), sent * 0)).contiguous(
+        memory_format=CL)
+    s_c, s_r = clones(sent, sent)
+    out_c, m_c = dcc.sparsify(x, s_c, 0.05, make_key("partial", n), None, tf32=True)
+    out_r, m_r = ref.sparsify(x, s_r, 0.05, make_key("partial", n), None, tf32=True)
+    assert_masks(m_c, m_r)
+    sel = m_c.expand_as(out_c)
+    assert torch.equal(out_c[sel], out_r[sel]) and torch.equal(s_c, s_r)
+    assert (out_c[sel].view(torch.int32) & 0x1FFF).eq(0).all()
+    for _ in range(3):
+        dcc.sparsify(x, s_c, 0.0, None, None, tf32=True)
+    assert torch.equal(s_c, x)
+    _, m = dcc.sparsify(x, s_c, 0.0, None, None, tf32=True)
+    assert not bool(m.any())
+    with pytest.raises(RuntimeError, match="argument 'tf32' needs a float32 frame"):
+        torch.ops.deltaconv.sparsify(x.half(), s_c.half(), 0.0, None, None, tf32=True)
+
+
 def test_sparsify_same_frame_again_sends_nothing():
     """After sending, ``sent`` equals the frame exactly (float32), so at threshold 0 an unchanged
     frame sends no pixel (no float rounding residual is re-sent)."""
@@ -191,7 +219,7 @@ def test_densify(dtype, c, frac, out_dtype):
 
 
 # ----------------------------------------------------------------------------- activation
-def _run_activation(fn, dtype, c, frac, key, threshold, seed=3, n=2, measure="max", size=None):
+def _run_activation(fn, dtype, c, frac, key, threshold, seed=3, n=2, measure="max", size=None, tf32=False):
     g = gen(seed)
     h, w = size or spatial(c)
     mask = make_mask(n, h, w, frac, g)
@@ -200,11 +228,23 @@ def _run_activation(fn, dtype, c, frac, key, threshold, seed=3, n=2, measure="ma
     sent = (fn(acc) + torch.randn(acc.shape, generator=g, device=DEV) * 0.02).to(dtype).contiguous(memory_format=CL)
     k = make_key(key, n)
     a_c, s_c, a_r, s_r = clones(acc, sent, acc, sent)
-    out_c, m_c = dcc.activation(delta, mask, a_c, s_c, fn, threshold, k, measure)
-    out_r, m_r = ref.activation(delta, mask, a_r, s_r, fn, threshold, k, measure)
+    out_c, m_c = dcc.activation(delta, mask, a_c, s_c, fn, threshold, k, measure, tf32=tf32)
+    out_r, m_r = ref.activation(delta, mask, a_r, s_r, fn, threshold, k, measure, tf32=tf32)
     assert_activation_matches((out_c, m_c, a_c, s_c), (out_r, m_r, a_r, s_r), fn, sent, mask, dtype, threshold,
                               measure)
+    if tf32:
+        assert_tf32_sends(out_c, m_c, a_c, s_c, fn)
     return m_r
+
+
+def assert_tf32_sends(out, mask, acc, sent, fn):
+    """Changes sent with ``tf32``: TF32 values (the 13 low mantissa bits zero) at the sent pixels,
+    and what the rounding left pending: ``sent`` is the new value less a residual below one TF32
+    step of the change."""
+    sel = mask.expand_as(out)
+    assert (out[sel].view(torch.int32) & 0x1FFF).eq(0).all()
+    residual = (fn(acc) - sent)[sel]
+    assert (residual.abs() <= out[sel].abs() * 2.0 ** -11 + 1e-30).all()
 
 
 def assert_activation_matches(cuda, reference, fn, sent, region, dtype, threshold, measure):
@@ -369,7 +409,8 @@ def test_add(dtype, c, frac, alpha):
 
 
 # ----------------------------------------------------------------------------- add_activation
-def _run_add_activation(fn, dtype, c, frac, key, threshold, alpha=1.0, seed=12, n=2, measure="max", size=None):
+def _run_add_activation(fn, dtype, c, frac, key, threshold, alpha=1.0, seed=12, n=2, measure="max", size=None,
+                        tf32=False):
     """The fused op against the reference (within rounding, as the activation) and against the CUDA
     add and activation run one after the other (bit for bit: the same arithmetic in one pass)."""
     g = gen(seed)
@@ -380,16 +421,18 @@ def _run_add_activation(fn, dtype, c, frac, key, threshold, alpha=1.0, seed=12, 
     sent = (fn(acc) + torch.randn(acc.shape, generator=g, device=DEV) * 0.02).to(dtype).contiguous(memory_format=CL)
     k = make_key(key, n)
     a_c, s_c, a_r, s_r, a_2, s_2 = clones(acc, sent, acc, sent, acc, sent)
-    out_c, m_c, u_c = dcc.add_activation(da, ma, db, mb, alpha, a_c, s_c, fn, threshold, k, measure)
-    out_r, m_r, u_r = ref.add_activation(da, ma, db, mb, alpha, a_r, s_r, fn, threshold, k, measure)
+    out_c, m_c, u_c = dcc.add_activation(da, ma, db, mb, alpha, a_c, s_c, fn, threshold, k, measure, tf32=tf32)
+    out_r, m_r, u_r = ref.add_activation(da, ma, db, mb, alpha, a_r, s_r, fn, threshold, k, measure, tf32=tf32)
     d2, u2 = dcc.add(da, ma, db, mb, alpha)
-    out_2, m_2 = dcc.activation(d2, u2, a_2, s_2, fn, threshold, k, measure)
+    out_2, m_2 = dcc.activation(d2, u2, a_2, s_2, fn, threshold, k, measure, tf32=tf32)
     assert torch.equal(u_c, ma | mb) and torch.equal(u_r, ma | mb)
     assert torch.equal(m_c, m_2) and torch.equal(a_c, a_2) and torch.equal(s_c, s_2)
     sel = m_c.expand_as(out_c)
     assert torch.equal(out_c[sel], out_2[sel])
     assert_activation_matches((out_c, m_c, a_c, s_c), (out_r, m_r, a_r, s_r), fn, sent, u_r, dtype, threshold,
                               measure)
+    if tf32:
+        assert_tf32_sends(out_c, m_c, a_c, s_c, fn)
 
 
 @pytest.mark.parametrize("fn,alpha", [(Activation("relu"), 1.0), (Activation("hardswish"), -0.5)], ids=repr)
@@ -408,6 +451,46 @@ def test_add_activation_rms_and_no_key(dtype, fn):
     for c in (17, 64):
         _run_add_activation(fn, dtype, c, 0.3, "none", 0.15, seed=13, measure="rms")
         _run_add_activation(fn, dtype, c, 0.3, "none", 0.05, seed=14)
+
+
+@pytest.mark.parametrize("measure,threshold", [("max", 0.0), ("max", 0.05), ("rms", 0.15)])
+@pytest.mark.parametrize("fn", [Activation("relu"), Activation("relu6"), Activation("gelu", 0.0),
+                                Activation("hardswish")], ids=repr)
+@pytest.mark.parametrize("frac", FRACS)
+@pytest.mark.parametrize("c", CHANNELS)
+def test_activation_and_add_activation_tf32_sends(c, frac, fn, measure, threshold):
+    """float32 with ``tf32``: the kernels (the kinds fixed at compile time and one switched per
+    element; 16-byte and scalar channels) send TF32 values, equal to the reference's, and keep the
+    rounding's residual pending in ``sent``."""
+    _run_activation(fn, torch.float32, c, frac, "partial", threshold, seed=15, measure=measure, tf32=True)
+    _run_add_activation(fn, torch.float32, c, frac, "partial", threshold, alpha=1.0, seed=16, measure=measure,
+                        tf32=True)
+
+
+def test_activation_tf32_sends_converge_at_threshold_zero():
+    """At threshold 0 the residual a TF32 send leaves goes out on the next frames (the pixel stays
+    active, nothing else changes): within three frames ``sent`` is the value itself and the outputs
+    are zero, so downstream has received it exactly; float16 deltas with ``tf32`` are refused."""
+    g = gen(17)
+    n, c, h, w = 1, 64, 24, 40
+    mask = torch.ones((n, 1, h, w), dtype=torch.bool, device=DEV)
+    delta = make_delta((n, c, h, w), torch.float32, mask, g, scale=0.3)
+    acc = make_state((n, c, h, w), g, scale=2.0)
+    sent = torch.zeros_like(acc)
+    fn = Activation("relu")
+    received = torch.zeros_like(acc)
+    outs = []
+    for d in (delta, torch.zeros_like(delta), torch.zeros_like(delta), torch.zeros_like(delta)):
+        out, m = dcc.activation(d, mask, acc, sent, fn, 0.0, None, tf32=True)
+        out = torch.where(m, out, torch.zeros((), device=DEV))  # (inactive pixels: unwritten)
+        received += out
+        outs.append(out)
+    assert torch.equal(sent, fn(acc))
+    assert torch.equal(received, fn(acc))
+    assert outs[1].abs().sum() > 0  # the first frame's residual did go out later
+    assert outs[3].abs().sum() == 0
+    with pytest.raises(RuntimeError, match="argument 'tf32' needs float32 deltas"):
+        torch.ops.deltaconv.activation(delta.half(), mask, acc, sent.half(), "relu", 0.0, 0.0, None, tf32=True)
 
 
 def test_add_activation_falls_back_where_the_kernel_does_not_apply():

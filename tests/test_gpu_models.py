@@ -96,6 +96,57 @@ def test_float32_in_tf32_within_the_dense_tf32_rounding(name, monkeypatch):
     assert dm.refresh_interval(torch.float32, frames[0].device) == AUTO_REFRESH_TF32
 
 
+@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2"])
+def test_float32_senders_send_tf32_to_the_convolutions(name, monkeypatch):
+    """In TF32 the activations and the input sparsifier send their changes rounded to TF32
+    (``sends_tf32``: TF32 values, ``Delta.tf32``) and the convolutions reading them take them as they
+    are (``input_tf32``): the
+    converted model stays as close to the float64 model as with every convolution rounding its input
+    itself (``DELTACONV_TF32_SENDS=0``), at thresholds 0 and 0.02; in float16 nothing is flagged."""
+    import copy
+    from deltaconv.modules import DCActivation, DCConv2d, DCSparsify
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
+    model = build(name).cuda()
+    exact = copy.deepcopy(model).double()
+    frames = [f.cuda() for f in video_frames(6, (96, 128), "one-by-one-person-detection.mp4", start=200)]
+    seen = {"sent": 0, "read": 0}
+
+    def sent_hook(layer, args, out):
+        if out.tf32:
+            sel = out.mask.expand_as(out.value)
+            assert (out.value[sel].view(torch.int32) & 0x1FFF).eq(0).all(), layer.layer_name
+            seen["sent"] += 1
+
+    def read_hook(layer, args):
+        seen["read"] += bool(args[0].tf32)
+
+    errors = {}
+    for sends in ("1", "0"):
+        monkeypatch.setenv("DELTACONV_TF32_SENDS", sends)
+        seen.update(sent=0, read=0)
+        for threshold in (0.0, 0.02):
+            dm = deltaconv.convert(model, threshold=threshold, backend="cuda", example_input=frames[0])
+            for layer in dm.modules():
+                if isinstance(layer, (DCActivation, DCSparsify)):
+                    layer.register_forward_hook(sent_hook)
+                if type(layer) is DCConv2d:
+                    layer.register_forward_pre_hook(read_hook)
+            with torch.no_grad():
+                errors[sends, threshold] = max(rel(dm(f), exact(f.double())) for f in frames)
+        assert (seen["sent"] > 0 and seen["read"] > 0) if sends == "1" else seen == {"sent": 0, "read": 0}, seen
+    for threshold in (0.0, 0.02):
+        assert errors["1", threshold] <= 1.5 * errors["0", threshold] + 1e-3, errors
+    seen.update(sent=0, read=0)
+    half = deltaconv.convert(copy.deepcopy(model).half(), backend="cuda", example_input=frames[0].half())
+    for layer in half.modules():
+        if isinstance(layer, DCActivation):
+            layer.register_forward_hook(sent_hook)
+    with torch.no_grad():
+        for f in frames[:2]:
+            half(f.half())
+    assert seen["sent"] == 0
+
+
 class _ComputedWeightConv(torch.nn.Module):
     """A conv whose weight arrives per call (``F.conv2d`` with a computed weight: DCFunctionalConv2d)."""
 

@@ -317,6 +317,48 @@ def test_activation_threshold_pending_goes_out_later():
     assert float(sent) == pytest.approx(0.3) and float(acc) == pytest.approx(0.4)
 
 
+def test_activation_tf32_sends_keep_what_the_rounding_left_pending():
+    """``tf32``: the changes go out rounded to TF32 (13 low mantissa bits zero), ``sent`` is the
+    value less a residual below one TF32 step of the change, and at threshold 0 that residual goes
+    out on the next frames (the pixel active, nothing else changing) until downstream holds the value
+    exactly: no drift. Deltas other than float32 are refused, naming the dtype."""
+    delta, mask = _delta((2, 8, 5, 6), 1.0, seed=7)
+    acc, sent = torch.randn(2, 8, 5, 6, generator=torch.Generator().manual_seed(8)), torch.zeros(2, 8, 5, 6)
+    received = torch.zeros_like(sent)
+    outs = []
+    for d in (delta * 0.37, torch.zeros_like(delta), torch.zeros_like(delta), torch.zeros_like(delta)):
+        out, m = ref.activation(d, mask, acc, sent, F.relu, 0.0, None, tf32=True)
+        assert (out.view(torch.int32) & 0x1FFF).eq(0).all()
+        received += out
+        outs.append(out)
+    first = outs[0]
+    assert (first - F.relu(acc)).abs().max() > 0  # the first frame's changes really were rounded
+    assert outs[1].abs().sum() > 0 and outs[3].abs().sum() == 0
+    assert torch.equal(received, F.relu(acc)) and torch.equal(sent, F.relu(acc))
+    # one frame: the residual kept in `sent` is below one TF32 step of what went out
+    acc2, sent2 = torch.randn(1, 4, 3, 3), torch.zeros(1, 4, 3, 3)
+    out, _ = ref.activation(torch.randn(1, 4, 3, 3), torch.ones(1, 1, 3, 3, dtype=torch.bool), acc2, sent2, F.relu,
+                            0.0, None, tf32=True)
+    assert ((F.relu(acc2) - sent2).abs() <= out.abs() * 2.0 ** -11).all()
+    with pytest.raises(ValueError, match="tf32 needs float32 deltas, got torch.float16"):
+        ref.activation(delta.half(), mask, acc, sent.half(), F.relu, 0.0, None, tf32=True)
+
+
+def test_sparsify_tf32_sends_round_the_frame_and_keep_the_rest_pending():
+    """The input sparsifier with ``tf32`` sends TF32 values; at threshold 0 the same frame again sends
+    what the rounding left until ``sent`` is the frame; float16 frames are refused."""
+    x = torch.randn(1, 3, 6, 7, generator=torch.Generator().manual_seed(3)) * 2
+    sent = torch.zeros_like(x)
+    out, mask = ref.sparsify(x, sent, 0.0, None, tf32=True)
+    assert mask.all() and (out.view(torch.int32) & 0x1FFF).eq(0).all() and not torch.equal(out, x)
+    for _ in range(3):
+        ref.sparsify(x, sent, 0.0, None, tf32=True)
+    assert torch.equal(sent, x)
+    assert not ref.sparsify(x, sent, 0.0, None, tf32=True)[1].any()
+    with pytest.raises(ValueError, match="tf32 needs float32 deltas, got torch.float16"):
+        ref.sparsify(x.half(), sent.half(), 0.0, None, tf32=True)
+
+
 def test_affine_channel_shift_only_on_key_streams():
     v, m = _delta((2, 3, 4, 4), 0.4)
     scale, shift = torch.tensor([1.0, 2.0, -1.0]), torch.tensor([0.5, -0.5, 3.0])

@@ -148,7 +148,7 @@ def test_the_cuda_backend_takes_every_reference_argument_in_the_same_place():
         got = list(inspect.signature(getattr(dcc, name)).parameters)
         assert got[:len(want)] == want, (name, want, got)
     for name in ("activation", "add_activation", "add"):
-        assert list(inspect.signature(getattr(ref, name)).parameters)[-1] == "rows", name
+        assert "rows" in inspect.signature(getattr(ref, name)).parameters, name
 
 
 def test_row_lists_switch_is_read_once_per_frame(monkeypatch):

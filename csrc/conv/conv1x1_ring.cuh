@@ -156,7 +156,7 @@ __global__ void __launch_bounds__(Ring1Cfg::THREADS, 1)
       // this stage's input chunk, copied by all of the warpgroup, visible to its wgmmas; and every
       // warp past the previous stage's wgmma_wait<1>: the stage before it is done, its slot free
       cp_async_wait<DIST - 1>();
-      if constexpr (std::is_same<T, float>::value) {  // TF32: this thread's pieces of the chunk (round_tf32)
+      if (rounds_input<T>(g)) {  // TF32: this thread's pieces of the chunk (round_tf32)
         const uint32_t sa = a_s + slot * Cfg::A_BYTES;
 #pragma unroll
         for (int k = 0; k < RPT; ++k) {

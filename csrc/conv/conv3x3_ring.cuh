@@ -133,7 +133,7 @@ __global__ void __launch_bounds__(RingCfg<D, S>::THREADS, 1)
       bool next_any = false;
       // this chunk's halo, copied by all of the warpgroup, visible to its wgmmas
       cp_async_wait<0>();
-      if constexpr (std::is_same<T, float>::value) WH::round(hb, wt);  // TF32
+      if (rounds_input<T>(g)) WH::round(hb, wt);  // TF32
       fence_proxy_async();
       warpgroup_sync(wg);
 #pragma unroll 1

@@ -153,7 +153,7 @@ __global__ void __launch_bounds__(StationaryCfg<CHUNKS, BN>::THREADS, 1)
 #pragma unroll 1
   for (int s = 0, chunk = 0; s < stages; ++s, chunk = chunk == CHUNKS - 1 ? 0 : chunk + 1) {
     cp_async_wait<1>();  // this thread's pieces of this stage's halo (the next one's may be in flight)
-    if constexpr (std::is_same<T, float>::value) WH::round(halo_s + (s & 1) * Cfg::HALO_BYTES, wt);  // TF32
+    if (rounds_input<T>(g)) WH::round(halo_s + (s & 1) * Cfg::HALO_BYTES, wt);  // TF32
     fence_proxy_async();
     warpgroup_sync(wg);
     if (s < CHUNKS) mbarrier_wait(bar_s + 8 * chunk, 0);  // the chunk's weights, before its first use

@@ -155,7 +155,7 @@ __global__ void __launch_bounds__(32 * TPB * NW) conv_small_cin_tc_kernel(const 
     if (gi + 1 < my_groups) issue_halo(gi + 1);
     cp_async_commit();
     cp_async_wait<1>();
-    if constexpr (std::is_same<T, float>::value) {  // TF32: this thread's landed halo pieces (round_tf32)
+    if (rounds_input<T>(a.g)) {  // TF32: this thread's landed halo pieces (round_tf32)
       const uint32_t hb = halo_s + (gi & 1) * halo_bytes;
       const int first = ((int)blockIdx.x + gi * (int)gridDim.x) * TPB;
       for (int e = tid; e < TPB * HPIX; e += THREADS)

@@ -195,7 +195,10 @@ struct Mma<__nv_bfloat16> {
 // On the deltas that is a bias that the delta states would sum frame after frame (resnet50 at t=0.02
 // on one-by-one: a relative error of 2.7e-2 where rounding to nearest gives 1.9e-2), so every kernel
 // rounds its stages' input operand to nearest in shared memory first (round_tf32): each thread the
-// 16-byte pieces it copied, once they have landed and before the barrier that publishes them. The
+// 16-byte pieces it copied, once they have landed and before the barrier that publishes them;
+// unless the deltas arrive rounded (ConvGeom::input_tf32: the activations and the input sparsifier
+// round the changes they send and keep the rest pending, so that it is not lost frame after frame,
+// deltaconv/modules/linear.py, sends_tf32). The
 // weights are read as they are (truncated: a fixed error of the weights, which a delta sum does
 // not accumulate): deltaconv's convolutions round them to nearest once, with their fold
 // (deltaconv/modules/folding.py, round_to_tf32), and the weight-stationary and warp-specialised
@@ -209,6 +212,13 @@ __device__ __forceinline__ void round_tf32(uint32_t addr) {
   for (int k = 0; k < 4; ++k) asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(v[k]) : "f"(__uint_as_float(v[k])));
   asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v[0]), "r"(v[1]), "r"(v[2]), "r"(v[3])
                : "memory");
+}
+
+// Whether a kernel of element type T rounds its staged input deltas to TF32 (round_tf32): float32,
+// unless they arrive rounded (ConvGeom::input_tf32).
+template <typename T>
+__device__ __forceinline__ bool rounds_input(const ConvGeom& g) {
+  return std::is_same<T, float>::value && !g.input_tf32;
 }
 
 template <>
@@ -765,7 +775,7 @@ __global__ void __launch_bounds__(32 * TPB * NW, WG ? 2 : 1) conv3x3_tc_kernel(c
 #pragma unroll 1
       for (int c_tap = 0; c_tap < 9; ++c_tap, ++s) {
         cp_async_wait<P - 1>();
-        if constexpr (std::is_same<T, float>::value) {  // TF32: this thread's pieces of the halo (round_tf32)
+        if (rounds_input<T>(g)) {  // TF32: this thread's pieces of the halo (round_tf32)
           if (c_tap == 0) {
             const uint32_t hb = halo_s + c_hpar * Cfg::HALO_BYTES;
             for (int e = tid >> 3; e < PIXT; e += WROWSTEP) round_tf32(swizzled_piece(hb, e, wj, HL::swz(e)));
@@ -1084,7 +1094,7 @@ __global__ void __launch_bounds__(Conv1Cfg<NW, NT, WG>::THREADS) conv_gather_tc_
 #pragma unroll 1
   for (int s = 0; s < total; ++s) {
     cp_async_wait_dyn(P - 1);
-    if constexpr (std::is_same<T, float>::value) {  // TF32: this thread's pieces of the input rows (round_tf32)
+    if (rounds_input<T>(a.g)) {  // TF32: this thread's pieces of the input rows (round_tf32)
       const uint32_t sa = s_base + (s % wslots) * Cfg::STAGE;
 #pragma unroll
       for (int k = 0; k < Cfg::RPT; ++k) {

@@ -24,7 +24,8 @@ namespace pw {
 
 // ================================================================ sparsify
 // change = x - sent (float32); pixel sent when max_c |change| > threshold (or measure > threshold
-// when a measure is given), or its stream is a key stream; then send_element(x, sent).
+// when a measure is given), or its stream is a key stream; then send_element(x, sent) (with p.tf32,
+// float32: rounded to TF32, send_element<T, true>, for a stem that reads it in TF32).
 template <typename T>
 struct SparsifyParams {
   const T* x;              // [N, C, H, W] frame
@@ -36,6 +37,7 @@ struct SparsifyParams {
   float threshold;
   int64_t pixels, hw;      // N*H*W, H*W
   int channels, log2_lanes;
+  bool tf32;               // float32 only: send the changes rounded to TF32 (send_element)
 };
 
 template <typename T, int VEC>
@@ -63,7 +65,11 @@ __global__ void __launch_bounds__(kThreads) sparsify_kernel(const SparsifyParams
   send = send || key_flag(p.key, g.pixel, p.hw);
   if (g.lane == 0) p.mask_out[g.pixel] = send;
   if (!send) return;
-  send_row<T, VEC>(g, C, row, p.x, p.sent, p.out, [](float x) { return x; });
+  const auto identity = [](float x) { return x; };
+  if constexpr (std::is_same<T, float>::value) {
+    if (p.tf32) return send_row<T, VEC, true>(g, C, row, p.x, p.sent, p.out, identity);
+  }
+  send_row<T, VEC>(g, C, row, p.x, p.sent, p.out, identity);
 }
 
 // ================================================================ densify
@@ -103,7 +109,7 @@ __global__ void __launch_bounds__(kThreads) densify_kernel(const DensifyParams<T
 // ================================================================ activation
 // On active pixels: acc += delta; change = T(f(acc)) - sent; sent when the change's size exceeds
 // the threshold (PendingSize: max or rms over the channels) or the stream is a key stream; then
-// out = send_element(f(acc), sent).
+// out = send_element(f(acc), sent) (with p.tf32, float32: rounded to TF32, send_element<T, true>).
 // With `rows` it also lists the sent pixels for the 1x1 convolution after it (conv1x1_rows); so
 // do mul_kernel, and add_kernel with its active pixels.
 // With RESIDUAL (the add_activation op: a residual add fused into the activation after it) the
@@ -132,6 +138,7 @@ struct ActivationParams {
   // (append_sent_rows): rows [1 + 2 * pixels], the count added to rows_count[0]
   int* rows;
   int* rows_count;
+  bool tf32;               // float32 only: send the changes rounded to TF32 (send_element)
 };
 
 // KIND: the activation fixed at compile time (an ActKind: the launcher does so for ReLU and
@@ -183,7 +190,14 @@ __global__ void __launch_bounds__(kThreads) activation_kernel(const ActivationPa
     if (g.lane == 0) p.mask_out[g.pixel] = send;
     if (!send) return false;
     // second pass over this lane's own channels (acc as just written by this thread)
-    send_row<T, VEC>(g, C, row, p.acc, p.sent, p.out, [&](float a) { return apply_activation(kind, p.param, a); });
+    const auto f = [&](float a) { return apply_activation(kind, p.param, a); };
+    if constexpr (std::is_same<T, float>::value) {
+      if (p.tf32) {
+        send_row<T, VEC, true>(g, C, row, p.acc, p.sent, p.out, f);
+        return true;
+      }
+    }
+    send_row<T, VEC>(g, C, row, p.acc, p.sent, p.out, f);
     return true;
   }, SentRows{p.rows, p.rows_count, p.pixels});
 }

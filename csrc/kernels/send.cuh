@@ -44,21 +44,32 @@ __device__ __forceinline__ bool group_exceeds(const PixelGroup& g, const Pending
   return rms_limit >= 0.f ? group_sum(g, size.sq) > rms_limit : group_any(g, size.over);
 }
 
+// `v` rounded to nearest TF32 (ties away from zero, as cvt.rna: the tensor cores' input format),
+// in a float: its 13 low mantissa bits zero.
+__device__ __forceinline__ float round_to_tf32(float v) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(v));
+  return __uint_as_float(r);
+}
+
 // Sends one element: returns out = T(T(y) - sent) and updates `sent` (a float holding a T value)
 // to sent_after(T(y), change, out), which the caller stores back as T.
-template <typename T>
+// TF32 (float32 deltas for convolutions that read them in TF32): out = TF32(T(y) - sent) instead,
+// so that those convolutions read the deltas as they are; what the rounding left stays pending in
+// `sent` as the cast's residual does (no drift), and goes out with a later change.
+template <typename T, bool TF32 = false>
 __device__ __forceinline__ float send_element(float y, float& sent) {
   const float target = round_to<T>(y);
   const float change = __fsub_rn(target, sent);
-  const float out = round_to<T>(change);
+  const float out = TF32 ? round_to_tf32(change) : round_to<T>(change);
   sent = sent_after(target, change, out);
   return out;
 }
 
 // The send pass of a truncating pointwise kernel over the channels of group `g`'s lane in pixel
-// row `row` (element offset p * C): out = send_element(value(v), sent) with `sent` updated in
-// place, v loaded from `src` ([N, C, H, W] channels_last, T or float32).
-template <typename T, int VEC, typename Src, typename Value>
+// row `row` (element offset p * C): out = send_element<T, TF32>(value(v), sent) with `sent` updated
+// in place, v loaded from `src` ([N, C, H, W] channels_last, T or float32).
+template <typename T, int VEC, bool TF32 = false, typename Src, typename Value>
 __device__ __forceinline__ void send_row(const PixelGroup& g, int C, int64_t row, const Src* src, T* sent, T* out,
                                          Value&& value) {
   for (int c = g.lane * VEC; c < C; c += g.lanes * VEC) {
@@ -66,7 +77,7 @@ __device__ __forceinline__ void send_row(const PixelGroup& g, int C, int64_t row
     load_f<VEC>(src + row + c, v);
     load_f<VEC>(sent + row + c, s);
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) v[i] = send_element<T>(value(v[i]), s[i]);
+    for (int i = 0; i < VEC; ++i) v[i] = send_element<T, TF32>(value(v[i]), s[i]);
     store_f<VEC>(out + row + c, v);
     store_f<VEC>(sent + row + c, s);
   }

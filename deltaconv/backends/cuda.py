@@ -165,27 +165,28 @@ def _rms(measure: str) -> bool:
 
 
 def truncate(y: Tensor, region: Tensor, sent: Tensor, threshold: float, key: Optional[Tensor],
-             out_dtype: torch.dtype, measure: str = "max") -> tuple[Tensor, Tensor]:
+             out_dtype: torch.dtype, measure: str = "max", tf32: bool = False) -> tuple[Tensor, Tensor]:
     """Send ``y - sent`` on pixels of ``region`` over ``threshold`` (reference; generic tail)."""
-    return _ref.truncate(y, region, sent, threshold, key, out_dtype, measure)
+    return _ref.truncate(y, region, sent, threshold, key, out_dtype, measure, tf32)
 
 
 # ----------------------------------------------------------------------------- boundaries
 def sparsify(x: Tensor, sent: Tensor, threshold: float, key: Optional[Tensor],
-             change_measure: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
-    """Input sparsifier: send pixels of frame ``x`` that moved more than ``threshold`` from ``sent``."""
+             change_measure: Optional[Tensor] = None, tf32: bool = False) -> tuple[Tensor, Tensor]:
+    """Input sparsifier: send pixels of frame ``x`` that moved more than ``threshold`` from ``sent``.
+    ``tf32``: as in :func:`activation`."""
     if not (_pointwise_ok("sparsify", x, sent) and _sent_ok(sent, x, x.shape)
             and (change_measure is None or change_measure.dtype == torch.float32)):
-        return _ref.sparsify(x, sent, threshold, key, change_measure)
+        return _ref.sparsify(x, sent, threshold, key, change_measure, tf32=tf32)
     s4, copied = _state4(sent)
     measure = None if change_measure is None else _mask4(change_measure)
-    out, mask = torch.ops.deltaconv.sparsify(_value4(x), s4, float(threshold), _key(key), measure)
+    out, mask = torch.ops.deltaconv.sparsify(_value4(x), s4, float(threshold), _key(key), measure, tf32=bool(tf32))
     _write_back(sent, s4, copied)
     return _like(out, mask, x)
 
 
 @_fake("sparsify")
-def _sparsify_fake(x, sent, threshold, key, measure):
+def _sparsify_fake(x, sent, threshold, key, measure, tf32=False):
     n, _, h, w = x.shape
     return _empty_value(x, x.shape), _empty_mask(x, n, h, w)
 
@@ -217,27 +218,30 @@ def _row_args(rows: Optional[RowList], delta: Tensor) -> tuple[Optional[Tensor],
 
 def activation(delta: Tensor, mask: Tensor, acc: Tensor, sent: Tensor, fn: Callable[[Tensor], Tensor],
                threshold: float, key: Optional[Tensor], measure: str = "max",
-               rows: Optional[RowList] = None) -> tuple[Tensor, Tensor]:
+               rows: Optional[RowList] = None, tf32: bool = False) -> tuple[Tensor, Tensor]:
     """Pointwise non-linearity ``fn``: ``fn(acc + d) - sent`` on active pixels, then truncation.
     ``rows``: a :class:`~deltaconv.delta.RowList` where the kernel also lists the sent pixels
-    (``rows.filled`` tells whether it ran; the reference path leaves it untouched)."""
+    (``rows.filled`` tells whether it ran; the reference path leaves it untouched). ``tf32``
+    (float32 only): the changes sent rounded to TF32, for convolutions that read them in TF32
+    (:func:`conv2d` with ``input_tf32``); what the rounding left stays pending."""
     kind = getattr(fn, "kind", None)
     rms = _rms(measure)
     if not (kind in NATIVE_KINDS and _pointwise_ok("activation", delta, mask, acc, sent)
             and _state_ok(acc, delta.shape) and _sent_ok(sent, delta, delta.shape)):
-        return _ref.activation(delta, mask, acc, sent, fn, threshold, key, measure)
+        return _ref.activation(delta, mask, acc, sent, fn, threshold, key, measure, tf32=tf32)
     a4, a_copied = _state4(acc)
     s4, s_copied = _state4(sent)
     out, m = torch.ops.deltaconv.activation(_value4(delta), _mask4(mask), a4, s4, kind,
                                             float(getattr(fn, "param", 0.0)), float(threshold), _key(key), rms,
-                                            *_row_args(rows, delta))
+                                            *_row_args(rows, delta), tf32=bool(tf32))
     _write_back(acc, a4, a_copied)
     _write_back(sent, s4, s_copied)
     return _like(out, m, delta)
 
 
 @_fake("activation")
-def _activation_fake(delta, mask, acc, sent, kind, param, threshold, key, rms=False, rows=None, rows_count=None):
+def _activation_fake(delta, mask, acc, sent, kind, param, threshold, key, rms=False, rows=None, rows_count=None,
+                     tf32=False):
     return _empty_like_delta(delta)
 
 
@@ -311,22 +315,24 @@ def _add_fake(delta_a, mask_a, delta_b, mask_b, alpha, rows=None, rows_count=Non
 
 def add_activation(delta_a: Tensor, mask_a: Tensor, delta_b: Tensor, mask_b: Tensor, alpha: float, acc: Tensor,
                    sent: Tensor, fn: Callable[[Tensor], Tensor], threshold: float, key: Optional[Tensor],
-                   measure: str = "max", rows: Optional[RowList] = None) -> tuple[Tensor, Tensor, Tensor]:
+                   measure: str = "max", rows: Optional[RowList] = None,
+                   tf32: bool = False) -> tuple[Tensor, Tensor, Tensor]:
     """A residual add and the activation after it (``activation(add(a, b, alpha))``), the add's mask
     returned too: ``(out, out_mask, mask_a | mask_b)``. The CUDA backend runs it in one kernel.
-    ``rows``: as in :func:`activation`."""
+    ``rows`` and ``tf32``: as in :func:`activation`."""
     kind = getattr(fn, "kind", None)
     if not (kind in NATIVE_KINDS and _pointwise_ok("add_activation", delta_a, mask_a, delta_b, mask_b, acc, sent)
             and delta_a.shape == delta_b.shape and delta_a.dtype == delta_b.dtype and mask_a.shape == mask_b.shape
             and _state_ok(acc, delta_a.shape) and _sent_ok(sent, delta_a, delta_a.shape)):
         d, union = add(delta_a, mask_a, delta_b, mask_b, alpha)
-        out, out_mask = activation(d, union, acc, sent, fn, threshold, key, measure, rows)
+        out, out_mask = activation(d, union, acc, sent, fn, threshold, key, measure, rows, tf32)
         return out, out_mask, union
     a4, a_copied = _state4(acc)
     s4, s_copied = _state4(sent)
     out, m, union = torch.ops.deltaconv.add_activation(
         _value4(delta_a), _mask4(mask_a), _value4(delta_b), _mask4(mask_b), float(alpha), a4, s4, kind,
-        float(getattr(fn, "param", 0.0)), float(threshold), _key(key), _rms(measure), *_row_args(rows, delta_a))
+        float(getattr(fn, "param", 0.0)), float(threshold), _key(key), _rms(measure), *_row_args(rows, delta_a),
+        tf32=bool(tf32))
     _write_back(acc, a4, a_copied)
     _write_back(sent, s4, s_copied)
     out, m = _like(out, m, delta_a)
@@ -335,7 +341,7 @@ def add_activation(delta_a: Tensor, mask_a: Tensor, delta_b: Tensor, mask_b: Ten
 
 @_fake("add_activation")
 def _add_activation_fake(delta_a, mask_a, delta_b, mask_b, alpha, acc, sent, kind, param, threshold, key, rms=False,
-                         rows=None, rows_count=None):
+                         rows=None, rows_count=None, tf32=False):
     out, mask = _empty_like_delta(delta_a)
     return out, mask, torch.empty_like(mask)
 
@@ -405,12 +411,14 @@ def _concatenate_fake(deltas, masks):
 # ----------------------------------------------------------------------------- convolution
 def conv2d(delta: Tensor, mask: Tensor, weight: Tensor, bias: Optional[Tensor], stride, padding, dilation,
            groups: int, key: Optional[Tensor], padding_mode: str = "zeros",
-           counters: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+           counters: Optional[Tensor] = None, input_tf32: bool = False) -> tuple[Tensor, Tensor]:
     """Convolution: ``W * d``; the mask is dilated by the receptive field; the bias is added once,
     on key frames. ``counters``: zeroed int32 ``[>= 14]`` on the device where the kernels count their
     work list, rank their blocks and record the K split of the 3x3 kernel's fine launch or the
     gathered-rows GEMM (``counters[3]``; a slice of :class:`~deltaconv.modules.WorkCounters`); ``None``: the op zeroes
-    its own. Outputs are bit-identical from call to call, except where the 3x3 kernel hands a tail of
+    its own. ``input_tf32`` (float32 only): ``delta`` holds TF32 values already (an activation or the
+    input sparsifier sent it with ``tf32``), so the tensor-core kernels skip rounding it; other values they would read
+    truncated. Outputs are bit-identical from call to call, except where the 3x3 kernel hands a tail of
     tiles past one round of its coarse launch to its fine launch (or, for 256 input channels on
     Hopper, to the weight-stationary kernel in its place; not under
     ``torch.use_deterministic_algorithms(True)``)."""
@@ -418,18 +426,21 @@ def conv2d(delta: Tensor, mask: Tensor, weight: Tensor, bias: Optional[Tensor], 
             and padding_mode == "zeros" and not isinstance(padding, str)):
         return _ref.conv2d(delta, mask, weight, bias, stride, padding, dilation, groups, key, padding_mode)
     return torch.ops.deltaconv.conv2d(_value4(delta), _mask4(mask), weight, bias, _pair(stride), _pair(padding),
-                                      _pair(dilation), int(groups), _key(key), counters)
+                                      _pair(dilation), int(groups), _key(key), counters, bool(input_tf32))
 
 
-def conv1x1_rows(delta: Tensor, mask: Tensor, weight: Tensor, bias: Optional[Tensor], rows: RowList) -> Tensor:
+def conv1x1_rows(delta: Tensor, mask: Tensor, weight: Tensor, bias: Optional[Tensor], rows: RowList,
+                 input_tf32: bool = False) -> Tensor:
     """:func:`conv2d` of a 1x1 kernel, stride 1, no padding, groups 1, on a delta frame (no key),
     over the pixels the layer before it listed in ``rows`` (filled): the same output at those pixels,
-    without the mask pass; the output mask is ``mask``. CUDA tensors, 4-D ``delta``."""
-    return torch.ops.deltaconv.conv1x1_rows(_value4(delta), _mask4(mask), weight, bias, rows.rows, rows.counters)
+    without the mask pass; the output mask is ``mask``. CUDA tensors, 4-D ``delta``. ``input_tf32``:
+    as in :func:`conv2d`."""
+    return torch.ops.deltaconv.conv1x1_rows(_value4(delta), _mask4(mask), weight, bias, rows.rows, rows.counters,
+                                            bool(input_tf32))
 
 
 @_fake("conv1x1_rows")
-def _conv1x1_rows_fake(delta, mask, weight, bias, rows, counters):
+def _conv1x1_rows_fake(delta, mask, weight, bias, rows, counters, input_tf32=False):
     n, _, h, w = delta.shape
     return _empty_value(delta, (n, weight.shape[0], h, w))
 
@@ -439,7 +450,7 @@ def _conv_out(size, k, s, p, d):
 
 
 @_fake("conv2d")
-def _conv2d_fake(delta, mask, weight, bias, stride, padding, dilation, groups, key, counters=None):
+def _conv2d_fake(delta, mask, weight, bias, stride, padding, dilation, groups, key, counters=None, input_tf32=False):
     n, _, h, w = delta.shape
     (sh, sw), (ph, pw), (dh, dw) = _pair(stride), _pair(padding), _pair(dilation)
     ho = _conv_out(h, weight.shape[2], sh, ph, dh)

@@ -57,21 +57,46 @@ def _footprint(mask: Tensor, pool: Callable[[Tensor], Tensor]) -> Tensor:
 
 
 # ----------------------------------------------------------------------------- truncation
+def round_to_tf32(t: Tensor) -> Tensor:
+    """Float32 ``t`` rounded to the nearest TF32 value (10 mantissa bits, ties away from zero, as
+    ``cvt.rna.tf32.f32``), still float32 and in ``t``'s memory format; infinities and NaNs as they are.
+
+    The CUDA backend's tensor-core convolutions read float32 operands in TF32 by dropping their low 13
+    mantissa bits (the tensor cores' own conversion, toward zero), so the convolutions round their
+    weights to nearest with their fold, once (:meth:`~deltaconv.modules.folding.FoldedWeights.get`
+    with ``tf32``), and the activations and the input sparsifier round the changes they send
+    (:func:`truncate` and :func:`sparsify` with ``tf32``)."""
+    bits = t.view(torch.int32)
+    rounded = ((bits + 0x1000) & ~0x1FFF).view(torch.float32)
+    return torch.where(torch.isfinite(t), rounded, t)
+
+
 def _work_dtype(sent: Tensor) -> torch.dtype:
     """The dtype in which changes against ``sent`` are computed: float32 (float64 for float64)."""
     return torch.promote_types(sent.dtype, torch.float32)
 
 
-def _send(target: Tensor, sent: Tensor, change: Tensor, mask: Tensor, out_dtype: torch.dtype) -> Tensor:
+def _send(target: Tensor, sent: Tensor, change: Tensor, mask: Tensor, out_dtype: torch.dtype,
+          tf32: bool = False) -> Tensor:
     """Send ``change = target - sent`` on ``mask``: returns the output delta (``out_dtype``, zero
     elsewhere) and updates ``sent`` in place to ``target`` less what the cast of the delta to
     ``out_dtype`` lost (that stays pending). ``sent + out`` instead would leave a float rounding
     residual that threshold 0 re-sends on every later frame although nothing changed. ``target``
-    and ``change`` are in the work dtype, ``target`` already rounded to ``sent``'s dtype."""
+    and ``change`` are in the work dtype, ``target`` already rounded to ``sent``'s dtype. ``tf32``
+    (float32 only): the delta rounded to TF32 (:func:`round_to_tf32`) instead, what that lost
+    pending in the same way."""
     zero = torch.zeros((), dtype=change.dtype, device=change.device)
-    out = torch.where(mask, change, zero).to(out_dtype)
+    out = torch.where(mask, change, zero)
+    out = round_to_tf32(out) if tf32 else out.to(out_dtype)
     sent.copy_(torch.where(mask, target - (change - out.to(change.dtype)), sent.to(change.dtype)))
     return out
+
+
+def _check_tf32(tf32: bool, dtype: torch.dtype) -> bool:
+    """``tf32``, checked: TF32 sends need float32 deltas (``ValueError`` naming the dtype)."""
+    if tf32 and dtype != torch.float32:
+        raise ValueError(f"tf32 needs float32 deltas, got {dtype}")
+    return bool(tf32)
 
 
 def _target(y: Tensor, sent: Tensor) -> Tensor:
@@ -104,13 +129,14 @@ def exceeds(change: Tensor, threshold: float, measure: str = "max") -> Tensor:
 
 
 def truncate(y: Tensor, region: Tensor, sent: Tensor, threshold: float, key: Optional[Tensor],
-             out_dtype: torch.dtype, measure: str = "max") -> tuple[Tensor, Tensor]:
+             out_dtype: torch.dtype, measure: str = "max", tf32: bool = False) -> tuple[Tensor, Tensor]:
     """Send ``y - sent`` on pixels of ``region`` whose change exceeds ``threshold`` (by ``measure``).
 
     The common tail of every non-linear layer: ``y`` is the layer's new output computed from its
     accumulated inputs, ``sent`` what downstream has received so far (updated in place). ``y`` is
     first rounded to ``sent``'s dtype (a float16 model's layers output float16, as the dense
-    model's do); the change is computed in float32.
+    model's do); the change is computed in float32. ``tf32`` (float32 only): the changes are sent
+    rounded to TF32, the rest kept pending (see :func:`_send`).
     """
     target = _target(y, sent)
     change = torch.where(region, target - sent.to(target.dtype), torch.zeros((), dtype=target.dtype, device=y.device))
@@ -118,17 +144,18 @@ def truncate(y: Tensor, region: Tensor, sent: Tensor, threshold: float, key: Opt
     k = _key_view(key, out_mask.dim())
     if k is not None:
         out_mask = out_mask | (k & region)
-    return _send(target, sent, change, out_mask, out_dtype), out_mask
+    return _send(target, sent, change, out_mask, out_dtype, _check_tf32(tf32, out_dtype)), out_mask
 
 
 # ----------------------------------------------------------------------------- boundaries
 def sparsify(x: Tensor, sent: Tensor, threshold: float, key: Optional[Tensor],
-             change_measure: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+             change_measure: Optional[Tensor] = None, tf32: bool = False) -> tuple[Tensor, Tensor]:
     """Input sparsifier: send pixels of frame ``x`` that moved more than ``threshold`` from ``sent``.
 
     ``change_measure`` ([N,1,H,W] float, optional) replaces the per-pixel ``max_c |x - sent|`` as
     the quantity compared with the threshold (the noise-robust measures of ``deltaconv.sparsify``
-    compute it); the values sent are always the exact ``x - sent``.
+    compute it); the values sent are always the exact ``x - sent`` (``tf32``, float32 only: rounded
+    to TF32, what that lost pending, as in :func:`truncate`).
     """
     target = _target(x, sent)
     change = target - sent.to(target.dtype)
@@ -137,7 +164,7 @@ def sparsify(x: Tensor, sent: Tensor, threshold: float, key: Optional[Tensor],
     k = _key_view(key, mask.dim())
     if k is not None:
         mask = mask | k
-    return _send(target, sent, change, mask, x.dtype), mask
+    return _send(target, sent, change, mask, x.dtype, _check_tf32(tf32, x.dtype)), mask
 
 
 def densify(delta: Tensor, mask: Tensor, acc: Tensor, out_dtype: torch.dtype) -> Tensor:
@@ -149,11 +176,12 @@ def densify(delta: Tensor, mask: Tensor, acc: Tensor, out_dtype: torch.dtype) ->
 # ----------------------------------------------------------------------------- pointwise
 def activation(delta: Tensor, mask: Tensor, acc: Tensor, sent: Tensor, fn: Callable[[Tensor], Tensor],
                threshold: float, key: Optional[Tensor], measure: str = "max",
-               rows: Optional[RowList] = None) -> tuple[Tensor, Tensor]:
+               rows: Optional[RowList] = None, tf32: bool = False) -> tuple[Tensor, Tensor]:
     """Pointwise non-linearity ``fn``: ``fn(acc + d) - sent`` on active pixels, then truncation.
-    ``rows``: ignored (the CUDA backend lists the sent pixels there; here ``rows.filled`` stays false)."""
+    ``rows``: ignored (the CUDA backend lists the sent pixels there; here ``rows.filled`` stays false).
+    ``tf32`` (float32 only): the changes sent rounded to TF32 (see :func:`truncate`)."""
     acc += _zero_inactive(delta, mask).to(acc.dtype)
-    return truncate(fn(acc), mask, sent, threshold, key, delta.dtype, measure)
+    return truncate(fn(acc), mask, sent, threshold, key, delta.dtype, measure, tf32)
 
 
 def layer_norm(delta: Tensor, mask: Tensor, acc: Tensor, sent: Tensor, weight: Optional[Tensor],
@@ -199,11 +227,13 @@ def add(delta_a: Tensor, mask_a: Tensor, delta_b: Tensor, mask_b: Tensor,
 
 def add_activation(delta_a: Tensor, mask_a: Tensor, delta_b: Tensor, mask_b: Tensor, alpha: float, acc: Tensor,
                    sent: Tensor, fn: Callable[[Tensor], Tensor], threshold: float, key: Optional[Tensor],
-                   measure: str = "max", rows: Optional[RowList] = None) -> tuple[Tensor, Tensor, Tensor]:
+                   measure: str = "max", rows: Optional[RowList] = None,
+                   tf32: bool = False) -> tuple[Tensor, Tensor, Tensor]:
     """A residual add and the activation after it (``activation(add(a, b, alpha))``), the add's mask
-    returned too: ``(out, out_mask, mask_a | mask_b)``. The CUDA backend runs it in one kernel."""
+    returned too: ``(out, out_mask, mask_a | mask_b)``. The CUDA backend runs it in one kernel.
+    ``tf32``: as in :func:`activation`."""
     d, union = add(delta_a, mask_a, delta_b, mask_b, alpha)
-    out, out_mask = activation(d, union, acc, sent, fn, threshold, key, measure)
+    out, out_mask = activation(d, union, acc, sent, fn, threshold, key, measure, tf32=tf32)
     return out, out_mask, union
 
 
@@ -237,10 +267,11 @@ def concatenate(deltas: Sequence[Tensor], masks: Sequence[Tensor], dim: int) -> 
 # ----------------------------------------------------------------------------- convolution
 def conv2d(delta: Tensor, mask: Tensor, weight: Tensor, bias: Optional[Tensor], stride, padding, dilation,
            groups: int, key: Optional[Tensor], padding_mode: str = "zeros",
-           counters: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+           counters: Optional[Tensor] = None, input_tf32: bool = False) -> tuple[Tensor, Tensor]:
     """Convolution (any kernel, stride, padding, dilation, groups): ``W * d``; the mask is dilated by
     the receptive field; the bias is added once, on key frames. ``counters`` (the CUDA kernels' work
-    list counters) is not used here."""
+    list counters) and ``input_tf32`` (the CUDA kernels then skip rounding the deltas to TF32) are
+    not used here: PyTorch's convolution reads its input as cuDNN does."""
     x = _zero_inactive(delta, mask)
     m = mask.to(torch.float32)
     if padding_mode != "zeros":

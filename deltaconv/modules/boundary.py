@@ -6,6 +6,7 @@ import torch
 
 from ..delta import Delta
 from .base import DCModule
+from .linear import sends_tf32
 
 
 class DCSparsify(DCModule):
@@ -13,8 +14,9 @@ class DCSparsify(DCModule):
 
     A pixel is sent when its change exceeds ``threshold`` (by default ``max_c |x - sent|``; a
     ``change_detector`` from :mod:`deltaconv.sparsify` may replace that measure). Values sent are
-    exact; what is not sent stays pending in ``sent`` and goes out once it crosses the threshold.
-    State: ``sent`` (the frame's dtype and shape).
+    exact (float32 on a GPU with TF32 convolutions: rounded to TF32, :func:`sends_tf32`); what is not
+    sent stays pending in ``sent`` and goes out once it crosses the threshold. State: ``sent`` (the
+    frame's dtype and shape).
     """
 
     kind = "sparsify"
@@ -30,8 +32,9 @@ class DCSparsify(DCModule):
         measure = None
         if self.change_detector is not None and self.key is None:
             measure = self.change_detector(x.float() - sent.float())
-        value, mask = self.ops.sparsify(x, sent, self.threshold, self.key, measure)
-        return self.observe(Delta(value, mask))
+        tf32 = sends_tf32(x)
+        value, mask = self.ops.sparsify(x, sent, self.threshold, self.key, measure, tf32=tf32)
+        return self.observe(Delta(value, mask, tf32=tf32))
 
     def flops_per_output_pixel(self, out: Delta) -> float:
         return 0.0

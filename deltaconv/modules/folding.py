@@ -21,6 +21,8 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
+from ..backends.reference import round_to_tf32
+
 
 def bn_scale_shift(bn: nn.modules.batchnorm._BatchNorm) -> tuple[torch.Tensor, torch.Tensor]:
     """BatchNorm in eval as ``y = scale * x + shift`` (float32, or float64 for a float64 BN)."""
@@ -73,18 +75,6 @@ def round_keeping_sums(weight: torch.Tensor, dtype: torch.dtype, max_flips: Opti
         flipped ^= chosen
         error = error + (change * chosen).sum(-1)
     return torch.where(flipped, other, lo).reshape(weight.shape).to(dtype)
-
-
-def round_to_tf32(t: torch.Tensor) -> torch.Tensor:
-    """Float32 ``t`` rounded to the nearest TF32 value (10 mantissa bits, ties away from zero, as
-    ``cvt.rna.tf32.f32``), still float32 and in ``t``'s memory format; infinities and NaNs as they are.
-
-    The CUDA backend's tensor-core convolutions read float32 weights in TF32 by dropping their low 13
-    mantissa bits (the tensor cores' own conversion, toward zero), so the convolutions round their
-    weights to nearest with their fold, once (:meth:`FoldedWeights.get` with ``tf32``)."""
-    bits = t.view(torch.int32)
-    rounded = ((bits + 0x1000) & ~0x1FFF).view(torch.float32)
-    return torch.where(torch.isfinite(t), rounded, t)
 
 
 def fold_sources(weight, bias, bn) -> tuple:

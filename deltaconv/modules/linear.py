@@ -44,6 +44,18 @@ def runs_tensor_cores(dtype: torch.dtype) -> bool:
             and os.environ.get("DELTACONV_TC_TF32") != "0")
 
 
+def sends_tf32(value: torch.Tensor) -> bool:
+    """Whether an activation or the input sparsifier sends the changes of ``value`` rounded to TF32
+    (``ops.activation`` / ``ops.sparsify`` with ``tf32``; ``Delta.tf32``): float32 on the GPU where
+    the convolutions run in TF32 (:func:`runs_tensor_cores`), unless ``DELTACONV_TF32_SENDS=0`` is
+    set (read on every call; for A/B runs). The convolutions after it then read the changes as they
+    are instead of rounding them to TF32 themselves (a pass over their staged input in every
+    tensor-core kernel), and what the rounding leaves stays pending in the sender's state instead of
+    being lost frame after frame (a drift)."""
+    return (value.dtype == torch.float32 and value.is_cuda and runs_tensor_cores(torch.float32)
+            and os.environ.get("DELTACONV_TF32_SENDS") != "0")
+
+
 #: grouped convolutions run on the GPU in float16 / bfloat16 (and float32 in TF32) as one group with
 #: a block-diagonal weight, on the tensor-core kernels, where :func:`runs_block_diagonal` says so:
 #: ``groups`` times the multiply-adds, yet at the 1080p shapes of RegNet and ResNeXt up to 512 input
@@ -209,12 +221,12 @@ class DCConv2d(DCModule):
         w, b = self.folded_weight_bias(self.output_pixels(x) if self.groups > 1 else None)
         rows = x.rows if self.takes_rows else None
         if rows is not None and rows.filled and self.key is None and self.row_list_ok():
-            v = self._unpadded(self.ops.conv1x1_rows(x.value, x.mask, w, b, rows))
+            v = self._unpadded(self.ops.conv1x1_rows(x.value, x.mask, w, b, rows, input_tf32=x.tf32))
             # stride 1, no padding: the input's active pixels, and so its list
             return self.observe(Delta(v, x.mask, rows if self.lists_rows else None))
         groups = self.groups if w.shape[1] * self.groups == self.in_channels else 1  # 1: block-diagonal
         v, m = self.ops.conv2d(x.value, x.mask, w, b, self.stride, self.padding, self.dilation, groups,
-                               self.key, self.padding_mode, self.work_counters(x))
+                               self.key, self.padding_mode, self.work_counters(x), input_tf32=x.tf32)
         return self.observe(Delta(self._unpadded(v), m))
 
     def _unpadded(self, v: torch.Tensor) -> torch.Tensor:
@@ -280,7 +292,7 @@ class DCFunctionalConv2d(DCModule):
         if self.groups == 1 and reads_tf32_weights(weight.dtype, kernel_weight_layout(weight, 1)):
             weight = round_to_tf32(weight)  # per call: the weight may change
         v, m = self.ops.conv2d(x.value, x.mask, weight, bias, self.stride, self.padding, self.dilation, self.groups,
-                               self.key, counters=self.work_counters(x))
+                               self.key, counters=self.work_counters(x), input_tf32=x.tf32)
         return self.observe(Delta(v, m))
 
     def flops_per_output_pixel(self, out: Delta) -> float:

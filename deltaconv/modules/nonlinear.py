@@ -14,12 +14,14 @@ from torch.nn.modules.utils import _pair
 from .. import activations
 from ..delta import Delta, filled_rows, mask_shape
 from .base import DCModule
-from .linear import DeferredSum, _map_deltas, _rebuild
+from .linear import DeferredSum, _map_deltas, _rebuild, sends_tf32
+
 
 
 class DCActivation(DCModule):
     """Pointwise non-linearity (ReLU, ReLU6, LeakyReLU, Hardswish, Hardsigmoid, SiLU, Sigmoid,
-    GELU, Tanh, ELU, or any pointwise callable). State: ``acc`` (input), ``sent`` (output)."""
+    GELU, Tanh, ELU, or any pointwise callable). State: ``acc`` (input), ``sent`` (output).
+    Float32 on a GPU with TF32 convolutions: sends its changes rounded to TF32 (:func:`sends_tf32`)."""
 
     kind = "activation"
     truncates = True
@@ -41,15 +43,16 @@ class DCActivation(DCModule):
         acc = self.state("acc", x.shape, like.device, like.dtype)
         sent = self.state("sent", x.shape, like.device, like.dtype, sent=True)
         rows = self.row_list(x.shape, like.device)
+        tf32 = sends_tf32(like)
         if fused:
             a, b = x.a, x.b
             v, m, union = self.ops.add_activation(a.value, a.mask, b.value, b.mask, x.layer.alpha, acc, sent, self.fn,
-                                                  self.threshold, self.key, self.measure, rows)
+                                                  self.threshold, self.key, self.measure, rows, tf32=tf32)
             x.layer.observe(Delta(a.value, union))  # the add's statistics: its output mask (a's value: its shape)
         else:
             v, m = self.ops.activation(x.value, x.mask, acc, sent, self.fn, self.threshold, self.key, self.measure,
-                                       rows)
-        return self.observe(Delta(v, m, filled_rows(rows)))
+                                       rows, tf32=tf32)
+        return self.observe(Delta(v, m, filled_rows(rows), tf32=tf32))
 
     def flops_per_output_pixel(self, out: Delta) -> float:
         return float(out.value.shape[1]) if out.value.dim() > 1 else 1.0
