@@ -18,6 +18,11 @@ HAS_CUDA = torch.cuda.is_available()
 DEVICES = ["cpu"] + (["cuda"] if HAS_CUDA else [])
 
 
+def is_tf32(t: torch.Tensor) -> bool:
+    """Whether every element of float32 ``t`` is a TF32 value (its 13 low mantissa bits zero)."""
+    return not bool((t.view(torch.int32) & 0x1FFF).any())
+
+
 def cuda_backend_reason() -> str:
     """``""`` when backend="cuda" can run here, else why not."""
     if not HAS_CUDA:

@@ -324,13 +324,6 @@ TF32_KERNEL = re.compile(r"(conv_gather_tc_kernel|conv3x3_tc_kernel|conv_small_c
                         r"|conv3x3_ring_kernel|conv1x1_ring_kernel)<float")
 
 
-def tf32_round(t: torch.Tensor) -> torch.Tensor:
-    """``t`` (float32) rounded to TF32 as the kernels round their deltas in shared memory
-    (``round_tf32``): 10 mantissa bits, to nearest with ties away from zero (cvt.rna.tf32.f32)."""
-    bits = t.float().contiguous().view(torch.int32)
-    return ((bits + 0x1000) & ~0x1FFF).view(torch.float32)
-
-
 def tf32_truncate(t: torch.Tensor) -> torch.Tensor:
     """``t`` (float32) as the tensor cores read a float32 weight in TF32: its low 13 mantissa bits
     dropped (deltaconv's convolutions round their weights to nearest first, with their fold)."""
@@ -352,14 +345,15 @@ def run_tf32_conv2d(case, fracs, key, seed: int, bias: bool) -> None:
     kt = make_key(key, len(fracs))
     out, mo = ops().conv2d(delta, mask.cuda(), weight.cuda(), cuda_or_none(b), list(s), list(p), list(d), 1,
                            cuda_or_none(kt))
-    r_out, r_mask = ref.conv2d(tf32_round(delta).double(), mask.cuda(), tf32_truncate(weight).double().cuda(),
+    r_out, r_mask = ref.conv2d(ref.round_to_tf32(delta).double(), mask.cuda(),
+                               tf32_truncate(weight).double().cuda(),
                                None if b is None else b.double().cuda(), s, p, d, 1, cuda_or_none(kt))
     check_layout(out, mo, len(fracs), cout, r_out.shape[2], r_out.shape[3], torch.float32)
     assert torch.equal(mo, r_mask), f"conv2d mask differs (fracs {fracs}, key {key})"
     assert_active_close(out, r_out.cpu(), r_mask.cpu(), torch.float32, f"TF32 conv2d (fracs {fracs}, key {key})")
     # input_tf32: a delta that an activation sent rounded is read as it is (the same outputs), and an
     # unrounded one then truncated, as the tensor cores convert it: the kernel skipped its rounding
-    for given, read in ((tf32_round(delta), tf32_round(delta)), (delta, tf32_truncate(delta))):
+    for given, read in ((ref.round_to_tf32(delta), ref.round_to_tf32(delta)), (delta, tf32_truncate(delta))):
         out2, mo2 = ops().conv2d(given, mask.cuda(), weight.cuda(), cuda_or_none(b), list(s), list(p), list(d), 1,
                                  cuda_or_none(kt), input_tf32=True)
         r2, _ = ref.conv2d(read.double(), mask.cuda(), tf32_truncate(weight).double().cuda(),

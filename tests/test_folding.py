@@ -19,7 +19,7 @@ from deltaconv.modules.folding import (FoldedWeights, block_diagonal, bn_scale_s
 from deltaconv.delta import Delta
 from deltaconv.modules.linear import (BLOCK_DIAGONAL_MAX_CIN, BLOCK_DIAGONAL_MAX_GROUPS, BLOCK_DIAGONAL_MIN_PIXELS,
                                       padded_out_channels, runs_block_diagonal, runs_tensor_cores)
-from helpers import video_frames
+from helpers import is_tf32, video_frames
 
 
 def neighbours(weight: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -335,7 +335,7 @@ def test_round_to_tf32_rounds_to_nearest_with_ties_away_from_zero():
     w = w.contiguous(memory_format=torch.channels_last)
     r = round_to_tf32(w)
     assert r.dtype == torch.float32 and r.is_contiguous(memory_format=torch.channels_last)
-    assert not (r.view(torch.int32) & 0x1FFF).any()
+    assert is_tf32(r)
     unit = torch.ldexp(torch.ones_like(w), torch.frexp(w)[1] - 11)  # TF32's unit at each value
     assert ((r.double() - w.double()).abs() <= unit.double() / 2).all()
     assert torch.equal(round_to_tf32(r), r)
