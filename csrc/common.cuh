@@ -56,6 +56,12 @@ inline bool is_activation_dtype(at::ScalarType t) {
               "deltaconv::" op ": argument '" name "' must be channels_last contiguous (call "         \
               ".contiguous(memory_format=torch.channels_last)), got strides ", (t).strides())
 
+// A TF32 switch (the truncating ops' tf32, the convolutions' input_tf32) set for deltas other than
+// float32: refused, naming the switch and the dtype. `op` may be a variable here.
+#define DC_CHECK_TF32_FLAG(op, name, flag, t)                                                          \
+  TORCH_CHECK(!(flag) || (t).scalar_type() == at::kFloat, "deltaconv::", op, ": argument '" name       \
+              "' needs float32 deltas, got ", (t).scalar_type())
+
 // Dispatch over float / half / bfloat16 with the CUDA element type bound to `scalar_t`.
 #define DC_DISPATCH_ACTIVATION_TYPES(TYPE, NAME, ...)                                                 \
   [&] {                                                                                              \

@@ -61,10 +61,6 @@ using conv::Strides4;
   } while (0)
 
 // input_tf32 (the deltas arrive rounded to TF32: ConvGeom::input_tf32) only with float32 deltas
-#define DC_CHECK_INPUT_TF32(OP, input_tf32, delta)                                                    \
-  TORCH_CHECK(!(input_tf32) || delta.scalar_type() == at::kFloat,                                     \
-              "deltaconv::" OP ": argument 'input_tf32' needs float32 deltas, got ", delta.scalar_type())
-
 #define DC_CHECK_KEY(OP, key, delta)                                                                  \
   do {                                                                                                \
     if (key.has_value()) {                                                                            \
@@ -991,7 +987,7 @@ std::tuple<Tensor, Tensor> conv2d_cuda(const Tensor& delta, const Tensor& mask, 
                                        const c10::optional<Tensor>& counters, bool input_tf32) {
   const c10::optional<Tensor> key = contiguous_key(key_in);
   DC_CHECK_DELTA_MASK("conv2d", delta, mask);
-  DC_CHECK_INPUT_TF32("conv2d", input_tf32, delta);
+  DC_CHECK_TF32_FLAG("conv2d", "input_tf32", input_tf32, delta);
   DC_CHECK_KEY("conv2d", key, delta);
   DC_CHECK_COUNTERS("conv2d", counters, delta);
   DC_CHECK_FLOAT_PARAM("conv2d", "weight", weight, delta);
@@ -1167,7 +1163,7 @@ std::tuple<Tensor, Tensor> conv2d_cuda(const Tensor& delta, const Tensor& mask, 
 Tensor conv1x1_rows_cuda(const Tensor& delta, const Tensor& mask, const Tensor& weight,
                          const c10::optional<Tensor>& bias, const Tensor& rows, Tensor& counters, bool input_tf32) {
   DC_CHECK_DELTA_MASK("conv1x1_rows", delta, mask);
-  DC_CHECK_INPUT_TF32("conv1x1_rows", input_tf32, delta);
+  DC_CHECK_TF32_FLAG("conv1x1_rows", "input_tf32", input_tf32, delta);
   const c10::optional<Tensor> counters_opt = counters;
   DC_CHECK_COUNTERS("conv1x1_rows", counters_opt, delta);
   DC_CHECK_FLOAT_PARAM("conv1x1_rows", "weight", weight, delta);
@@ -1272,9 +1268,11 @@ Strides4 strides_of(const Tensor& t) { return Strides4{t.stride(0), t.stride(1),
 std::tuple<Tensor, Tensor> max_pool2d_cuda(const Tensor& delta, const Tensor& mask, const Tensor& acc,
                                            const Tensor& sent, IntArrayRef kernel_size, IntArrayRef stride,
                                            IntArrayRef padding, IntArrayRef dilation, bool ceil_mode,
-                                           double threshold, const c10::optional<Tensor>& key_in, bool rms) {
+                                           double threshold, const c10::optional<Tensor>& key_in, bool rms,
+                                           bool tf32) {
   const c10::optional<Tensor> key = contiguous_key(key_in);
   DC_CHECK_DELTA_MASK("max_pool2d", delta, mask);
+  DC_CHECK_TF32_FLAG("max_pool2d", "tf32", tf32, delta);
   DC_CHECK_KEY("max_pool2d", key, delta);
   const int64_t N = delta.size(0), C = delta.size(1), H = delta.size(2), W = delta.size(3);
   const auto [kh, kw] = pair_arg(kernel_size, "max_pool2d", "kernel_size", 1);
@@ -1329,7 +1327,7 @@ std::tuple<Tensor, Tensor> max_pool2d_cuda(const Tensor& delta, const Tensor& ma
       launch_kernel(kernel, persistent_grid(kernel, 256, group_blocks(total_pix, log2_lanes, 256)), 256, 0, stream,
                     m.data_ptr<bool>(), acc.data_ptr<float>(), reinterpret_cast<scalar_t*>(sent.data_ptr()),
                     key_ptr(key), reinterpret_cast<scalar_t*>(y.data_ptr()), mask_out.data_ptr<bool>(), g,
-                    static_cast<float>(threshold), rms_limit(rms, threshold, C), total_pix, log2_lanes);
+                    static_cast<float>(threshold), rms_limit(rms, threshold, C), total_pix, log2_lanes, tf32);
       return;
     }
     launch_kernel(conv::maxpool_out_kernel<scalar_t>,
@@ -1337,7 +1335,7 @@ std::tuple<Tensor, Tensor> max_pool2d_cuda(const Tensor& delta, const Tensor& ma
                   stream,
                   m.data_ptr<bool>(), acc.data_ptr<float>(), as, reinterpret_cast<scalar_t*>(sent.data_ptr()), ss,
                   key_ptr(key), reinterpret_cast<scalar_t*>(y.data_ptr()), mask_out.data_ptr<bool>(), g,
-                  static_cast<float>(threshold), rms_limit(rms, threshold, C), total_pix);
+                  static_cast<float>(threshold), rms_limit(rms, threshold, C), total_pix, tf32);
   });
   return {y, mask_out};
 }

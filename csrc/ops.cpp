@@ -31,8 +31,8 @@ TORCH_LIBRARY(deltaconv, m) {
   // ---- pointwise
   // rows / rows_count (optional, together): the sent (add: active) pixels listed for a 1x1 conv after it
   // (conv1x1_rows)
-  // tf32 (float32 only): the changes sent rounded to TF32, for convolutions that read them in TF32
-  // (conv2d / conv1x1_rows with input_tf32)
+  // tf32 (float32 only; here, mul, layer_norm and max_pool2d): the changes sent rounded to TF32, for
+  // convolutions that read them in TF32 (conv2d / conv1x1_rows with input_tf32)
   m.def("activation(Tensor delta, Tensor mask, Tensor(a!) acc, Tensor(b!) sent, str kind, float param, "
         "float threshold, Tensor? key, bool rms=False, Tensor(c!)? rows=None, Tensor(d!)? rows_count=None, "
         "bool tf32=False) -> (Tensor, Tensor)");
@@ -45,11 +45,11 @@ TORCH_LIBRARY(deltaconv, m) {
         "Tensor(b!)? rows_count=None) -> (Tensor, Tensor)");
   m.def("mul(Tensor delta_a, Tensor mask_a, Tensor(a!) acc_a, Tensor delta_b, Tensor mask_b, Tensor(b!) acc_b, "
         "Tensor(c!) sent, float threshold, Tensor? key, bool rms=False, Tensor(d!)? rows=None, "
-        "Tensor(e!)? rows_count=None) -> (Tensor, Tensor)");
+        "Tensor(e!)? rows_count=None, bool tf32=False) -> (Tensor, Tensor)");
   // per-pixel layer norm over the channels (ConvNeXt): weight / bias float32 [C] or None
   m.def("layer_norm(Tensor delta, Tensor mask, Tensor(a!) acc, Tensor(b!) sent, Tensor? weight, Tensor? bias, "
         "float eps, float threshold, Tensor? key, bool rms=False, Tensor(c!)? rows=None, "
-        "Tensor(d!)? rows_count=None) -> (Tensor, Tensor)");
+        "Tensor(d!)? rows_count=None, bool tf32=False) -> (Tensor, Tensor)");
   m.def("concatenate(Tensor[] deltas, Tensor[] masks) -> (Tensor, Tensor)");
   m.def("interpolate(Tensor delta, Tensor mask, int[2] out_size, float? scale_h, float? scale_w, str mode, "
         "bool align_corners) -> (Tensor, Tensor)");
@@ -71,8 +71,8 @@ TORCH_LIBRARY(deltaconv, m) {
         "int[2] output_padding, int groups, int[2] dilation, Tensor? key, Tensor(a!)? counters=None) -> "
         "(Tensor, Tensor)");
   m.def("max_pool2d(Tensor delta, Tensor mask, Tensor(a!) acc, Tensor(b!) sent, int[2] kernel_size, int[2] stride, "
-        "int[2] padding, int[2] dilation, bool ceil_mode, float threshold, Tensor? key, bool rms=False) -> "
-        "(Tensor, Tensor)");
+        "int[2] padding, int[2] dilation, bool ceil_mode, float threshold, Tensor? key, bool rms=False, "
+        "bool tf32=False) -> (Tensor, Tensor)");
   m.def("avg_pool2d(Tensor delta, Tensor mask, int[2] kernel_size, int[2] stride, int[2] padding, bool ceil_mode, "
         "bool count_include_pad, int? divisor_override) -> (Tensor, Tensor)");
   m.def("adaptive_avg_pool2d(Tensor delta, Tensor mask, int[2] output_size) -> (Tensor, Tensor)");

@@ -286,8 +286,7 @@ std::tuple<Tensor, Tensor, Tensor> run_activation(const char* op, const Tensor& 
                                                   const std::optional<Tensor>& rows,
                                                   const std::optional<Tensor>& rows_count, bool tf32) {
   const bool residual = delta_b != nullptr;
-  TORCH_CHECK(!tf32 || delta.scalar_type() == at::kFloat, "deltaconv::", op,
-              ": argument 'tf32' needs float32 deltas, got ", delta.scalar_type());
+  DC_CHECK_TF32_FLAG(op, "tf32", tf32, delta);
   const int kind_id = activation_kind(op, std::string(kind));
   check_value(op, residual ? "delta_a" : "delta", delta, delta);
   check_mask(op, residual ? "mask_a" : "mask", mask, delta, delta.sizes());
@@ -419,9 +418,11 @@ std::tuple<Tensor, Tensor> add(const Tensor& delta_a, const Tensor& mask_a, cons
 std::tuple<Tensor, Tensor> mul(const Tensor& delta_a, const Tensor& mask_a, Tensor& acc_a, const Tensor& delta_b,
                                const Tensor& mask_b, Tensor& acc_b, Tensor& sent, double threshold,
                                const std::optional<Tensor>& key, bool rms,
-                               const std::optional<Tensor>& rows, const std::optional<Tensor>& rows_count) {
+                               const std::optional<Tensor>& rows, const std::optional<Tensor>& rows_count,
+                               bool tf32) {
   const char* op = "mul";
   check_value(op, "delta_a", delta_a, delta_a);
+  DC_CHECK_TF32_FLAG(op, "tf32", tf32, delta_a);
   check_value(op, "delta_b", delta_b, delta_a);
   check_dtype(op, "delta_b", delta_b, delta_a.scalar_type());
   // output shape: equal shapes, or one operand [N, C, 1, 1] broadcast over the other's pixels
@@ -460,7 +461,7 @@ std::tuple<Tensor, Tensor> mul(const Tensor& delta_a, const Tensor& mask_a, Tens
                               cptr<scalar_t>(delta_b), cptr<bool>(mask_b), ptr<float>(acc_b),
                               ptr<scalar_t>(sent), key_ptr, ptr<scalar_t>(out), ptr<bool>(mask_out),
                               static_cast<float>(threshold), rms_limit(rms, threshold, C), pixels, H * W, C, 0,
-                              a_bcast, b_bcast, row_list.rows, row_list.count};
+                              a_bcast, b_bcast, row_list.rows, row_list.count, tf32};
     const bool vec_ok = C % kVec<scalar_t> == 0 && all_aligned({p.a, p.acc_a, p.b, p.acc_b, p.sent, p.out});
     DC_LAUNCH_VEC(pw::mul_kernel, p, vec_ok, pixels, C, true);
   });
@@ -471,9 +472,11 @@ std::tuple<Tensor, Tensor> mul(const Tensor& delta_a, const Tensor& mask_a, Tens
 std::tuple<Tensor, Tensor> layer_norm(const Tensor& delta, const Tensor& mask, Tensor& acc, Tensor& sent,
                                       const std::optional<Tensor>& weight, const std::optional<Tensor>& bias,
                                       double eps, double threshold, const std::optional<Tensor>& key, bool rms,
-                                      const std::optional<Tensor>& rows, const std::optional<Tensor>& rows_count) {
+                                      const std::optional<Tensor>& rows, const std::optional<Tensor>& rows_count,
+                                      bool tf32) {
   const char* op = "layer_norm";
   check_value(op, "delta", delta, delta);
+  DC_CHECK_TF32_FLAG(op, "tf32", tf32, delta);
   check_mask(op, "mask", mask, delta, delta.sizes());
   check_state(op, "acc", acc, delta, delta.sizes());
   check_state(op, "sent", sent, delta, delta.sizes(), delta.scalar_type());
@@ -495,7 +498,7 @@ std::tuple<Tensor, Tensor> layer_norm(const Tensor& delta, const Tensor& mask, T
                                     w, b, key_ptr, ptr<scalar_t>(out), ptr<bool>(mask_out),
                                     static_cast<float>(eps), static_cast<float>(threshold),
                                     rms_limit(rms, threshold, C), pixels, H * W, C, 0,
-                                    row_list.rows, row_list.count};
+                                    row_list.rows, row_list.count, tf32};
     const bool vec_ok = C % kVec<scalar_t> == 0 && all_aligned({p.delta, p.acc, p.sent, p.out});
     DC_LAUNCH_VEC(pw::layer_norm_kernel, p, vec_ok, pixels, C, true);
   });

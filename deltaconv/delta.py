@@ -69,8 +69,9 @@ class Delta:
     mask: torch.Tensor
     #: the active pixels listed for a 1x1 convolution, when the layer that made this delta did so
     rows: Optional[RowList] = None
-    #: whether the values are TF32 already (float32 with the 13 low mantissa bits zero): an activation
-    #: sends its changes rounded so where the convolutions run in TF32 (``sends_tf32``), and a
+    #: whether the values are TF32 already (float32 with the 13 low mantissa bits zero): a layer that
+    #: keeps a ``sent`` state sends its changes rounded so where the convolutions run in TF32
+    #: (``sends_tf32``), and a
     #: convolution reading them then skips its own rounding (the CUDA op's ``input_tf32``)
     tf32: bool = False
 

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from deltaconv.backends import reference as ref
 from deltaconv.modules import WorkCounters
-from helpers import cuda_kernel_names
+from helpers import cuda_kernel_names, is_tf32
 
 
 def _load() -> str:
@@ -1275,6 +1275,29 @@ def _pool_id(c):
 def test_max_pool2d(case, dtype, state_format):
     """A sequence of frames (key, sparse, partial key, ...) with state carried over: outputs, masks
     and both state tensors match the reference bit-exactly."""
+    run_max_pool2d_frames(case, dtype, state_format)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("state_format", [torch.channels_last, torch.contiguous_format], ids=["cl", "nchw"])
+@pytest.mark.parametrize("case", MAXPOOL_CASES, ids=_pool_id)
+def test_max_pool2d_tf32_sends(case, state_format):
+    """float32 with ``tf32`` (both kernels): the changes sent are TF32 values, bit for bit the
+    reference's, and what the rounding left stays pending in ``sent``, frame after frame; float16
+    deltas with ``tf32`` are refused."""
+    run_max_pool2d_frames(case, torch.float32, state_format, tf32=True)
+    d = torch.zeros(1, 4, 5, 5, dtype=torch.float16, device="cuda").contiguous(memory_format=torch.channels_last)
+    m = torch.ones(1, 1, 5, 5, dtype=torch.bool, device="cuda")
+    with pytest.raises(RuntimeError, match="argument 'tf32' needs float32 deltas"):
+        ops().max_pool2d(d, m, d.float(), d[:, :, :3, :3], [3, 3], [2, 2], [1, 1], [1, 1], False, 0.0, None,
+                         False, True)
+
+
+def run_max_pool2d_frames(case, dtype, state_format, tf32=False):
+    """max_pool2d over a sequence of frames on the kernel and on the reference (``ref``), at
+    thresholds 0 and 0.7: masks, values at the sent pixels and both states bit-identical; with
+    ``tf32`` the values sent are TF32 and ``sent`` is the window maximum less under one TF32
+    step of the change (and its own float32 rounding)."""
     C, k, s, p, d, ceil, (H, W) = case
     k, s, p, d = _pair(k), _pair(s), _pair(p), _pair(d)
     for thr in (0.0, 0.7):
@@ -1289,8 +1312,8 @@ def test_max_pool2d(case, dtype, state_format):
             delta = make_delta(2, C, H, W, mask, dtype, gen)
             kt = make_key(key, 2)
             out, mo = ops().max_pool2d(delta, mask.cuda(), g_acc, g_sent, list(k), list(s), list(p), list(d), ceil,
-                                       thr, cuda_or_none(kt))
-            r_out, r_mask = ref.max_pool2d(delta.cpu(), mask, acc, sent, k, s, p, d, ceil, thr, kt)
+                                       thr, cuda_or_none(kt), False, tf32)
+            r_out, r_mask = ref.max_pool2d(delta.cpu(), mask, acc, sent, k, s, p, d, ceil, thr, kt, tf32=tf32)
             what = f"max_pool2d frame {t} (fracs {fracs}, key {key}, thr {thr})"
             check_layout(out, mo, 2, C, Ho, Wo, dtype)
             assert torch.equal(mo.cpu(), r_mask), f"{what}: mask differs"
@@ -1299,6 +1322,12 @@ def test_max_pool2d(case, dtype, state_format):
             assert torch.equal(g_acc.cpu(), acc), f"{what}: acc differs"
             assert torch.equal(g_sent.cpu(), sent), f"{what}: sent differs"
             assert g_acc.stride() == acc.stride() and g_sent.stride() == sent.stride()
+            if tf32:
+                assert is_tf32(out.cpu()[active]), f"{what}: values sent are not TF32"
+                y = torch.nn.functional.max_pool2d(acc, k, s, p, d, ceil)
+                residual = (y - sent)[active]
+                bound = r_out[active].abs() * 2.0 ** -11 + y[active].abs() * 2.0 ** -22  # sent: rounded to float32
+                assert (residual.abs() <= bound).all(), what
 
 
 @pytest.mark.gpu

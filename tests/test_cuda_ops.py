@@ -234,18 +234,20 @@ def _run_activation(fn, dtype, c, frac, key, threshold, seed=3, n=2, measure="ma
     assert_activation_matches((out_c, m_c, a_c, s_c), (out_r, m_r, a_r, s_r), fn, sent, mask, dtype, threshold,
                               measure)
     if tf32:
-        assert_tf32_sends(out_c, m_c, a_c, s_c, fn)
+        assert_tf32_sends(out_c, m_c, fn(a_c), s_c)
     return m_r
 
 
-def assert_tf32_sends(out, mask, acc, sent, fn):
+def assert_tf32_sends(out, mask, y, sent, atol=0.0):
     """Changes sent with ``tf32``: TF32 values (the 13 low mantissa bits zero) at the sent pixels,
-    and what the rounding left pending: ``sent`` is the new value less a residual below one TF32
-    step of the change."""
+    and what the rounding left pending: ``sent`` is the new value ``y`` less a residual below one
+    TF32 step of the change, give or take the float32 rounding of ``sent`` itself (and ``atol``
+    where the kernel computes ``y`` in another order than ``y`` here)."""
     sel = mask.expand_as(out)
     assert is_tf32(out[sel])
-    residual = (fn(acc) - sent)[sel]
-    assert (residual.abs() <= out[sel].abs() * 2.0 ** -11 + 1e-30).all()
+    residual = (y - sent)[sel]
+    bound = out[sel].abs() * 2.0 ** -11 + y[sel].abs() * 2.0 ** -22 + atol + 1e-30
+    assert (residual.abs() <= bound).all(), (residual.abs() - bound).max()
 
 
 def assert_activation_matches(cuda, reference, fn, sent, region, dtype, threshold, measure):
@@ -433,7 +435,7 @@ def _run_add_activation(fn, dtype, c, frac, key, threshold, alpha=1.0, seed=12, 
     assert_activation_matches((out_c, m_c, a_c, s_c), (out_r, m_r, a_r, s_r), fn, sent, u_r, dtype, threshold,
                               measure)
     if tf32:
-        assert_tf32_sends(out_c, m_c, a_c, s_c, fn)
+        assert_tf32_sends(out_c, m_c, fn(a_c), s_c)
 
 
 @pytest.mark.parametrize("fn,alpha", [(Activation("relu"), 1.0), (Activation("hardswish"), -0.5)], ids=repr)
@@ -555,12 +557,9 @@ def test_add_broadcast_falls_back():
 
 
 # ----------------------------------------------------------------------------- mul
-@pytest.mark.parametrize("layout", ["same", "se_a", "se_b"])
-@pytest.mark.parametrize("key", KEYS)
-@pytest.mark.parametrize("frac", FRACS)
-@pytest.mark.parametrize("c", CHANNELS)
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_mul(dtype, c, frac, key, layout):
+def _run_mul(dtype, c, frac, key, layout, tf32=False):
+    """One mul call on the kernel and on the reference from the same states (``layout``: equal
+    shapes, or operand a or b [N, C, 1, 1]); returns the kernel's output, mask and states."""
     g = gen(11)
     n, (h, w) = 2, spatial(c)
     big, small = (n, c, h, w), (n, c, 1, 1)
@@ -575,14 +574,24 @@ def test_mul(dtype, c, frac, key, layout):
     k = make_key(key, n)
     st_c = clones(acc_a, acc_b, sent)
     st_r = clones(acc_a, acc_b, sent)
-    out_c, m_c = dcc.mul(da, ma, st_c[0], db, mb, st_c[1], st_c[2], 0.05, k)
-    out_r, m_r = ref.mul(da, ma, st_r[0], db, mb, st_r[1], st_r[2], 0.05, k)
+    out_c, m_c = dcc.mul(da, ma, st_c[0], db, mb, st_c[1], st_c[2], 0.05, k, tf32=tf32)
+    out_r, m_r = ref.mul(da, ma, st_r[0], db, mb, st_r[1], st_r[2], 0.05, k, tf32=tf32)
     assert out_c.shape == out_r.shape == sent.shape
     assert_masks(m_c, m_r)
     assert_active(out_c, out_r, m_r, dtype)
     for a, b in zip(st_c, st_r):
         assert torch.equal(a, b)  # float32 product rounded like the reference: bit-identical
     assert st_c[2].dtype == dtype
+    return out_c, m_c, st_c
+
+
+@pytest.mark.parametrize("layout", ["same", "se_a", "se_b"])
+@pytest.mark.parametrize("key", KEYS)
+@pytest.mark.parametrize("frac", FRACS)
+@pytest.mark.parametrize("c", CHANNELS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_mul(dtype, c, frac, key, layout):
+    _run_mul(dtype, c, frac, key, layout)
 
 
 @pytest.mark.parametrize("layout", ["same", "se_a"])
@@ -609,6 +618,19 @@ def test_mul_rms_measure(dtype, frac, layout):
     assert_state(st_c[2], st_r[2], skip=amb)
 
 
+@pytest.mark.parametrize("layout", ["same", "se_b"])
+@pytest.mark.parametrize("frac", FRACS)
+@pytest.mark.parametrize("c", CHANNELS)
+def test_mul_tf32_sends(c, frac, layout):
+    """float32 with ``tf32``: the product sends TF32 values, bit for bit the reference's, and keeps
+    what the rounding left pending in ``sent``; float16 deltas with ``tf32`` are refused."""
+    out, mask, (acc_a, acc_b, sent) = _run_mul(torch.float32, c, frac, "partial", layout, tf32=True)
+    assert_tf32_sends(out, mask, acc_a * acc_b, sent)
+    d, m = out.half(), torch.ones_like(mask)
+    with pytest.raises(RuntimeError, match="argument 'tf32' needs float32 deltas"):
+        torch.ops.deltaconv.mul(d, m, acc_a, d, m, acc_b, sent.half(), 0.0, None, tf32=True)
+
+
 def test_mul_general_broadcast_falls_back():
     g = gen(12)
     ma, mb = make_mask(2, 5, 6, 0.5, g), make_mask(2, 5, 1, 0.5, g)
@@ -629,7 +651,8 @@ def _layer_norm_y(acc, weight, bias, eps):
     return F.layer_norm(x, (x.shape[-1],), weight, bias, eps).movedim(-1, 1)
 
 
-def _run_layer_norm(dtype, c, frac, key, threshold, affine=True, measure="max", seed=13, n=2, size=None):
+def _run_layer_norm(dtype, c, frac, key, threshold, affine=True, measure="max", seed=13, n=2, size=None,
+                    tf32=False):
     g = gen(seed)
     h, w = size or spatial(c)
     mask = make_mask(n, h, w, frac, g)
@@ -643,17 +666,26 @@ def _run_layer_norm(dtype, c, frac, key, threshold, affine=True, measure="max", 
     k = make_key(key, n)
     a_c, s_c, a_r, s_r = clones(acc, sent, acc, sent)
     w_, b_ = (None, None) if weight is None else (weight.to(dtype), bias.to(dtype))
-    out_c, m_c = dcc.layer_norm(delta, mask, a_c, s_c, w_, b_, eps, threshold, k, measure)
-    out_r, m_r = ref.layer_norm(delta, mask, a_r, s_r, w_, b_, eps, threshold, k, measure)
+    out_c, m_c = dcc.layer_norm(delta, mask, a_c, s_c, w_, b_, eps, threshold, k, measure, tf32=tf32)
+    out_r, m_r = ref.layer_norm(delta, mask, a_r, s_r, w_, b_, eps, threshold, k, measure, tf32=tf32)
     # the kernel sums mean and variance in another order than PyTorch: decisions within rounding of
     # the threshold may differ
     y = _layer_norm_y(a_r, None if w_ is None else w_.float(), None if b_ is None else b_.float(), eps)
     change = torch.where(mask, y.to(dtype).float() - sent.float(), torch.zeros((), device=DEV))
     amb = ambiguous(change, threshold, y, dtype, measure) & mask
     assert_masks(m_c, m_r, amb)
-    assert_active(out_c, out_r, m_r & m_c, dtype)
+    if tf32:  # a change computed in another order may round to the TF32 step beside the reference's
+        sel = (m_r & m_c).expand_as(out_r)
+        step = torch.where(sel, out_r.abs(), 0.0) * 2.0 ** -10 + 1e-5  # one TF32 step of the change
+        assert ((out_c - out_r).abs()[sel] <= step[sel]).all()
+        keep = ~amb.expand_as(s_r)
+        assert ((s_c - s_r).abs()[keep] <= step[keep]).all()
+        y_c = _layer_norm_y(a_c, None if w_ is None else w_.float(), None if b_ is None else b_.float(), eps)
+        assert_tf32_sends(out_c, m_c, y_c, s_c, atol=1e-5)
+    else:
+        assert_active(out_c, out_r, m_r & m_c, dtype)
+        assert_state(s_c, s_r, skip=amb)
     assert_state(a_c, a_r)
-    assert_state(s_c, s_r, skip=amb)
     return m_r
 
 
@@ -678,6 +710,22 @@ def test_layer_norm_widths_affine_and_rms(dtype, c, threshold):
     if threshold > 0:
         m_max = _run_layer_norm(dtype, c, 0.3, "none", threshold, size=size)
         assert not torch.equal(m_rms, m_max)
+
+
+@pytest.mark.parametrize("frac", FRACS)
+@pytest.mark.parametrize("c", [3, 17, 96] if QUICK else [3, 17, 64, 96, 384, 768])
+def test_layer_norm_tf32_sends(c, frac):
+    """float32 with ``tf32``: the layer norm sends TF32 values, those of the reference up to the
+    TF32 step its own order of summation may cross, and keeps what the rounding left pending in
+    ``sent``; float16 deltas with ``tf32`` are refused."""
+    _run_layer_norm(torch.float32, c, frac, "partial", 0.05, size=(9, 11), tf32=True)
+    _run_layer_norm(torch.float32, c, frac, "none", 0.0, measure="rms", size=(9, 11), tf32=True)
+    g = gen(16)
+    mask = make_mask(1, 3, 4, 0.5, g)
+    delta = make_delta((1, c, 3, 4), torch.float16, mask, g)
+    acc, sent = make_state(delta.shape, g), make_state(delta.shape, g).half()
+    with pytest.raises(RuntimeError, match="argument 'tf32' needs float32 deltas"):
+        torch.ops.deltaconv.layer_norm(delta, mask, acc, sent, None, None, 1e-5, 0.0, None, tf32=True)
 
 
 def test_layer_norm_rank2():

@@ -97,55 +97,65 @@ def test_float32_in_tf32_within_the_dense_tf32_rounding(name, monkeypatch):
     assert dm.refresh_interval(torch.float32, frames[0].device) == AUTO_REFRESH_TF32
 
 
-@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2"])
+# model: the kinds of layer that must send TF32 changes (max pooling: resnet18's stem; the
+# squeeze-excite product: mobilenet_v3_small; the per-pixel layer norm: convnext_tiny)
+TF32_SENDERS = {"resnet18": {"sparsify", "activation", "max_pool2d"}, "mobilenet_v2": {"sparsify", "activation"},
+                "mobilenet_v3_small": {"sparsify", "activation", "mul"},
+                "convnext_tiny": {"sparsify", "activation", "layer_norm"}}
+
+
+@pytest.mark.parametrize("name", sorted(TF32_SENDERS))
 def test_float32_senders_send_tf32_to_the_convolutions(name, monkeypatch):
-    """In TF32 the activations and the input sparsifier send their changes rounded to TF32
-    (``sends_tf32``: TF32 values, ``Delta.tf32``) and the convolutions reading them take them as they
-    are (``input_tf32``): the
+    """In TF32 the layers that keep a ``sent`` state (activations, max pooling, products, layer norms
+    and the input sparsifier) send their changes rounded to TF32 (``sends_tf32``: TF32 values,
+    ``Delta.tf32``) and the convolutions reading them take them as they are (``input_tf32``): the
     converted model stays as close to the float64 model as with every convolution rounding its input
     itself (``DELTACONV_TF32_SENDS=0``), at thresholds 0 and 0.02; in float16 nothing is flagged."""
     import copy
-    from deltaconv.modules import DCActivation, DCConv2d, DCSparsify
+    from deltaconv.modules import DCConv2d
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
     model = build(name).cuda()
     exact = copy.deepcopy(model).double()
     frames = [f.cuda() for f in video_frames(6, (96, 128), "one-by-one-person-detection.mp4", start=200)]
-    seen = {"sent": 0, "read": 0}
+    senders, reads = set(), [0]
 
     def sent_hook(layer, args, out):
-        if out.tf32:
+        if isinstance(out, deltaconv.Delta) and out.tf32:
             sel = out.mask.expand_as(out.value)
             assert is_tf32(out.value[sel]), layer.layer_name
-            seen["sent"] += 1
+            senders.add(layer.kind)
 
     def read_hook(layer, args):
-        seen["read"] += bool(args[0].tf32)
+        reads[0] += bool(args[0].tf32)
+
+    def watch(dm):
+        for layer in dm.modules():
+            if getattr(layer, "truncates", False):
+                layer.register_forward_hook(sent_hook)
+            if type(layer) is DCConv2d:
+                layer.register_forward_pre_hook(read_hook)
+        return dm
 
     errors = {}
     for sends in ("1", "0"):
         monkeypatch.setenv("DELTACONV_TF32_SENDS", sends)
-        seen.update(sent=0, read=0)
+        senders.clear()
+        reads[0] = 0
         for threshold in (0.0, 0.02):
-            dm = deltaconv.convert(model, threshold=threshold, backend="cuda", example_input=frames[0])
-            for layer in dm.modules():
-                if isinstance(layer, (DCActivation, DCSparsify)):
-                    layer.register_forward_hook(sent_hook)
-                if type(layer) is DCConv2d:
-                    layer.register_forward_pre_hook(read_hook)
+            dm = watch(deltaconv.convert(model, threshold=threshold, backend="cuda", example_input=frames[0]))
             with torch.no_grad():
                 errors[sends, threshold] = max(rel(dm(f), exact(f.double())) for f in frames)
-        assert (seen["sent"] > 0 and seen["read"] > 0) if sends == "1" else seen == {"sent": 0, "read": 0}, seen
+        if sends == "1":
+            assert TF32_SENDERS[name] <= senders and reads[0] > 0, (senders, reads)
+        else:
+            assert not senders and reads[0] == 0, (senders, reads)
     for threshold in (0.0, 0.02):
         assert errors["1", threshold] <= 1.5 * errors["0", threshold] + 1e-3, errors
-    seen.update(sent=0, read=0)
-    half = deltaconv.convert(copy.deepcopy(model).half(), backend="cuda", example_input=frames[0].half())
-    for layer in half.modules():
-        if isinstance(layer, DCActivation):
-            layer.register_forward_hook(sent_hook)
+    half = watch(deltaconv.convert(copy.deepcopy(model).half(), backend="cuda", example_input=frames[0].half()))
     with torch.no_grad():
         for f in frames[:2]:
             half(f.half())
-    assert seen["sent"] == 0
+    assert not senders and reads[0] == 0
 
 
 class _ComputedWeightConv(torch.nn.Module):
@@ -468,3 +478,36 @@ def test_frame_zeroes_the_convolutions_work_counters_once():
         assert not any("clear_counters" in n for n in names), cuda_graph
         assert dm._context.work_counters.taken == convs
         assert sum(isinstance(m, DCConv2d) for m in dm.modules()) == convs
+
+
+def test_float32_fallbacks_send_tf32(monkeypatch):
+    """A dense fallback (``torch.cumsum``, which has no delta rule) in TF32 re-sparsifies its output
+    with the changes rounded to TF32, as the other layers with a ``sent`` state do, the convolution
+    after it reads them as they are, and the model stays within TF32's error of the float64 one."""
+    import copy
+    from deltaconv.modules import DCConv2d, DCFallback
+
+    class Cumsum(torch.nn.Module):
+        def forward(self, x):
+            return torch.cumsum(x, 3)
+
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
+    monkeypatch.setenv("DELTACONV_TF32_SENDS", "1")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), Cumsum(), torch.nn.Conv2d(16, 8, 1))
+    model = model.cuda().eval()
+    exact = copy.deepcopy(model).double()
+    frames = [f.cuda() for f in video_frames(4, (48, 64), "one-by-one-person-detection.mp4", start=200)]
+    dm = deltaconv.convert(model, backend="cuda", example_input=frames[0])
+    sent, read = [], []
+    fallbacks = [m for m in dm.modules() if isinstance(m, DCFallback)]
+    assert len(fallbacks) == 1
+    fallbacks[0].register_forward_hook(lambda layer, args, out: sent.append(
+        out.tf32 and is_tf32(out.value[out.mask.expand_as(out.value)])))
+    for m in dm.modules():
+        if type(m) is DCConv2d:  # the stem reads the sparsifier's changes, the head the fallback's
+            m.register_forward_pre_hook(lambda layer, args: read.append(args[0].tf32))
+    with torch.no_grad():
+        errors = [rel(dm(f), exact(f.double())) for f in frames]
+    assert sent == [True] * 4 and read == [True] * 8, (sent, read)
+    assert max(errors) < 1e-2, errors

@@ -360,6 +360,45 @@ def test_sparsify_tf32_sends_round_the_frame_and_keep_the_rest_pending():
         ref.sparsify(x.half(), sent.half(), 0.0, None, tf32=True)
 
 
+def _tf32_sender(op, dtype=torch.float32):
+    """A truncating op besides the activation, on fixed states, for ``tf32`` sends: returns
+    ``send(delta) -> out`` (threshold 0, every pixel active), ``value()`` (the exact new value
+    downstream should end up holding) and the op's ``sent`` state."""
+    g = torch.Generator().manual_seed(11)
+    acc, mask = torch.randn(1, 8, 5, 6, generator=g), torch.ones(1, 1, 5, 6, dtype=torch.bool)
+    if op == "mul":  # squeeze-excite: a [1, 8, 1, 1] scale that does not change
+        scale, one = torch.randn(1, 8, 1, 1, generator=g), torch.ones(1, 1, 1, 1, dtype=torch.bool)
+        sent = torch.zeros(1, 8, 5, 6, dtype=dtype)
+        return (lambda d: ref.mul(d, mask, acc, torch.zeros(1, 8, 1, 1, dtype=dtype), one, scale, sent, 0.0, None,
+                                  tf32=True)[0], lambda: acc * scale, sent)
+    if op == "layer_norm":
+        sent = torch.zeros(1, 8, 5, 6, dtype=dtype)
+        return (lambda d: ref.layer_norm(d, mask, acc, sent, None, None, 1e-5, 0.0, None, tf32=True)[0],
+                lambda: F.layer_norm(acc.movedim(1, -1), (8,), eps=1e-5).movedim(-1, 1), sent)
+    sent = torch.zeros(1, 8, 3, 3, dtype=dtype)
+    return (lambda d: ref.max_pool2d(d, mask, acc, sent, 3, 2, 1, 1, False, 0.0, None, tf32=True)[0],
+            lambda: F.max_pool2d(acc, 3, 2, 1), sent)
+
+
+@pytest.mark.parametrize("op", ["mul", "layer_norm", "max_pool2d"])
+def test_truncating_ops_tf32_sends_converge_at_threshold_zero(op):
+    """The product, the layer norm and max pooling with ``tf32`` send TF32 values; at threshold 0,
+    with nothing else changing, what the rounding left goes out on the next frames until downstream
+    holds the new value exactly (no drift); float16 deltas are refused, naming the dtype."""
+    send, value, sent = _tf32_sender(op)
+    first = send(torch.randn(1, 8, 5, 6, generator=torch.Generator().manual_seed(12)) * 0.37)
+    assert is_tf32(first) and not torch.equal(first, value())  # the first changes really were rounded
+    received = first.clone()
+    for _ in range(3):
+        out = send(torch.zeros(1, 8, 5, 6))
+        assert is_tf32(out)
+        received += out
+    assert torch.equal(received, value()) and torch.equal(sent, value())
+    assert send(torch.zeros(1, 8, 5, 6)).abs().sum() == 0
+    with pytest.raises(ValueError, match="tf32 needs float32 deltas, got torch.float16"):
+        _tf32_sender(op, torch.float16)[0](torch.zeros(1, 8, 5, 6, dtype=torch.float16))
+
+
 def test_affine_channel_shift_only_on_key_streams():
     v, m = _delta((2, 3, 4, 4), 0.4)
     scale, shift = torch.tensor([1.0, 2.0, -1.0]), torch.tensor([0.5, -0.5, 3.0])

@@ -85,7 +85,7 @@ def patched(variant: str):
             def conv2d32(delta, mask, weight, bias, *rest, **kw):
                 return conv2d(delta.float(), mask, weight.float(), None if bias is None else bias.float(), *rest, **kw)
 
-            def truncate16(y, region, sent, threshold, key, out_dtype, measure="max"):
+            def truncate16(y, region, sent, threshold, key, out_dtype, measure="max", tf32=False):
                 return truncate(y, region, sent, threshold, key, sent.dtype, measure)
             reference.conv2d, reference.truncate = conv2d32, truncate16
         if variant in ("sent32", "all32", "w16"):

@@ -5,6 +5,7 @@
 //   maxpool_out_kernel     a warp per output pixel: region = window holds an active pixel;
 //                          y = max(acc) over the window; send y - sent when its size (max or rms
 //                          over the channels, pw::PendingSize) > thr (or key): pw::send_element
+//                          (tf32, float32: the changes rounded to TF32, as the activations send them)
 //   maxpool_out_cl_kernel  the same for channels_last acc and sent with C % 4 == 0, C <= 512: a
 //                          group of C / 4 lanes (at most 32) per output pixel, 16-byte acc loads,
 //                          the window maxima kept in registers from the send decision to the send
@@ -105,7 +106,7 @@ __global__ void __launch_bounds__(256)
     maxpool_out_kernel(const bool* __restrict__ mask, const float* __restrict__ acc, Strides4 as,
                        T* __restrict__ sent, Strides4 ss, const bool* __restrict__ key, T* __restrict__ y,
                        bool* __restrict__ mask_out, PoolGeom g, float threshold, float rms_limit,
-                       long long total_pix) {
+                       long long total_pix, bool tf32) {
   grid_dependency_sync();
   const auto settle = [&](int64_t pix) { return maxpool_window_active(mask, mask_out, g, pix); };
   pw::for_each_active_pixel(total_pix, 5, settle, [&](const pw::PixelGroup& warp) {
@@ -128,7 +129,7 @@ __global__ void __launch_bounds__(256)
     for (int c = lane; c < g.C; c += 32) {
       T* sp = sent + sbase + c * ss.c;
       float s = to_f(*sp);
-      yp[c] = from_f<T>(pw::send_element<T>(maxpool_window(acc, as, g, n, c, hs, ws), s));
+      yp[c] = from_f<T>(pw::send_element<T>(maxpool_window(acc, as, g, n, c, hs, ws), s, tf32));
       *sp = from_f<T>(s);
     }
   });
@@ -144,7 +145,7 @@ template <typename T>
 __global__ void __launch_bounds__(256)
     maxpool_out_cl_kernel(const bool* __restrict__ mask, const float* __restrict__ acc, T* __restrict__ sent,
                           const bool* __restrict__ key, T* __restrict__ y, bool* __restrict__ mask_out, PoolGeom g,
-                          float threshold, float rms_limit, long long total_pix, int log2_lanes) {
+                          float threshold, float rms_limit, long long total_pix, int log2_lanes, bool tf32) {
   grid_dependency_sync();
   const auto settle = [&](int64_t pix) { return maxpool_window_active(mask, mask_out, g, pix); };
   pw::for_each_active_pixel(total_pix, log2_lanes, settle, [&](const pw::PixelGroup& grp) {
@@ -185,7 +186,7 @@ __global__ void __launch_bounds__(256)
       float s[kMaxpoolVec], out[kMaxpoolVec];
       pw::load_f<kMaxpoolVec>(sent + pix * g.C + c, s);
 #pragma unroll
-      for (int i = 0; i < kMaxpoolVec; ++i) out[i] = pw::send_element<T>(mx[k][i], s[i]);
+      for (int i = 0; i < kMaxpoolVec; ++i) out[i] = pw::send_element<T>(mx[k][i], s[i], tf32);
       pw::store_f<kMaxpoolVec>(y + pix * g.C + c, out);
       pw::store_f<kMaxpoolVec>(sent + pix * g.C + c, s);
     }

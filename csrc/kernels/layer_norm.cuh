@@ -8,7 +8,8 @@
 //   weight, bias [C] float32 or nullptr; key [N] bool or nullptr
 // On active pixels: acc += delta; mean and variance of acc over the channels (two passes, float32);
 // y = (acc - mean) * rsqrt(var + eps) * weight + bias; change = T(y) - sent; the pixel is sent when
-// the change's size exceeds the threshold (max or rms) or its stream is a key stream. The statistics
+// the change's size exceeds the threshold (max or rms) or its stream is a key stream (with p.tf32,
+// float32: the changes sent rounded to TF32, as in activation). The statistics
 // are summed in another order than PyTorch's layer_norm, so results agree with the reference to
 // float32 rounding, not bit for bit.
 #pragma once
@@ -37,6 +38,7 @@ struct LayerNormParams {
   // optional (nullptr: none): the sent pixels listed for the 1x1 convolution after this layer
   int* rows;
   int* rows_count;
+  bool tf32;               // float32 only: send the changes rounded to TF32 (send_element)
 };
 
 // The normalised, scaled and shifted value of channel c whose accumulated input is a.
@@ -103,7 +105,7 @@ __global__ void __launch_bounds__(kThreads) layer_norm_kernel(const LayerNormPar
       load_f<VEC>(p.acc + row + c, a);
       load_f<VEC>(p.sent + row + c, s);
 #pragma unroll
-      for (int i = 0; i < VEC; ++i) a[i] = send_element<T>(layer_norm_value(p, c + i, a[i], mean, rstd), s[i]);
+      for (int i = 0; i < VEC; ++i) a[i] = send_element<T>(layer_norm_value(p, c + i, a[i], mean, rstd), s[i], p.tf32);
       store_f<VEC>(p.out + row + c, a);
       store_f<VEC>(p.sent + row + c, s);
     }

@@ -65,11 +65,7 @@ __global__ void __launch_bounds__(kThreads) sparsify_kernel(const SparsifyParams
   send = send || key_flag(p.key, g.pixel, p.hw);
   if (g.lane == 0) p.mask_out[g.pixel] = send;
   if (!send) return;
-  const auto identity = [](float x) { return x; };
-  if constexpr (std::is_same<T, float>::value) {
-    if (p.tf32) return send_row<T, VEC, true>(g, C, row, p.x, p.sent, p.out, identity);
-  }
-  send_row<T, VEC>(g, C, row, p.x, p.sent, p.out, identity);
+  send_row<T, VEC>(g, C, row, p.x, p.sent, p.out, [](float x) { return x; }, p.tf32);
 }
 
 // ================================================================ densify
@@ -190,14 +186,8 @@ __global__ void __launch_bounds__(kThreads) activation_kernel(const ActivationPa
     if (g.lane == 0) p.mask_out[g.pixel] = send;
     if (!send) return false;
     // second pass over this lane's own channels (acc as just written by this thread)
-    const auto f = [&](float a) { return apply_activation(kind, p.param, a); };
-    if constexpr (std::is_same<T, float>::value) {
-      if (p.tf32) {
-        send_row<T, VEC, true>(g, C, row, p.acc, p.sent, p.out, f);
-        return true;
-      }
-    }
-    send_row<T, VEC>(g, C, row, p.acc, p.sent, p.out, f);
+    send_row<T, VEC>(g, C, row, p.acc, p.sent, p.out, [&](float a) { return apply_activation(kind, p.param, a); },
+                     p.tf32);
     return true;
   }, SentRows{p.rows, p.rows_count, p.pixels});
 }
@@ -296,7 +286,8 @@ __global__ void __launch_bounds__(kThreads) add_kernel(const AddParams<T> p) {
 // acc_a += delta_a, acc_b += delta_b (on their active pixels); y = acc_a * acc_b over the region
 // mask_a | mask_b, then truncation against `sent` as in activation. An operand may be spatially
 // broadcast ([N, C, 1, 1] against an [N, C, H, W] output, squeeze-excite): its acc is updated
-// beforehand by accumulate_rows_kernel and its flag/row is that of pixel n.
+// beforehand by accumulate_rows_kernel and its flag/row is that of pixel n. With p.tf32 (float32) the
+// changes are sent rounded to TF32, as in activation.
 template <typename T>
 struct MulParams {
   const T* a;              // [N, C, H, W] or [N, C, 1, 1] (a_bcast)
@@ -316,6 +307,7 @@ struct MulParams {
   bool a_bcast, b_bcast;
   int* rows;               // optional (nullptr: none): the sent pixels listed as in ActivationParams
   int* rows_count;
+  bool tf32;               // float32 only: send the changes rounded to TF32 (send_element)
 };
 
 // acc[r, c] += delta[r, c] for rows r (streams) whose mask[r] is set; one thread per element.
@@ -382,7 +374,7 @@ __global__ void __launch_bounds__(kThreads) mul_kernel(const MulParams<T> p) {
       load_f<VEC>(p.acc_b + (p.b_bcast ? brow : row) + c, vb);
       load_f<VEC>(p.sent + row + c, s);
 #pragma unroll
-      for (int i = 0; i < VEC; ++i) va[i] = send_element<T>(__fmul_rn(va[i], vb[i]), s[i]);
+      for (int i = 0; i < VEC; ++i) va[i] = send_element<T>(__fmul_rn(va[i], vb[i]), s[i], p.tf32);
       store_f<VEC>(p.out + row + c, va);
       store_f<VEC>(p.sent + row + c, s);
     }

@@ -1,5 +1,6 @@
 // Truncation of one element (ATen-free), shared by every layer that keeps a `sent` state
-// (sparsify, activation, mul: pointwise.cuh; max pooling: conv/pool_kernels.cuh).
+// (sparsify, activation, mul: pointwise.cuh; layer norm: layer_norm.cuh; max pooling:
+// conv/pool_kernels.cuh).
 // Semantics: `truncate` and `_send` in deltaconv/backends/reference.py.
 //
 // `sent` holds T values (T: the delta dtype): what downstream has received. A layer's new value y
@@ -66,12 +67,22 @@ __device__ __forceinline__ float send_element(float y, float& sent) {
   return out;
 }
 
+// send_element with the TF32 choice made per launch (`tf32`, uniform over the grid; it only
+// applies to float32, the other types ignore it): every truncating kernel takes it so.
+template <typename T>
+__device__ __forceinline__ float send_element(float y, float& sent, bool tf32) {
+  if constexpr (std::is_same<T, float>::value) {
+    if (tf32) return send_element<T, true>(y, sent);
+  }
+  return send_element<T>(y, sent);
+}
+
 // The send pass of a truncating pointwise kernel over the channels of group `g`'s lane in pixel
 // row `row` (element offset p * C): out = send_element<T, TF32>(value(v), sent) with `sent` updated
 // in place, v loaded from `src` ([N, C, H, W] channels_last, T or float32).
-template <typename T, int VEC, bool TF32 = false, typename Src, typename Value>
-__device__ __forceinline__ void send_row(const PixelGroup& g, int C, int64_t row, const Src* src, T* sent, T* out,
-                                         Value&& value) {
+template <typename T, int VEC, bool TF32, typename Src, typename Value>
+__device__ __forceinline__ void send_row_as(const PixelGroup& g, int C, int64_t row, const Src* src, T* sent, T* out,
+                                            Value&& value) {
   for (int c = g.lane * VEC; c < C; c += g.lanes * VEC) {
     float v[VEC], s[VEC];
     load_f<VEC>(src + row + c, v);
@@ -81,6 +92,16 @@ __device__ __forceinline__ void send_row(const PixelGroup& g, int C, int64_t row
     store_f<VEC>(out + row + c, v);
     store_f<VEC>(sent + row + c, s);
   }
+}
+
+// send_row_as with the TF32 choice made per launch (`tf32`, float32 only), outside the loop.
+template <typename T, int VEC, typename Src, typename Value>
+__device__ __forceinline__ void send_row(const PixelGroup& g, int C, int64_t row, const Src* src, T* sent, T* out,
+                                         Value&& value, bool tf32) {
+  if constexpr (std::is_same<T, float>::value) {
+    if (tf32) return send_row_as<T, VEC, true>(g, C, row, src, sent, out, value);
+  }
+  send_row_as<T, VEC, false>(g, C, row, src, sent, out, value);
 }
 
 }  // namespace pw

@@ -247,15 +247,15 @@ def _activation_fake(delta, mask, acc, sent, kind, param, threshold, key, rms=Fa
 
 def layer_norm(delta: Tensor, mask: Tensor, acc: Tensor, sent: Tensor, weight: Optional[Tensor],
                bias: Optional[Tensor], eps: float, threshold: float, key: Optional[Tensor], measure: str = "max",
-               rows: Optional[RowList] = None) -> tuple[Tensor, Tensor]:
+               rows: Optional[RowList] = None, tf32: bool = False) -> tuple[Tensor, Tensor]:
     """Layer norm of each pixel over its channels: ``layer_norm(acc + d) - sent`` on active pixels,
-    then truncation. ``rows``: as in :func:`activation`."""
+    then truncation. ``rows`` and ``tf32``: as in :func:`activation`."""
     rms = _rms(measure)
     c = delta.shape[1] if delta.dim() >= 2 else -1
     if not (_pointwise_ok("layer_norm", delta, mask, acc, sent) and _state_ok(acc, delta.shape)
             and _sent_ok(sent, delta, delta.shape) and c >= 1
             and all(v is None or v.numel() == c for v in (weight, bias))):
-        return _ref.layer_norm(delta, mask, acc, sent, weight, bias, eps, threshold, key, measure)
+        return _ref.layer_norm(delta, mask, acc, sent, weight, bias, eps, threshold, key, measure, tf32=tf32)
 
     def vec(v: Optional[Tensor]) -> Optional[Tensor]:
         return None if v is None else v.reshape(-1).to(device=delta.device, dtype=torch.float32).contiguous()
@@ -263,7 +263,8 @@ def layer_norm(delta: Tensor, mask: Tensor, acc: Tensor, sent: Tensor, weight: O
     a4, a_copied = _state4(acc)
     s4, s_copied = _state4(sent)
     out, m = torch.ops.deltaconv.layer_norm(_value4(delta), _mask4(mask), a4, s4, vec(weight), vec(bias), float(eps),
-                                            float(threshold), _key(key), rms, *_row_args(rows, delta))
+                                            float(threshold), _key(key), rms, *_row_args(rows, delta),
+                                            tf32=bool(tf32))
     _write_back(acc, a4, a_copied)
     _write_back(sent, s4, s_copied)
     return _like(out, m, delta)
@@ -271,7 +272,7 @@ def layer_norm(delta: Tensor, mask: Tensor, acc: Tensor, sent: Tensor, weight: O
 
 @_fake("layer_norm")
 def _layer_norm_fake(delta, mask, acc, sent, weight, bias, eps, threshold, key, rms=False, rows=None,
-                     rows_count=None):
+                     rows_count=None, tf32=False):
     return _empty_like_delta(delta)
 
 
@@ -361,20 +362,20 @@ def _mul_shape(a: Tensor, b: Tensor) -> Optional[torch.Size]:
 
 def mul(delta_a: Tensor, mask_a: Tensor, acc_a: Tensor, delta_b: Tensor, mask_b: Tensor, acc_b: Tensor,
         sent: Tensor, threshold: float, key: Optional[Tensor], measure: str = "max",
-        rows: Optional[RowList] = None) -> tuple[Tensor, Tensor]:
+        rows: Optional[RowList] = None, tf32: bool = False) -> tuple[Tensor, Tensor]:
     """Product of two changing tensors (broadcasting, e.g. squeeze-excite): non-linear.
-    ``rows``: as in :func:`activation`."""
+    ``rows`` and ``tf32``: as in :func:`activation`."""
     rms = _rms(measure)
     shape = _mul_shape(delta_a, delta_b) if delta_a.dim() == delta_b.dim() else None
     if not (shape is not None and _pointwise_ok("mul", delta_a, mask_a, acc_a, delta_b, mask_b, acc_b, sent)
             and delta_a.dtype == delta_b.dtype and _state_ok(acc_a, delta_a.shape) and _state_ok(acc_b, delta_b.shape)
             and _sent_ok(sent, delta_a, shape)):
-        return _ref.mul(delta_a, mask_a, acc_a, delta_b, mask_b, acc_b, sent, threshold, key, measure)
+        return _ref.mul(delta_a, mask_a, acc_a, delta_b, mask_b, acc_b, sent, threshold, key, measure, tf32=tf32)
     a4, a_copied = _state4(acc_a)
     b4, b_copied = _state4(acc_b)
     s4, s_copied = _state4(sent)
     out, m = torch.ops.deltaconv.mul(_value4(delta_a), _mask4(mask_a), a4, _value4(delta_b), _mask4(mask_b), b4, s4,
-                                     float(threshold), _key(key), rms, *_row_args(rows, sent))
+                                     float(threshold), _key(key), rms, *_row_args(rows, sent), tf32=bool(tf32))
     _write_back(acc_a, a4, a_copied)
     _write_back(acc_b, b4, b_copied)
     _write_back(sent, s4, s_copied)
@@ -383,7 +384,7 @@ def mul(delta_a: Tensor, mask_a: Tensor, acc_a: Tensor, delta_b: Tensor, mask_b:
 
 @_fake("mul")
 def _mul_fake(delta_a, mask_a, acc_a, delta_b, mask_b, acc_b, sent, threshold, key, rms=False, rows=None,
-              rows_count=None):
+              rows_count=None, tf32=False):
     shape = delta_b.shape if delta_a.shape[2:] == (1, 1) and delta_a.shape != delta_b.shape else delta_a.shape
     n, _, h, w = shape
     return _empty_value(delta_a, shape), _empty_mask(delta_a, n, h, w)
@@ -504,9 +505,10 @@ def linear_spatial(delta: Tensor, mask: Tensor, op: Callable[[Tensor], Tensor]) 
 
 
 def pool_nonlinear(delta: Tensor, mask: Tensor, acc: Tensor, sent: Tensor, op: Callable[[Tensor], Tensor],
-                   threshold: float, key: Optional[Tensor], measure: str = "max") -> tuple[Tensor, Tensor]:
+                   threshold: float, key: Optional[Tensor], measure: str = "max",
+                   tf32: bool = False) -> tuple[Tensor, Tensor]:
     """A non-linear spatial op given as a callable (reference)."""
-    return _ref.pool_nonlinear(delta, mask, acc, sent, op, threshold, key, measure)
+    return _ref.pool_nonlinear(delta, mask, acc, sent, op, threshold, key, measure, tf32)
 
 
 def _pool_out(size, k, p, s, d, ceil_mode):
@@ -613,21 +615,22 @@ def _resample_fake(x, out_size, scale_h, scale_w, mode, align_corners):
 
 def max_pool2d(delta: Tensor, mask: Tensor, acc: Tensor, sent: Tensor, kernel_size, stride, padding, dilation,
                ceil_mode: bool, threshold: float, key: Optional[Tensor],
-               measure: str = "max") -> tuple[Tensor, Tensor]:
-    """Max pooling (``F.max_pool2d`` arguments): non-linear, over the footprint of active pixels."""
+               measure: str = "max", tf32: bool = False) -> tuple[Tensor, Tensor]:
+    """Max pooling (``F.max_pool2d`` arguments): non-linear, over the footprint of active pixels.
+    ``tf32``: as in :func:`activation`."""
     rms = _rms(measure)
     if not (_native("max_pool2d", delta, mask, acc, sent) and delta.dim() == 4 and delta.dtype in _ACT_DTYPES
             and acc.dtype == torch.float32 and sent.dtype == delta.dtype):
         return _ref.max_pool2d(delta, mask, acc, sent, kernel_size, stride, padding, dilation, ceil_mode, threshold,
-                               key, measure)
+                               key, measure, tf32=tf32)
     return torch.ops.deltaconv.max_pool2d(_value4(delta), _mask4(mask), acc, sent, _pair(kernel_size),
                                           _pool_stride(stride, kernel_size), _pair(padding), _pair(dilation),
-                                          bool(ceil_mode), float(threshold), _key(key), rms)
+                                          bool(ceil_mode), float(threshold), _key(key), rms, tf32=bool(tf32))
 
 
 @_fake("max_pool2d")
 def _max_pool2d_fake(delta, mask, acc, sent, kernel_size, stride, padding, dilation, ceil_mode, threshold, key,
-                     rms=False):
+                     rms=False, tf32=False):
     n, c, h, w = delta.shape
     (kh, kw), (sh, sw) = _pair(kernel_size), _pool_stride(stride, kernel_size)
     (ph, pw), (dh, dw) = _pair(padding), _pair(dilation)

@@ -186,17 +186,17 @@ def activation(delta: Tensor, mask: Tensor, acc: Tensor, sent: Tensor, fn: Calla
 
 def layer_norm(delta: Tensor, mask: Tensor, acc: Tensor, sent: Tensor, weight: Optional[Tensor],
                bias: Optional[Tensor], eps: float, threshold: float, key: Optional[Tensor], measure: str = "max",
-               rows: Optional[RowList] = None) -> tuple[Tensor, Tensor]:
+               rows: Optional[RowList] = None, tf32: bool = False) -> tuple[Tensor, Tensor]:
     """Layer norm of each pixel over its channels (dim 1; ConvNeXt's LayerNorm, ``F.layer_norm`` over
     the last dim of the channels-last view): ``layer_norm(acc + d) - sent`` on active pixels, then
     truncation. Computed in the accumulator's dtype with ``weight`` and ``bias`` (``[C]`` or
-    ``None``) in it. ``rows``: ignored, as in :func:`activation`."""
+    ``None``) in it. ``rows``: ignored, as in :func:`activation`; ``tf32``: as there."""
     acc += _zero_inactive(delta, mask).to(acc.dtype)
     x = acc.movedim(1, -1)
     w = None if weight is None else weight.to(acc.dtype)
     b = None if bias is None else bias.to(acc.dtype)
     y = F.layer_norm(x, (x.shape[-1],), w, b, eps).movedim(-1, 1)
-    return truncate(y, mask, sent, threshold, key, delta.dtype, measure)
+    return truncate(y, mask, sent, threshold, key, delta.dtype, measure, tf32)
 
 
 def affine_channel(delta: Tensor, mask: Tensor, scale: Optional[Tensor], shift: Optional[Tensor],
@@ -239,15 +239,15 @@ def add_activation(delta_a: Tensor, mask_a: Tensor, delta_b: Tensor, mask_b: Ten
 
 def mul(delta_a: Tensor, mask_a: Tensor, acc_a: Tensor, delta_b: Tensor, mask_b: Tensor, acc_b: Tensor,
         sent: Tensor, threshold: float, key: Optional[Tensor], measure: str = "max",
-        rows: Optional[RowList] = None) -> tuple[Tensor, Tensor]:
+        rows: Optional[RowList] = None, tf32: bool = False) -> tuple[Tensor, Tensor]:
     """Product of two changing tensors (broadcasting, e.g. squeeze-excite): non-linear.
-    ``rows``: ignored, as in :func:`activation`."""
+    ``rows``: ignored, as in :func:`activation`; ``tf32``: as there."""
     acc_a += _zero_inactive(delta_a, mask_a).to(acc_a.dtype)
     acc_b += _zero_inactive(delta_b, mask_b).to(acc_b.dtype)
     region = mask_a | mask_b
     y = acc_a * acc_b
     region = region.expand(list(y.shape[:1]) + [1] + list(y.shape[2:]))
-    return truncate(y, region, sent, threshold, key, delta_a.dtype, measure)
+    return truncate(y, region, sent, threshold, key, delta_a.dtype, measure, tf32)
 
 
 def concatenate(deltas: Sequence[Tensor], masks: Sequence[Tensor], dim: int) -> tuple[Tensor, Tensor]:
@@ -344,12 +344,13 @@ def linear_spatial(delta: Tensor, mask: Tensor, op: Callable[[Tensor], Tensor]) 
 
 
 def pool_nonlinear(delta: Tensor, mask: Tensor, acc: Tensor, sent: Tensor, op: Callable[[Tensor], Tensor],
-                   threshold: float, key: Optional[Tensor], measure: str = "max") -> tuple[Tensor, Tensor]:
+                   threshold: float, key: Optional[Tensor], measure: str = "max",
+                   tf32: bool = False) -> tuple[Tensor, Tensor]:
     """A non-linear spatial op (max pooling): ``op`` on the accumulated input over the footprint of
-    the active pixels, then truncation."""
+    the active pixels, then truncation (``tf32``: as in :func:`truncate`)."""
     acc += _zero_inactive(delta, mask).to(acc.dtype)
     region = _footprint(mask, op)
-    return truncate(op(acc), region, sent, threshold, key, delta.dtype, measure)
+    return truncate(op(acc), region, sent, threshold, key, delta.dtype, measure, tf32)
 
 
 def avg_pool2d(delta: Tensor, mask: Tensor, kernel_size, stride, padding, ceil_mode: bool,
@@ -387,11 +388,12 @@ def resample(x: Tensor, size, scale_factor, mode: str, align_corners: Optional[b
 
 def max_pool2d(delta: Tensor, mask: Tensor, acc: Tensor, sent: Tensor, kernel_size, stride, padding, dilation,
                ceil_mode: bool, threshold: float, key: Optional[Tensor],
-               measure: str = "max") -> tuple[Tensor, Tensor]:
-    """Max pooling (``F.max_pool2d`` arguments): non-linear, over the footprint of active pixels."""
+               measure: str = "max", tf32: bool = False) -> tuple[Tensor, Tensor]:
+    """Max pooling (``F.max_pool2d`` arguments): non-linear, over the footprint of active pixels.
+    ``tf32``: as in :func:`activation`."""
     def op(t):
         return F.max_pool2d(t, kernel_size, stride, padding, dilation, ceil_mode)
-    return pool_nonlinear(delta, mask, acc, sent, op, threshold, key, measure)
+    return pool_nonlinear(delta, mask, acc, sent, op, threshold, key, measure, tf32)
 
 
 # ----------------------------------------------------------------------------- statistics

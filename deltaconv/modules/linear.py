@@ -45,8 +45,9 @@ def runs_tensor_cores(dtype: torch.dtype) -> bool:
 
 
 def sends_tf32(value: torch.Tensor) -> bool:
-    """Whether an activation or the input sparsifier sends the changes of ``value`` rounded to TF32
-    (``ops.activation`` / ``ops.sparsify`` with ``tf32``; ``Delta.tf32``): float32 on the GPU where
+    """Whether a layer that keeps a ``sent`` state (an activation, a product, a layer norm, a max
+    pooling, a dense fallback, the input sparsifier) sends the changes of ``value`` rounded to TF32
+    (the ops' ``tf32``; ``Delta.tf32``): float32 on the GPU where
     the convolutions run in TF32 (:func:`runs_tensor_cores`), unless ``DELTACONV_TF32_SENDS=0`` is
     set (read on every call; for A/B runs). The convolutions after it then read the changes as they
     are instead of rounding them to TF32 themselves (a pass over their staged input in every

@@ -68,7 +68,7 @@ class DCLayerNorm(DCModule):
     depends on that pixel alone, so the delta rule is an activation's over the whole channel vector:
     ``layer_norm(acc) - sent`` on active pixels, then truncation. State: ``acc`` (input), ``sent``
     (output). Weight and bias are the dense module's (``from_dense``) or arrive per call
-    (``F.layer_norm``)."""
+    (``F.layer_norm``). Sends TF32 as :class:`DCActivation` does."""
 
     kind = "layer_norm"
     truncates = True
@@ -102,9 +102,10 @@ class DCLayerNorm(DCModule):
         acc = self.state("acc", x.shape, x.device, x.dtype)
         sent = self.state("sent", x.shape, x.device, x.dtype, sent=True)
         rows = self.row_list(x.shape, x.device)
+        tf32 = sends_tf32(x.value)
         v, m = self.ops.layer_norm(x.value, x.mask, acc, sent, weight, bias, self.eps, self.threshold, self.key,
-                                   self.measure, rows)
-        return self.observe(Delta(v, m, filled_rows(rows)))
+                                   self.measure, rows, tf32=tf32)
+        return self.observe(Delta(v, m, filled_rows(rows), tf32=tf32))
 
     def flops_per_output_pixel(self, out: Delta) -> float:
         return 5.0 * out.value.shape[1]
@@ -115,7 +116,8 @@ class DCLayerNorm(DCModule):
 
 class DCMul(DCModule):
     """Product of two changing tensors (broadcasting; squeeze-excite): ``new = A_a * A_b`` over
-    the union of the masks. State: ``acc_a``, ``acc_b``, ``sent``."""
+    the union of the masks. State: ``acc_a``, ``acc_b``, ``sent``. Sends TF32 as
+    :class:`DCActivation` does."""
 
     kind = "mul"
     truncates = True
@@ -126,9 +128,10 @@ class DCMul(DCModule):
         out_shape = torch.broadcast_shapes(a.shape, b.shape)
         sent = self.state("sent", out_shape, a.device, a.dtype, sent=True)
         rows = self.row_list(out_shape, a.device)
+        tf32 = sends_tf32(a.value)
         v, m = self.ops.mul(a.value, a.mask, acc_a, b.value, b.mask, acc_b, sent, self.threshold, self.key,
-                            self.measure, rows)
-        return self.observe(Delta(v, m, filled_rows(rows)))
+                            self.measure, rows, tf32=tf32)
+        return self.observe(Delta(v, m, filled_rows(rows), tf32=tf32))
 
     def flops_per_output_pixel(self, out: Delta) -> float:
         return float(out.value.shape[1]) if out.value.dim() > 1 else 1.0
@@ -136,7 +139,8 @@ class DCMul(DCModule):
 
 class DCMaxPool2d(DCModule):
     """Max pooling (any window, stride, padding, dilation, ceil_mode): the max of the accumulated
-    input over the footprint of the active pixels. State: ``acc``, ``sent``."""
+    input over the footprint of the active pixels. State: ``acc``, ``sent``. Sends TF32 as
+    :class:`DCActivation` does."""
 
     kind = "max_pool2d"
     truncates = True
@@ -161,9 +165,10 @@ class DCMaxPool2d(DCModule):
                                                 self.kernel_size, self.stride, self.padding, self.dilation,
                                                 self.ceil_mode).shape[2:]
         sent = self.state("sent", (n, c) + tuple(out_hw), x.device, x.dtype, sent=True)
+        tf32 = sends_tf32(x.value)
         v, m = self.ops.max_pool2d(x.value, x.mask, acc, sent, self.kernel_size, self.stride, self.padding,
-                                   self.dilation, self.ceil_mode, self.threshold, self.key, self.measure)
-        return self.observe(Delta(v, m))
+                                   self.dilation, self.ceil_mode, self.threshold, self.key, self.measure, tf32=tf32)
+        return self.observe(Delta(v, m, tf32=tf32))
 
     def flops_per_output_pixel(self, out: Delta) -> float:
         return float(out.value.shape[1] * self.kernel_size[0] * self.kernel_size[1])
@@ -174,7 +179,8 @@ class DCFallback(DCModule):
     its output against what it sent before (correct for every op, costs a dense evaluation).
 
     State: ``acc<i>`` per delta input, ``sent<j>`` per tensor output. Also used for spatial
-    non-linear ops whose footprint is unknown (adaptive max pooling, ...).
+    non-linear ops whose footprint is unknown (adaptive max pooling, ...). Sends TF32 as
+    :class:`DCActivation` does.
     """
 
     kind = "fallback"
@@ -208,8 +214,9 @@ class DCFallback(DCModule):
             if key is not None and (t.dim() < 1 or t.shape[0] != key.shape[0]):
                 key = torch.ones(t.shape[0] if t.dim() else 1, dtype=torch.bool, device=t.device)
             dtype = t.dtype if t.is_floating_point() else out_dtype
-            v, m = self.ops.truncate(t, region, sent, self.threshold, key, dtype, self.measure)
-            return Delta(v, m)
+            tf32 = sends_tf32(t)
+            v, m = self.ops.truncate(t, region, sent, self.threshold, key, dtype, self.measure, tf32)
+            return Delta(v, m, tf32=tf32)
 
         out = _map_tensors(y, resparsify)
         return self.observe(out) if isinstance(out, Delta) else out
