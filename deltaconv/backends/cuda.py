@@ -16,6 +16,7 @@ reference writes zeros: compare outputs only where the output mask is set.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Callable, Optional, Sequence
 
@@ -85,7 +86,7 @@ def _mask4(m: Tensor) -> Tensor:
 
 def _state4(s: Tensor) -> tuple[Tensor, bool]:
     """A state tensor as 4-D channels_last-contiguous, sharing its storage when it can; the flag
-    says that it is a copy, to be written back with :func:`_write_back` after the op."""
+    says that it is a copy, to be written back after the op (:func:`_states4`)."""
     if s.dim() == 2:
         if s.is_contiguous():
             return s.view(s.shape[0], s.shape[1], 1, 1), False
@@ -95,9 +96,16 @@ def _state4(s: Tensor) -> tuple[Tensor, bool]:
     return s.contiguous(memory_format=_CL), True
 
 
-def _write_back(s: Tensor, s4: Tensor, copied: bool) -> None:
-    if copied:
-        s.copy_(s4.reshape(s.shape))
+@contextlib.contextmanager
+def _states4(*states: Tensor):
+    """The in-place states of an op as 4-D channels_last-contiguous tensors (:func:`_state4`), for the
+    op in the block to update; those that had to be copied are copied back into ``states`` after it
+    (not when the op raises)."""
+    views = [_state4(s) for s in states]
+    yield [v for v, _ in views]
+    for s, (v, copied) in zip(states, views):
+        if copied:
+            s.copy_(v.reshape(s.shape))
 
 
 def _like(out: Tensor, mask: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
@@ -178,10 +186,10 @@ def sparsify(x: Tensor, sent: Tensor, threshold: float, key: Optional[Tensor],
     if not (_pointwise_ok("sparsify", x, sent) and _sent_ok(sent, x, x.shape)
             and (change_measure is None or change_measure.dtype == torch.float32)):
         return _ref.sparsify(x, sent, threshold, key, change_measure, tf32=tf32)
-    s4, copied = _state4(sent)
     measure = None if change_measure is None else _mask4(change_measure)
-    out, mask = torch.ops.deltaconv.sparsify(_value4(x), s4, float(threshold), _key(key), measure, tf32=bool(tf32))
-    _write_back(sent, s4, copied)
+    with _states4(sent) as (s4,):
+        out, mask = torch.ops.deltaconv.sparsify(_value4(x), s4, float(threshold), _key(key), measure,
+                                                 tf32=bool(tf32))
     return _like(out, mask, x)
 
 
@@ -195,9 +203,8 @@ def densify(delta: Tensor, mask: Tensor, acc: Tensor, out_dtype: torch.dtype) ->
     """Output densifier: accumulate ``delta`` into ``acc`` and return a dense copy."""
     if not (_pointwise_ok("densify", delta, mask, acc) and _state_ok(acc, delta.shape) and out_dtype in _ACT_DTYPES):
         return _ref.densify(delta, mask, acc, out_dtype)
-    a4, copied = _state4(acc)
-    out = torch.ops.deltaconv.densify(_value4(delta), _mask4(mask), a4, out_dtype)
-    _write_back(acc, a4, copied)
+    with _states4(acc) as (a4,):
+        out = torch.ops.deltaconv.densify(_value4(delta), _mask4(mask), a4, out_dtype)
     return out.reshape(delta.shape) if delta.dim() == 2 else out
 
 
@@ -229,13 +236,10 @@ def activation(delta: Tensor, mask: Tensor, acc: Tensor, sent: Tensor, fn: Calla
     if not (kind in NATIVE_KINDS and _pointwise_ok("activation", delta, mask, acc, sent)
             and _state_ok(acc, delta.shape) and _sent_ok(sent, delta, delta.shape)):
         return _ref.activation(delta, mask, acc, sent, fn, threshold, key, measure, tf32=tf32)
-    a4, a_copied = _state4(acc)
-    s4, s_copied = _state4(sent)
-    out, m = torch.ops.deltaconv.activation(_value4(delta), _mask4(mask), a4, s4, kind,
-                                            float(getattr(fn, "param", 0.0)), float(threshold), _key(key), rms,
-                                            *_row_args(rows, delta), tf32=bool(tf32))
-    _write_back(acc, a4, a_copied)
-    _write_back(sent, s4, s_copied)
+    with _states4(acc, sent) as (a4, s4):
+        out, m = torch.ops.deltaconv.activation(_value4(delta), _mask4(mask), a4, s4, kind,
+                                                float(getattr(fn, "param", 0.0)), float(threshold), _key(key), rms,
+                                                *_row_args(rows, delta), tf32=bool(tf32))
     return _like(out, m, delta)
 
 
@@ -260,13 +264,10 @@ def layer_norm(delta: Tensor, mask: Tensor, acc: Tensor, sent: Tensor, weight: O
     def vec(v: Optional[Tensor]) -> Optional[Tensor]:
         return None if v is None else v.reshape(-1).to(device=delta.device, dtype=torch.float32).contiguous()
 
-    a4, a_copied = _state4(acc)
-    s4, s_copied = _state4(sent)
-    out, m = torch.ops.deltaconv.layer_norm(_value4(delta), _mask4(mask), a4, s4, vec(weight), vec(bias), float(eps),
-                                            float(threshold), _key(key), rms, *_row_args(rows, delta),
-                                            tf32=bool(tf32))
-    _write_back(acc, a4, a_copied)
-    _write_back(sent, s4, s_copied)
+    with _states4(acc, sent) as (a4, s4):
+        out, m = torch.ops.deltaconv.layer_norm(_value4(delta), _mask4(mask), a4, s4, vec(weight), vec(bias),
+                                                float(eps), float(threshold), _key(key), rms, *_row_args(rows, delta),
+                                                tf32=bool(tf32))
     return _like(out, m, delta)
 
 
@@ -328,14 +329,11 @@ def add_activation(delta_a: Tensor, mask_a: Tensor, delta_b: Tensor, mask_b: Ten
         d, union = add(delta_a, mask_a, delta_b, mask_b, alpha)
         out, out_mask = activation(d, union, acc, sent, fn, threshold, key, measure, rows, tf32)
         return out, out_mask, union
-    a4, a_copied = _state4(acc)
-    s4, s_copied = _state4(sent)
-    out, m, union = torch.ops.deltaconv.add_activation(
-        _value4(delta_a), _mask4(mask_a), _value4(delta_b), _mask4(mask_b), float(alpha), a4, s4, kind,
-        float(getattr(fn, "param", 0.0)), float(threshold), _key(key), _rms(measure), *_row_args(rows, delta_a),
-        tf32=bool(tf32))
-    _write_back(acc, a4, a_copied)
-    _write_back(sent, s4, s_copied)
+    with _states4(acc, sent) as (a4, s4):
+        out, m, union = torch.ops.deltaconv.add_activation(
+            _value4(delta_a), _mask4(mask_a), _value4(delta_b), _mask4(mask_b), float(alpha), a4, s4, kind,
+            float(getattr(fn, "param", 0.0)), float(threshold), _key(key), _rms(measure), *_row_args(rows, delta_a),
+            tf32=bool(tf32))
     out, m = _like(out, m, delta_a)
     return out, m, union.view(m.shape)
 
@@ -371,14 +369,10 @@ def mul(delta_a: Tensor, mask_a: Tensor, acc_a: Tensor, delta_b: Tensor, mask_b:
             and delta_a.dtype == delta_b.dtype and _state_ok(acc_a, delta_a.shape) and _state_ok(acc_b, delta_b.shape)
             and _sent_ok(sent, delta_a, shape)):
         return _ref.mul(delta_a, mask_a, acc_a, delta_b, mask_b, acc_b, sent, threshold, key, measure, tf32=tf32)
-    a4, a_copied = _state4(acc_a)
-    b4, b_copied = _state4(acc_b)
-    s4, s_copied = _state4(sent)
-    out, m = torch.ops.deltaconv.mul(_value4(delta_a), _mask4(mask_a), a4, _value4(delta_b), _mask4(mask_b), b4, s4,
-                                     float(threshold), _key(key), rms, *_row_args(rows, sent), tf32=bool(tf32))
-    _write_back(acc_a, a4, a_copied)
-    _write_back(acc_b, b4, b_copied)
-    _write_back(sent, s4, s_copied)
+    with _states4(acc_a, acc_b, sent) as (a4, b4, s4):
+        out, m = torch.ops.deltaconv.mul(_value4(delta_a), _mask4(mask_a), a4, _value4(delta_b), _mask4(mask_b), b4,
+                                         s4, float(threshold), _key(key), rms, *_row_args(rows, sent),
+                                         tf32=bool(tf32))
     return _like(out, m, delta_a)
 
 

@@ -149,12 +149,19 @@ class DCConv2d(DCModule):
     @classmethod
     def from_dense(cls, conv: nn.Conv2d, bn: Optional[nn.Module] = None) -> "DCConv2d":
         """Build from a dense ``nn.Conv2d`` (sharing its parameters), folding ``bn`` if given."""
+        return cls._sharing(conv, bn, in_channels=conv.in_channels, out_channels=conv.out_channels,
+                            kernel_size=conv.kernel_size, stride=conv.stride, dilation=conv.dilation,
+                            padding=conv.padding, groups=conv.groups, padding_mode=conv.padding_mode)
+
+    @classmethod
+    def _sharing(cls, dense: nn.Module, bn: Optional[nn.Module], **geometry) -> "DCConv2d":
+        """A layer with the convolution ``geometry`` (its attributes) sharing ``dense``'s weight and
+        bias, folding ``bn`` if given."""
         m = cls.__new__(cls)
         DCModule.__init__(m)
-        m.in_channels, m.out_channels = conv.in_channels, conv.out_channels
-        m.kernel_size, m.stride, m.dilation = conv.kernel_size, conv.stride, conv.dilation
-        m.padding, m.groups, m.padding_mode = conv.padding, conv.groups, conv.padding_mode
-        _adopt(m, conv, ["weight", "bias"])
+        for name, value in geometry.items():
+            setattr(m, name, value)
+        _adopt(m, dense, ["weight", "bias"])
         if "bias" not in m._parameters:
             m.bias = None
         # kept outside the module tree: it stays registered where it was in the dense model
@@ -255,17 +262,8 @@ class DCPixelLinear(DCConv2d):
     @classmethod
     def from_dense(cls, lin: nn.Linear) -> "DCPixelLinear":
         """Build from a dense ``nn.Linear`` (sharing its parameters)."""
-        m = cls.__new__(cls)
-        DCModule.__init__(m)
-        m.in_channels, m.out_channels = lin.in_features, lin.out_features
-        m.kernel_size, m.stride, m.dilation, m.padding = (1, 1), (1, 1), (1, 1), (0, 0)
-        m.groups, m.padding_mode = 1, "zeros"
-        _adopt(m, lin, ["weight", "bias"])
-        if "bias" not in m._parameters:
-            m.bias = None
-        object.__setattr__(m, "folded_bn", None)
-        m._folded = FoldedWeights()
-        return m
+        return cls._sharing(lin, None, in_channels=lin.in_features, out_channels=lin.out_features, kernel_size=(1, 1),
+                            stride=(1, 1), dilation=(1, 1), padding=(0, 0), groups=1, padding_mode="zeros")
 
     def folded_weight_bias(self, pixels: Optional[int] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """The weight as a 1x1 convolution's ``[out, in, 1, 1]`` (a view: contiguous is also
