@@ -97,7 +97,7 @@ def sweep(dtypes, shapes, fractions, iters: int, ops=DEFAULT_OPS, library=None,
                 for frac in fractions:
                     mask = clustered_mask(1, h, w, frac)
                     delta = (x * mask).contiguous(memory_format=torch.channels_last)
-                    # float32 with --input-tf32: the delta as an activation sends it in TF32 (rounded),
+                    # float32 with --input-tf32: the delta as a layer sends it in TF32 (rounded),
                     # which the kernels then read without rounding it themselves
                     flag = {"input_tf32": True} if input_tf32 and dtype == torch.float32 else {}
                     if flag:
@@ -168,7 +168,7 @@ def main(argv=None) -> None:
     p.add_argument("--library", type=Path, default=None, metavar="PATH",
                    help="time this build of the extension (a _C*.so) instead of deltaconv's")
     p.add_argument("--input-tf32", action="store_true",
-                   help="float32: deltas rounded to TF32 and passed with input_tf32, as an activation sends them "
+                   help="float32: deltas rounded to TF32 and passed with input_tf32, as a layer sends them "
                         "(the kernels skip their rounding pass)")
     args = p.parse_args(argv)
     dtypes = [getattr(torch, d) for d in args.dtypes]

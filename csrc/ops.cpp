@@ -58,7 +58,7 @@ TORCH_LIBRARY(deltaconv, m) {
   // ---- convolution and pooling
   // counters: int32 [>= 14] zeroed by the caller, where the work lists count, the blocks take ranks and the
   // K split is recorded (conv_common.cuh: kConvCounters; None: zeroed per call)
-  // input_tf32 (float32 only): the deltas are TF32 values already (an activation with tf32 sent them), so
+  // input_tf32 (float32 only): the deltas are TF32 values already (an op's tf32 sent them), so
   // the tensor-core kernels skip rounding them; with other deltas they would read them truncated
   m.def("conv2d(Tensor delta, Tensor mask, Tensor weight, Tensor? bias, int[2] stride, int[2] padding, "
         "int[2] dilation, int groups, Tensor? key, Tensor(a!)? counters=None, bool input_tf32=False) -> "

@@ -71,8 +71,8 @@ class Delta:
     rows: Optional[RowList] = None
     #: whether the values are TF32 already (float32 with the 13 low mantissa bits zero): a layer that
     #: keeps a ``sent`` state sends its changes rounded so where the convolutions run in TF32
-    #: (``sends_tf32``), and a
-    #: convolution reading them then skips its own rounding (the CUDA op's ``input_tf32``)
+    #: (``sends_tf32``), and a convolution reading them then skips its own rounding (the CUDA op's
+    #: ``input_tf32``)
     tf32: bool = False
 
     # --- shape queries, so traced shape arithmetic runs on deltas unchanged ---

@@ -48,8 +48,8 @@ struct ConvGeom {
   int KH, KW, sh, sw, ph, pw, dh, dw;
   int groups, cin_g, cout_g;
   int tiles_h, tiles_w;
-  // float32 in TF32 only: the input deltas are TF32 values already (an activation rounded them
-  // where it sent them), so the tensor-core kernels skip their rounding pass (tc::rounds_input)
+  // float32 in TF32 only: the input deltas are TF32 values already (a layer with a `sent` state
+  // rounded them where it sent them), so the tensor-core kernels skip their rounding pass (tc::rounds_input)
   bool input_tf32;
 };
 

@@ -196,8 +196,8 @@ struct Mma<__nv_bfloat16> {
 // on one-by-one: a relative error of 2.7e-2 where rounding to nearest gives 1.9e-2), so every kernel
 // rounds its stages' input operand to nearest in shared memory first (round_tf32): each thread the
 // 16-byte pieces it copied, once they have landed and before the barrier that publishes them;
-// unless the deltas arrive rounded (ConvGeom::input_tf32: the activations and the input sparsifier
-// round the changes they send and keep the rest pending, so that it is not lost frame after frame,
+// unless the deltas arrive rounded (ConvGeom::input_tf32: every layer with a `sent` state rounds
+// the changes it sends and keeps the rest pending, so that it is not lost frame after frame,
 // deltaconv/modules/linear.py, sends_tf32). The
 // weights are read as they are (truncated: a fixed error of the weights, which a delta sum does
 // not accumulate): deltaconv's convolutions round them to nearest once, with their fold

@@ -5,7 +5,7 @@
 //   maxpool_out_kernel     a warp per output pixel: region = window holds an active pixel;
 //                          y = max(acc) over the window; send y - sent when its size (max or rms
 //                          over the channels, pw::PendingSize) > thr (or key): pw::send_element
-//                          (tf32, float32: the changes rounded to TF32, as the activations send them)
+//                          (tf32, float32: the changes rounded to TF32, as the activation sends them)
 //   maxpool_out_cl_kernel  the same for channels_last acc and sent with C % 4 == 0, C <= 512: a
 //                          group of C / 4 lanes (at most 32) per output pixel, 16-byte acc loads,
 //                          the window maxima kept in registers from the send decision to the send

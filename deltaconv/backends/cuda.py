@@ -411,8 +411,8 @@ def conv2d(delta: Tensor, mask: Tensor, weight: Tensor, bias: Optional[Tensor], 
     on key frames. ``counters``: zeroed int32 ``[>= 14]`` on the device where the kernels count their
     work list, rank their blocks and record the K split of the 3x3 kernel's fine launch or the
     gathered-rows GEMM (``counters[3]``; a slice of :class:`~deltaconv.modules.WorkCounters`); ``None``: the op zeroes
-    its own. ``input_tf32`` (float32 only): ``delta`` holds TF32 values already (an activation or the
-    input sparsifier sent it with ``tf32``), so the tensor-core kernels skip rounding it; other values they would read
+    its own. ``input_tf32`` (float32 only): ``delta`` holds TF32 values already (a layer with a ``sent``
+    state sent it with ``tf32``), so the tensor-core kernels skip rounding it; other values they would read
     truncated. Outputs are bit-identical from call to call, except where the 3x3 kernel hands a tail of
     tiles past one round of its coarse launch to its fine launch (or, for 256 input channels on
     Hopper, to the weight-stationary kernel in its place; not under

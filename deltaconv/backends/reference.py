@@ -64,8 +64,8 @@ def round_to_tf32(t: Tensor) -> Tensor:
     The CUDA backend's tensor-core convolutions read float32 operands in TF32 by dropping their low 13
     mantissa bits (the tensor cores' own conversion, toward zero), so the convolutions round their
     weights to nearest with their fold, once (:meth:`~deltaconv.modules.folding.FoldedWeights.get`
-    with ``tf32``), and the activations and the input sparsifier round the changes they send
-    (:func:`truncate` and :func:`sparsify` with ``tf32``)."""
+    with ``tf32``), and every layer with a ``sent`` state rounds the changes it sends (:func:`truncate`,
+    :func:`sparsify` and the non-linear ops with ``tf32``)."""
     bits = t.view(torch.int32)
     rounded = ((bits + 0x1000) & ~0x1FFF).view(torch.float32)
     return torch.where(torch.isfinite(t), rounded, t)

@@ -17,7 +17,6 @@ from .base import DCModule
 from .linear import DeferredSum, _map_deltas, _rebuild, sends_tf32
 
 
-
 class DCActivation(DCModule):
     """Pointwise non-linearity (ReLU, ReLU6, LeakyReLU, Hardswish, Hardsigmoid, SiLU, Sigmoid,
     GELU, Tanh, ELU, or any pointwise callable). State: ``acc`` (input), ``sent`` (output).
