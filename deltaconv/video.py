@@ -21,14 +21,37 @@ SAMPLE_VIDEO_HELP = (
 
 def video_dirs() -> list[Path]:
     """Folders searched for sample videos, in order: ``$DELTACONV_VIDEOS``, ``../shared/videos``
-    beside the checkout (and beside the working directory)."""
+    beside the checkout (and beside the working directory), and for a clone of a local checkout
+    (``git clone /work/main /tmp/x``) the ``shared/videos`` beside the checkout it was cloned from."""
     dirs = []
     if os.environ.get("DELTACONV_VIDEOS"):
         dirs.append(Path(os.environ["DELTACONV_VIDEOS"]))
     root = Path(__file__).resolve().parent.parent
     dirs += [root.parent / "shared" / "videos", Path.cwd().parent / "shared" / "videos",
              Path.cwd() / "shared" / "videos"]
+    origin = local_origin(root)
+    if origin is not None:
+        dirs.append(origin.parent / "shared" / "videos")
     return dirs
+
+
+def local_origin(checkout: Path) -> Optional[Path]:
+    """The folder that the git checkout ``checkout`` was cloned from, read from its
+    ``.git/config`` (``remote "origin"``'s url, a path or a ``file://`` url); ``None`` when it has
+    none, or when the url names no local folder."""
+    import configparser
+
+    config = configparser.ConfigParser(strict=False, interpolation=None)
+    try:
+        config.read(checkout / ".git" / "config")
+        url = config.get('remote "origin"', "url", fallback=None)
+    except (configparser.Error, OSError):
+        return None
+    if not url:
+        return None
+    url = url.strip().removeprefix("file://")
+    path = Path(url) if Path(url).is_absolute() else checkout / url
+    return path.resolve() if path.is_dir() else None
 
 
 def find_sample_video(name: str = "vtest.avi") -> Path:
