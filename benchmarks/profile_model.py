@@ -83,13 +83,14 @@ def main(argv=None) -> None:
     p.add_argument("--frames", type=int, default=12)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--video", type=Path, default=None)
+    p.add_argument("--start", type=int, default=0, help="first frame of the video read (default 0)")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("profile_model: needs a CUDA GPU")
     size = tuple(int(v) for v in args.size.lower().split("x"))
     video = args.video or find_sample_video("vtest.avi")
-    frames = list(read_frames(video, max_frames=args.frames, size=size))
+    frames = list(read_frames(video, max_frames=args.frames, size=size, start=args.start))
     dtype = getattr(torch, args.dtype)
     args.out.mkdir(parents=True, exist_ok=True)
     summaries = [profile_model(m, size, dtype, args.threshold, frames, args.warmup, args.out) for m in args.models]

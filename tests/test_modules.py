@@ -682,6 +682,37 @@ def test_direct_linear_layers():
                [SHAPE])
 
 
+def test_batchnorm_scale_shift_computed_once_per_parameter_version(monkeypatch):
+    """An unfolded BatchNorm derives its scale and shift once, not in kernels on every frame, and
+    again after its statistics or parameters change in place or it is cast."""
+    import deltaconv.modules.linear as linear
+    from helpers import randomize_bn
+
+    calls = []
+    real = linear.bn_scale_shift
+    monkeypatch.setattr(linear, "bn_scale_shift", lambda bn: calls.append(1) or real(bn))
+    bn = randomize_bn(nn.BatchNorm2d(4), seed=1).eval()
+    layer = DCBatchNorm2d.from_dense(bn)  # shares bn's tensors
+    original = copy.deepcopy(layer.state_dict())
+    layer.context = FrameContext()
+    x = torch.randn(SHAPE)
+    delta = Delta(x, torch.ones(SHAPE[0], 1, *SHAPE[2:], dtype=torch.bool))
+    for _ in range(3):
+        out = layer(delta)
+    assert len(calls) == 1
+    torch.testing.assert_close(out.value, (x * real(bn)[0].view(1, -1, 1, 1)))
+    with torch.no_grad():
+        layer.running_var.mul_(4.0)  # the scale halves
+    out2 = layer(delta)
+    assert len(calls) == 2
+    torch.testing.assert_close(out2.value, out.value / 2)
+    layer.load_state_dict(original)
+    torch.testing.assert_close(layer(delta).value, out.value)
+    assert len(calls) == 3
+    layer.double()
+    assert layer(Delta(x.double(), delta.mask)).value.dtype == torch.float64 and len(calls) == 4
+
+
 POOLED = (3, 5, 1, 1)  # a globally pooled delta: one pixel per sample
 
 

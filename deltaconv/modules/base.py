@@ -5,13 +5,14 @@ import copy
 import importlib
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn as nn
 
 from ..backends import reference
 from ..delta import Delta, RowList
+from .folding import tensor_versions
 from .work_counters import WorkCounters
 
 
@@ -113,7 +114,7 @@ class DCModule(nn.Module):
         self._rows_buf: Optional[torch.Tensor] = None  # row list storage (row_list)
         self._later_calls: list[CallStats] = []  # statistics of the 2nd, 3rd, ... call within a frame
         self._call, self._call_run = 0, -1  # calls so far in the context's run ``_call_run``
-        self._work_vectors: dict = {}  # name -> (what identifies the source, its copy): work_vector
+        self._work_vectors: dict = {}  # name -> (what identifies the sources, the value): derived
 
     # ------------------------------------------------------------------ state
     def state(self, name: str, shape, device: torch.device, dtype: torch.dtype = torch.float32,
@@ -134,20 +135,26 @@ class DCModule(nn.Module):
             self.register_buffer(name, buf, persistent=False)
         return buf
 
-    def work_vector(self, name: str, t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-        """``t`` (a per-channel parameter: ``[C]``, ``[C, 1, 1]``, ...) flattened to a contiguous ``[C]``
-        in the dtype the delta rules compute in (float32; float64 for float64), as the CUDA kernels
-        read it. The copy is kept while ``t`` is unchanged (identity, in-place version, device, dtype),
-        so a float16 model converts its scales once, not in a kernel per frame."""
-        if t is None:
-            return None
-        source = (id(t), t._version, t.device, t.dtype)
+    def derived(self, name: str, sources: tuple, make: Callable[[], object]) -> object:
+        """``make()``, a value computed from the tensors ``sources`` only, kept under ``name`` while
+        none of them changes (identity, in-place version, device, dtype: ``load_state_dict`` or
+        ``.half()`` make it again), so what a layer derives from its parameters is computed once, not
+        in kernels on every frame."""
+        source = tensor_versions(*sources)
         held = self._work_vectors.get(name)
         if held is None or held[0] != source:
             with torch.no_grad():
-                copy = t.detach().reshape(-1).to(torch.promote_types(t.dtype, torch.float32)).contiguous()
-            held = self._work_vectors[name] = (source, copy)
+                held = self._work_vectors[name] = (source, make())
         return held[1]
+
+    def work_vector(self, name: str, t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+        """``t`` (a per-channel parameter: ``[C]``, ``[C, 1, 1]``, ...) flattened to a contiguous ``[C]``
+        in the dtype the delta rules compute in (float32; float64 for float64), as the CUDA kernels
+        read it (:meth:`derived`: a float16 model converts its scales once, not in a kernel per frame)."""
+        if t is None:
+            return None
+        return self.derived(name, (t,), lambda: t.detach().reshape(-1).to(torch.promote_types(t.dtype, torch.float32))
+                            .contiguous())
 
     def reset_state(self, streams: Optional[list[int]] = None, keep_stats: bool = False) -> None:
         """Zero the state of all streams, or of the given stream indices only; for all streams the

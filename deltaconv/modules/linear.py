@@ -380,7 +380,8 @@ class DCBatchNorm2d(DCModule):
         return m
 
     def forward(self, x: Delta) -> Delta:
-        scale, shift = bn_scale_shift(self)
+        scale, shift = self.derived("scale_shift", (self.weight, self.bias, self.running_mean, self.running_var),
+                                    lambda: bn_scale_shift(self))
         v, m = self.ops.affine_channel(x.value, x.mask, scale, shift, self.key)
         return self.observe(Delta(v, m))
 
