@@ -768,6 +768,27 @@ def test_concatenate(dtype, chans, frac):
     assert torch.equal(out_c[sel], out_r[sel])
 
 
+@pytest.mark.parametrize("count", [33, 70])
+@pytest.mark.parametrize("dim", [2, 4])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_concatenate_more_deltas_than_one_launch_takes(dtype, dim, count, monkeypatch):
+    """More than the kernel's 32 inputs (DenseNet-169 / 201) are joined in steps on the device, not by
+    the reference's torch ops, with the reference's values and mask (2-D deltas come back 2-D)."""
+    g = gen(15)
+    n, h, w = (2, 1, 1) if dim == 2 else (2, 9, 11)
+    masks = [make_mask(n, h, w, FRACS[i % len(FRACS)], g) for i in range(count)]
+    deltas = [make_delta((n, 8 * (1 + i % 3), h, w), dtype, m, g) for i, m in enumerate(masks)]
+    if dim == 2:
+        deltas, masks = [d.reshape(n, -1) for d in deltas], [m.reshape(n, 1) for m in masks]
+    out_r, m_r = ref.concatenate(deltas, masks, 1)
+    monkeypatch.setattr(dcc._ref, "concatenate", lambda *a: pytest.fail("fell back to the reference"))
+    out_c, m_c = dcc.concatenate(deltas, masks, 1)
+    assert out_c.shape == out_r.shape and m_c.shape == m_r.shape
+    assert torch.equal(m_c, m_r)
+    sel = m_r.expand_as(out_r)
+    assert torch.equal(out_c[sel], out_r[sel])
+
+
 def test_concatenate_other_dim_falls_back():
     g = gen(14)
     masks = [make_mask(2, 4, 5, 0.5, g) for _ in range(2)]

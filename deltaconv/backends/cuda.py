@@ -385,15 +385,22 @@ def _mul_fake(delta_a, mask_a, acc_a, delta_b, mask_b, acc_b, sent, threshold, k
 
 
 def concatenate(deltas: Sequence[Tensor], masks: Sequence[Tensor], dim: int) -> tuple[Tensor, Tensor]:
-    """``torch.cat`` along ``dim``: along channels the masks are OR-ed, along other dims joined."""
+    """``torch.cat`` along ``dim``: along channels the masks are OR-ed, along other dims joined. More
+    than ``_MAX_CONCAT`` deltas (DenseNet-169's and -201's later blocks) are joined in steps: the first
+    ``_MAX_CONCAT`` into one, which then leads the rest."""
     deltas, masks = list(deltas), list(masks)
     ndim = deltas[0].dim() if deltas else 0
-    if not (deltas and len(deltas) <= _MAX_CONCAT and ndim in (2, 4) and dim % ndim == 1
+    if not (deltas and ndim in (2, 4) and dim % ndim == 1
             and all(_pointwise_ok("concatenate", d, m) and d.dim() == ndim and d.dtype == deltas[0].dtype
                     for d, m in zip(deltas, masks))):
         return _ref.concatenate(deltas, masks, dim)
+    first = deltas[0]
+    while len(deltas) > _MAX_CONCAT:
+        head, head_mask = torch.ops.deltaconv.concatenate([_value4(d) for d in deltas[:_MAX_CONCAT]],
+                                                          [_mask4(m) for m in masks[:_MAX_CONCAT]])
+        deltas[:_MAX_CONCAT], masks[:_MAX_CONCAT] = [head], [head_mask]
     out, m = torch.ops.deltaconv.concatenate([_value4(d) for d in deltas], [_mask4(m) for m in masks])
-    return _like(out, m, deltas[0])
+    return _like(out, m, first)
 
 
 @_fake("concatenate")
