@@ -5,7 +5,7 @@ parameters on every frame, or a data-movement rule that copies, shows up here (D
 BatchNorms did: ``benchmarks/results/densenet_ab.txt``).
 
 For every torchvision classification and segmentation model (or the names given): random weights
-(``zoo.load``), float16, CUDA backend, threshold 0.02, ``--frames`` frames of ``vtest.avi`` at
+(``zoo.load``), ``--dtype`` (float16), CUDA backend, threshold 0.02, ``--frames`` frames of ``vtest.avi`` at
 ``--size``; the key frame and one warm-up frame run unprofiled, the rest under ``torch.profiler``
 (eagerly: each kernel is an event). Models that do not convert or run at that size are listed with
 the error. Run on a CUDA machine from the repository root::
@@ -26,13 +26,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import kernel_family  # noqa: E402
 
 
-def glue(name: str, frames: list, top: int) -> str:
+def glue(name: str, frames: list, top: int, dtype: torch.dtype = torch.float16) -> str:
     import deltaconv
     from deltaconv import zoo
     from torch.profiler import ProfilerActivity, profile
 
-    model = zoo.load(name).model.cuda().half().to(memory_format=torch.channels_last)
-    xs = [f.cuda().half() for f in frames]
+    model = zoo.load(name).model.cuda().to(dtype).to(memory_format=torch.channels_last)
+    xs = [f.cuda().to(dtype) for f in frames]
     dm = deltaconv.convert(model, threshold=0.02, backend="cuda", example_input=xs[0], check_finite=False)
     fallbacks = len(dm.report.fallbacks)
     with torch.no_grad():
@@ -72,17 +72,19 @@ def main(argv=None) -> None:
     p.add_argument("--size", default="288x512", help="HxW (default 288x512)")
     p.add_argument("--frames", type=int, default=5)
     p.add_argument("--top", type=int, default=3, help="families of other kernels listed per model")
+    p.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
     args = p.parse_args(argv)
     size = tuple(int(v) for v in args.size.lower().split("x"))
     names = args.names or sorted(n for n, task in zoo.torchvision_names().items()
                                  if task in ("classification", "segmentation"))
     frames = list(read_frames(max_frames=args.frames, size=size, start=200))
-    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, {args.size}, float16, t=0.02, "
+    dtype = getattr(torch, args.dtype)
+    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, {args.size}, {args.dtype}, t=0.02, "
           f"vtest.avi frames 200-{200 + args.frames - 1}, {args.frames - 2} profiled", flush=True)
     warnings.filterwarnings("ignore")
     for name in names:
         try:
-            print(glue(name, frames, args.top), flush=True)
+            print(glue(name, frames, args.top, dtype), flush=True)
         except Exception as error:  # noqa: BLE001 - a survey: report and go on
             print(f"{name:34s} not run: {type(error).__name__}: {str(error).splitlines()[0][:120]}", flush=True)
         torch.cuda.empty_cache()
