@@ -13,7 +13,7 @@ import torchvision
 
 import deltaconv
 from deltaconv import DCActivation, DCAdd, DCConv2d, DCFallback, DCMaxPool2d
-from deltaconv.modules import DCResample
+from deltaconv.modules import DCModule, DCResample
 from deltaconv.modules.linear import DeferredSum
 from deltaconv.report import STATUSES
 from helpers import HAS_CUDA, device_backends, make_unet, max_rel_err, randomize_bn, video_frames
@@ -460,6 +460,31 @@ def test_fused_model_deepcopies_and_pickles(frames):
         for twin in twins:
             assert twin.report.fused and all(a.fuse_with_next for a in twin.delta_layers() if isinstance(a, DCAdd))
             torch.testing.assert_close(twin(frames[1]), y, rtol=0, atol=0)
+
+
+def test_eager_frame_host_path(frames, monkeypatch):
+    """The runner calls each layer by one flat attribute (not its dotted path), and an eager delta
+    frame's layers write no attribute through nn.Module.__setattr__ (the two largest host costs of a frame,
+    benchmarks/results/host_overhead.txt), with the layers, their names and the output unchanged."""
+    model = resnet18()
+    dm = deltaconv.convert(model, threshold=0.0, example_input=frames[0])
+    called = [n.target for n in dm._runner.graph.nodes if n.op == "call_module"]
+    assert called and not any("." in t for t in called)
+    layers = {id(layer) for layer in dm.delta_layers()}
+    assert {id(dm._runner.get_submodule(t)) for t in called} == layers  # the model's own layers, shared
+    assert [layer.layer_name for layer in dm.delta_layers()][:2] == ["input", "conv1"]
+    with torch.no_grad():
+        dm(frames[0])
+        dm(frames[1])
+        writes = []
+        real = nn.Module.__setattr__
+        monkeypatch.setattr(nn.Module, "__setattr__",
+                            lambda self, k, v: isinstance(self, DCModule) and writes.append(k) or real(self, k, v))
+        y = dm(frames[2])
+        monkeypatch.undo()
+        torch.testing.assert_close(y, model(frames[2]), rtol=1e-4, atol=1e-4)
+    assert writes == []
+    assert [s["density"] for s in dm.stats()][:1] and dm.stats()[1]["name"] == "conv1"
 
 
 class EndsInUpsampling(nn.Module):

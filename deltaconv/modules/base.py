@@ -223,9 +223,12 @@ class DCModule(nn.Module):
             self.ops.count_active([mask], [self._stats])
         else:
             ctx.pending_stats.append((mask, self._stats))
-        self._pixels = mask.numel()
-        self._elements = out.value.numel()
-        self._flops_dense = self.flops_per_output_pixel(out) * self._pixels
+        # plain attributes written straight into __dict__: nn.Module.__setattr__ (six calls per layer
+        # and frame here and in _next_call) was the largest host cost of an eager frame
+        attrs = self.__dict__
+        attrs["_pixels"] = pixels = mask.numel()
+        attrs["_elements"] = out.value.numel()
+        attrs["_flops_dense"] = self.flops_per_output_pixel(out) * pixels
         return out
 
     def _next_call(self) -> int:
@@ -234,10 +237,12 @@ class DCModule(nn.Module):
         ctx = self.context
         if ctx.pending_stats is None:
             return 0
-        if getattr(self, "_call_run", -1) != ctx.run:
-            self._call, self._call_run = 0, ctx.run
-        call = self._call
-        self._call += 1
+        attrs = self.__dict__  # plain attributes (see observe)
+        if attrs.get("_call_run", -1) != ctx.run:
+            attrs["_call_run"], call = ctx.run, 0
+        else:
+            call = attrs["_call"]
+        attrs["_call"] = call + 1
         return call
 
     def stats(self) -> dict:
