@@ -359,7 +359,23 @@ class DeltaModel(nn.Module):
         super()._apply(fn, recurse)
         for m, b in zip(convs, before):
             m.keep_fold(b)
+        self._sync_runner_constants()
         return self
+
+    def _sync_runner_constants(self) -> None:
+        """Point the runner's constants (the graph's ``get_attr`` tensors, e.g. a ``torch.tensor(...)``
+        the traced forward made) at this model's own again: a cast or move replaces buffers, and the
+        runner (outside the module tree) would keep reading the old ones, on the old device."""
+        runner = self.__dict__.get("_runner")
+        for node in runner.graph.nodes if runner is not None else ():
+            if node.op == "get_attr":
+                value = functools.reduce(getattr, node.target.split("."), self)
+                *path, field = node.target.split(".")
+                owner = functools.reduce(getattr, path, runner)
+                if isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter):
+                    owner.register_buffer(field, value)
+                else:
+                    setattr(owner, field, value)
 
     @property
     def frames_since_key(self) -> int:

@@ -231,7 +231,7 @@ class MadeConstant(nn.Module):
         self.conv = nn.Conv2d(3, 3, 3, padding=1)
 
     def forward(self, x):
-        return self.conv(x) * torch.tensor([0.5, 2.0, -1.0]).view(1, 3, 1, 1)
+        return self.conv(x) * torch.tensor([0.1, 2.0, -1.0]).view(1, 3, 1, 1)  # 0.1: not exact in float32
 
 
 def test_constants_made_in_forward_are_held_and_move_with_the_model(frames):
@@ -242,6 +242,7 @@ def test_constants_made_in_forward_are_held_and_move_with_the_model(frames):
     assert [name for name, _ in dm.named_buffers()] == ["_tensor_constant0"]
     dm64, model64 = copy.deepcopy(dm).double(), copy.deepcopy(model).double()
     assert dm64._tensor_constant0.dtype == torch.float64
+    assert dm64._runner._tensor_constant0 is dm64._tensor_constant0  # the graph reads the cast one
     with torch.no_grad():
         for f in frames:
             assert max_rel_err(model(f), dm(f)) <= TOL
@@ -356,8 +357,12 @@ def test_not_a_module_is_refused():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="no CUDA GPU")
-def test_converted_model_moves_to_cuda(frames):
-    model = make_unet()
+@pytest.mark.parametrize("make", [make_unet, MadeConstant], ids=["unet", "made_constant"])
+def test_converted_model_moves_to_cuda(frames, make):
+    """Converted on the CPU, then moved; a constant the traced forward made moves too (the graph
+    read the CPU one before: a device mismatch)."""
+    torch.manual_seed(0)
+    model = make().eval()
     dm = deltaconv.convert(model, example_input=frames[0]).to("cuda")
     model = model.to("cuda")
     with torch.no_grad():
