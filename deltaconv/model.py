@@ -50,8 +50,13 @@ def _flat_runner(root: nn.Module, graph: fx.Graph, class_name: str) -> fx.GraphM
             held[name] = module
             node.target = name
         elif node.op == "get_attr":
-            held[node.target] = functools.reduce(getattr, node.target.split("."), root)
+            held[node.target] = _attr_at(root, node.target)
     return fx.GraphModule(held, flat, class_name=class_name)
+
+
+def _attr_at(obj: object, target: str) -> object:
+    """The attribute at the dotted path ``target`` of ``obj`` (a ``get_attr`` node's target)."""
+    return functools.reduce(getattr, target.split("."), obj)
 
 
 def _traced_constants(dense: nn.Module, graph: fx.Graph) -> list[str]:
@@ -369,9 +374,9 @@ class DeltaModel(nn.Module):
         runner = self.__dict__.get("_runner")
         for node in runner.graph.nodes if runner is not None else ():
             if node.op == "get_attr":
-                value = functools.reduce(getattr, node.target.split("."), self)
-                *path, field = node.target.split(".")
-                owner = functools.reduce(getattr, path, runner)
+                value = _attr_at(self, node.target)
+                path, _, field = node.target.rpartition(".")
+                owner = _attr_at(runner, path) if path else runner
                 if isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter):
                     owner.register_buffer(field, value)
                 else:

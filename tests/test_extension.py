@@ -80,3 +80,25 @@ def test_every_kernel_waits_for_the_previous_kernel_first_and_is_launched_by_lau
             assert first == "grid_dependency_sync()", f"{path.name}: {name} starts with {first!r}"
     assert {"conv3x3_tc_kernel", "conv_gather_tc_kernel", "activation_kernel", "clear_counters_kernel"} <= set(names)
     assert len(names) >= 24
+
+
+def test_states4_hands_4d_views_and_copies_back_only_what_it_copied():
+    """The CUDA backend's in-place states (``_states4``): a channels-last 4-D state and a contiguous
+    2-D one are handed over as views of their storage; an NCHW state as a channels-last copy, which
+    is copied back after the block, and not when the block raises."""
+    from deltaconv.backends import cuda as cuda_backend
+
+    cl = torch.zeros(1, 8, 3, 5).contiguous(memory_format=torch.channels_last)
+    flat = torch.zeros(2, 8)
+    nchw = torch.zeros(1, 8, 3, 5)
+    with cuda_backend._states4(cl, flat, nchw) as (a, b, c):
+        assert a.data_ptr() == cl.data_ptr() and b.data_ptr() == flat.data_ptr() and b.shape == (2, 8, 1, 1)
+        assert c.data_ptr() != nchw.data_ptr() and c.is_contiguous(memory_format=torch.channels_last)
+        for t in (a, b, c):
+            t.fill_(1.0)
+    assert bool((cl == 1).all() and (flat == 1).all() and (nchw == 1).all())
+    with pytest.raises(RuntimeError, match="op failed"):
+        with cuda_backend._states4(nchw) as (c,):
+            c.fill_(2.0)
+            raise RuntimeError("op failed")
+    assert bool((nchw == 1).all())  # the failed op's copy is not written back
