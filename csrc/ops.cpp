@@ -51,6 +51,10 @@ TORCH_LIBRARY(deltaconv, m) {
         "float eps, float threshold, Tensor? key, bool rms=False, Tensor(c!)? rows=None, "
         "Tensor(d!)? rows_count=None, bool tf32=False) -> (Tensor, Tensor)");
   m.def("concatenate(Tensor[] deltas, Tensor[] masks) -> (Tensor, Tensor)");
+  // torch.channel_shuffle(torch.cat([a, b], 1), 2) cut into `parts` (1 or 2) channels_last chunks along the
+  // channels (ShuffleNet V2's block tail and the next block's split); one mask, mask_a | mask_b
+  m.def("interleave_channels(Tensor delta_a, Tensor mask_a, Tensor delta_b, Tensor mask_b, int parts) -> "
+        "(Tensor[], Tensor)");
   m.def("interpolate(Tensor delta, Tensor mask, int[2] out_size, float? scale_h, float? scale_w, str mode, "
         "bool align_corners) -> (Tensor, Tensor)");
   // F.interpolate of a dense map (channels_last in, contiguous NCHW out): the output densifier's resampling

@@ -386,17 +386,23 @@ std::tuple<Tensor, Tensor> affine_channel(const Tensor& delta, const Tensor& mas
   return {out, mask_out};
 }
 
-// ---------------------------------------------------------------- add
-std::tuple<Tensor, Tensor> add(const Tensor& delta_a, const Tensor& mask_a, const Tensor& delta_b,
-                               const Tensor& mask_b, double alpha, const std::optional<Tensor>& rows,
-                               const std::optional<Tensor>& rows_count) {
-  const char* op = "add";
+// Two deltas of one shape and dtype with their masks (add, interleave_channels).
+void check_delta_pair(const char* op, const Tensor& delta_a, const Tensor& mask_a, const Tensor& delta_b,
+                      const Tensor& mask_b) {
   check_value(op, "delta_a", delta_a, delta_a);
   check_mask(op, "mask_a", mask_a, delta_a, delta_a.sizes());
   check_value(op, "delta_b", delta_b, delta_a);
   check_sizes(op, "delta_b", delta_b, delta_a.sizes());
   check_dtype(op, "delta_b", delta_b, delta_a.scalar_type());
   check_mask(op, "mask_b", mask_b, delta_a, delta_a.sizes());
+}
+
+// ---------------------------------------------------------------- add
+std::tuple<Tensor, Tensor> add(const Tensor& delta_a, const Tensor& mask_a, const Tensor& delta_b,
+                               const Tensor& mask_b, double alpha, const std::optional<Tensor>& rows,
+                               const std::optional<Tensor>& rows_count) {
+  const char* op = "add";
+  check_delta_pair(op, delta_a, mask_a, delta_b, mask_b);
   const int64_t N = delta_a.size(0), H = delta_a.size(2), W = delta_a.size(3);
   const int C = check_channels(op, delta_a);
   const int64_t pixels = N * H * W;
@@ -557,6 +563,39 @@ std::tuple<Tensor, Tensor> concatenate(at::TensorList deltas, at::TensorList mas
   return {out, mask_out};
 }
 
+// ---------------------------------------------------------------- interleave_channels
+std::tuple<std::vector<Tensor>, Tensor> interleave_channels(const Tensor& delta_a, const Tensor& mask_a,
+                                                            const Tensor& delta_b, const Tensor& mask_b,
+                                                            int64_t parts) {
+  const char* op = "interleave_channels";
+  check_delta_pair(op, delta_a, mask_a, delta_b, mask_b);
+  TORCH_CHECK(parts >= 1 && parts <= pw::kMaxInterleaveParts, "deltaconv::interleave_channels: argument 'parts' "
+              "must be 1 or 2, got ", parts);
+  const int64_t N = delta_a.size(0), H = delta_a.size(2), W = delta_a.size(3);
+  const int C = check_channels(op, delta_a);
+  const int64_t part_channels = 2 * static_cast<int64_t>(C) / parts;  // parts 1 or 2: whole
+  c10::cuda::CUDAGuard guard(delta_a.device());
+  std::vector<Tensor> out;
+  for (int64_t q = 0; q < parts; ++q) out.push_back(empty_value(delta_a, {N, part_channels, H, W}, delta_a.scalar_type()));
+  Tensor mask_out = empty_mask(delta_a, N, H, W);
+  const int64_t pixels = N * H * W;
+  DC_DISPATCH_ACTIVATION_TYPES(delta_a.scalar_type(), "deltaconv::interleave_channels", [&] {
+    pw::InterleaveParams<scalar_t> p{};
+    p.in[0] = cptr<scalar_t>(delta_a);
+    p.in[1] = cptr<scalar_t>(delta_b);
+    p.mask[0] = cptr<bool>(mask_a);
+    p.mask[1] = cptr<bool>(mask_b);
+    for (int64_t q = 0; q < parts; ++q) p.out[q] = ptr<scalar_t>(out[q]);
+    p.mask_out = ptr<bool>(mask_out);
+    p.pixels = pixels;
+    p.channels = C;
+    p.part_channels = static_cast<int>(part_channels);
+    const bool vec_ok = C % kVec<scalar_t> == 0 && all_aligned({p.in[0], p.in[1], p.out[0], p.out[parts - 1]});
+    DC_LAUNCH_VEC(pw::interleave_channels_kernel, p, vec_ok, pixels, 2 * C, true);
+  });
+  return {out, mask_out};
+}
+
 // ---------------------------------------------------------------- interpolate
 // PyTorch's compute_scales_value / area_pixel_compute_scale (float accumulate type).
 float nearest_scale(std::optional<double> scale, int64_t in, int64_t out) {
@@ -708,6 +747,7 @@ TORCH_LIBRARY_IMPL(deltaconv, CUDA, m) {
   m.impl("mul", &mul);
   m.impl("layer_norm", &layer_norm);
   m.impl("concatenate", &concatenate);
+  m.impl("interleave_channels", &interleave_channels);
   m.impl("interpolate", &interpolate);
   m.impl("resample", &resample);
   m.impl("count_active", &count_active);

@@ -19,7 +19,8 @@ from .modules import (DCActivation, DCAdd, DCConv2d, DCDensify, DCFallback, DCMo
                       DCSparsify)
 from .modules.linear import DCBatchNorm2d, DCConvTranspose2d, DCLinear, DCUpsample
 from .modules.nonlinear import DCLayerNorm
-from .layout import CHANNELS_FIRST, FOLDED_SHUFFLE, LAYOUT_PERMUTE, fold_channel_shuffles, keep_channels_first
+from .layout import (CHANNELS_FIRST, LAYOUT_PERMUTE, fold_channel_shuffles, fold_shuffled_concatenations,
+                     folded_note, keep_channels_first)
 from .report import ConversionReport, NodeReport
 from .rules import (CHANNELS_FIRST_RULES, FUNCTION_RULES, MODULE_RULES, PASSTHROUGH_CALLS, PASSTHROUGH_MODULES, Built,
                     Site)
@@ -336,9 +337,7 @@ class _Converter:
             return
         path = self._register(scope, name, built.module)
         self._swap(node, path, built.args, built.kwargs)
-        folded = node.meta.get(FOLDED_SHUFFLE)
-        note = f"channel shuffle of {', '.join(folded)} (deltaconv.layout)" if folded else ""
-        self._note(node, "converted", path, built.module, note=note)
+        self._note(node, "converted", path, built.module, note=folded_note(node))
 
     # -------------------------------------------------------------- fusion
     def _module_sites(self) -> Counter:
@@ -554,6 +553,7 @@ def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
     graph.output(graph.graph_copy(traced.graph, {}))
     keep_channels_first(graph, dense)
     fold_channel_shuffles(graph)
+    fold_shuffled_concatenations(graph)
     converter = _Converter(dense, graph, dense_tail=fuse, fold_bn=fold_bn)
     report = converter.run()
     if fuse:

@@ -30,6 +30,16 @@ values' shape). The chain is ``torch.channel_shuffle(x, g)``, which moves channe
 pixel only: the pass puts that call in its place (and drops the ``x.size()`` arithmetic that only
 fed the views; the report's entry for the call names the nodes it replaced), and the converter
 keeps the mask as it is.
+
+Concatenation, shuffle and split as one call (:func:`fold_shuffled_concatenations`)
+-------------------------------------------------------------------------------------
+A ShuffleNet V2 block ends in ``torch.cat((x1, branch(x2)), 1) -> channel_shuffle(., 2)`` and the
+next block starts with ``.chunk(2, dim=1)``. Run as written, a delta frame copies four times per
+block: the concatenation, the shuffle, and each half of the chunk (a strided view) for the
+convolution and the next concatenation that read it contiguous. The pass puts one
+``shuffled_concatenate(tensors, groups[, chunks])`` call in place of the chain, which
+:class:`~deltaconv.modules.DCShuffledConcatenate` runs as one pass that writes each chunk
+contiguous (the report's entry names the nodes it replaced).
 """
 from __future__ import annotations
 
@@ -42,6 +52,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from . import activations
+from .modules.linear import shuffled_concatenate
 from .rules import FUNCTION_RULES, PASSTHROUGH_MODULES, _activation
 
 #: node.meta key: the node computes on a channels-last view but runs channels-first (dim 1 = channels)
@@ -249,4 +260,78 @@ def fold_channel_shuffles(graph: fx.Graph) -> int:
     return folded
 
 
-__all__ = ["CHANNELS_FIRST", "FOLDED_SHUFFLE", "LAYOUT_PERMUTE", "fold_channel_shuffles", "keep_channels_first"]
+def _literal_arg(node: fx.Node, position: int, name: str, default=None):
+    return node.args[position] if len(node.args) > position else node.kwargs.get(name, default)
+
+
+def _along_channels(dim, shape: Optional[tuple]) -> bool:
+    return isinstance(dim, int) and shape is not None and len(shape) == 4 and dim % 4 == 1
+
+
+def _shuffled_concatenation(shuffle: fx.Node) -> Optional[tuple]:
+    """``(cat, tensors, groups, chunk, chunks)`` where ``shuffle`` is a channel shuffle whose input
+    is a concatenation along the channels that nothing else reads (``chunk`` the chunk along the
+    channels that alone reads the shuffle, else ``None``), else ``None``."""
+    if not _is_call(shuffle, torch.channel_shuffle, F.channel_shuffle) or shuffle.kwargs or len(shuffle.args) != 2:
+        return None
+    cat, groups = shuffle.args
+    if not isinstance(cat, fx.Node) or not _is_call(cat, torch.cat, torch.concat, torch.concatenate):
+        return None
+    tensors = _literal_arg(cat, 0, "tensors")
+    if (not isinstance(groups, int) or _only_user(cat) is not shuffle or set(cat.kwargs) - {"dim"}
+            or not isinstance(tensors, (list, tuple)) or not all(isinstance(t, fx.Node) for t in tensors)
+            or not _along_channels(_literal_arg(cat, 1, "dim", 0), _shape(cat))):
+        return None
+    chunk = _only_user(shuffle)
+    if chunk is None or not _is_call(chunk, torch.chunk, "chunk") or chunk.args[:1] != (shuffle,):
+        return cat, tensors, groups, None, None
+    chunks = _literal_arg(chunk, 1, "chunks")
+    if not isinstance(chunks, int) or not _along_channels(_literal_arg(chunk, 2, "dim", 0), _shape(shuffle)):
+        return cat, tensors, groups, None, None
+    return cat, tensors, groups, chunk, chunks
+
+
+def fold_shuffled_concatenations(graph: fx.Graph) -> int:
+    """Replace every ``torch.cat(tensors, 1) -> torch.channel_shuffle(., g) [-> .chunk(k, 1)]``
+    chain of ``graph`` (each op the only reader of the one before; run after
+    :func:`fold_channel_shuffles`) by one ``shuffled_concatenate(tensors, g[, k])`` call (see the
+    module docstring). Returns the number of chains."""
+    folded = 0
+    for shuffle in list(graph.nodes):
+        found = _shuffled_concatenation(shuffle)
+        if found is None:
+            continue
+        cat, tensors, groups, chunk, chunks = found
+        last = chunk if chunk is not None else shuffle
+        args = (list(tensors), groups) + (() if chunk is None else (chunks,))
+        with graph.inserting_after(last):
+            joined = graph.call_function(shuffled_concatenate, args)
+        joined.meta = dict(cat.meta)
+        for key in ("tensor_meta", "type"):  # what the call returns (named in the concatenation's scope)
+            if key in last.meta:
+                joined.meta[key] = last.meta[key]
+        joined.meta[FOLDED_SHUFFLE] = ([cat.name] + shuffle.meta.get(FOLDED_SHUFFLE, [shuffle.name])
+                                       + ([] if chunk is None else [chunk.name]))
+        last.replace_all_uses_with(joined)
+        for node in (chunk, shuffle, cat):
+            if node is not None:
+                graph.erase_node(node)
+        folded += 1
+    return folded
+
+
+def folded_note(node: fx.Node) -> str:
+    """The report's note on a call that a pass of this module put in place of a chain (names the
+    nodes it replaced), else ``""``."""
+    names = node.meta.get(FOLDED_SHUFFLE)
+    if not names:
+        return ""
+    if node.target is shuffled_concatenate:
+        what = "concatenation, channel shuffle and chunk" if len(node.args) > 2 else "concatenation and channel shuffle"
+    else:
+        what = "channel shuffle"
+    return f"{what} of {', '.join(names)} (deltaconv.layout)"
+
+
+__all__ = ["CHANNELS_FIRST", "FOLDED_SHUFFLE", "LAYOUT_PERMUTE", "fold_channel_shuffles",
+           "fold_shuffled_concatenations", "folded_note", "keep_channels_first"]

@@ -20,7 +20,8 @@ from . import activations
 from .modules import (DCActivation, DCAdaptiveAvgPool2d, DCAdd, DCAvgPool2d, DCBatchNorm2d, DCConcatenate,
                       DCConv2d, DCConvTranspose2d, DCFunctionalConv2d, DCFunctionalLinear, DCLinear,
                       DCLayerNorm, DCLinearFunction, DCMaxPool2d, DCModule, DCMul, DCPixelLinear, DCScale,
-                      DCSpatialMean, DCUpsample)
+                      DCShuffledConcatenate, DCSpatialMean, DCUpsample)
+from .modules.linear import shuffled_concatenate
 
 
 @dataclass
@@ -221,6 +222,15 @@ def _cat(site: Site) -> Optional[Built]:
     if not all(site.is_delta_tensor(t) for t in tensors):
         return None
     return Built(DCConcatenate(dim), (list(tensors),), {})
+
+
+@_rule(shuffled_concatenate)
+def _shuffled_cat(site: Site) -> Optional[Built]:
+    tensors, groups = site.args[:2]
+    chunks = site.args[2] if len(site.args) > 2 else None
+    if site.kwargs or not all(site.is_delta_tensor(t) for t in tensors):
+        return None
+    return Built(DCShuffledConcatenate(groups, chunks), (list(tensors),), {})
 
 
 def _bind(signature: Callable, site: Site) -> Optional[dict]:

@@ -789,6 +789,55 @@ def test_concatenate_more_deltas_than_one_launch_takes(dtype, dim, count, monkey
     assert torch.equal(out_c[sel], out_r[sel])
 
 
+# ----------------------------------------------------------------------------- interleave_channels
+@pytest.mark.parametrize("parts", [1, 2])
+@pytest.mark.parametrize("frac", FRACS)
+@pytest.mark.parametrize("chans", [3, 64] if QUICK else CHANNELS + [116, 232])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_interleave_channels(dtype, chans, frac, parts):
+    """ShuffleNet V2's concatenation, shuffle and split in one pass: the reference's values at every
+    active pixel of each part (every part channels_last contiguous) and its mask."""
+    g = gen(16)
+    n, (h, w) = 2, spatial(chans)
+    ma, mb = make_mask(n, h, w, frac, g), make_mask(n, h, w, PARTNER[frac], g)
+    da, db = make_delta((n, chans, h, w), dtype, ma, g), make_delta((n, chans, h, w), dtype, mb, g)
+    out_c, m_c = dcc.interleave_channels(da, ma, db, mb, parts)
+    out_r, m_r = ref.interleave_channels(da, ma, db, mb, parts)
+    assert_masks(m_c, m_r)
+    assert len(out_c) == len(out_r) == parts
+    for part_c, part_r in zip(out_c, out_r):
+        assert part_c.shape == part_r.shape == (n, 2 * chans // parts, h, w) and part_c.dtype == dtype
+        assert part_c.is_contiguous(memory_format=CL)
+        sel = m_r.expand_as(part_r)
+        assert torch.equal(part_c[sel], part_r[sel])
+
+
+def test_interleave_channels_outside_the_kernel_falls_back():
+    """More than two parts, or parts that do not divide the channels, run the reference's ops."""
+    g = gen(17)
+    ma, mb = make_mask(1, 5, 6, 0.3, g), make_mask(1, 5, 6, 0.3, g)
+    da, db = make_delta((1, 6, 5, 6), torch.float16, ma, g), make_delta((1, 6, 5, 6), torch.float16, mb, g)
+    for parts in (3, 4):
+        out_c, m_c = dcc.interleave_channels(da, ma, db, mb, parts)
+        out_r, m_r = ref.interleave_channels(da, ma, db, mb, parts)
+        assert [p.shape for p in out_c] == [p.shape for p in out_r] and torch.equal(m_c, m_r)
+        for part_c, part_r in zip(out_c, out_r):
+            assert torch.equal(part_c[m_r.expand_as(part_r)], part_r[m_r.expand_as(part_r)])
+
+
+def test_interleave_channels_errors_name_the_argument():
+    g = gen(18)
+    m = make_mask(1, 4, 5, 0.5, g)
+    a = make_delta((1, 4, 4, 5), torch.float32, m, g)
+    ops = torch.ops.deltaconv
+    with pytest.raises(RuntimeError, match="argument 'parts' must be 1 or 2, got 3"):
+        ops.interleave_channels(a, m, a, m, 3)
+    with pytest.raises(RuntimeError, match=r"argument 'delta_b' must have shape \[1, 4, 4, 5\]"):
+        ops.interleave_channels(a, m, make_delta((1, 6, 4, 5), torch.float32, m, g), m, 2)
+    with pytest.raises(RuntimeError, match="argument 'delta_b' must have dtype Float"):
+        ops.interleave_channels(a, m, a.half(), m, 2)
+
+
 def test_concatenate_other_dim_falls_back():
     g = gen(14)
     masks = [make_mask(2, 4, 5, 0.5, g) for _ in range(2)]
@@ -984,6 +1033,7 @@ def _opcheck_cases():
         ("layer_norm_rms", ops.layer_norm.default, (x.half(), full, st(), st().half(), None, None, 1e-5, -1.0, None,
                                                     True)),
         ("concatenate", ops.concatenate.default, ([x, st((n, 3, h, w))], [full, full])),
+        ("interleave_channels", ops.interleave_channels.default, (x, full, st(), full, 2)),
         ("interpolate_nearest", ops.interpolate.default, (x, full, [9, 15], 2.0, 2.0, "nearest", False)),
         ("interpolate_bilinear", ops.interpolate.default, (x, full, [11, 4], None, None, "bilinear", True)),
         ("resample", ops.resample.default, (x, [11, 19], None, None, "bilinear", False)),
@@ -992,7 +1042,7 @@ def _opcheck_cases():
     ]
 
 
-@pytest.mark.parametrize("case", range(20))
+@pytest.mark.parametrize("case", range(21))
 def test_opcheck(case):
     name, op, args = _opcheck_cases()[case]
     torch.library.opcheck(op, args)

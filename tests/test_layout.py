@@ -4,6 +4,8 @@ Channels-last blocks kept channels-first and the per-pixel layer norm (``DCLayer
 converts without fallbacks, keeps per-pixel masks inside its blocks and its dense state_dict; chains
 that are not per-pixel are left alone and stay exact. Channel shuffles through a 5-D view become one
 ``torch.channel_shuffle`` whose delta keeps its input's mask (ShuffleNet); other views stay as they are.
+A concatenation, the shuffle after it and the chunk after that become one ``shuffled_concatenate``
+call (``DCShuffledConcatenate``: one pass that writes each chunk contiguous).
 """
 from __future__ import annotations
 
@@ -19,9 +21,9 @@ import torch.nn.functional as F
 import deltaconv
 from deltaconv.backends import reference as ref
 from deltaconv.delta import Delta
-from deltaconv.layout import fold_channel_shuffles
-from deltaconv.modules import DCFallback, DCLayerNorm, DCLinearFunction, DCPixelLinear
-from deltaconv.modules.linear import channel_shuffle
+from deltaconv.layout import fold_channel_shuffles, fold_shuffled_concatenations
+from deltaconv.modules import DCFallback, DCLayerNorm, DCLinearFunction, DCPixelLinear, DCShuffledConcatenate
+from deltaconv.modules.linear import channel_shuffle, shuffled_concatenate
 from helpers import (compare_over_frames, cuda_backend_reason, cuda_kernel_names, randomize_layer_norms,
                      torchvision_model, video_frames)
 
@@ -324,18 +326,107 @@ def _targets(dm) -> list:
 
 
 @pytest.mark.parametrize("contiguous", [True, False])
-def test_view_transpose_view_becomes_one_channel_shuffle(contiguous):
+def test_cat_shuffle_chunk_becomes_one_shuffled_concatenation(contiguous):
     torch.manual_seed(0)
     model = Shuffle(contiguous=contiguous).eval()
     dm = deltaconv.convert(model, example_input=torch.randn(1, 3, 16, 24))
-    shuffles = [m for m in dm.modules() if isinstance(m, DCLinearFunction) and m.fn is torch.channel_shuffle]
-    assert len(shuffles) == 1
+    assert [(m.groups, m.chunks) for m in dm.modules() if isinstance(m, DCShuffledConcatenate)] == [(2, 2)]
+    assert not any(isinstance(m, DCLinearFunction) for m in dm.modules())
     targets = _targets(dm)
-    assert not {"view", "transpose", "contiguous", "size", "floordiv", "reshape"} & set(targets), targets
+    assert not {"view", "transpose", "contiguous", "size", "floordiv", "reshape", "chunk", "channel_shuffle"} & set(
+        targets), targets
     assert dm.report.fallbacks == []
-    replaced = ["view", "transpose", "contiguous", "reshape"] if contiguous else ["view", "transpose", "reshape"]
+    replaced = ["cat", "view", "transpose"] + (["contiguous"] if contiguous else []) + ["reshape", "chunk"]
     notes = [n.note for n in dm.report.nodes if "deltaconv.layout" in n.note]
-    assert notes == [f"channel shuffle of {', '.join(replaced)} (deltaconv.layout)"], notes
+    assert notes == [f"concatenation, channel shuffle and chunk of {', '.join(replaced)} (deltaconv.layout)"], notes
+
+
+class ShuffleTails(nn.Module):
+    """Shuffles that are not a concatenation's only reader followed by a chunk: ``kind`` "no-cat"
+    shuffles a convolution's output, "cat-read-twice" a concatenation that is also added to the
+    result, "no-chunk" feeds the shuffled concatenation to a convolution whole."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+        self.a, self.b, self.c = nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(3, 4, 1), nn.Conv2d(8, 4, 1)
+
+    def forward(self, x):
+        y = torch.cat((self.a(x), self.b(x)), dim=1)
+        if self.kind == "no-cat":
+            return self.c(F.channel_shuffle(self.c(y).repeat(1, 2, 1, 1), 2))
+        z = F.channel_shuffle(y, 2)
+        if self.kind == "cat-read-twice":
+            return self.c(z + y)
+        return self.c(z)
+
+
+@pytest.mark.parametrize("kind,modules", [("no-cat", {"DCLinearFunction": 2, "DCConcatenate": 1}),
+                                          ("cat-read-twice", {"DCLinearFunction": 1, "DCConcatenate": 1}),
+                                          ("no-chunk", {"DCShuffledConcatenate": 1})])
+def test_only_a_concatenation_read_by_its_shuffle_alone_is_folded(kind, modules):
+    torch.manual_seed(0)
+    model = ShuffleTails(kind).eval().double()
+    dm, errors, _ = compare_over_frames(model, [f.double() for f in video_frames(3, (16, 24))])
+    assert max(errors) <= 1e-12
+    kinds = collections.Counter(type(m).__name__ for m in dm.modules()
+                                if isinstance(m, (DCLinearFunction, DCShuffledConcatenate))
+                                or type(m).__name__ == "DCConcatenate")
+    assert dict(kinds) == modules
+    folded = [m for m in dm.modules() if isinstance(m, DCShuffledConcatenate)]
+    assert [(m.groups, m.chunks) for m in folded] == ([(2, None)] if kind == "no-chunk" else [])
+
+
+@settings(max_examples=25, deadline=None)
+@given(channels=st.lists(st.integers(1, 5), min_size=1, max_size=4), groups=st.integers(1, 4),
+       chunks=st.sampled_from([None, 1, 2, 3]), frac=st.sampled_from([0.0, 0.3, 1.0]), seed=st.integers(0, 99))
+def test_shuffled_concatenation_of_deltas_equals_the_dense_call(channels, groups, chunks, frac, seed):
+    """``DCShuffledConcatenate`` on the reference backend, in any number of deltas, groups and chunks
+    (the interleaving op for two of one shape in two groups, else concatenation, shuffle and chunk):
+    the dense call's values on the united mask, one mask shared by every output."""
+    total = sum(channels)
+    if total % groups:
+        channels = channels + [groups - total % groups]
+    g = torch.Generator().manual_seed(seed)
+    deltas = [Delta(torch.randn(2, c, 3, 4, generator=g).contiguous(memory_format=torch.channels_last),
+                    torch.rand(2, 1, 3, 4, generator=g) < frac, tf32=seed % 3 != i) for i, c in enumerate(channels)]
+    out = DCShuffledConcatenate(groups, chunks)(deltas)
+    dense = shuffled_concatenate([torch.where(d.mask, d.value, 0) for d in deltas], groups, chunks)
+    outs, dense = ((out,), (dense,)) if chunks is None else (out, dense)
+    mask = deltas[0].mask
+    for d in deltas[1:]:
+        mask = mask | d.mask
+    assert len(outs) == len(dense)
+    for o, want in zip(outs, dense):
+        assert o.mask is outs[0].mask and torch.equal(o.mask, mask)
+        assert o.tf32 == all(d.tf32 for d in deltas)  # data movement keeps TF32 values TF32
+        assert torch.equal(torch.where(mask, o.value, 0), want)
+
+
+def test_fold_shuffled_concatenations_keeps_the_dense_graph_exact():
+    import torch.fx as fx
+    from torch.fx.passes.shape_prop import ShapeProp
+    torch.manual_seed(0)
+    model = Shuffle().eval()
+    traced = fx.symbolic_trace(model)
+    ShapeProp(traced).propagate(torch.randn(1, 3, 8, 10))
+    assert fold_channel_shuffles(traced.graph) == 1
+    assert fold_shuffled_concatenations(traced.graph) == 1
+    assert fold_shuffled_concatenations(traced.graph) == 0  # nothing left to fold
+    traced.recompile()
+    targets = [n.target for n in traced.graph.nodes if n.op == "call_function"]
+    assert targets.count(shuffled_concatenate) == 1 and torch.channel_shuffle not in targets
+    x = torch.randn(2, 3, 8, 10)
+    with torch.no_grad():
+        torch.testing.assert_close(traced(x), model(x), rtol=0, atol=0)
+
+
+def test_shuffled_concatenation_counts_the_elements_of_every_chunk():
+    torch.manual_seed(0)
+    dm = deltaconv.convert(Shuffle().eval(), example_input=torch.randn(1, 3, 16, 24))
+    dm(torch.randn(1, 3, 16, 24))
+    entry = next(s for s in dm.stats() if s["kind"] == "cat_shuffle")
+    assert entry["elements_dense"] == 8 * 16 * 24 and entry["density"] == 1.0
 
 
 @pytest.mark.parametrize("threshold", [0.0, 0.05])
@@ -433,8 +524,9 @@ def test_channel_shuffle_equals_torch(layout):
                                    rtol=0, atol=0)
 
 
-def test_shufflenet_runs_its_shuffles_as_one_call_each():
+def test_shufflenet_runs_each_block_tail_and_split_as_one_call():
     dm = deltaconv.convert(torchvision_model("shufflenet_v2_x1_0"), example_input=torch.randn(1, 3, 64, 96))
     assert dm.report.fallbacks == []
-    labels = collections.Counter(m.label for m in dm.modules() if isinstance(m, DCLinearFunction))
-    assert labels == {"channel_shuffle": 16, "chunk": 13}, labels
+    assert not any(isinstance(m, DCLinearFunction) for m in dm.modules())
+    chunks = collections.Counter(m.chunks for m in dm.modules() if isinstance(m, DCShuffledConcatenate))
+    assert chunks == {2: 13, None: 3}, chunks  # the blocks of stride 1 split their input; the 3 others read it whole

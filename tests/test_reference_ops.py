@@ -489,6 +489,19 @@ def test_concatenate_masks(dim):
         assert torch.equal(m, torch.cat([ma, mb], dim))
 
 
+@pytest.mark.parametrize("parts", [1, 2, 3])
+def test_interleave_channels_is_the_shuffled_concatenation_cut_in_parts(parts):
+    """Channel 2k of the interleaved channels is a's k-th, 2k + 1 b's k-th (zero where that input is
+    inactive); the parts are the chunks of that; the mask is the union."""
+    va, ma = _delta((2, 3, 4, 5), 0.3, seed=1)
+    vb, mb = _delta((2, 3, 4, 5), 0.6, seed=2)
+    parts_out, m = ref.interleave_channels(va, ma, vb, mb, parts)
+    joined = torch.cat(parts_out, 1)
+    assert len(parts_out) == parts and torch.equal(m, ma | mb)
+    assert torch.equal(joined[:, 0::2], _clean(va, ma)) and torch.equal(joined[:, 1::2], _clean(vb, mb))
+    assert [p.shape[1] for p in parts_out] == [t.shape[1] for t in joined.chunk(parts, 1)]
+
+
 def test_linear_rank2_and_rank4():
     w, b = torch.randn(5, 6), torch.randn(5)
     v = torch.randn(3, 6)
@@ -509,7 +522,7 @@ def test_linear_rank2_and_rank4():
 # ----------------------------------------------------------------------------- garbage is never read
 @pytest.mark.parametrize("name", ["conv2d", "conv2d_reflect", "conv_transpose2d", "linear_spatial", "avg_pool2d",
                                   "adaptive_avg_pool2d", "interpolate", "max_pool2d", "affine_channel", "densify",
-                                  "activation", "add", "mul", "concatenate"])
+                                  "activation", "add", "mul", "concatenate", "interleave_channels"])
 def test_no_function_reads_inactive_values(name):
     """Same call with NaN and with zeros at inactive pixels: identical, finite results."""
     results = []
@@ -544,8 +557,11 @@ def test_no_function_reads_inactive_values(name):
             r = ref.add(v, m, v2, m2, 1.0)
         elif name == "mul":
             r = ref.mul(v, m, torch.zeros_like(st_), v2, m2, torch.ones_like(st_), torch.zeros_like(st_), 0.0, None)
-        else:
+        elif name == "concatenate":
             r = ref.concatenate([v, v2], [m, m2], 1)
+        else:
+            parts, mask = ref.interleave_channels(v, m, v2, m2, 2)
+            r = (*parts, mask)
         results.append(r)
     for a, b in zip(*results):
         assert torch.isfinite(a.float()).all(), name

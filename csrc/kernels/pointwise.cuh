@@ -422,5 +422,61 @@ __global__ void __launch_bounds__(kThreads) concatenate_kernel(const ConcatParam
   });
 }
 
+// ================================================================ interleaved channels
+// torch.channel_shuffle(torch.cat([a, b], 1), 2) cut into `parts` equal chunks along the channels
+// (ShuffleNet V2's block tail and the next block's split, in one pass): shuffled channel j is
+// channel j / 2 of a (j even) or of b (j odd) where that input's mask is set, else 0; part q holds
+// shuffled channels [q * part_channels, (q + 1) * part_channels) as a channels_last tensor of its
+// own. mask_out = mask_a OR mask_b. VEC > 1 (even): a lane reads VEC / 2 channels of each input
+// and writes VEC shuffled channels (C % VEC == 0, so a pack never straddles two parts).
+constexpr int kMaxInterleaveParts = 2;
+
+template <typename T>
+struct InterleaveParams {
+  const T* in[2];                  // a, b: [N, C, H, W]
+  const bool* mask[2];             // [N, 1, H, W]
+  T* out[kMaxInterleaveParts];     // [N, part_channels, H, W] each (parts of them)
+  bool* mask_out;                  // [N, 1, H, W]
+  int64_t pixels;
+  int channels;                    // C (of each input)
+  int part_channels;               // 2 C / parts
+  int log2_lanes;
+};
+
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kThreads) interleave_channels_kernel(const InterleaveParams<T> p) {
+  grid_dependency_sync();
+  static_assert(VEC == 1 || VEC % 2 == 0, "a pack takes the same channels of both inputs");
+  const auto settle = [&](int64_t pixel) {
+    const bool any = p.mask[0][pixel] || p.mask[1][pixel];
+    p.mask_out[pixel] = any;
+    return any;
+  };
+  for_each_active_pixel(p.pixels, p.log2_lanes, settle, [&](const PixelGroup& g) {
+    const bool ma = p.mask[0][g.pixel], mb = p.mask[1][g.pixel];
+    const T* a = p.in[0] + g.pixel * p.channels;
+    const T* b = p.in[1] + g.pixel * p.channels;
+    for (int j = g.lane * VEC; j < 2 * p.channels; j += g.lanes * VEC) {
+      float v[VEC];
+      if constexpr (VEC == 1) {
+        const bool odd = j & 1;
+        v[0] = (odd ? mb : ma) ? to_f<T>((odd ? b : a)[j >> 1]) : 0.f;
+      } else {
+        constexpr int kHalf = VEC / 2;
+        float va[kHalf], vb[kHalf];
+        if (ma) load_f<kHalf>(a + j / 2, va); else fill(va, 0.f);
+        if (mb) load_f<kHalf>(b + j / 2, vb); else fill(vb, 0.f);
+#pragma unroll
+        for (int e = 0; e < kHalf; ++e) {
+          v[2 * e] = va[e];
+          v[2 * e + 1] = vb[e];
+        }
+      }
+      const int q = j >= p.part_channels;  // parts <= 2
+      store_f<VEC>(p.out[q] + g.pixel * p.part_channels + (j - q * p.part_channels), v);
+    }
+  });
+}
+
 }  // namespace pw
 }  // namespace deltaconv

@@ -30,7 +30,7 @@ Tensor = torch.Tensor
 
 _LOADED = _extension.load()
 _OPS = ("sparsify", "densify", "activation", "add_activation", "affine_channel", "add", "mul", "concatenate",
-        "interpolate", "resample", "conv2d", "conv_transpose2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d",
+        "interleave_channels", "interpolate", "resample", "conv2d", "conv_transpose2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d",
         "linear", "count_active", "conv1x1_rows", "layer_norm")
 
 
@@ -419,6 +419,26 @@ def _concatenate_fake(deltas, masks):
     n, _, h, w = deltas[0].shape
     c = sum(d.shape[1] for d in deltas)
     return _empty_value(deltas[0], (n, c, h, w)), _empty_mask(deltas[0], n, h, w)
+
+
+def interleave_channels(delta_a: Tensor, mask_a: Tensor, delta_b: Tensor, mask_b: Tensor,
+                        parts: int) -> tuple[list[Tensor], Tensor]:
+    """The channels of two 4-D deltas of one shape interleaved (``a0, b0, a1, b1, ...``), cut into
+    ``parts`` equal chunks along the channels; the masks OR-ed. One kernel writes each chunk
+    channels_last contiguous (1 or 2 chunks; others run the reference's torch ops)."""
+    if not (_pointwise_ok("interleave_channels", delta_a, mask_a, delta_b, mask_b) and delta_a.dim() == 4
+            and delta_b.shape == delta_a.shape and delta_b.dtype == delta_a.dtype and parts in (1, 2)
+            and 2 * delta_a.shape[1] % parts == 0):
+        return _ref.interleave_channels(delta_a, mask_a, delta_b, mask_b, parts)
+    out, mask = torch.ops.deltaconv.interleave_channels(_value4(delta_a), _mask4(mask_a), _value4(delta_b),
+                                                        _mask4(mask_b), int(parts))
+    return list(out), mask
+
+
+@_fake("interleave_channels")
+def _interleave_channels_fake(delta_a, mask_a, delta_b, mask_b, parts):
+    n, c, h, w = delta_a.shape
+    return [_empty_value(delta_a, (n, 2 * c // parts, h, w)) for _ in range(parts)], _empty_mask(delta_a, n, h, w)
 
 
 # ----------------------------------------------------------------------------- convolution

@@ -264,6 +264,16 @@ def concatenate(deltas: Sequence[Tensor], masks: Sequence[Tensor], dim: int) -> 
     return out, mask
 
 
+def interleave_channels(delta_a: Tensor, mask_a: Tensor, delta_b: Tensor, mask_b: Tensor,
+                        parts: int) -> tuple[list[Tensor], Tensor]:
+    """The channels of two 4-D deltas of one shape interleaved (``a0, b0, a1, b1, ...``: the channel
+    shuffle in two groups of their concatenation, ShuffleNet V2's block tail), cut into ``parts``
+    equal chunks along the channels (the next block's split); the masks OR-ed."""
+    out, mask = concatenate([delta_a, delta_b], [mask_a, mask_b], 1)
+    shuffled = torch.channel_shuffle(out, 2)
+    return list(shuffled.chunk(parts, 1)), mask
+
+
 # ----------------------------------------------------------------------------- convolution
 def conv2d(delta: Tensor, mask: Tensor, weight: Tensor, bias: Optional[Tensor], stride, padding, dilation,
            groups: int, key: Optional[Tensor], padding_mode: str = "zeros",

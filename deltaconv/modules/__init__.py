@@ -5,11 +5,11 @@ from .base import DCModule, FrameContext
 from .boundary import DCDensify, DCResample, DCSparsify
 from .linear import (DCAdaptiveAvgPool2d, DCAdd, DCAvgPool2d, DCBatchNorm2d, DCConcatenate, DCConv2d,
                      DCConvTranspose2d, DCFunctionalConv2d, DCFunctionalLinear, DCLinear, DCLinearFunction,
-                     DCPixelLinear, DCScale, DCSpatialMean, DCUpsample)
+                     DCPixelLinear, DCScale, DCShuffledConcatenate, DCSpatialMean, DCUpsample)
 from .nonlinear import DCActivation, DCFallback, DCLayerNorm, DCMaxPool2d, DCMul
 from .work_counters import WorkCounters
 
 __all__ = ["DCModule", "FrameContext", "DCSparsify", "DCDensify", "DCResample", "DCConv2d", "DCConvTranspose2d",
            "DCLinear", "DCBatchNorm2d", "DCAvgPool2d", "DCAdaptiveAvgPool2d", "DCSpatialMean", "DCUpsample", "DCAdd", "DCScale",
            "DCLinearFunction", "DCPixelLinear", "DCFunctionalConv2d", "DCFunctionalLinear", "DCConcatenate",
-           "DCActivation", "DCMul", "DCMaxPool2d", "DCLayerNorm", "DCFallback", "WorkCounters"]
+           "DCShuffledConcatenate", "DCActivation", "DCMul", "DCMaxPool2d", "DCLayerNorm", "DCFallback", "WorkCounters"]

@@ -195,15 +195,22 @@ class DCModule(nn.Module):
         """Multiply-adds x2 that the dense layer spends per output pixel (all channels)."""
         return 0.0
 
-    def observe(self, out: Delta) -> Delta:
-        """Record how many output pixels are active and return ``out``. Inside a frame of a
-        DeltaModel the mask is counted with every other layer's when the frame ends (one kernel
-        per 256 layers on the GPU, no host synchronisation, so it also accumulates under CUDA-graph
-        replay); a layer called on its own counts at once. ``record_stats = False`` skips it."""
+    def observe(self, out):
+        """Record how many output pixels are active and return ``out``: a :class:`Delta`, or a
+        tuple of deltas that share one mask (the chunks of one output: their elements add up).
+        Inside a frame of a DeltaModel the mask is counted with every other layer's when the frame
+        ends (one kernel per 256 layers on the GPU, no host synchronisation, so it also accumulates
+        under CUDA-graph replay); a layer called on its own counts at once. ``record_stats = False``
+        skips it."""
         ctx = self.context
-        if not ctx.record_stats or not isinstance(out, Delta):
+        if not ctx.record_stats:
             return out
-        mask = out.mask
+        if isinstance(out, Delta):
+            mask, elements = out.mask, out.value.numel()
+        elif isinstance(out, tuple) and out and all(isinstance(o, Delta) and o.mask is out[0].mask for o in out):
+            mask, elements = out[0].mask, sum(o.value.numel() for o in out)
+        else:
+            return out
         call = self._next_call()
         if call > 0:  # a later call of a stateless layer shared by several call sites
             calls = self.__dict__.setdefault("_later_calls", [])
@@ -213,7 +220,7 @@ class DCModule(nn.Module):
             if record.counts is None or record.counts.device != mask.device:
                 record.counts = torch.zeros(4, dtype=torch.float64, device=mask.device)
             ctx.pending_stats.append((mask, record.counts))
-            record.pixels, record.elements = mask.numel(), out.value.numel()
+            record.pixels, record.elements = mask.numel(), elements
             record.flops_dense = self.flops_per_output_pixel(out) * record.pixels
             return out
         if self._stats is None or self._stats.device != mask.device:
@@ -227,7 +234,7 @@ class DCModule(nn.Module):
         # and frame here and in _next_call) was the largest host cost of an eager frame
         attrs = self.__dict__
         attrs["_pixels"] = pixels = mask.numel()
-        attrs["_elements"] = out.value.numel()
+        attrs["_elements"] = elements
         attrs["_flops_dense"] = self.flops_per_output_pixel(out) * pixels
         return out
 

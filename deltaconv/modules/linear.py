@@ -765,6 +765,15 @@ def channel_shuffle(value: torch.Tensor, groups: int) -> torch.Tensor:
     return shuffled.permute(0, 3, 1, 2)
 
 
+def shuffled_concatenate(tensors, groups: int, chunks: Optional[int] = None):
+    """``torch.channel_shuffle(torch.cat(tensors, 1), groups)`` of dense tensors, and when ``chunks``
+    is set that cut into ``chunks`` along the channels (a tuple): the call that
+    :func:`deltaconv.layout.fold_shuffled_concatenations` puts in place of such a chain, and that
+    :class:`DCShuffledConcatenate` converts."""
+    out = torch.channel_shuffle(torch.cat(list(tensors), 1), groups)
+    return out if chunks is None else out.chunk(chunks, 1)
+
+
 def _reshapes_samples(fn) -> bool:
     """Whether ``fn`` only reshapes (flatten, reshape, view): with dim 0 of its output equal to the
     batch, each output row then holds exactly one sample's elements."""
@@ -792,3 +801,39 @@ class DCConcatenate(DCModule):
     def forward(self, tensors) -> Delta:
         v, m = self.ops.concatenate([t.value for t in tensors], [t.mask for t in tensors], self.dim)
         return self.observe(Delta(v, m))
+
+
+class DCShuffledConcatenate(DCModule):
+    """``torch.channel_shuffle(torch.cat(tensors, 1), groups)``, and when ``chunks`` is set that cut
+    into ``chunks`` along the channels (a tuple, as ``.chunk`` gives): the call that
+    :func:`deltaconv.layout.fold_shuffled_concatenations` puts in place of such a chain (ShuffleNet
+    V2's block tail and the next block's split). The masks are united and every output shares the
+    one mask. Two deltas of one shape in two groups take the backend's ``interleave_channels`` (on
+    the CUDA backend one kernel that writes each chunk contiguous: the chain took a concatenation,
+    a shuffle copy and a copy of each chunk that its reader needs contiguous); anything else runs
+    the concatenation, the shuffle and the chunk in turn. The outputs hold TF32 values where every
+    input does (``Delta.tf32``)."""
+
+    kind = "cat_shuffle"
+
+    def __init__(self, groups: int, chunks: Optional[int] = None) -> None:
+        super().__init__()
+        self.groups, self.chunks = groups, chunks
+
+    def forward(self, tensors):
+        values, masks = [t.value for t in tensors], [t.mask for t in tensors]
+        parts = 1 if self.chunks is None else self.chunks
+        if (self.groups == len(values) == 2 and values[0].dim() == 4 and values[1].shape == values[0].shape
+                and values[1].dtype == values[0].dtype and 2 * values[0].shape[1] % parts == 0):
+            outs, mask = self.ops.interleave_channels(values[0], masks[0], values[1], masks[1], parts)
+        else:
+            joined, mask = self.ops.concatenate(values, masks, 1)
+            shuffled = channel_shuffle(joined, self.groups)
+            outs = [shuffled] if self.chunks is None else list(shuffled.chunk(self.chunks, 1))
+        tf32 = all(t.tf32 for t in tensors)  # moved values stay TF32 values
+        out = tuple(Delta(v, mask, tf32=tf32) for v in outs)
+        self.observe(out)
+        return out[0] if self.chunks is None else out
+
+    def extra_repr(self) -> str:
+        return f"groups={self.groups}, chunks={self.chunks}, " + super().extra_repr()
