@@ -1410,6 +1410,9 @@ std::tuple<Tensor, Tensor> adaptive_avg_pool2d_cuda(const Tensor& delta, const T
   const dim3 grid((unsigned)pix, (unsigned)chunks,
                   (unsigned)std::max<int64_t>(1, (C + conv::kPoolGroup - 1) / conv::kPoolGroup));
   const dim3 finish_grid((unsigned)pix, (unsigned)std::max<int64_t>(1, (C + 31) / 32));
+  // rows of the finish: each walks every rows-th chunk one after the other (a global pool of a
+  // 540x960 map has 2,025 chunks); the same for every call of a shape (deterministic sums)
+  const bool many_chunks = chunks > 64;
   // lanes of the first launch: the power of two at or above the channel group's vectors
   auto log2_lanes = [&](int v) {
     const int64_t vectors = (std::min<int64_t>(C, conv::kPoolGroup) + v - 1) / v;
@@ -1425,7 +1428,9 @@ std::tuple<Tensor, Tensor> adaptive_avg_pool2d_cuda(const Tensor& delta, const T
         vec ? conv::adaptive_avgpool_kernel<scalar_t, kVec> : conv::adaptive_avgpool_kernel<scalar_t, 1>;
     launch_kernel(kernel, grid, conv::kPoolChunk, 0, stream, xp, m.data_ptr<bool>(), part.data_ptr<float>(),
                   any.data_ptr<bool>(), g, log2_lanes(vec ? kVec : 1));
-    launch_kernel(conv::adaptive_avgpool_finish_kernel<scalar_t>, finish_grid, 256, 0, stream,
+    const auto finish = many_chunks ? conv::adaptive_avgpool_finish_kernel<scalar_t, 32>
+                                    : conv::adaptive_avgpool_finish_kernel<scalar_t, 8>;
+    launch_kernel(finish, finish_grid, many_chunks ? 32 * 32 : 32 * 8, 0, stream,
                   part.data_ptr<float>(), any.data_ptr<bool>(), reinterpret_cast<scalar_t*>(y.data_ptr()),
                   mask_out.data_ptr<bool>(), g);
   });

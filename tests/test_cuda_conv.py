@@ -1404,7 +1404,8 @@ ADAPTIVE_CASES = [
     (3, (5, 3), (31, 45)),
     (17, (20, 30), (13, 17)),   # output larger than input
     (96, (4, 4), (31, 45)),
-    (40, (1, 1), (135, 240)),   # global pooling of a large map
+    (40, (1, 1), (135, 240)),   # global pooling of a large map: 127 chunks, the finish's 32 rows
+    (32, (1, 1), (300, 500)),   # 586 chunks (efficientnet_b0's first squeeze-excite at 1080p: 2,025)
     (72, (1, 1), (70, 121)),    # squeeze-excite of deeplabv3_mobilenet_v3_large: 34 chunks of 256 pixels
     (300, (2, 3), (45, 61)),    # channels in passes of 256 lanes, windows over two chunks
     (960, (1, 1), (17, 30)),    # four passes of 256 channel lanes

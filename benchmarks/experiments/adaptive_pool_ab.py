@@ -22,6 +22,11 @@ ops = deltaconv_ops()
 tag = sys.argv[1] if len(sys.argv) > 1 else "-"
 # (channels, H, W): the eight squeeze-excite pools and the ASPP pooling
 SHAPES = [(72, 135, 240), (120, 135, 240), (480, 68, 120), (672, 68, 120), (960, 68, 120)]
+if len(sys.argv) > 2 and sys.argv[2] == "efficientnet_b0":
+    # `... adaptive_pool_ab.py TAG efficientnet_b0`: its squeeze-excite pools at 1080x1920 input (the
+    # first over 2,025 chunks of 256 pixels)
+    SHAPES = [(32, 540, 960), (96, 270, 480), (144, 270, 480), (144, 135, 240), (240, 135, 240),
+              (240, 68, 120), (480, 68, 120), (672, 68, 120), (672, 34, 60), (1152, 34, 60)]
 
 
 torch.manual_seed(0)

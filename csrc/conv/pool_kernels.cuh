@@ -254,10 +254,11 @@ __device__ __forceinline__ int adaptive_end(int o, int out, int in) {
 //                                  r-th, (r + rows)-th, ... listed pixel), sum the listed pixels'
 //                                  values of channel group cg ([cg * kPoolGroup, + kPoolGroup)), the
 //                                  rows then added in order, into part[z][pix][c] (float32).
-//   adaptive_avgpool_finish_kernel grid (N * Ho * Wo, ceil(C / 32)); block 256 = 32 channels x 8
-//                                  rows: row r adds part[z] over the active chunks z = r, r + 8, ...
-//                                  of the window, the rows then added in order; mask = some chunk
-//                                  active; y = sum / window size.
+//   adaptive_avgpool_finish_kernel grid (N * Ho * Wo, ceil(C / 32)); block 32 channels x ROWS
+//                                  rows (8, or 32 for windows of many chunks): row r adds part[z]
+//                                  over the active chunks z = r, r + ROWS, ... of the window, the
+//                                  rows then added in order; mask = some chunk active;
+//                                  y = sum / window size.
 // With nothing active, the first launch reads the mask once per channel group and the second the
 // chunks' flags.
 constexpr int kPoolChunk = 256;
@@ -344,12 +345,12 @@ __global__ void __launch_bounds__(kPoolChunk)
   }
 }
 
-template <typename T>
-__global__ void __launch_bounds__(256)
+template <typename T, int ROWS>
+__global__ void __launch_bounds__(32 * ROWS)
     adaptive_avgpool_finish_kernel(const float* __restrict__ part, const bool* __restrict__ any_in,
                                    T* __restrict__ y, bool* __restrict__ mask_out, PoolGeom g) {
   grid_dependency_sync();
-  __shared__ float partial[8][33];
+  __shared__ float partial[ROWS][33];
   const long long pix = blockIdx.x;
   const long long npix = gridDim.x;
   const int cl = threadIdx.x % 32, r = threadIdx.x / 32;
@@ -360,7 +361,7 @@ __global__ void __launch_bounds__(256)
   const int used = (cnt + kPoolChunk - 1) / kPoolChunk;  // chunks of this window
   float sum = 0.f;
   bool any = false;
-  for (int z = r; z < used; z += 8) {
+  for (int z = r; z < used; z += ROWS) {
     if (any_in[z * npix + pix]) {
       any = true;
       if (c < g.C) sum += part[(z * npix + pix) * g.C + c];
@@ -372,7 +373,7 @@ __global__ void __launch_bounds__(256)
   if (!act || r != 0 || c >= g.C) return;
   float t = 0.f;
 #pragma unroll
-  for (int k = 0; k < 8; ++k) t += partial[k][cl];
+  for (int k = 0; k < ROWS; ++k) t += partial[k][cl];
   y[pix * g.C + c] = from_f<T>(t / (float)cnt);
 }
 
