@@ -576,7 +576,8 @@ std::tuple<std::vector<Tensor>, Tensor> interleave_channels(const Tensor& delta_
   const int64_t part_channels = 2 * static_cast<int64_t>(C) / parts;  // parts 1 or 2: whole
   c10::cuda::CUDAGuard guard(delta_a.device());
   std::vector<Tensor> out;
-  for (int64_t q = 0; q < parts; ++q) out.push_back(empty_value(delta_a, {N, part_channels, H, W}, delta_a.scalar_type()));
+  for (int64_t q = 0; q < parts; ++q)
+    out.push_back(empty_value(delta_a, {N, part_channels, H, W}, delta_a.scalar_type()));
   Tensor mask_out = empty_mask(delta_a, N, H, W);
   const int64_t pixels = N * H * W;
   DC_DISPATCH_ACTIVATION_TYPES(delta_a.scalar_type(), "deltaconv::interleave_channels", [&] {

@@ -30,8 +30,8 @@ Tensor = torch.Tensor
 
 _LOADED = _extension.load()
 _OPS = ("sparsify", "densify", "activation", "add_activation", "affine_channel", "add", "mul", "concatenate",
-        "interleave_channels", "interpolate", "resample", "conv2d", "conv_transpose2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d",
-        "linear", "count_active", "conv1x1_rows", "layer_norm")
+        "interleave_channels", "interpolate", "resample", "conv2d", "conv_transpose2d", "max_pool2d", "avg_pool2d",
+        "adaptive_avg_pool2d", "linear", "count_active", "conv1x1_rows", "layer_norm")
 
 
 def _registered_cuda_kernels() -> frozenset:
@@ -427,8 +427,7 @@ def interleave_channels(delta_a: Tensor, mask_a: Tensor, delta_b: Tensor, mask_b
     ``parts`` equal chunks along the channels; the masks OR-ed. One kernel writes each chunk
     channels_last contiguous (1 or 2 chunks; others run the reference's torch ops)."""
     if not (_pointwise_ok("interleave_channels", delta_a, mask_a, delta_b, mask_b) and delta_a.dim() == 4
-            and delta_b.shape == delta_a.shape and delta_b.dtype == delta_a.dtype and parts in (1, 2)
-            and 2 * delta_a.shape[1] % parts == 0):
+            and delta_b.shape == delta_a.shape and delta_b.dtype == delta_a.dtype and parts in (1, 2)):
         return _ref.interleave_channels(delta_a, mask_a, delta_b, mask_b, parts)
     out, mask = torch.ops.deltaconv.interleave_channels(_value4(delta_a), _mask4(mask_a), _value4(delta_b),
                                                         _mask4(mask_b), int(parts))
