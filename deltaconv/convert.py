@@ -553,7 +553,7 @@ def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
     graph.output(graph.graph_copy(traced.graph, {}))
     keep_channels_first(graph, dense)
     fold_channel_shuffles(graph)
-    fold_shuffled_concatenations(graph)
+    fold_shuffled_concatenations(graph, dense)
     converter = _Converter(dense, graph, dense_tail=fuse, fold_bn=fold_bn)
     report = converter.run()
     if fuse:

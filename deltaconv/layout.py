@@ -268,13 +268,26 @@ def _along_channels(dim, shape: Optional[tuple]) -> bool:
     return isinstance(dim, int) and shape is not None and len(shape) == 4 and dim % 4 == 1
 
 
-def _shuffled_concatenation(shuffle: fx.Node) -> Optional[tuple]:
+def _shuffle_of(node: fx.Node, root: Optional[nn.Module]) -> Optional[tuple]:
+    """``(input, groups)`` of a channel shuffle node (``torch.channel_shuffle``,
+    ``F.channel_shuffle``, or an ``nn.ChannelShuffle`` of ``root``), else ``None``."""
+    if _is_call(node, torch.channel_shuffle, F.channel_shuffle) and not node.kwargs and len(node.args) == 2:
+        return node.args[0], node.args[1]
+    if node.op == "call_module" and root is not None and len(node.args) == 1 and not node.kwargs:
+        module = root.get_submodule(node.target)
+        if type(module) is nn.ChannelShuffle:
+            return node.args[0], module.groups
+    return None
+
+
+def _shuffled_concatenation(shuffle: fx.Node, root: Optional[nn.Module]) -> Optional[tuple]:
     """``(cat, tensors, groups, chunk, chunks)`` where ``shuffle`` is a channel shuffle whose input
     is a concatenation along the channels that nothing else reads (``chunk`` the chunk along the
     channels that alone reads the shuffle, else ``None``), else ``None``."""
-    if not _is_call(shuffle, torch.channel_shuffle, F.channel_shuffle) or shuffle.kwargs or len(shuffle.args) != 2:
+    found = _shuffle_of(shuffle, root)
+    if found is None:
         return None
-    cat, groups = shuffle.args
+    cat, groups = found
     if not isinstance(cat, fx.Node) or not _is_call(cat, torch.cat, torch.concat, torch.concatenate):
         return None
     tensors = _literal_arg(cat, 0, "tensors")
@@ -291,14 +304,15 @@ def _shuffled_concatenation(shuffle: fx.Node) -> Optional[tuple]:
     return cat, tensors, groups, chunk, chunks
 
 
-def fold_shuffled_concatenations(graph: fx.Graph) -> int:
+def fold_shuffled_concatenations(graph: fx.Graph, root: Optional[nn.Module] = None) -> int:
     """Replace every ``torch.cat(tensors, 1) -> torch.channel_shuffle(., g) [-> .chunk(k, 1)]``
     chain of ``graph`` (each op the only reader of the one before; run after
     :func:`fold_channel_shuffles`) by one ``shuffled_concatenate(tensors, g[, k])`` call (see the
-    module docstring). Returns the number of chains."""
+    module docstring). The shuffle may also be an ``nn.ChannelShuffle`` of ``root`` (the module the
+    graph was traced from). Returns the number of chains."""
     folded = 0
     for shuffle in list(graph.nodes):
-        found = _shuffled_concatenation(shuffle)
+        found = _shuffled_concatenation(shuffle, root)
         if found is None:
             continue
         cat, tensors, groups, chunk, chunks = found

@@ -342,17 +342,22 @@ def test_cat_shuffle_chunk_becomes_one_shuffled_concatenation(contiguous):
 
 
 class ShuffleTails(nn.Module):
-    """Shuffles that are not a concatenation's only reader followed by a chunk: ``kind`` "no-cat"
-    shuffles a convolution's output, "cat-read-twice" a concatenation that is also added to the
-    result, "no-chunk" feeds the shuffled concatenation to a convolution whole."""
+    """Shuffles after a concatenation, and others: ``kind`` "no-cat" shuffles a convolution's
+    output, "cat-read-twice" a concatenation that is also added to the result, "no-chunk" feeds the
+    shuffled concatenation to a convolution whole, "module" shuffles with ``nn.ChannelShuffle`` and
+    chunks the result."""
 
     def __init__(self, kind: str) -> None:
         super().__init__()
         self.kind = kind
         self.a, self.b, self.c = nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(3, 4, 1), nn.Conv2d(8, 4, 1)
+        self.shuffle = nn.ChannelShuffle(2)
 
     def forward(self, x):
         y = torch.cat((self.a(x), self.b(x)), dim=1)
+        if self.kind == "module":
+            first, second = self.shuffle(y).chunk(2, dim=1)
+            return self.c(torch.cat((second, first), 1))
         if self.kind == "no-cat":
             return self.c(F.channel_shuffle(self.c(y).repeat(1, 2, 1, 1), 2))
         z = F.channel_shuffle(y, 2)
@@ -363,7 +368,8 @@ class ShuffleTails(nn.Module):
 
 @pytest.mark.parametrize("kind,modules", [("no-cat", {"DCLinearFunction": 2, "DCConcatenate": 1}),
                                           ("cat-read-twice", {"DCLinearFunction": 1, "DCConcatenate": 1}),
-                                          ("no-chunk", {"DCShuffledConcatenate": 1})])
+                                          ("no-chunk", {"DCShuffledConcatenate": 1}),
+                                          ("module", {"DCShuffledConcatenate": 1, "DCConcatenate": 1})])
 def test_only_a_concatenation_read_by_its_shuffle_alone_is_folded(kind, modules):
     torch.manual_seed(0)
     model = ShuffleTails(kind).eval().double()
@@ -374,7 +380,7 @@ def test_only_a_concatenation_read_by_its_shuffle_alone_is_folded(kind, modules)
                                 or type(m).__name__ == "DCConcatenate")
     assert dict(kinds) == modules
     folded = [m for m in dm.modules() if isinstance(m, DCShuffledConcatenate)]
-    assert [(m.groups, m.chunks) for m in folded] == ([(2, None)] if kind == "no-chunk" else [])
+    assert [(m.groups, m.chunks) for m in folded] == {"no-chunk": [(2, None)], "module": [(2, 2)]}.get(kind, [])
 
 
 @settings(max_examples=25, deadline=None)
