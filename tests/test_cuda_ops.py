@@ -1174,6 +1174,27 @@ def test_cuda_graph_capture_and_replay():
         assert torch.equal(st_e[name], st_g[name]), name
 
 
+@pytest.mark.skipif(QUICK, reason="quick mode (compute-sanitizer): no compilation")
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_torch_compile_interleave_channels(backend):
+    """The op's list of parts traces through its fake kernel: compiled, the eager parts and mask."""
+    torch._dynamo.reset()
+
+    def tail(a, ma, b, mb):
+        (first, second), m = dcc.interleave_channels(a, ma, b, mb, 2)
+        return first * 2, second, m
+
+    g = gen(41)
+    ma, mb = make_mask(2, 6, 10, 0.3, g), make_mask(2, 6, 10, 0.3, g)
+    a, b = make_delta((2, 16, 6, 10), torch.float16, ma, g), make_delta((2, 16, 6, 10), torch.float16, mb, g)
+    compiled = torch.compile(tail, backend=backend, fullgraph=True)
+    got, want = compiled(a, ma, b, mb), tail(a, ma, b, mb)
+    assert torch.equal(got[2], want[2])
+    for x, y in zip(got[:2], want[:2]):
+        sel = want[2].expand_as(y)
+        assert x.shape == y.shape == (2, 16, 6, 10) and torch.equal(x[sel], y[sel])
+
+
 SILU = Activation("silu")  # built outside the compiled function
 
 
