@@ -1,6 +1,7 @@
 """Reading frames of the sample videos (OpenCV, imported lazily) as model-ready tensors."""
 from __future__ import annotations
 
+import configparser
 import os
 from pathlib import Path
 from typing import Iterator, Optional, Union
@@ -39,8 +40,6 @@ def local_origin(checkout: Path) -> Optional[Path]:
     """The folder that the git checkout ``checkout`` was cloned from, read from its
     ``.git/config`` (``remote "origin"``'s url, a path or a ``file://`` url); ``None`` when it has
     none, or when the url names no local folder."""
-    import configparser
-
     config = configparser.ConfigParser(strict=False, interpolation=None)
     try:
         config.read(checkout / ".git" / "config")

@@ -424,8 +424,8 @@ def _concatenate_fake(deltas, masks):
 def interleave_channels(delta_a: Tensor, mask_a: Tensor, delta_b: Tensor, mask_b: Tensor,
                         parts: int) -> tuple[list[Tensor], Tensor]:
     """The channels of two 4-D deltas of one shape interleaved (``a0, b0, a1, b1, ...``), cut into
-    ``parts`` equal chunks along the channels; the masks OR-ed. One kernel writes each chunk
-    channels_last contiguous (1 or 2 chunks; others run the reference's torch ops)."""
+    ``parts`` chunks along the channels as ``.chunk`` cuts; the masks OR-ed. One kernel writes each
+    chunk channels_last contiguous (1 or 2 chunks, always equal; others run the reference's torch ops)."""
     if not (_pointwise_ok("interleave_channels", delta_a, mask_a, delta_b, mask_b) and delta_a.dim() == 4
             and delta_b.shape == delta_a.shape and delta_b.dtype == delta_a.dtype and parts in (1, 2)):
         return _ref.interleave_channels(delta_a, mask_a, delta_b, mask_b, parts)

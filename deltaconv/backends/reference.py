@@ -268,7 +268,7 @@ def interleave_channels(delta_a: Tensor, mask_a: Tensor, delta_b: Tensor, mask_b
                         parts: int) -> tuple[list[Tensor], Tensor]:
     """The channels of two 4-D deltas of one shape interleaved (``a0, b0, a1, b1, ...``: the channel
     shuffle in two groups of their concatenation, ShuffleNet V2's block tail), cut into ``parts``
-    equal chunks along the channels (the next block's split); the masks OR-ed."""
+    chunks along the channels as ``.chunk`` cuts (the next block's split); the masks OR-ed."""
     out, mask = concatenate([delta_a, delta_b], [mask_a, mask_b], 1)
     shuffled = torch.channel_shuffle(out, 2)
     return list(shuffled.chunk(parts, 1)), mask

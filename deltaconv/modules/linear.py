@@ -822,10 +822,10 @@ class DCShuffledConcatenate(DCModule):
 
     def forward(self, tensors):
         values, masks = [t.value for t in tensors], [t.mask for t in tensors]
-        parts = 1 if self.chunks is None else self.chunks
         if (self.groups == len(values) == 2 and values[0].dim() == 4 and values[1].shape == values[0].shape
-                and values[1].dtype == values[0].dtype and 2 * values[0].shape[1] % parts == 0):
-            outs, mask = self.ops.interleave_channels(values[0], masks[0], values[1], masks[1], parts)
+                and values[1].dtype == values[0].dtype):  # any chunk count: the backends cut as .chunk does
+            outs, mask = self.ops.interleave_channels(values[0], masks[0], values[1], masks[1],
+                                                      1 if self.chunks is None else self.chunks)
         else:
             joined, mask = self.ops.concatenate(values, masks, 1)
             shuffled = channel_shuffle(joined, self.groups)
