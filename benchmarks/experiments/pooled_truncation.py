@@ -1,6 +1,6 @@
 # An experiment, not a maintained tool (it patches deltaconv.backends.reference.exceeds). Run from
 # the repository root: PYTHONPATH=. python benchmarks/experiments/pooled_truncation.py --help
-"""Experiment: a spatially pooled truncation measure in every non-linear layer (CPU, reference backend).
+"""Experiment: a spatially pooled truncation measure in the non-linear layers (reference backend, CPU or GPU).
 
 Per-pixel truncation (``rms``: ``sqrt(mean_c change^2) > t``) treats a pixel's pending change alone.
 What reaches a classifier's logits is a weighted sum over pixels, so pending changes of random sign
@@ -36,7 +36,8 @@ _exceeds = R.exceeds
 def pooled_exceeds(change, threshold, measure="max"):
     k = CFG["k"]
     strides = CFG.get("strides")
-    if strides and change.dim() == 4 and round(CFG["height"] / change.shape[-2]) not in strides:  # a layer measured per pixel, at its own threshold
+    if strides and change.dim() == 4 and round(CFG["height"] / change.shape[-2]) not in strides:
+        # a layer at a stride not pooled: per pixel, at its own threshold (or --t-other)
         return _exceeds(change, CFG["t_other"] if CFG["t_other"] is not None else threshold, measure)
     if k <= 1 or measure != "rms" or change.dim() != 4 or min(change.shape[-2:]) < k:
         return _exceeds(change, threshold, measure)
