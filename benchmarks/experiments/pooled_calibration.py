@@ -13,9 +13,8 @@ import pooled_truncation as pt  # noqa: E402  (patches reference.exceeds on impo
 import fidelity_sweep  # noqa: E402
 
 if __name__ == "__main__":
-    spec = sys.argv[1].split(":")
-    k, gain, peak, gate = (float(v) for v in spec[:4])
-    strides = {int(s) for s in spec[4].split(",")} if len(spec) > 4 else set()
+    parts = sys.argv[1].split(":")
+    measure, strides = ":".join(parts[:4]), {int(s) for s in parts[4].split(",")} if len(parts) > 4 else set()
     height = int(sys.argv[sys.argv.index("--size") + 1]) if strides else None
-    pt.CFG.update(k=int(k), gain=gain, peak=peak, gate=gate, height=height, strides=strides, t_other=None)
+    pt.configure(measure, height=height, strides=strides, t_other=None)
     fidelity_sweep.main(sys.argv[2:])

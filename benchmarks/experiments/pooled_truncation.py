@@ -54,6 +54,13 @@ def pooled_exceeds(change, threshold, measure="max"):
 R.exceeds = pooled_exceeds
 
 
+def configure(spec: str, **rest) -> tuple[int, float, float, float]:
+    """Set the measure from ``"k:gain:peak:gate"`` (and ``rest``: height, strides, t_other); returns them."""
+    k, gain, peak, gate = (float(v) for v in spec.split(":"))
+    CFG.update(k=int(k), gain=gain, peak=peak, gate=gate, **rest)
+    return int(k), gain, peak, gate
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--videos", nargs="+", default=["vtest.avi"])
@@ -79,15 +86,14 @@ def main():
         with torch.no_grad():
             dense = [model(x) for x in frames]
         for config in a.configs:
-            k, gain, peak, gate = (float(v) for v in config.split(":"))
-            CFG.update(k=int(k), gain=gain, peak=peak, gate=gate)
+            k, gain, peak, gate = configure(config)
             for t in a.ts:
                 dm = deltaconv.convert(model, threshold=t, truncation="rms", backend="reference",
                                        example_input=frames[0])
                 dm.load_thresholds({dm.delta_layers()[0].layer_name: a.t_in})
                 t1 = time.time()
                 rep = compare(model, dm, frames, dense_outputs=dense)
-                print(f"{video} {a.size[0]}x{a.size[1]} frames {a.start}-{a.start + a.frames - 1} k={int(k)} "
+                print(f"{video} {a.size[0]}x{a.size[1]} frames {a.start}-{a.start + a.frames - 1} k={k} "
                       f"gain={gain:g} peak={peak:g} gate={gate:g} t_in={a.t_in:g} t={t:g}{only}: "
                       f"density {rep.density:.3f} err mean {rep.mean('rel_err'):.4f} "
                       f"p95 {rep.quantile('rel_err', 0.95):.4f} ({time.time() - t1:.0f}s)", flush=True)
