@@ -32,7 +32,8 @@ uniform t=0.005: 0.441 at 0.016). With the rms truncation measure (``--truncatio
         --detectors none --truncation rms --uniform 0.002 0.004 --append
 
 vtest.avi calibrated 0.521 at 0.0200, one-by-one 0.260 at 0.024 (calibration frames 0.0200); about
-160 s per calibration on an H200. Issue targets 0.25 and 0.12 are not met.
+160 s per calibration on an H200. Issue targets 0.25 and 0.12 are not met. ``--truncation pooled``
+pools every layer, ``--truncation hybrid`` all but MobileNetV2's stride-2 layers (``TRUNCATIONS``).
 
 In float16 on the CUDA kernels, calibration only, as the README's *In float16* table
 (``fidelity_float16.csv``, thresholds ``..._rms_float16[_nofold].json``; about 60-90 s per video on an
@@ -74,6 +75,17 @@ from deltaconv.fidelity import COSTS, compare, element_density, video_frames  # 
 from deltaconv.sparsify import from_spec  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
+
+#: ``--truncation`` choices: the library's measures, and "hybrid", MobileNetV2 with the pooled
+#: measure everywhere but in its three stride-2 non-linear layers, which stay per pixel (rms):
+#: pooling those cost 6 % error on vtest (benchmarks/results/density_experiments.txt, 4c)
+TRUNCATIONS = {**{m: m for m in MEASURES},
+               "hybrid": {"features.0.*": "rms", "features.1.*": "rms", "features.2.conv.0.*": "rms", "*": "pooled"}}
+
+
+def truncation_of(name: str):
+    """The ``truncation`` argument of ``convert`` / ``calibrate`` for a ``--truncation`` choice."""
+    return TRUNCATIONS[name]
 VIDEOS = ("vtest.avi", "one-by-one-person-detection.mp4")
 COLUMNS = ["video", "size", "method", "detector", "truncation", "param", "calib_frames", "eval_frames", "density",
            "ideal_speedup", "rel_err_mean", "rel_err_p95", "rel_err_max", "top5_mean", "top1_mean", "cal_error",
@@ -155,7 +167,8 @@ def sweep(args, on_row=None) -> list[dict]:
         for det in detectors:
             for t in args.uniform:
                 dm = deltaconv.convert(model, threshold=t, change_detector=copy.deepcopy(det), backend=args.backend,
-                                       example_input=held[0], truncation=args.truncation, fold_bn=not args.no_fold_bn)
+                                       example_input=held[0], truncation=truncation_of(args.truncation),
+                                       fold_bn=not args.no_fold_bn)
                 row = dict(base, method="uniform", detector=detector_label(det), param=t, **measure(dm))
                 rows.append(row)
                 print(_fmt(row), flush=True)
@@ -165,7 +178,7 @@ def sweep(args, on_row=None) -> list[dict]:
             t0 = time.time()
             cal = calibrate(model, clips, tol, max_evals=args.max_evals, progress=not args.quiet,
                             change_detectors=[None if d is None else d.spec() for d in detectors],
-                            truncation=args.truncation, cost=args.cost, backend=args.backend,
+                            truncation=truncation_of(args.truncation), cost=args.cost, backend=args.backend,
                             fold_bn=not args.no_fold_bn)
             secs = time.time() - t0
             cal.save(thresholds_path(Path(args.out).parent, video, tol, args.truncation, args.cost, args.dtype,
@@ -301,8 +314,9 @@ def main(argv=None) -> None:
     p.add_argument("--uniform", type=float, nargs="*", default=[0.005, 0.01, 0.02, 0.05],
                    help="uniform thresholds to measure (none: only the calibrated rows)")
     p.add_argument("--max-evals", type=int, default=120)
-    p.add_argument("--truncation", default="max", choices=MEASURES,
-                   help="change measure of the non-linear layers' thresholds (uniform rows and calibration)")
+    p.add_argument("--truncation", default="max", choices=list(TRUNCATIONS),
+                   help="change measure of the non-linear layers' thresholds (uniform rows and calibration); "
+                        "hybrid: pooled but in MobileNetV2's stride-2 layers (rms)")
     p.add_argument("--cost", default="flops", choices=COSTS,
                    help="what the calibration minimises: FLOPs-weighted or element-weighted density (default flops)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")

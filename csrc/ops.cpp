@@ -8,6 +8,9 @@
 //   key    [N] bool or None: streams whose state was just reset (send every pixel, add biases)
 //   rms    the truncating ops' measure: false = max_c |change| > threshold, true =
 //          sqrt(mean_c change^2) > threshold
+//   pooled (activation, add_activation; with rms): the pooled measure of reference.exceeds, the
+//          rms of each channel's change averaged over the pixel's 3x3 window (or its own rms > 4x
+//          the threshold)
 // Ops return fresh (delta_out, mask_out); values at inactive output pixels are unspecified.
 // Implementations: TORCH_LIBRARY_IMPL(deltaconv, CUDA, m) blocks in the .cu files.
 #include <Python.h>
@@ -35,11 +38,12 @@ TORCH_LIBRARY(deltaconv, m) {
   // convolutions that read them in TF32 (conv2d / conv1x1_rows with input_tf32)
   m.def("activation(Tensor delta, Tensor mask, Tensor(a!) acc, Tensor(b!) sent, str kind, float param, "
         "float threshold, Tensor? key, bool rms=False, Tensor(c!)? rows=None, Tensor(d!)? rows_count=None, "
-        "bool tf32=False) -> (Tensor, Tensor)");
+        "bool tf32=False, bool pooled=False) -> (Tensor, Tensor)");
   // activation(add(delta_a, delta_b, alpha)) in one pass; returns (out, mask_out, mask_a | mask_b)
   m.def("add_activation(Tensor delta_a, Tensor mask_a, Tensor delta_b, Tensor mask_b, float alpha, Tensor(a!) acc, "
         "Tensor(b!) sent, str kind, float param, float threshold, Tensor? key, bool rms=False, "
-        "Tensor(c!)? rows=None, Tensor(d!)? rows_count=None, bool tf32=False) -> (Tensor, Tensor, Tensor)");
+        "Tensor(c!)? rows=None, Tensor(d!)? rows_count=None, bool tf32=False, bool pooled=False) -> "
+        "(Tensor, Tensor, Tensor)");
   m.def("affine_channel(Tensor delta, Tensor mask, Tensor? scale, Tensor? shift, Tensor? key) -> (Tensor, Tensor)");
   m.def("add(Tensor delta_a, Tensor mask_a, Tensor delta_b, Tensor mask_b, float alpha, Tensor(a!)? rows=None, "
         "Tensor(b!)? rows_count=None) -> (Tensor, Tensor)");

@@ -278,15 +278,20 @@ struct activation_kernel_of {
 
 // The activation, with the residual add before it when `delta_b` is given (add_activation: its
 // operands delta_a = delta, delta_b, their masks, alpha); returns (out, mask_out, the add's mask or
-// an undefined tensor).
+// an undefined tensor). `pooled` (with rms): the pooled measure, in two passes: activation_kernel
+// writes the pending changes of the region, rounded to the delta dtype, into `out` (with tf32: a
+// scratch map, `out` must then hold TF32 values) and sends nothing, then pooled_send_kernel
+// decides from each pixel's 3x3 window and sends.
 std::tuple<Tensor, Tensor, Tensor> run_activation(const char* op, const Tensor& delta, const Tensor& mask,
                                                   const Tensor* delta_b, const Tensor* mask_b, double alpha,
                                                   Tensor& acc, Tensor& sent, c10::string_view kind, double param,
                                                   double threshold, const std::optional<Tensor>& key, bool rms,
                                                   const std::optional<Tensor>& rows,
-                                                  const std::optional<Tensor>& rows_count, bool tf32) {
+                                                  const std::optional<Tensor>& rows_count, bool tf32, bool pooled) {
   const bool residual = delta_b != nullptr;
   DC_CHECK_TF32_FLAG(op, "tf32", tf32, delta);
+  TORCH_CHECK(!pooled || rms, "deltaconv::", op, ": argument 'pooled' (the pooled measure, rms-based) needs rms=True, "
+              "got rms=False");
   const int kind_id = activation_kind(op, std::string(kind));
   check_value(op, residual ? "delta_a" : "delta", delta, delta);
   check_mask(op, residual ? "mask_a" : "mask", mask, delta, delta.sizes());
@@ -315,9 +320,16 @@ std::tuple<Tensor, Tensor, Tensor> run_activation(const char* op, const Tensor& 
                                      residual ? cptr<scalar_t>(*delta_b) : nullptr,
                                      residual ? cptr<bool>(*mask_b) : nullptr,
                                      residual ? ptr<bool>(mask_sum) : nullptr, static_cast<float>(alpha),
-                                     row_list.rows, row_list.count, tf32};
+                                     row_list.rows, row_list.count, tf32, nullptr};
+    Tensor scratch;
+    if (pooled) {  // the first pass only writes the pending changes; the send pass lists the rows
+      if (tf32) scratch = at::empty_like(out, at::MemoryFormat::ChannelsLast);
+      p.pending = ptr<scalar_t>(tf32 ? scratch : out);
+      p.rows = nullptr;
+      p.rows_count = nullptr;
+    }
     const bool vec_ok = C % kVec<scalar_t> == 0 && all_aligned({p.delta, p.acc, p.sent, p.out}) &&
-                        (!residual || all_aligned({p.delta_b}));
+                        (!residual || all_aligned({p.delta_b})) && (!pooled || all_aligned({p.pending}));
     // the common kinds with the activation fixed at compile time (with a residual: ReLU only)
     using Relu = activation_kernel_of<pw::kRelu, false>;
     using Relu6 = activation_kernel_of<pw::kRelu6, false>;
@@ -338,6 +350,15 @@ std::tuple<Tensor, Tensor, Tensor> run_activation(const char* op, const Tensor& 
     } else {
       DC_LAUNCH_VEC(AnyKind::kernel, p, vec_ok, pixels, C, true);
     }
+    if (pooled) {
+      pw::PooledSendParams<scalar_t> q{residual ? cptr<bool>(mask_sum) : cptr<bool>(mask), p.pending, p.acc, p.sent,
+                                       key_ptr, p.out, p.mask_out, kind_id, p.param,
+                                       rms_limit(true, threshold, C),
+                                       rms_limit(true, static_cast<double>(pw::kPoolPeak) * threshold, C), pixels,
+                                       H * W, static_cast<int>(H), static_cast<int>(W), C, 0, row_list.rows,
+                                       row_list.count, tf32};
+      DC_LAUNCH_VEC(pw::pooled_send_kernel, q, vec_ok, pixels, C, true);
+    }
   });
   return {out, mask_out, mask_sum};
 }
@@ -345,9 +366,9 @@ std::tuple<Tensor, Tensor, Tensor> run_activation(const char* op, const Tensor& 
 std::tuple<Tensor, Tensor> activation(const Tensor& delta, const Tensor& mask, Tensor& acc, Tensor& sent,
                                       c10::string_view kind, double param, double threshold,
                                       const std::optional<Tensor>& key, bool rms, const std::optional<Tensor>& rows,
-                                      const std::optional<Tensor>& rows_count, bool tf32) {
+                                      const std::optional<Tensor>& rows_count, bool tf32, bool pooled) {
   auto [out, mask_out, unused] = run_activation("activation", delta, mask, nullptr, nullptr, 1.0, acc, sent, kind,
-                                                param, threshold, key, rms, rows, rows_count, tf32);
+                                                param, threshold, key, rms, rows, rows_count, tf32, pooled);
   return {out, mask_out};
 }
 
@@ -357,9 +378,9 @@ std::tuple<Tensor, Tensor, Tensor> add_activation(const Tensor& delta_a, const T
                                                   c10::string_view kind, double param, double threshold,
                                                   const std::optional<Tensor>& key, bool rms,
                                                   const std::optional<Tensor>& rows,
-                                                  const std::optional<Tensor>& rows_count, bool tf32) {
+                                                  const std::optional<Tensor>& rows_count, bool tf32, bool pooled) {
   return run_activation("add_activation", delta_a, mask_a, &delta_b, &mask_b, alpha, acc, sent, kind, param,
-                        threshold, key, rms, rows, rows_count, tf32);
+                        threshold, key, rms, rows, rows_count, tf32, pooled);
 }
 
 // ---------------------------------------------------------------- affine_channel

@@ -61,7 +61,7 @@ import torch
 import torch.nn as nn
 
 from .fidelity import COSTS, METRICS, cost_totals, primary_output
-from .backends.reference import check_measure
+from .backends.reference import check_truncation
 from .sparsify import ChangeDetector, default_detector, from_spec
 
 Tensor = torch.Tensor
@@ -73,7 +73,8 @@ class Calibration(dict):
     """``{layer name: threshold}`` as returned by :func:`calibrate`, with what was measured.
 
     Attributes: ``change_detector`` (spec dict or ``None``), ``truncation`` (the non-linear
-    layers' change measure the thresholds apply to, ``"max"`` or ``"rms"``), ``density`` and ``error`` on the
+    layers' change measure the thresholds apply to, ``"max"``, ``"rms"``, ``"pooled"`` or a dict of
+    layer-name patterns to measures), ``density`` and ``error`` on the
     calibration frames, ``cost`` (what ``density`` weights: ``"flops"`` or ``"elements"``),
     ``tolerance``, ``metric``, ``evals`` (model runs spent), ``fold_bn`` (the conversion it was
     calibrated with, see ``convert``), ``history`` (one dict per evaluation). Pass it to ``convert(model, thresholds=cal,
@@ -172,7 +173,7 @@ class Evaluator:
     """
 
     def __init__(self, model: nn.Module, frames, metric="rel_err", reduce: str = "mean",
-                 output_fn: Callable = primary_output, backend: str = "reference", truncation: str = "max",
+                 output_fn: Callable = primary_output, backend: str = "reference", truncation: Union[str, dict] = "max",
                  cost: str = "flops", fold_bn: bool = True) -> None:
         from .convert import convert
 
@@ -272,7 +273,7 @@ def calibrate(model: nn.Module, frames, tolerance: float = 2e-2, metric: Union[s
               bases: Sequence[str] = ("uniform", "rms"), first_share: float = 0.5, margin: float = 1.0,
               step: int = 2, max_steps: int = 8, max_evals: int = 120, bisect_steps: int = 7,
               final_steps: int = 5, s_range: tuple[float, float] = (1e-3, 2.0),
-              output_fn: Callable = primary_output, backend: str = "reference", truncation: str = "max",
+              output_fn: Callable = primary_output, backend: str = "reference", truncation: Union[str, dict] = "max",
               cost: str = "flops", fold_bn: bool = True, progress: bool = True) -> Calibration:
     """Per-layer thresholds for ``deltaconv.convert(model)`` within a fidelity tolerance.
 
@@ -304,8 +305,9 @@ def calibrate(model: nn.Module, frames, tolerance: float = 2e-2, metric: Union[s
         s_range: bracket of the global scale.
         output_fn: picks the compared tensor from a model output.
         backend: the converted model's backend while calibrating.
-        truncation: the change measure of the non-linear layers' thresholds (``"max"`` or
-            ``"rms"``, see ``deltaconv.convert``); the result records it and ``convert`` /
+        truncation: the change measure of the non-linear layers' thresholds (``"max"``, ``"rms"``,
+            ``"pooled"`` or a dict of layer-name patterns to measures, see ``deltaconv.convert``);
+            the result records it and ``convert`` /
             ``load_thresholds`` apply it with the thresholds.
         cost: what the search minimises: ``"flops"``, the FLOPs-weighted density, or
             ``"elements"``, each layer's updated pixels weighted by its output elements (the
@@ -321,7 +323,7 @@ def calibrate(model: nn.Module, frames, tolerance: float = 2e-2, metric: Union[s
     """
     if not isinstance(tolerance, (int, float)) or tolerance < 0:
         raise ValueError(f"calibrate: tolerance must be a number >= 0, got {tolerance!r}")
-    check_measure(truncation, "calibrate: truncation")
+    check_truncation(truncation, "calibrate: truncation")
     if not 0 < first_share <= 1:
         raise ValueError(f"calibrate: first_share must be in (0, 1], got {first_share!r}")
     bad = [b for b in bases if b not in ("uniform", "rms")]

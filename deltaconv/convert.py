@@ -14,7 +14,7 @@ import torch.nn as nn
 from torch.fx.passes.shape_prop import ShapeProp
 
 from . import backends
-from .backends.reference import check_measure
+from .backends.reference import check_truncation
 from .modules import (DCActivation, DCAdd, DCConv2d, DCDensify, DCFallback, DCModule, DCMul, DCResample,
                       DCSparsify)
 from .modules.linear import DCBatchNorm2d, DCConvTranspose2d, DCLinear, DCUpsample
@@ -464,7 +464,7 @@ def _example_for(model: nn.Module) -> torch.Tensor:
 
 def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
             thresholds: Union[None, dict, str] = None, strict: bool = False,
-            example_input: Optional[torch.Tensor] = None, change_detector=None, truncation: str = "max",
+            example_input: Optional[torch.Tensor] = None, change_detector=None, truncation: Union[str, dict] = "max",
             refresh_every: Union[int, str, None] = "auto", check_finite: bool = True, cuda_graph: bool = False,
             leaf_modules: tuple = (), fuse: bool = True, fold_bn: Optional[bool] = None):
     """Convert a dense CNN into a :class:`~deltaconv.DeltaModel` that processes only changed pixels.
@@ -481,8 +481,13 @@ def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
             on the model's device and dtype).
         change_detector: optional input change measure (see :mod:`deltaconv.sparsify`).
         truncation: the change measure of the non-linear layers' thresholds: ``"max"``
-            (``max_c |change|`` per pixel) or ``"rms"`` (``sqrt(mean_c change^2)``, which sends
-            fewer pixels at the same output error; see the README's fidelity section).
+            (``max_c |change|`` per pixel), ``"rms"`` (``sqrt(mean_c change^2)``, which sends
+            fewer pixels at the same output error) or ``"pooled"`` (the rms of each channel's change
+            averaged over the pixel's 3x3 window, or its own rms over 4x the threshold; fewer still
+            on noisy video, best left per pixel in the first, stride-2 layers); or a dict of
+            layer names or patterns to measures, e.g. ``{"features.0.*": "rms", "*": "pooled"}``,
+            as :attr:`DeltaModel.truncation` takes it (the most specific match wins; layers none
+            matches: ``"max"``). See the README's fidelity section.
         refresh_every: force a key frame every this many frames; ``"auto"`` (the default): every
             1,000 frames for float16 and bfloat16 frames, whose rounding drifts slowly over long
             videos, and for float32 frames on a GPU with TF32 convolutions (PyTorch's default,
@@ -524,7 +529,7 @@ def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
     backends.check_name(backend)
     if not isinstance(threshold, (int, float)) or threshold < 0:
         raise ValueError(f"convert: threshold must be a number >= 0, got {threshold!r}")
-    check_measure(truncation, "convert: truncation")
+    check_truncation(truncation, "convert: truncation")
     if not isinstance(fuse, bool):
         raise TypeError(f"convert: fuse must be a bool, got {fuse!r}")
     if fold_bn is None:  # what the thresholds were calibrated with, else folded

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import fnmatch
 import functools
 import json
 import os
@@ -490,17 +491,42 @@ class DeltaModel(nn.Module):
     @property
     def truncation(self) -> str:
         """The change measure the non-linear layers compare with their thresholds: ``"max"``
-        (``max_c |change|``, the default) or ``"rms"`` (``sqrt(mean_c change^2)``); setting it sets
-        every non-linear layer (the input sparsifier keeps its own measure)."""
+        (``max_c |change|``, the default), ``"rms"`` (``sqrt(mean_c change^2)``) or ``"pooled"``
+        (the rms of the change averaged over each pixel's 3x3 window; ``reference.exceeds``), or
+        ``"mixed"`` when the layers differ (:meth:`measures` lists them). Setting a measure sets
+        every non-linear layer (the input sparsifier keeps its own measure). Setting a dict of layer
+        names or ``fnmatch`` patterns to measures, e.g. ``{"features.0.*": "rms", "*": "pooled"}``,
+        sets the layers they match and leaves the others as they are; where several match a layer
+        the most specific wins, whatever the dict's order (JSON files keep none): its exact name,
+        else the pattern with the most characters that are not wildcards (``*?[]``); two such
+        patterns naming different measures, or a pattern that matches no non-linear layer, raise
+        ``ValueError``."""
         measures = {layer.measure for layer in self._measured_layers()}
         return measures.pop() if len(measures) == 1 else "max" if not measures else "mixed"
 
     @truncation.setter
-    def truncation(self, measure: str) -> None:
-        from .backends.reference import check_measure
-        check_measure(measure, "truncation")
-        for layer in self._measured_layers():
-            layer.measure = measure
+    def truncation(self, truncation: Union[str, dict]) -> None:
+        from .backends.reference import check_truncation
+        check_truncation(truncation, "truncation")
+        layers = self._measured_layers()
+        if isinstance(truncation, str):
+            for layer in layers:
+                layer.measure = truncation
+            return
+        chosen = {layer.layer_name: _most_specific(layer.layer_name, truncation) for layer in layers}
+        used = {pattern for pattern in chosen.values() if pattern is not None}
+        unused = [p for p in truncation if p not in used and not any(fnmatch.fnmatchcase(n, p) for n in chosen)]
+        if unused:
+            raise ValueError(f"truncation: the patterns {sorted(unused)} match no non-linear layer; names are "
+                             f"like {[layer.layer_name for layer in layers[:4]]}")
+        for layer in layers:
+            pattern = chosen[layer.layer_name]
+            if pattern is not None:
+                layer.measure = truncation[pattern]
+
+    def measures(self) -> dict[str, str]:
+        """``{layer name: measure}`` of every non-linear layer (see :attr:`truncation`)."""
+        return {layer.layer_name: layer.measure for layer in self._measured_layers()}
 
     def _measured_layers(self) -> list[DCModule]:
         return [layer for layer in self.delta_layers() if layer.truncates and layer.kind != "sparsify"]
@@ -509,8 +535,8 @@ class DeltaModel(nn.Module):
         """Set thresholds from ``{layer name: value}``, a :class:`deltaconv.calibrate.Calibration`,
         or a JSON file written by :meth:`save_thresholds` or ``Calibration.save``. A change detector
         named there (``"change_detector"``) is installed in the input sparsifier, and a
-        ``"truncation"`` measure sets :attr:`truncation`. With ``strict``, unknown names raise
-        ``KeyError``. Thresholds calibrated with another ``fold_bn`` than this model's conversion
+        ``"truncation"`` measure (or dict of layer names or patterns to measures) sets
+        :attr:`truncation`. With ``strict``, unknown names raise ``KeyError``. Thresholds calibrated with another ``fold_bn`` than this model's conversion
         (``"fold_bn"`` in the file) load with a warning: in float16 the error at threshold 0 differs."""
         thresholds, detector_spec, truncation, fold_bn = read_thresholds(thresholds)
         if fold_bn is not None and bool(fold_bn) != self.fold_bn:
@@ -537,15 +563,37 @@ class DeltaModel(nn.Module):
                 known[name].threshold = float(value)
 
     def save_thresholds(self, path: Union[str, os.PathLike]) -> None:
-        """Write the thresholds as JSON (``{"thresholds": {layer name: value}, "truncation": measure,
-        "fold_bn": bool}``)."""
+        """Write the thresholds as JSON (``{"thresholds": {layer name: value}, "truncation": measure
+        (``{layer name: measure}`` when the layers' measures differ), "fold_bn": bool}``)."""
+        truncation = self.truncation if self.truncation != "mixed" else self.measures()
         with open(path, "w") as f:
-            json.dump({"thresholds": self.thresholds(), "truncation": self.truncation, "fold_bn": self.fold_bn}, f,
+            json.dump({"thresholds": self.thresholds(), "truncation": truncation, "fold_bn": self.fold_bn}, f,
                       indent=1, sort_keys=True)
 
 
-def read_thresholds(thresholds: Union[dict, str, os.PathLike]) -> tuple[dict, Optional[dict], Optional[str],
-                                                                          Optional[bool]]:
+def _most_specific(name: str, patterns: dict) -> Optional[str]:
+    """The key of ``patterns`` (layer names or ``fnmatch`` patterns) that sets layer ``name``'s
+    measure: ``name`` itself, else the matching pattern with the most characters that are not
+    wildcards; ``None`` where none matches; ``ValueError`` where two equally specific patterns
+    name different measures."""
+    if name in patterns:
+        return name
+    matches = [p for p in patterns if fnmatch.fnmatchcase(name, p)]
+    if not matches:
+        return None
+
+    def literal(p: str) -> int:
+        return sum(ch not in "*?[]" for ch in p)
+    best = max(literal(p) for p in matches)
+    tied = [p for p in matches if literal(p) == best]
+    if len({patterns[p] for p in tied}) > 1:
+        raise ValueError(f"truncation: the patterns {sorted(tied)} match layer {name!r} equally and name "
+                         f"different measures {sorted({patterns[p] for p in tied})}")
+    return tied[0]
+
+
+def read_thresholds(thresholds: Union[dict, str, os.PathLike]) -> tuple[dict, Optional[dict],
+                                                                          Union[str, dict, None], Optional[bool]]:
     """``(values, change detector spec, truncation, fold_bn)`` of ``{layer name: value}``, a
     :class:`deltaconv.calibrate.Calibration` or a JSON file written by ``save_thresholds`` or
     ``Calibration.save``; ``None`` where it records no such setting (a plain dict or file)."""

@@ -127,8 +127,21 @@ def near_rms_threshold(change: torch.Tensor, threshold: float, y: torch.Tensor, 
     return (rms - threshold).abs() <= tol
 
 
+def near_pooled_threshold(change: torch.Tensor, threshold: float, y: torch.Tensor, dtype) -> torch.Tensor:
+    """Pixels whose pooled measure (``reference.exceeds``) is within rounding of the threshold, or
+    whose own RMS change is within rounding of the peak guard (``POOL_PEAK`` times it): the window
+    sums another order than ``avg_pool2d``, and a neighbour's ``y`` may round one ulp the other way."""
+    y_max = F.max_pool2d(y.abs().amax(dim=1, keepdim=True), 3, 1, 1)
+    tol = EPS[dtype] * (1.0 + threshold + y_max)
+    box = F.avg_pool2d(change, ref.POOL_SIZE, 1, ref.POOL_SIZE // 2, count_include_pad=False)
+    pooled = box.square().mean(dim=1, keepdim=True).sqrt()
+    peak = near_rms_threshold(change, ref.POOL_PEAK * threshold, y, dtype)
+    return ((pooled - threshold).abs() <= tol) | peak
+
+
 def ambiguous(change, threshold, y, dtype, measure):
-    return (near_threshold if measure == "max" else near_rms_threshold)(change, threshold, y, dtype)
+    near = {"max": near_threshold, "rms": near_rms_threshold, "pooled": near_pooled_threshold}[measure]
+    return near(change, threshold, y, dtype)
 
 
 # ----------------------------------------------------------------------------- sparsify
@@ -301,6 +314,31 @@ def test_activation_rms_measure(dtype, c, frac, threshold):
         assert not torch.equal(m_rms, m_max)
 
 
+@pytest.mark.parametrize("threshold", [0.0, 0.1])
+@pytest.mark.parametrize("frac", FRACS)
+@pytest.mark.parametrize("c", CHANNELS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_activation_pooled_measure(dtype, c, frac, threshold):
+    """The pooled measure (the rms of each channel's change averaged over the pixel's 3x3 window, or
+    its own rms over 4x the threshold; two kernels, the second reading the window's pending changes)
+    equals the reference on odd sizes (windows cut by the image's edges) and at every fraction. At
+    0.1 it sends another set of pixels than rms, so the kernels really apply it."""
+    _run_activation(Activation("relu6"), dtype, c, frac, "partial", threshold, seed=21, measure="pooled")
+    if threshold > 0 and frac >= 0.3 and c > 1:
+        m_pooled = _run_activation(Activation("relu6"), dtype, c, frac, "none", threshold, seed=21, measure="pooled")
+        m_rms = _run_activation(Activation("relu6"), dtype, c, frac, "none", threshold, seed=21, measure="rms")
+        assert not torch.equal(m_pooled, m_rms)
+
+
+@pytest.mark.parametrize("size", [(1, 1), (1, 7), (5, 1), (2, 2), (40, 300)])
+def test_activation_pooled_measure_small_and_wide_maps(size):
+    """Maps a 3x3 window does not fit (one row, one column, 2x2) and one wider than a batch of the
+    persistent grid's groups; a kind switched per element; float16 16-byte and scalar paths."""
+    for c in (17, 64):
+        _run_activation(Activation("hardswish"), torch.float16, c, 0.5, "partial", 0.08, seed=22, measure="pooled",
+                        size=size)
+
+
 @pytest.mark.parametrize("fn", [Activation("relu"), Activation("relu6"), Activation("hardswish")], ids=repr)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_activation_fixed_kinds_rms_measure(dtype, fn):
@@ -456,7 +494,17 @@ def test_add_activation_rms_and_no_key(dtype, fn):
         _run_add_activation(fn, dtype, c, 0.3, "none", 0.05, seed=14)
 
 
-@pytest.mark.parametrize("measure,threshold", [("max", 0.0), ("max", 0.05), ("rms", 0.15)])
+@pytest.mark.parametrize("fn", [Activation("relu"), Activation("relu6")], ids=repr)
+@pytest.mark.parametrize("frac", FRACS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_add_activation_pooled(dtype, frac, fn):
+    """The pooled measure after a fused residual add: the window is that of the add's mask."""
+    for c in (17, 64):
+        _run_add_activation(fn, dtype, c, frac, "partial", 0.1, seed=23, measure="pooled")
+        _run_add_activation(fn, dtype, c, frac, "none", 0.1, seed=24, measure="pooled")
+
+
+@pytest.mark.parametrize("measure,threshold", [("max", 0.0), ("max", 0.05), ("rms", 0.15), ("pooled", 0.1)])
 @pytest.mark.parametrize("fn", [Activation("relu"), Activation("relu6"), Activation("gelu", 0.0),
                                 Activation("hardswish")], ids=repr)
 @pytest.mark.parametrize("frac", FRACS)
@@ -514,6 +562,35 @@ def test_add_activation_falls_back_where_the_kernel_does_not_apply():
     assert_state(a_c, a_r)
 
 
+def test_pooled_measure_without_a_kernel_runs_the_reference():
+    """Only the activations have the pooled measure in a kernel: the product, layer norm and max
+    pooling run it through the reference (the same results, bit for bit); the raw op refuses
+    ``pooled`` without ``rms``."""
+    g = gen(26)
+    n, c, h, w = 2, 16, 9, 11
+    ma, mb = make_mask(n, h, w, 0.5, g), make_mask(n, h, w, 0.3, g)
+    da, db = make_delta((n, c, h, w), torch.float16, ma, g), make_delta((n, c, h, w), torch.float16, mb, g)
+    acc_a, acc_b, sent = make_state((n, c, h, w), g), make_state((n, c, h, w), g), make_state((n, c, h, w), g).half()
+    runs = {
+        "mul": lambda ops, a, b, s: ops.mul(da, ma, a, db, mb, b, s, 0.1, None, "pooled"),
+        "layer_norm": lambda ops, a, b, s: ops.layer_norm(da, ma, a, s, None, None, 1e-6, 0.1, None, "pooled"),
+        "max_pool2d": lambda ops, a, b, s: ops.max_pool2d(da, ma, a, s[:, :, :4, :5].contiguous(memory_format=CL),
+                                                          2, 2, 0, 1, False, 0.1, None, "pooled"),
+    }
+    for name, run in runs.items():
+        results = []
+        for ops in (dcc, ref):
+            a, b, s = clones(acc_a, acc_b, sent)
+            out, m = run(ops, a, b, s)
+            results.append((out, m, a))
+        (out_c, m_c, a_c), (out_r, m_r, a_r) = results
+        assert torch.equal(m_c, m_r), name
+        assert torch.equal(out_c[m_c.expand_as(out_c)], out_r[m_r.expand_as(out_r)]), name
+        assert torch.equal(a_c, a_r), name
+    with pytest.raises(RuntimeError, match="argument 'pooled' .* needs rms=True, got rms=False"):
+        torch.ops.deltaconv.activation(da, ma, acc_a, sent, "relu", 0.0, 0.1, None, False, pooled=True)
+
+
 # More pixels than the resident threads of a persistent grid (pw::for_each_active_pixel): each group
 # walks several batches of pixels. 2 x 600 x 640 pixels.
 LARGE = (600, 640)
@@ -526,6 +603,8 @@ def test_persistent_kernels_on_large_frames(c, frac):
     dtype = torch.float16
     _run_activation(Activation("relu6"), dtype, c, frac, "partial", 0.05, seed=21, size=LARGE)
     _run_add_activation(Activation("relu"), dtype, c, frac, "partial", 0.05, seed=23, size=LARGE)
+    _run_activation(Activation("relu6"), dtype, c, frac, "partial", 0.05, seed=25, size=LARGE, measure="pooled")
+    _run_add_activation(Activation("relu"), dtype, c, frac, "partial", 0.05, seed=26, size=LARGE, measure="pooled")
     g = gen(22)
     n, (h, w) = 2, LARGE
     ma, mb = make_mask(n, h, w, frac, g), make_mask(n, h, w, PARTNER[frac], g)
@@ -1018,6 +1097,8 @@ def _opcheck_cases():
         ("densify", ops.densify.default, (x, full, st(), torch.float16)),
         ("activation", ops.activation.default, (x, full, st(), st(), "silu", 0.0, -1.0, key)),
         ("activation_rms", ops.activation.default, (x, full, st(), st(), "silu", 0.0, -1.0, key, True)),
+        ("activation_pooled", ops.activation.default,
+         (x, full, st(), st(), "relu6", 0.0, -1.0, key, True, None, None, False, True)),
         ("affine_channel", ops.affine_channel.default,
          (x, full, torch.randn(c, device=DEV), torch.randn(c, device=DEV), key)),
         ("affine_channel_none", ops.affine_channel.default, (x.half(), full, None, None, None)),
@@ -1025,6 +1106,9 @@ def _opcheck_cases():
         ("add_activation", ops.add_activation.default, (x, full, st(), full, -0.5, st(), st(), "relu", 0.0, -1.0, key)),
         ("add_activation_rms", ops.add_activation.default,
          (x, full, st(), full, 1.0, st(), st(), "hardswish", 0.0, -1.0, None, True)),
+        ("add_activation_pooled", ops.add_activation.default,
+         (x.half(), full, st().half(), full, 1.0, st(), st().half(), "relu", 0.0, -1.0, key, True, None, None, False,
+          True)),
         ("mul", ops.mul.default, (x, full, st(), st(), full, st(), st(), -1.0, key)),
         ("mul_rms", ops.mul.default, (x, full, st(), st(), full, st(), st(), -1.0, key, True)),
         ("mul_se", ops.mul.default, (small, small_m, st((n, c, 1, 1)), x, full, st(), st(), -1.0, None)),
@@ -1042,7 +1126,7 @@ def _opcheck_cases():
     ]
 
 
-@pytest.mark.parametrize("case", range(21))
+@pytest.mark.parametrize("case", range(23))
 def test_opcheck(case):
     name, op, args = _opcheck_cases()[case]
     torch.library.opcheck(op, args)

@@ -620,5 +620,39 @@ def test_exceeds_max_and_rms_measures():
     assert ref.exceeds(change, 0.16, "rms").flatten().tolist() == [False, False, False]
     assert ref.exceeds(change, 0.0, "rms").flatten().tolist() == [True, True, False]  # threshold 0: any change
     assert ref.exceeds(change.view(3, 4), 0.1, "rms").shape == (3, 1)  # [N, C] values (classifier heads)
-    with pytest.raises(ValueError, match="measure must be one of \\('max', 'rms'\\), got 'l1'"):
+    with pytest.raises(ValueError, match="measure must be one of \\('max', 'rms', 'pooled'\\), got 'l1'"):
         ref.exceeds(change, 0.1, "l1")
+
+
+def test_exceeds_pooled_measure():
+    """"pooled": the rms over channels of each channel's signed change averaged over the 3x3 window
+    (padding not counted), or the pixel's own rms over 4x the threshold. Changes of alternating sign
+    cancel in the window, a coherent patch of the same size does not, a lone large change passes
+    the peak guard; on [N, C] values it is the rms measure."""
+    t = 0.1
+    change = torch.zeros(1, 2, 12, 12)
+    sign = torch.tensor([[1.0, -1.0], [-1.0, 1.0]]).repeat(3, 3)
+    change[:, :, 0:6, 0:6] = 0.2 * sign  # a checkerboard of +-0.2: rms 0.2 per pixel, cancels in the window
+    change[:, :, 7:10, 7:10] = 0.2  # a coherent 3x3 patch
+    change[:, :, 0, 11] = 0.45  # a lone large change in a corner (window of 4 pixels)
+    m = ref.exceeds(change, t, "pooled")[0, 0]
+    assert not m[1:5, 1:5].any()  # inside the checkerboard: |box| = 0.2 / 9 per channel
+    # the patch's centre and edges (window means 0.2 and 0.13) go out, its corners (0.09) and the
+    # pixels beside it (at most 0.07) wait
+    cross = torch.tensor([[False, True, False], [True, True, True], [False, True, False]])
+    assert torch.equal(m[7:10, 7:10], cross) and not m[6, 7:10].any() and not m[10, 7:10].any()
+    assert m[0, 11] and ref.exceeds(change, t, "rms")[0, 0, 1:5, 1:5].all()
+    assert not ref.exceeds(change * 0.5, t, "pooled")[0, 0, 0, 11]  # 0.225 < 4t: only its window's mean counts
+    # against an independent loop over windows, on random changes
+    g = torch.Generator().manual_seed(0)
+    change = torch.randn(2, 5, 7, 9, generator=g) * 0.1
+    expect = torch.zeros(2, 1, 7, 9, dtype=torch.bool)
+    for i in range(7):
+        for j in range(9):
+            window = change[:, :, max(i - 1, 0):i + 2, max(j - 1, 0):j + 2]
+            pooled = window.mean(dim=(2, 3)).square().mean(dim=1).sqrt()
+            own = change[:, :, i, j].square().mean(dim=1).sqrt()
+            expect[:, 0, i, j] = (pooled > 0.03) | (own > 4 * 0.03)
+    got = ref.exceeds(change, 0.03, "pooled")
+    assert torch.equal(got, expect) and 0 < int(got.sum()) < got.numel()
+    assert torch.equal(ref.exceeds(change[:, :, 0, 0], 0.03, "pooled"), ref.exceeds(change[:, :, 0, 0], 0.03, "rms"))

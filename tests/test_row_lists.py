@@ -194,9 +194,11 @@ def _activation_case(dtype, c, frac, shape=(2, 13, 21), seed=0):
 
 def _run(ops, case, op, rows):
     """op: "activation", "add_activation", "add" (the lists of the add: its active pixels), "mul" or
-    "layer_norm"."""
+    "layer_norm"; "..._pooled": with the pooled measure (whose second kernel lists the rows)."""
     d, m, db, mb, acc, sent = case
     extra = {} if rows is None else {"rows": rows}
+    if op.endswith("_pooled"):
+        op, extra["measure"] = op[:-len("_pooled")], "pooled"
     if op == "add":
         return ops.add(d, m, db, mb, -0.5, **extra)
     if op == "mul":  # the product (squeeze-excite's scaling when broadcast), truncated like an activation
@@ -212,7 +214,8 @@ def _run(ops, case, op, rows):
 
 @pytest.mark.gpu
 @needs_gpu
-@pytest.mark.parametrize("op", ["activation", "add_activation", "add", "mul", "layer_norm"])
+@pytest.mark.parametrize("op", ["activation", "add_activation", "add", "mul", "layer_norm", "activation_pooled",
+                                "add_activation_pooled"])
 @pytest.mark.parametrize("frac", [0.0, 0.01, 0.3, 1.0])
 @pytest.mark.parametrize("c", [1, 3, 17, 32, 64, 130, 256])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])

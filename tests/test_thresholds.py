@@ -10,6 +10,7 @@ import torch.nn as nn
 
 import deltaconv
 from deltaconv import DCActivation
+from deltaconv.fidelity import flops_density
 from helpers import make_unet, rel_err, video_frames
 
 STATIC_VIDEOS = ["one-by-one-person-detection.mp4", "vtest.avi"]
@@ -228,12 +229,75 @@ def test_truncation_option_save_load_and_errors(tmp_path):
     loaded = Calibration.load(tmp_path / "cal.json")
     assert loaded.truncation == "rms"
     assert deltaconv.convert(small_unet(), thresholds=loaded, example_input=x).truncation == "rms"
-    with pytest.raises(ValueError, match="convert: truncation must be one of \\('max', 'rms'\\), got 'l2'"):
+    with pytest.raises(ValueError, match="convert: truncation must be one of \\('max', 'rms', 'pooled'\\), got 'l2'"):
         deltaconv.convert(small_unet(), truncation="l2", example_input=x)
     with pytest.raises(ValueError, match="truncation must be one of .*, got 'mean'"):
         dm.truncation = "mean"
-    with pytest.raises(ValueError, match="calibrate: truncation must be one of .*, got None"):
+    with pytest.raises(TypeError, match="calibrate: truncation must be one of .*, got None"):
         deltaconv.calibrate(small_unet(), [x, x], 0.1, truncation=None)
+
+
+def test_per_layer_truncation_patterns_save_load_and_errors(tmp_path):
+    """``truncation`` as a dict of layer names and patterns: the most specific match sets a layer's
+    measure whatever the order (exact name, then the pattern with the most literal characters),
+    unmatched layers keep theirs ("max" in convert); a model whose layers differ reports "mixed",
+    saves the measures by layer and loads them back; a Calibration carries the dict through its
+    JSON (whose keys are sorted, "*" first); a pattern that matches no layer, equally specific
+    patterns naming different measures, a bad measure or a bad type raise, naming the value."""
+    from deltaconv.calibrate import Calibration
+    x = torch.randn(1, 3, 32, 48)
+    dm = deltaconv.convert(small_unet(), threshold=0.02, truncation={"enc1.*": "rms", "dec*": "pooled"},
+                           example_input=x)
+    measures = dm.measures()
+    assert "input" not in measures and len(measures) >= 3
+    assert all(m == ("rms" if n.startswith("enc1.") else "pooled" if n.startswith("dec") else "max")
+               for n, m in measures.items())
+    assert set(measures.values()) == {"rms", "pooled", "max"} and dm.truncation == "mixed"
+    dm.truncation = {"*": "rms", "enc1.*": "max"}  # the more specific pattern wins; "*" catches the rest
+    assert {m for n, m in dm.measures().items() if n.startswith("enc1.")} == {"max"}
+    assert {m for n, m in dm.measures().items() if not n.startswith("enc1.")} == {"rms"}
+    dm.truncation = {"dec*": "pooled"}  # the others keep their measure
+    assert dm.measures() == {n: "pooled" if n.startswith("dec") else "max" if n.startswith("enc1.") else "rms"
+                             for n in measures}
+    path = tmp_path / "mixed.json"
+    dm.save_thresholds(path)
+    assert json.loads(path.read_text())["truncation"] == dm.measures()
+    other = deltaconv.convert(small_unet(), example_input=x, thresholds=path)
+    assert other.measures() == dm.measures()
+    cal = Calibration(dm.thresholds(), truncation={"enc1.*": "rms", "*": "pooled"})
+    cal.save(tmp_path / "cal.json")
+    loaded = deltaconv.convert(small_unet(), thresholds=Calibration.load(tmp_path / "cal.json"), example_input=x)
+    assert loaded.measures() == {n: "rms" if n.startswith("enc1.") else "pooled" for n in measures}
+    name = next(iter(measures))
+    dm.truncation = {name: "max", name[:-1] + "?": "rms", "*": "pooled"}  # an exact name beats any pattern
+    assert dm.measures()[name] == "max"
+    with pytest.raises(ValueError, match="the patterns \\['enc1\\.\\*', 'enc1\\.\\?\\*'\\] match layer .* equally"):
+        dm.truncation = {"enc1.*": "rms", "enc1.?*": "pooled"}
+    with pytest.raises(ValueError, match="the patterns \\['nothing\\.\\*'\\] match no non-linear layer"):
+        dm.truncation = {"nothing.*": "rms"}
+    with pytest.raises(ValueError, match="convert: truncation\\['dec\\*'\\] must be one of .*, got 'l2'"):
+        deltaconv.convert(small_unet(), truncation={"dec*": "l2"}, example_input=x)
+    with pytest.raises(TypeError, match="calibrate: truncation must be one of .* or a dict .*, got \\['rms'\\]"):
+        deltaconv.calibrate(small_unet(), [x, x], 0.1, truncation=["rms"])
+
+
+def test_pooled_truncation_at_threshold_0_is_exact_and_bounded_above_it():
+    """The pooled measure only chooses which pixels go out: at threshold 0 the model is exact; above
+    it nothing drifts (what is held back is a pending change, sent once its window's mean grows)."""
+    frames = video_frames(12, (32, 48))
+    model = small_unet().eval()
+    exact = deltaconv.convert(model, truncation="pooled", example_input=frames[0])
+    loose = deltaconv.convert(model, threshold=0.01, truncation="pooled", example_input=frames[0])
+    per_pixel = deltaconv.convert(model, threshold=0.01, truncation="rms", example_input=frames[0])
+    errs = []
+    with torch.no_grad():
+        for f in frames:
+            dense = model(f)
+            assert rel_err(exact(f), dense) < 1e-5
+            errs.append(rel_err(loose(f), dense))
+            per_pixel(f)
+    assert max(errs) < 0.1 and max(errs) > 0
+    assert flops_density(loose.stats()) != flops_density(per_pixel.stats())
 
 
 class PoolChain(nn.Module):

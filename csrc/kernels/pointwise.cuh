@@ -135,6 +135,11 @@ struct ActivationParams {
   int* rows;
   int* rows_count;
   bool tf32;               // float32 only: send the changes rounded to TF32 (send_element)
+  // the pooled measure's first pass (nullptr otherwise): [N, C, H, W] where every active pixel's
+  // pending change T(f(acc)) - sent is written, rounded to T (`out` itself unless tf32: the value
+  // a send would write there); nothing is sent (mask_out is left to pooled_send_kernel, which
+  // decides and sends)
+  T* pending;
 };
 
 // KIND: the activation fixed at compile time (an ActKind: the launcher does so for ReLU and
@@ -175,13 +180,17 @@ __global__ void __launch_bounds__(kThreads) activation_kernel(const ActivationPa
       }
       load_f<VEC>(p.acc + row + c, a);
       load_f<VEC>(p.sent + row + c, s);
+      float change[VEC];
 #pragma unroll
       for (int i = 0; i < VEC; ++i) {
         a[i] += d[i];
-        size.add(pending_change<T>(apply_activation(kind, p.param, a[i]), s[i]), p.threshold);
+        change[i] = pending_change<T>(apply_activation(kind, p.param, a[i]), s[i]);
+        size.add(change[i], p.threshold);
       }
       store_f<VEC>(p.acc + row + c, a);
+      if (p.pending != nullptr) store_f<VEC>(p.pending + row + c, change);
     }
+    if (p.pending != nullptr) return false;  // the pooled measure's first pass: pooled_send_kernel sends
     const bool send = group_exceeds(g, size, p.rms_limit) || key_flag(p.key, g.pixel, p.hw);
     if (g.lane == 0) p.mask_out[g.pixel] = send;
     if (!send) return false;
@@ -189,6 +198,121 @@ __global__ void __launch_bounds__(kThreads) activation_kernel(const ActivationPa
     send_row<T, VEC>(g, C, row, p.acc, p.sent, p.out, [&](float a) { return apply_activation(kind, p.param, a); },
                      p.tf32);
     return true;
+  }, SentRows{p.rows, p.rows_count, p.pixels});
+}
+
+// ================================================================ pooled measure: the send pass
+// The "pooled" truncation measure (reference.exceeds, POOL_SIZE 3, POOL_PEAK 4), run after
+// activation_kernel wrote the pending change of every pixel of the region to `pending` (rounded to
+// T: without tf32 that is `out` itself, holding what a send writes there). A pixel of the region is
+// sent when
+//   sum_c box_c^2 > limit * count^2  (box_c: channel c's change summed over the region pixels of
+//                                     the 3x3 window around it; count: the window's pixels inside
+//                                     the image, as avg_pool2d without counting the padding;
+//                                     limit = threshold^2 * C: sqrt(mean_c (box_c / count)^2) > t),
+// or its own sum_c change_c^2 > peak_limit ((4 * threshold)^2 * C), or its stream is a key stream;
+// then `sent` is updated as activation_kernel's send pass does (send_element of f(acc)), and `out`
+// written unless `pending` is `out` (the same value is there already). The sent pixels are listed
+// for a 1x1 convolution after it when `rows` is given (as append_sent_rows does).
+//
+// Pixel groups as activation_kernel (a persistent grid): each group reads its pixel's own change
+// first (past the peak guard, or a key stream, the pixel is sent without its window), then the 3x3
+// window of changes straight from global memory (9 reads of each value, mostly from the caches).
+// (A tiled kernel staging chunks of 16 channels with a halo in shared memory measured no faster on
+// MobileNetV2 at 1080x1920: 2.05 against 2.09 ms per frame where the maps of at least 4 tiles of
+// 8x32 per multiprocessor ran tiled, 4.6 ms with every map tiled; H200, 2026-11-29,
+// benchmarks/results/density_experiments.txt section 5.)
+constexpr float kPoolPeak = 4.f;  // reference.POOL_PEAK
+
+template <typename T>
+struct PooledSendParams {
+  const bool* region;      // [N, 1, H, W] the pixels whose change `pending` holds (the others count as 0)
+  const T* pending;        // [N, C, H, W] written by activation_kernel (`out`, or a scratch map with tf32)
+  const float* acc;        // [N, C, H, W] float32, as activation_kernel left it
+  T* sent;                 // [N, C, H, W] updated in place
+  const bool* key;         // [N] or nullptr
+  T* out;                  // [N, C, H, W]
+  bool* mask_out;          // [N, 1, H, W]
+  int kind;                // ActKind
+  float param;
+  float limit;             // threshold^2 * C, < 0: every pixel of the region (a negative threshold)
+  float peak_limit;        // (kPoolPeak * threshold)^2 * C, likewise
+  int64_t pixels, hw;
+  int height, width, channels, log2_lanes;
+  int* rows;               // optional, as in ActivationParams
+  int* rows_count;
+  bool tf32;               // float32 only: send the changes rounded to TF32 (send_element)
+};
+
+// Sends one pixel of the pooled measure: the lanes of the pixel's threads (lane of lanes) update
+// `sent` and, unless `pending` is `out`, write `out`, VEC channels at a time.
+template <typename T, int VEC>
+__device__ __forceinline__ void pooled_send_pixel(const PooledSendParams<T>& p, int64_t pixel, int lane, int lanes) {
+  const int C = p.channels;
+  const bool write_out = p.pending != p.out;
+  for (int c = lane * VEC; c < C; c += lanes * VEC) {
+    const int64_t at = pixel * C + c;
+    float a[VEC], s[VEC];
+    load_f<VEC>(p.acc + at, a);
+    load_f<VEC>(p.sent + at, s);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) a[k] = send_element<T>(apply_activation(p.kind, p.param, a[k]), s[k], p.tf32);
+    store_f<VEC>(p.sent + at, s);
+    if (write_out) store_f<VEC>(p.out + at, a);
+  }
+}
+
+// grid: a persistent one of pixel groups (for_each_active_pixel)
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kThreads) pooled_send_kernel(const PooledSendParams<T> p) {
+  grid_dependency_sync();
+  const auto settle = [&](int64_t pixel) {
+    const bool m = p.region[pixel];
+    if (!m) p.mask_out[pixel] = false;
+    return m;
+  };
+  for_each_active_pixel(p.pixels, p.log2_lanes, settle, [&](const PixelGroup& g) {
+    const int C = p.channels;
+    float own_sq = 0.f;
+    for (int c = g.lane * VEC; c < C; c += g.lanes * VEC) {
+      float v[VEC];
+      load_f<VEC>(p.pending + g.pixel * C + c, v);
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) own_sq = fmaf(v[i], v[i], own_sq);
+    }
+    bool send = group_sum(g, own_sq) > p.peak_limit || key_flag(p.key, g.pixel, p.hw);
+    if (!send) {
+      const int W = p.width;
+      const int x = static_cast<int>(g.pixel % W);
+      const int y = static_cast<int>((g.pixel / W) % p.height);
+      const int y0 = max(y - 1, 0), y1 = min(y + 1, p.height - 1);
+      const int x0 = max(x - 1, 0), x1 = min(x + 1, W - 1);
+      const float count = static_cast<float>((y1 - y0 + 1) * (x1 - x0 + 1));
+      unsigned window = 0u;  // bit 3 * (dy + 1) + (dx + 1): that neighbour is in the image and the region
+      for (int yy = y0; yy <= y1; ++yy)
+        for (int xx = x0; xx <= x1; ++xx)
+          if (p.region[g.pixel + static_cast<int64_t>(yy - y) * W + (xx - x)])
+            window |= 1u << (3 * (yy - y + 1) + (xx - x + 1));
+      float box_sq = 0.f;
+      for (int c = g.lane * VEC; c < C; c += g.lanes * VEC) {
+        float box[VEC];
+        fill(box, 0.f);
+#pragma unroll
+        for (int k = 0; k < 9; ++k) {
+          if (!((window >> k) & 1u)) continue;
+          float v[VEC];
+          load_f<VEC>(p.pending + (g.pixel + static_cast<int64_t>(k / 3 - 1) * W + (k % 3 - 1)) * C + c, v);
+#pragma unroll
+          for (int i = 0; i < VEC; ++i) box[i] += v[i];
+        }
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) box_sq = fmaf(box[i], box[i], box_sq);
+      }
+      send = group_sum(g, box_sq) > p.limit * count * count;
+    }
+    if (g.lane == 0) p.mask_out[g.pixel] = send;
+    if (send) pooled_send_pixel<T, VEC>(p, g.pixel, g.lane, g.lanes);
+    return send;
   }, SentRows{p.rows, p.rows_count, p.pixels});
 }
 

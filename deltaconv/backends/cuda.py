@@ -179,8 +179,14 @@ def _empty_like_delta(delta: Tensor) -> tuple[Tensor, Tensor]:
 
 # ----------------------------------------------------------------------------- truncation
 def _rms(measure: str) -> bool:
-    """The kernels' ``rms`` flag for a truncation ``measure`` (see ``reference.MEASURES``)."""
-    return _ref.check_measure(measure) == "rms"
+    """The kernels' ``rms`` flag for a truncation ``measure`` (see ``reference.MEASURES``; ``"pooled"``
+    is rms-based: the ops that take it set ``pooled`` too, the others run it through the reference)."""
+    return _ref.check_measure(measure) in ("rms", "pooled")
+
+
+def _pooled(measure: str) -> bool:
+    """Whether ``measure`` is ``"pooled"``, which only the activation kernels run natively."""
+    return measure == "pooled"
 
 
 def truncate(y: Tensor, region: Tensor, sent: Tensor, threshold: float, key: Optional[Tensor],
@@ -250,13 +256,13 @@ def activation(delta: Tensor, mask: Tensor, acc: Tensor, sent: Tensor, fn: Calla
     with _states4(acc, sent) as (a4, s4):
         out, m = torch.ops.deltaconv.activation(_value4(delta), _mask4(mask), a4, s4, kind,
                                                 float(getattr(fn, "param", 0.0)), float(threshold), _key(key), rms,
-                                                *_row_args(rows, delta), tf32=bool(tf32))
+                                                *_row_args(rows, delta), tf32=bool(tf32), pooled=_pooled(measure))
     return _like(out, m, delta)
 
 
 @_fake("activation")
 def _activation_fake(delta, mask, acc, sent, kind, param, threshold, key, rms=False, rows=None, rows_count=None,
-                     tf32=False):
+                     tf32=False, pooled=False):
     return _empty_like_delta(delta)
 
 
@@ -267,7 +273,7 @@ def layer_norm(delta: Tensor, mask: Tensor, acc: Tensor, sent: Tensor, weight: O
     then truncation. ``rows`` and ``tf32``: as in :func:`activation`."""
     rms = _rms(measure)
     c = delta.shape[1] if delta.dim() >= 2 else -1
-    if not (_pointwise_ok("layer_norm", delta, mask, acc, sent) and _state_ok(acc, delta.shape)
+    if not (not _pooled(measure) and _pointwise_ok("layer_norm", delta, mask, acc, sent) and _state_ok(acc, delta.shape)
             and _sent_ok(sent, delta, delta.shape) and c >= 1
             and all(v is None or v.numel() == c for v in (weight, bias))):
         return _ref.layer_norm(delta, mask, acc, sent, weight, bias, eps, threshold, key, measure, tf32=tf32)
@@ -344,14 +350,14 @@ def add_activation(delta_a: Tensor, mask_a: Tensor, delta_b: Tensor, mask_b: Ten
         out, m, union = torch.ops.deltaconv.add_activation(
             _value4(delta_a), _mask4(mask_a), _value4(delta_b), _mask4(mask_b), float(alpha), a4, s4, kind,
             float(getattr(fn, "param", 0.0)), float(threshold), _key(key), _rms(measure), *_row_args(rows, delta_a),
-            tf32=bool(tf32))
+            tf32=bool(tf32), pooled=_pooled(measure))
     out, m = _like(out, m, delta_a)
     return out, m, union.view(m.shape)
 
 
 @_fake("add_activation")
 def _add_activation_fake(delta_a, mask_a, delta_b, mask_b, alpha, acc, sent, kind, param, threshold, key, rms=False,
-                         rows=None, rows_count=None, tf32=False):
+                         rows=None, rows_count=None, tf32=False, pooled=False):
     out, mask = _empty_like_delta(delta_a)
     return out, mask, torch.empty_like(mask)
 
@@ -376,7 +382,8 @@ def mul(delta_a: Tensor, mask_a: Tensor, acc_a: Tensor, delta_b: Tensor, mask_b:
     ``rows`` and ``tf32``: as in :func:`activation`."""
     rms = _rms(measure)
     shape = _mul_shape(delta_a, delta_b) if delta_a.dim() == delta_b.dim() else None
-    if not (shape is not None and _pointwise_ok("mul", delta_a, mask_a, acc_a, delta_b, mask_b, acc_b, sent)
+    if not (shape is not None and not _pooled(measure)
+            and _pointwise_ok("mul", delta_a, mask_a, acc_a, delta_b, mask_b, acc_b, sent)
             and delta_a.dtype == delta_b.dtype and _state_ok(acc_a, delta_a.shape) and _state_ok(acc_b, delta_b.shape)
             and _sent_ok(sent, delta_a, shape)):
         return _ref.mul(delta_a, mask_a, acc_a, delta_b, mask_b, acc_b, sent, threshold, key, measure, tf32=tf32)
@@ -650,7 +657,8 @@ def max_pool2d(delta: Tensor, mask: Tensor, acc: Tensor, sent: Tensor, kernel_si
     """Max pooling (``F.max_pool2d`` arguments): non-linear, over the footprint of active pixels.
     ``tf32``: as in :func:`activation`."""
     rms = _rms(measure)
-    if not (_native("max_pool2d", delta, mask, acc, sent) and delta.dim() == 4 and delta.dtype in _ACT_DTYPES
+    if not (not _pooled(measure) and _native("max_pool2d", delta, mask, acc, sent) and delta.dim() == 4
+            and delta.dtype in _ACT_DTYPES
             and acc.dtype == torch.float32 and sent.dtype == delta.dtype):
         return _ref.max_pool2d(delta, mask, acc, sent, kernel_size, stride, padding, dilation, ceil_mode, threshold,
                                key, measure, tf32=tf32)

@@ -16,9 +16,10 @@ Conventions for every function here
   their constant term (bias, BN shift) once.
 * ``threshold``: a pixel is sent when its change measure exceeds ``threshold``; what is not sent
   stays in the state and goes out once the accumulated change crosses the threshold. The measure
-  (``measure`` of the non-linear layers, :data:`MEASURES`) is ``"max"``, ``max_c |change|``, or
-  ``"rms"``, ``sqrt(mean_c change^2)``; the input sparsifier always uses ``"max"`` (or a change
-  detector's measure).
+  (``measure`` of the non-linear layers, :data:`MEASURES`) is ``"max"``, ``max_c |change|``,
+  ``"rms"``, ``sqrt(mean_c change^2)``, or ``"pooled"``, the rms of the change averaged over a 3x3
+  window (:func:`exceeds`); the input sparsifier always uses ``"max"`` (or a change detector's
+  measure).
 * Returns ``(delta_out, mask_out)`` with ``delta_out`` zero at inactive pixels, in the input's
   dtype.
 """
@@ -104,8 +105,12 @@ def _target(y: Tensor, sent: Tensor) -> Tensor:
     return y.to(sent.dtype).to(_work_dtype(sent))
 
 
-#: per-pixel measures of a change that non-linear layers compare with their threshold
-MEASURES = ("max", "rms")
+#: measures of a change that non-linear layers compare with their threshold (see :func:`exceeds`)
+MEASURES = ("max", "rms", "pooled")
+#: the ``"pooled"`` measure's window (``POOL_SIZE x POOL_SIZE``, centred, stride 1) and peak guard: a
+#: pixel whose own rms exceeds ``POOL_PEAK`` times the threshold is sent whatever its neighbours do
+POOL_SIZE = 3
+POOL_PEAK = 4.0
 
 
 def check_measure(measure: str, what: str = "measure") -> str:
@@ -115,17 +120,46 @@ def check_measure(measure: str, what: str = "measure") -> str:
     return measure
 
 
+def check_truncation(truncation, what: str = "truncation"):
+    """``truncation`` if it is a measure of :data:`MEASURES` or a dict of layer-name patterns
+    (``fnmatch``) to measures, else ``TypeError`` / ``ValueError`` naming ``what`` and the value."""
+    if isinstance(truncation, str):
+        return check_measure(truncation, what)
+    if not isinstance(truncation, dict) or not all(isinstance(k, str) for k in truncation):
+        raise TypeError(f"{what} must be one of {MEASURES} or a dict of layer-name patterns to measures, "
+                        f"got {truncation!r}")
+    for pattern, measure in truncation.items():
+        check_measure(measure, f"{what}[{pattern!r}]")
+    return truncation
+
+
 def exceeds(change: Tensor, threshold: float, measure: str = "max") -> Tensor:
     """Per-pixel mask (``[N, 1, ...]``) of where the measure of ``change`` ``[N, C, ...]`` exceeds
-    ``threshold``: ``"max"``, ``max_c |change| > threshold``, or ``"rms"``,
-    ``sqrt(mean_c change^2) > threshold`` (the L2 size of the change, which is what reaches the
-    output through linear layers; many channels each changing a little count as much as one
-    changing a lot)."""
-    if check_measure(measure) == "max":
+    ``threshold``:
+
+    * ``"max"``: ``max_c |change| > threshold``;
+    * ``"rms"``: ``sqrt(mean_c change^2) > threshold`` (the L2 size of the change, which is what
+      reaches the output through linear layers; many channels each changing a little count as much
+      as one changing a lot);
+    * ``"pooled"`` (4-D maps; on other shapes ``"rms"``): each channel's *signed* change averaged
+      over the ``POOL_SIZE x POOL_SIZE`` window around the pixel (``avg_pool2d``, stride 1, padding
+      not counted), then ``sqrt(mean_c box_c^2) > threshold``; or the pixel's own rms exceeds
+      ``POOL_PEAK * threshold``. Pending changes of random sign (codec noise spread through the
+      network) partly cancel in what reaches a global output, a coherent change does not; the
+      window measures that, and the peak guard still sends a large change of a lone pixel. Only the
+      choice of pixels changes: what is sent is the pixel's exact change, the rest stays pending.
+    """
+    measure = check_measure(measure)
+    if measure == "max":
         return reduce_mask(change.abs() > threshold)
     sq = change.square()
     mean_sq = sq.mean(dim=1, keepdim=True) if sq.dim() >= 2 else sq.mean().reshape([1] * sq.dim())
-    return mean_sq.sqrt() > threshold
+    pixel_rms = mean_sq.sqrt()
+    if measure == "rms" or change.dim() != 4:
+        return pixel_rms > threshold
+    box = F.avg_pool2d(change, POOL_SIZE, 1, POOL_SIZE // 2, count_include_pad=False)
+    pooled = box.square().mean(dim=1, keepdim=True).sqrt()
+    return (pooled > threshold) | (pixel_rms > POOL_PEAK * threshold)
 
 
 def truncate(y: Tensor, region: Tensor, sent: Tensor, threshold: float, key: Optional[Tensor],

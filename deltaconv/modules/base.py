@@ -90,8 +90,8 @@ class DCModule(nn.Module):
     kind: str = "layer"
     #: whether the layer truncates its output with a threshold (sparsifier and non-linear layers)
     truncates: bool = False
-    #: which per-pixel measure of a change the threshold applies to (non-linear layers:
-    #: ``"max"`` or ``"rms"``, see ``reference.MEASURES``; the input sparsifier always uses max)
+    #: which measure of a change the threshold applies to (non-linear layers: ``"max"``, ``"rms"``
+    #: or ``"pooled"``, see ``reference.MEASURES``; the input sparsifier always uses max)
     measure: str = "max"
     #: set by :func:`~deltaconv.convert` (``fuse=True``) on an activation, a product, an add or a
     #: row-list 1x1 convolution whose output 1x1 convolutions of stride 1, no padding and one group read
