@@ -536,8 +536,9 @@ class DeltaModel(nn.Module):
         or a JSON file written by :meth:`save_thresholds` or ``Calibration.save``. A change detector
         named there (``"change_detector"``) is installed in the input sparsifier, and a
         ``"truncation"`` measure (or dict of layer names or patterns to measures) sets
-        :attr:`truncation`. With ``strict``, unknown names raise ``KeyError``. Thresholds calibrated with another ``fold_bn`` than this model's conversion
-        (``"fold_bn"`` in the file) load with a warning: in float16 the error at threshold 0 differs."""
+        :attr:`truncation`. With ``strict``, unknown names raise ``KeyError``. Thresholds calibrated
+        with another ``fold_bn`` than this model's conversion (``"fold_bn"`` in the file) load with a
+        warning: in float16 the error at threshold 0 differs."""
         thresholds, detector_spec, truncation, fold_bn = read_thresholds(thresholds)
         if fold_bn is not None and bool(fold_bn) != self.fold_bn:
             warnings.warn(f"load_thresholds: these thresholds were calibrated with fold_bn={bool(fold_bn)}, "
