@@ -176,7 +176,7 @@ def sweep(args, on_row=None) -> list[dict]:
                     on_row(rows)
         for tol in args.tolerances:
             t0 = time.time()
-            cal = calibrate(model, clips, tol, max_evals=args.max_evals, progress=not args.quiet,
+            cal = calibrate(model, clips, tol, max_evals=args.max_evals, step=args.step, progress=not args.quiet,
                             change_detectors=[None if d is None else d.spec() for d in detectors],
                             truncation=truncation_of(args.truncation), cost=args.cost, backend=args.backend,
                             fold_bn=not args.no_fold_bn)
@@ -314,6 +314,8 @@ def main(argv=None) -> None:
     p.add_argument("--uniform", type=float, nargs="*", default=[0.005, 0.01, 0.02, 0.05],
                    help="uniform thresholds to measure (none: only the calibrated rows)")
     p.add_argument("--max-evals", type=int, default=120)
+    p.add_argument("--step", type=int, default=2,
+                   help="the calibration's per-layer refinement step, in factors of sqrt(2) (default 2: factors of 2)")
     p.add_argument("--truncation", default="max", choices=list(TRUNCATIONS),
                    help="change measure of the non-linear layers' thresholds (uniform rows and calibration); "
                         "hybrid: pooled but in MobileNetV2's stride-2 layers (rms)")
