@@ -454,7 +454,9 @@ class DeltaModel(nn.Module):
         ``density`` (fraction of output pixels updated in the last frame), ``mean_density`` since
         reset, ``frames``, ``flops_dense`` / ``flops_done`` / ``mean_flops_done`` (per frame),
         ``elements_dense`` (output elements per frame) / ``mean_elements_done`` (of those, on updated
-        pixels), ``state_bytes`` and, for truncating layers, ``threshold``."""
+        pixels), ``pixels`` (output pixels per frame, all streams: a layer's stride against the frame
+        is ``sqrt(frame pixels / pixels)``), ``state_bytes`` and, for truncating layers,
+        ``threshold`` and ``measure``."""
         return [d for layer in self.delta_layers() for d in layer.call_stats()]
 
     @property

@@ -203,6 +203,20 @@ def test_element_density_weights_layers_by_their_output_elements():
         F_.cost_totals(stats, "bytes")
 
 
+def test_stats_pixels_give_each_layers_stride():
+    """``pixels`` is a layer's output pixels per frame (all streams), so sqrt(frame pixels / pixels)
+    is its stride against the frame: how to pick layers by stride, e.g. for per-layer measures."""
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, stride=2, padding=1), torch.nn.ReLU(),
+                                torch.nn.Conv2d(8, 8, 3, stride=2, padding=1), torch.nn.ReLU()).eval()
+    frame = torch.randn(2, 3, 32, 48)
+    dm = deltaconv.convert(model, backend="reference", example_input=frame)
+    dm(frame)
+    strides = {s["name"]: round(math.sqrt(2 * 32 * 48 / s["pixels"])) for s in dm.stats() if s["kind"] == "activation"}
+    assert sorted(strides.values()) == [2, 4]
+    dm.truncation = {name: "rms" if stride == 2 else "pooled" for name, stride in strides.items()}
+    assert sorted(dm.measures().values()) == ["pooled", "rms"]
+
+
 def test_stats_count_output_elements_on_updated_pixels():
     """elements_dense is a layer's output elements per frame (all channels and streams) and
     mean_elements_done its share on updated pixels, so element_density matches the masks."""
@@ -218,7 +232,7 @@ def test_stats_count_output_elements_on_updated_pixels():
     dm(frame)
     by_name = {s["name"]: s for s in dm.stats()}
     conv = [s for s in dm.stats() if s["kind"] == "conv2d"][0]
-    assert conv["elements_dense"] == 2 * 8 * 16 * 16
+    assert conv["elements_dense"] == 2 * 8 * 16 * 16 and conv["pixels"] == 2 * 16 * 16
     assert conv["mean_elements_done"] == pytest.approx(9 / (2 * 256) * conv["elements_dense"])
     counted = [s for s in by_name.values() if math.isfinite(s["mean_elements_done"])]  # not the output densifier
     assert len(counted) >= 4

@@ -283,6 +283,7 @@ class DCModule(nn.Module):
             "flops_done": last_density * flops_dense,
             "mean_flops_done": mean_density * flops_dense,
             "elements_dense": float(elements),  # layers pickled before it: 0
+            "pixels": int(pixels or 0),
             "mean_elements_done": mean_density * elements,
             "state_bytes": self.state_bytes() if name == self.layer_name else 0,
         }
