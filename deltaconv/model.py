@@ -516,8 +516,7 @@ class DeltaModel(nn.Module):
                 layer.measure = truncation
             return
         chosen = {layer.layer_name: _most_specific(layer.layer_name, truncation) for layer in layers}
-        used = {pattern for pattern in chosen.values() if pattern is not None}
-        unused = [p for p in truncation if p not in used and not any(fnmatch.fnmatchcase(n, p) for n in chosen)]
+        unused = [p for p in truncation if p not in chosen and not any(fnmatch.fnmatchcase(n, p) for n in chosen)]
         if unused:
             raise ValueError(f"truncation: the patterns {sorted(unused)} match no non-linear layer; names are "
                              f"like {[layer.layer_name for layer in layers[:4]]}")

@@ -41,8 +41,8 @@ def layer_strides(dm, frame: torch.Tensor) -> dict[str, int]:
     with torch.no_grad():
         dm(frame)
     frame_pixels = frame.shape[0] * frame.shape[-2] * frame.shape[-1]
-    strides = {layer.layer_name: round(math.sqrt(frame_pixels / layer._pixels))
-               for layer in dm.delta_layers() if layer.truncates and layer.kind != "sparsify"}
+    strides = {s["name"]: round(math.sqrt(frame_pixels / s["pixels"]))
+               for s in dm.stats() if "measure" in s and s["kind"] != "sparsify"}
     dm.reset()
     dm.reset_stats()
     return strides

@@ -273,7 +273,7 @@ def layer_norm(delta: Tensor, mask: Tensor, acc: Tensor, sent: Tensor, weight: O
     then truncation. ``rows`` and ``tf32``: as in :func:`activation`."""
     rms = _rms(measure)
     c = delta.shape[1] if delta.dim() >= 2 else -1
-    if not (not _pooled(measure) and _pointwise_ok("layer_norm", delta, mask, acc, sent) and _state_ok(acc, delta.shape)
+    if _pooled(measure) or not (_pointwise_ok("layer_norm", delta, mask, acc, sent) and _state_ok(acc, delta.shape)
             and _sent_ok(sent, delta, delta.shape) and c >= 1
             and all(v is None or v.numel() == c for v in (weight, bias))):
         return _ref.layer_norm(delta, mask, acc, sent, weight, bias, eps, threshold, key, measure, tf32=tf32)
@@ -382,7 +382,7 @@ def mul(delta_a: Tensor, mask_a: Tensor, acc_a: Tensor, delta_b: Tensor, mask_b:
     ``rows`` and ``tf32``: as in :func:`activation`."""
     rms = _rms(measure)
     shape = _mul_shape(delta_a, delta_b) if delta_a.dim() == delta_b.dim() else None
-    if not (shape is not None and not _pooled(measure)
+    if _pooled(measure) or not (shape is not None
             and _pointwise_ok("mul", delta_a, mask_a, acc_a, delta_b, mask_b, acc_b, sent)
             and delta_a.dtype == delta_b.dtype and _state_ok(acc_a, delta_a.shape) and _state_ok(acc_b, delta_b.shape)
             and _sent_ok(sent, delta_a, shape)):
@@ -657,7 +657,7 @@ def max_pool2d(delta: Tensor, mask: Tensor, acc: Tensor, sent: Tensor, kernel_si
     """Max pooling (``F.max_pool2d`` arguments): non-linear, over the footprint of active pixels.
     ``tf32``: as in :func:`activation`."""
     rms = _rms(measure)
-    if not (not _pooled(measure) and _native("max_pool2d", delta, mask, acc, sent) and delta.dim() == 4
+    if _pooled(measure) or not (_native("max_pool2d", delta, mask, acc, sent) and delta.dim() == 4
             and delta.dtype in _ACT_DTYPES
             and acc.dtype == torch.float32 and sent.dtype == delta.dtype):
         return _ref.max_pool2d(delta, mask, acc, sent, kernel_size, stride, padding, dilation, ceil_mode, threshold,
