@@ -33,7 +33,7 @@ uniform t=0.005: 0.441 at 0.016). With the rms truncation measure (``--truncatio
 
 vtest.avi calibrated 0.521 at 0.0200, one-by-one 0.260 at 0.024 (calibration frames 0.0200); about
 160 s per calibration on an H200. Issue targets 0.25 and 0.12 are not met. ``--truncation pooled``
-pools every layer, ``--truncation hybrid`` all but MobileNetV2's stride-2 layers (``TRUNCATIONS``).
+pools every layer, ``--truncation hybrid`` all but the stride-2 layers (the library's preset).
 
 In float16 on the CUDA kernels, calibration only, as the README's *In float16* table
 (``fidelity_float16.csv``, thresholds ``..._rms_float16[_nofold].json``; about 60-90 s per video on an
@@ -69,7 +69,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import deltaconv  # noqa: E402
-from deltaconv.backends.reference import MEASURES  # noqa: E402
+from deltaconv.backends.reference import MEASURES, PRESETS  # noqa: E402
 from deltaconv.calibrate import calibrate  # noqa: E402
 from deltaconv.fidelity import COSTS, compare, element_density, video_frames  # noqa: E402
 from deltaconv.sparsify import from_spec  # noqa: E402
@@ -79,13 +79,14 @@ RESULTS = ROOT / "benchmarks" / "results"
 #: ``--truncation`` choices: the library's measures, and "hybrid", MobileNetV2 with the pooled
 #: measure everywhere but in its three stride-2 non-linear layers, which stay per pixel (rms):
 #: pooling those cost 6 % error on vtest (benchmarks/results/density_experiments.txt, 4c)
-TRUNCATIONS = {**{m: m for m in MEASURES},
-               "hybrid": {"features.0.*": "rms", "features.1.*": "rms", "features.2.conv.0.*": "rms", "*": "pooled"}}
+TRUNCATIONS = MEASURES + PRESETS
 
 
-def truncation_of(name: str):
+def truncation_of(name: str) -> str:
     """The ``truncation`` argument of ``convert`` / ``calibrate`` for a ``--truncation`` choice."""
-    return TRUNCATIONS[name]
+    if name not in TRUNCATIONS:
+        raise ValueError(f"truncation must be one of {TRUNCATIONS}, got {name!r}")
+    return name
 VIDEOS = ("vtest.avi", "one-by-one-person-detection.mp4")
 COLUMNS = ["video", "size", "method", "detector", "truncation", "param", "calib_frames", "eval_frames", "density",
            "ideal_speedup", "rel_err_mean", "rel_err_p95", "rel_err_max", "top5_mean", "top1_mean", "cal_error",
@@ -318,7 +319,7 @@ def main(argv=None) -> None:
                    help="the calibration's per-layer refinement step, in factors of sqrt(2) (default 2: factors of 2)")
     p.add_argument("--truncation", default="max", choices=list(TRUNCATIONS),
                    help="change measure of the non-linear layers' thresholds (uniform rows and calibration); "
-                        "hybrid: pooled but in MobileNetV2's stride-2 layers (rms)")
+                        "hybrid: pooled but in the stride-2 layers (rms)")
     p.add_argument("--cost", default="flops", choices=COSTS,
                    help="what the calibration minimises: FLOPs-weighted or element-weighted density (default flops)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")

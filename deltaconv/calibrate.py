@@ -306,7 +306,8 @@ def calibrate(model: nn.Module, frames, tolerance: float = 2e-2, metric: Union[s
         output_fn: picks the compared tensor from a model output.
         backend: the converted model's backend while calibrating.
         truncation: the change measure of the non-linear layers' thresholds (``"max"``, ``"rms"``,
-            ``"pooled"`` or a dict of layer-name patterns to measures, see ``deltaconv.convert``);
+            ``"pooled"``, ``"hybrid"`` or a dict of layer-name patterns to measures, see
+            ``deltaconv.convert``);
             the result records it and ``convert`` /
             ``load_thresholds`` apply it with the thresholds.
         cost: what the search minimises: ``"flops"``, the FLOPs-weighted density, or

@@ -145,9 +145,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="error metric of deltaconv.calibrate: rel_err (default), top1, top5, iou, miou")
     k.add_argument("--max-evals", type=_positive_int, default=None, metavar="N",
                    help="model runs the calibration may spend (default: deltaconv.calibrate's)")
-    k.add_argument("--truncation", default="max", choices=("max", "rms", "pooled"),
-                   help="change measure of the layer thresholds: max_c |change|, sqrt(mean_c change^2), or that of "
-                        "the change averaged over each pixel's 3x3 window (default max)")
+    k.add_argument("--truncation", default="max", choices=("max", "rms", "pooled", "hybrid"),
+                   help="change measure of the layer thresholds: max_c |change|, sqrt(mean_c change^2), that of "
+                        "the change averaged over each pixel's 3x3 window, or hybrid: pooled in the layers at "
+                        "stride 4 and coarser, rms nearer the input (default max)")
     k.add_argument("--cost", default="flops", choices=("flops", "elements"),
                    help="what the calibration minimises: the FLOPs-weighted density, or updated pixels weighted by "
                         "each layer's output elements (memory traffic, most of a GPU frame) (default flops)")

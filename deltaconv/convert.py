@@ -484,7 +484,9 @@ def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
             (``max_c |change|`` per pixel), ``"rms"`` (``sqrt(mean_c change^2)``, which sends
             fewer pixels at the same output error) or ``"pooled"`` (the rms of each channel's change
             averaged over the pixel's 3x3 window, or its own rms over 4x the threshold; fewer still
-            on noisy video, best left per pixel in the first, stride-2 layers); or a dict of
+            on noisy video, best left per pixel in the first, stride-2 layers); ``"hybrid"``:
+            ``"pooled"`` in the layers at stride 4 and coarser against the frame, ``"rms"`` in the
+            others (as the example traces them: ``layer.frame_stride``); or a dict of
             layer names or patterns to measures, e.g. ``{"features.0.*": "rms", "*": "pooled"}``,
             as :attr:`DeltaModel.truncation` takes it (the most specific match wins; layers none
             matches: ``"max"``). See the README's fidelity section.

@@ -5,6 +5,7 @@ import copy
 import fnmatch
 import functools
 import json
+import math
 import os
 import threading
 import warnings
@@ -119,10 +120,12 @@ class DeltaModel(nn.Module):
         # position-bias MLP on its coordinate table) is not one
         self._layer_names = [name for name in dict.fromkeys(n.target for n in graph.nodes if n.op == "call_module")
                              if isinstance(self.get_submodule(name), DCModule)]
+        strides = _frame_strides(graph)
         for name in self._layer_names:
             layer = self.get_submodule(name)
             layer.layer_name = name
             layer.context = self._context
+            layer.frame_stride = strides.get(name)
         # read before every replay (``_settings``); a plain list, so deepcopy maps it to the copy's layers
         self._truncating_layers = [layer for layer in self.delta_layers() if layer.truncates]
         self._signature = None
@@ -502,15 +505,23 @@ class DeltaModel(nn.Module):
         the most specific wins, whatever the dict's order (JSON files keep none): its exact name,
         else the pattern with the most characters that are not wildcards (``*?[]``); two such
         patterns naming different measures, or a pattern that matches no non-linear layer, raise
-        ``ValueError``."""
+        ``ValueError``. Setting ``"hybrid"`` (``reference.PRESETS``) sets ``"pooled"`` in the layers
+        whose output is at a stride of 4 or more against the frame (``layer.frame_stride``, from the
+        example ``convert`` traced) and ``"rms"`` in the others: in MobileNetV2 the same as the dict
+        above with ``features.2.conv.0.*`` also ``"rms"``."""
         measures = {layer.measure for layer in self._measured_layers()}
         return measures.pop() if len(measures) == 1 else "max" if not measures else "mixed"
 
     @truncation.setter
     def truncation(self, truncation: Union[str, dict]) -> None:
-        from .backends.reference import check_truncation
+        from .backends.reference import HYBRID_MIN_STRIDE, check_truncation
         check_truncation(truncation, "truncation")
         layers = self._measured_layers()
+        if truncation == "hybrid":
+            for layer in layers:
+                stride = getattr(layer, "frame_stride", None)
+                layer.measure = "pooled" if stride is not None and stride >= HYBRID_MIN_STRIDE else "rms"
+            return
         if isinstance(truncation, str):
             for layer in layers:
                 layer.measure = truncation
@@ -571,6 +582,23 @@ class DeltaModel(nn.Module):
         with open(path, "w") as f:
             json.dump({"thresholds": self.thresholds(), "truncation": truncation, "fold_bn": self.fold_bn}, f,
                       indent=1, sort_keys=True)
+
+
+def _frame_strides(graph: fx.Graph) -> dict[str, Optional[int]]:
+    """``{module target: stride}`` of each call_module node whose output and the graph's first input
+    are ``[N, C, H, W]`` on the traced example: ``sqrt(input H * W / output H * W)`` rounded to the
+    nearest power of two (a shared layer: its first call)."""
+    inputs = [n.meta.get("tensor_meta") for n in graph.nodes if n.op == "placeholder"]
+    shape = getattr(inputs[0], "shape", None) if inputs else None
+    strides: dict[str, Optional[int]] = {}
+    if shape is None or len(shape) != 4:
+        return strides
+    for node in graph.nodes:
+        out = getattr(node.meta.get("tensor_meta"), "shape", None)
+        if node.op != "call_module" or node.target in strides or out is None or len(out) != 4 or out[2] * out[3] == 0:
+            continue
+        strides[node.target] = 2 ** round(math.log2(math.sqrt(shape[2] * shape[3] / (out[2] * out[3]))))
+    return strides
 
 
 def _most_specific(name: str, patterns: dict) -> Optional[str]:

@@ -208,7 +208,7 @@ def test_python_dash_m(tmp_path):
 
 
 def test_calibrate_truncation_option(capsys, tmp_path, monkeypatch):
-    """--truncation rms (and pooled) reaches calibrate() and the sweep's uniform rows, --cost reaches calibrate();
+    """--truncation rms (and pooled, hybrid) reaches calibrate() and the sweep's uniform rows, --cost reaches calibrate();
     a bad value is refused."""
     import deltaconv
     from deltaconv import demo
@@ -232,10 +232,11 @@ def test_calibrate_truncation_option(capsys, tmp_path, monkeypatch):
                          "--out", str(out), "--sweep", "0.1", "--truncation", "rms", "--cost", "elements")
     assert status == 0, err
     assert calls["truncation"] == "rms" and sweeps["truncation"] == "rms" and calls["cost"] == "elements"
-    status, _, err = run(capsys, "calibrate", "--tolerance", "0.05", "--frames", "3", "--size", "32x48",
-                         "--out", str(out), "--sweep", "0.1", "--truncation", "pooled")
-    assert status == 0, err
-    assert calls["truncation"] == "pooled" and sweeps["truncation"] == "pooled"
+    for truncation in ("pooled", "hybrid"):
+        status, _, err = run(capsys, "calibrate", "--tolerance", "0.05", "--frames", "3", "--size", "32x48",
+                             "--out", str(out), "--sweep", "0.1", "--truncation", truncation)
+        assert status == 0, err
+        assert calls["truncation"] == truncation and sweeps["truncation"] == truncation
     with pytest.raises(SystemExit):
         cli.main(["calibrate", "--tolerance", "0.05", "--truncation", "l1"])
     assert "invalid choice: 'l1'" in capsys.readouterr().err

@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 import torch.nn as nn
+import torchvision
 
 import deltaconv
 from deltaconv import DCActivation
@@ -229,7 +230,8 @@ def test_truncation_option_save_load_and_errors(tmp_path):
     loaded = Calibration.load(tmp_path / "cal.json")
     assert loaded.truncation == "rms"
     assert deltaconv.convert(small_unet(), thresholds=loaded, example_input=x).truncation == "rms"
-    with pytest.raises(ValueError, match="convert: truncation must be one of \\('max', 'rms', 'pooled'\\), got 'l2'"):
+    with pytest.raises(ValueError, match="convert: truncation must be one of \\('max', 'rms', 'pooled', 'hybrid'\\) "
+                                         "or a dict of layer-name patterns to measures, got 'l2'"):
         deltaconv.convert(small_unet(), truncation="l2", example_input=x)
     with pytest.raises(ValueError, match="truncation must be one of .*, got 'mean'"):
         dm.truncation = "mean"
@@ -279,6 +281,35 @@ def test_per_layer_truncation_patterns_save_load_and_errors(tmp_path):
         deltaconv.convert(small_unet(), truncation={"dec*": "l2"}, example_input=x)
     with pytest.raises(TypeError, match="calibrate: truncation must be one of .* or a dict .*, got \\['rms'\\]"):
         deltaconv.calibrate(small_unet(), [x, x], 0.1, truncation=["rms"])
+
+
+def test_hybrid_truncation_pools_the_layers_at_stride_4_and_coarser(tmp_path):
+    """truncation="hybrid": "pooled" in the non-linear layers whose output is at stride >= 4 against
+    the frame (``frame_stride``, from the traced example), "rms" in the others; saved as the
+    per-layer dict, kept through a Calibration; on MobileNetV2 the same as the benchmarks' dict."""
+    from deltaconv.calibrate import Calibration
+    x = torch.randn(1, 3, 32, 48)
+    dm = deltaconv.convert(small_unet(), threshold=0.02, truncation="hybrid", example_input=x)
+    strides = {layer.layer_name: layer.frame_stride for layer in dm.delta_layers()}
+    assert strides["input"] == 1 and strides["enc1.2"] == 1 and strides["pool"] == 2 and 4 in strides.values()
+    measures = dm.measures()
+    assert measures == {n: "pooled" if strides[n] >= 4 else "rms" for n in measures}
+    assert set(measures.values()) == {"rms", "pooled"} and dm.truncation == "mixed"
+    dm.save_thresholds(tmp_path / "hybrid.json")
+    assert json.loads((tmp_path / "hybrid.json").read_text())["truncation"] == measures
+    Calibration(dm.thresholds(), truncation="hybrid").save(tmp_path / "cal.json")
+    loaded = deltaconv.convert(small_unet(), thresholds=Calibration.load(tmp_path / "cal.json"), example_input=x)
+    assert loaded.measures() == measures
+    # the strides are ratios to the frame: a larger example gives the same
+    big = deltaconv.convert(small_unet(), truncation="hybrid", example_input=torch.randn(1, 3, 64, 96))
+    assert big.measures() == measures
+    mobilenet = torchvision.models.mobilenet_v2().eval()
+    dense_frame = torch.randn(1, 3, 64, 64)
+    preset = deltaconv.convert(mobilenet, truncation="hybrid", example_input=dense_frame)
+    by_name = deltaconv.convert(mobilenet, example_input=dense_frame, truncation={
+        "features.0.*": "rms", "features.1.*": "rms", "features.2.conv.0.*": "rms", "*": "pooled"})
+    assert preset.measures() == by_name.measures()
+    assert preset.get_submodule("classifier.1").frame_stride is None  # not an image
 
 
 def test_pooled_truncation_at_threshold_0_is_exact_and_bounded_above_it():

@@ -244,24 +244,6 @@ struct PooledSendParams {
   bool tf32;               // float32 only: send the changes rounded to TF32 (send_element)
 };
 
-// Sends one pixel of the pooled measure: the lanes of the pixel's threads (lane of lanes) update
-// `sent` and, unless `pending` is `out`, write `out`, VEC channels at a time.
-template <typename T, int VEC>
-__device__ __forceinline__ void pooled_send_pixel(const PooledSendParams<T>& p, int64_t pixel, int lane, int lanes) {
-  const int C = p.channels;
-  const bool write_out = p.pending != p.out;
-  for (int c = lane * VEC; c < C; c += lanes * VEC) {
-    const int64_t at = pixel * C + c;
-    float a[VEC], s[VEC];
-    load_f<VEC>(p.acc + at, a);
-    load_f<VEC>(p.sent + at, s);
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) a[k] = send_element<T>(apply_activation(p.kind, p.param, a[k]), s[k], p.tf32);
-    store_f<VEC>(p.sent + at, s);
-    if (write_out) store_f<VEC>(p.out + at, a);
-  }
-}
-
 // grid: a persistent one of pixel groups (for_each_active_pixel)
 template <typename T, int VEC>
 __global__ void __launch_bounds__(kThreads) pooled_send_kernel(const PooledSendParams<T> p) {
@@ -311,7 +293,10 @@ __global__ void __launch_bounds__(kThreads) pooled_send_kernel(const PooledSendP
       send = group_sum(g, box_sq) > p.limit * count * count;
     }
     if (g.lane == 0) p.mask_out[g.pixel] = send;
-    if (send) pooled_send_pixel<T, VEC>(p, g.pixel, g.lane, g.lanes);
+    if (send) {
+      const auto act = [&](float a) { return apply_activation(p.kind, p.param, a); };
+      send_row<T, VEC>(g, C, g.pixel * C, p.acc, p.sent, p.out, act, p.tf32, p.pending != p.out);
+    }
     return send;
   }, SentRows{p.rows, p.rows_count, p.pixels});
 }

@@ -79,17 +79,19 @@ __device__ __forceinline__ float send_element(float y, float& sent, bool tf32) {
 
 // The send pass of a truncating pointwise kernel over the channels of group `g`'s lane in pixel
 // row `row` (element offset p * C): out = send_element<T, TF32>(value(v), sent) with `sent` updated
-// in place, v loaded from `src` ([N, C, H, W] channels_last, T or float32).
+// in place, v loaded from `src` ([N, C, H, W] channels_last, T or float32). `write_out` false skips
+// the store to `out` where an earlier pass left the same values there (the pooled measure's, whose
+// neighbours read them concurrently).
 template <typename T, int VEC, bool TF32, typename Src, typename Value>
 __device__ __forceinline__ void send_row_as(const PixelGroup& g, int C, int64_t row, const Src* src, T* sent, T* out,
-                                            Value&& value) {
+                                            Value&& value, bool write_out) {
   for (int c = g.lane * VEC; c < C; c += g.lanes * VEC) {
     float v[VEC], s[VEC];
     load_f<VEC>(src + row + c, v);
     load_f<VEC>(sent + row + c, s);
 #pragma unroll
     for (int i = 0; i < VEC; ++i) v[i] = send_element<T, TF32>(value(v[i]), s[i]);
-    store_f<VEC>(out + row + c, v);
+    if (write_out) store_f<VEC>(out + row + c, v);
     store_f<VEC>(sent + row + c, s);
   }
 }
@@ -97,11 +99,11 @@ __device__ __forceinline__ void send_row_as(const PixelGroup& g, int C, int64_t 
 // send_row_as with the TF32 choice made per launch (`tf32`, float32 only), outside the loop.
 template <typename T, int VEC, typename Src, typename Value>
 __device__ __forceinline__ void send_row(const PixelGroup& g, int C, int64_t row, const Src* src, T* sent, T* out,
-                                         Value&& value, bool tf32) {
+                                         Value&& value, bool tf32, bool write_out = true) {
   if constexpr (std::is_same<T, float>::value) {
-    if (tf32) return send_row_as<T, VEC, true>(g, C, row, src, sent, out, value);
+    if (tf32) return send_row_as<T, VEC, true>(g, C, row, src, sent, out, value, write_out);
   }
-  send_row_as<T, VEC, false>(g, C, row, src, sent, out, value);
+  send_row_as<T, VEC, false>(g, C, row, src, sent, out, value, write_out);
 }
 
 }  // namespace pw

@@ -111,6 +111,12 @@ MEASURES = ("max", "rms", "pooled")
 #: pixel whose own rms exceeds ``POOL_PEAK`` times the threshold is sent whatever its neighbours do
 POOL_SIZE = 3
 POOL_PEAK = 4.0
+#: truncations that choose a measure per layer by the layer's place in the model
+#: (``DeltaModel.truncation``): ``"hybrid"`` is ``"pooled"`` where the layer's output is at a stride
+#: of :data:`HYBRID_MIN_STRIDE` or more against the frame, ``"rms"`` nearer the input (pooling the
+#: stride-2 layers costs the most error: README, Fidelity and calibration)
+PRESETS = ("hybrid",)
+HYBRID_MIN_STRIDE = 4
 
 
 def check_measure(measure: str, what: str = "measure") -> str:
@@ -121,13 +127,19 @@ def check_measure(measure: str, what: str = "measure") -> str:
 
 
 def check_truncation(truncation, what: str = "truncation"):
-    """``truncation`` if it is a measure of :data:`MEASURES` or a dict of layer-name patterns
-    (``fnmatch``) to measures, else ``TypeError`` / ``ValueError`` naming ``what`` and the value."""
+    """``truncation`` if it is a measure of :data:`MEASURES`, a preset of :data:`PRESETS` or a dict
+    of layer-name patterns (``fnmatch``) to measures, else ``TypeError`` / ``ValueError`` naming
+    ``what`` and the value."""
     if isinstance(truncation, str):
-        return check_measure(truncation, what)
+        if truncation in PRESETS:
+            return truncation
+        if truncation not in MEASURES:
+            raise ValueError(f"{what} must be one of {MEASURES + PRESETS} or a dict of layer-name patterns to "
+                             f"measures, got {truncation!r}")
+        return truncation
     if not isinstance(truncation, dict) or not all(isinstance(k, str) for k in truncation):
-        raise TypeError(f"{what} must be one of {MEASURES} or a dict of layer-name patterns to measures, "
-                        f"got {truncation!r}")
+        raise TypeError(f"{what} must be one of {MEASURES + PRESETS} or a dict of layer-name patterns to "
+                        f"measures, got {truncation!r}")
     for pattern, measure in truncation.items():
         check_measure(measure, f"{what}[{pattern!r}]")
     return truncation

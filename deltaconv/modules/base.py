@@ -104,6 +104,9 @@ class DCModule(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.layer_name = ""
+        #: the stride of this layer's output against the frame on the example ``convert`` traced (the
+        #: nearest power of two; ``None``: not an image): what ``truncation="hybrid"`` reads
+        self.frame_stride: Optional[int] = None
         self.threshold = 0.0
         self.context = FrameContext()
         self._state_names: list[str] = []
