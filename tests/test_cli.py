@@ -208,8 +208,8 @@ def test_python_dash_m(tmp_path):
 
 
 def test_calibrate_truncation_option(capsys, tmp_path, monkeypatch):
-    """--truncation rms (and pooled, hybrid) reaches calibrate() and the sweep's uniform rows, --cost reaches calibrate();
-    a bad value is refused."""
+    """--truncation rms (and pooled, hybrid) reaches calibrate() and the sweep's uniform rows, --cost reaches
+    calibrate(); a bad value is refused."""
     import deltaconv
     from deltaconv import demo
 

@@ -38,8 +38,8 @@ def test_cuda_backend_equals_dense_fp32(name):
 @pytest.mark.parametrize("truncation", ["max", "rms", "pooled", "hybrid"])
 @pytest.mark.parametrize("name", ["mobilenet_v2", "resnet18"])
 def test_cuda_backend_equals_reference_with_thresholds(name, truncation):
-    """At thresholds > 0 (every measure, and the hybrid of pooled and rms) the CUDA kernels make the reference backend's decisions:
-    the outputs over video agree far below the truncation error itself."""
+    """At thresholds > 0 (every measure, and the hybrid of pooled and rms) the CUDA kernels make the reference
+    backend's decisions: the outputs over video agree far below the truncation error itself."""
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
     model = build(name).cuda()
