@@ -518,6 +518,10 @@ class DeltaModel(nn.Module):
         check_truncation(truncation, "truncation")
         layers = self._measured_layers()
         if truncation == "hybrid":
+            if layers and all(getattr(layer, "frame_stride", None) is None for layer in layers):
+                warnings.warn("truncation='hybrid': no non-linear layer has a stride against the frame (the traced "
+                              "example is not [N, C, H, W], or the layers' outputs are not images); every layer "
+                              "uses 'rms'", stacklevel=2)
             for layer in layers:
                 stride = getattr(layer, "frame_stride", None)
                 layer.measure = "pooled" if stride is not None and stride >= HYBRID_MIN_STRIDE else "rms"

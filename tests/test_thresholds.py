@@ -310,6 +310,10 @@ def test_hybrid_truncation_pools_the_layers_at_stride_4_and_coarser(tmp_path):
         "features.0.*": "rms", "features.1.*": "rms", "features.2.conv.0.*": "rms", "*": "pooled"})
     assert preset.measures() == by_name.measures()
     assert preset.get_submodule("classifier.1").frame_stride is None  # not an image
+    mlp = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).eval()
+    with pytest.warns(UserWarning, match="no non-linear layer has a stride against the frame.*'rms'"):
+        flat = deltaconv.convert(mlp, truncation="hybrid", example_input=torch.randn(2, 8))
+    assert set(flat.measures().values()) == {"rms"}
 
 
 def test_pooled_truncation_at_threshold_0_is_exact_and_bounded_above_it():
