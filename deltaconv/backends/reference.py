@@ -131,9 +131,7 @@ def check_truncation(truncation, what: str = "truncation"):
     of layer-name patterns (``fnmatch``) to measures, else ``TypeError`` / ``ValueError`` naming
     ``what`` and the value."""
     if isinstance(truncation, str):
-        if truncation in PRESETS:
-            return truncation
-        if truncation not in MEASURES:
+        if truncation not in MEASURES + PRESETS:
             raise ValueError(f"{what} must be one of {MEASURES + PRESETS} or a dict of layer-name patterns to "
                              f"measures, got {truncation!r}")
         return truncation
