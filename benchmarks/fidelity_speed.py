@@ -27,7 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import graphed_model, time_frames  # noqa: E402
-from fidelity_sweep import RESULTS, plot, read_csv, thresholds_path, truncation_of, write_csv  # noqa: E402
+from fidelity_sweep import RESULTS, plot, read_csv, thresholds_path, write_csv  # noqa: E402
 
 import deltaconv  # noqa: E402
 from deltaconv.fidelity import video_frames  # noqa: E402
@@ -56,7 +56,7 @@ def convert_row(row: dict, model: torch.nn.Module, example: torch.Tensor, folder
         return deltaconv.convert(model, thresholds=str(path), **common)  # the file's detector and truncation
     det = None if row["detector"] in ("", "none", "null") else from_spec(json.loads(row["detector"]))
     return deltaconv.convert(model, threshold=float(row["param"]), change_detector=det,
-                             truncation=truncation_of(row.get("truncation") or "max"), **common)
+                             truncation=row.get("truncation") or "max", **common)
 
 
 def measure(rows: list[dict], folder: Path, start: int, n_frames: int, warmup: int) -> None:

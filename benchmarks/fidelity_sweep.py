@@ -82,11 +82,6 @@ RESULTS = ROOT / "benchmarks" / "results"
 TRUNCATIONS = MEASURES + PRESETS
 
 
-def truncation_of(name: str) -> str:
-    """The ``truncation`` argument of ``convert`` / ``calibrate`` for a ``--truncation`` choice."""
-    if name not in TRUNCATIONS:
-        raise ValueError(f"truncation must be one of {TRUNCATIONS}, got {name!r}")
-    return name
 VIDEOS = ("vtest.avi", "one-by-one-person-detection.mp4")
 COLUMNS = ["video", "size", "method", "detector", "truncation", "param", "calib_frames", "eval_frames", "density",
            "ideal_speedup", "rel_err_mean", "rel_err_p95", "rel_err_max", "top5_mean", "top1_mean", "cal_error",
@@ -168,7 +163,7 @@ def sweep(args, on_row=None) -> list[dict]:
         for det in detectors:
             for t in args.uniform:
                 dm = deltaconv.convert(model, threshold=t, change_detector=copy.deepcopy(det), backend=args.backend,
-                                       example_input=held[0], truncation=truncation_of(args.truncation),
+                                       example_input=held[0], truncation=args.truncation,
                                        fold_bn=not args.no_fold_bn)
                 row = dict(base, method="uniform", detector=detector_label(det), param=t, **measure(dm))
                 rows.append(row)
@@ -179,7 +174,7 @@ def sweep(args, on_row=None) -> list[dict]:
             t0 = time.time()
             cal = calibrate(model, clips, tol, max_evals=args.max_evals, step=args.step, progress=not args.quiet,
                             change_detectors=[None if d is None else d.spec() for d in detectors],
-                            truncation=truncation_of(args.truncation), cost=args.cost, backend=args.backend,
+                            truncation=args.truncation, cost=args.cost, backend=args.backend,
                             fold_bn=not args.no_fold_bn)
             secs = time.time() - t0
             cal.save(thresholds_path(Path(args.out).parent, video, tol, args.truncation, args.cost, args.dtype,

@@ -120,7 +120,8 @@ class DeltaModel(nn.Module):
         # position-bias MLP on its coordinate table) is not one
         self._layer_names = [name for name in dict.fromkeys(n.target for n in graph.nodes if n.op == "call_module")
                              if isinstance(self.get_submodule(name), DCModule)]
-        strides = _frame_strides(graph)
+        self._inputs = [n.meta.get("tensor_meta") for n in graph.nodes if n.op == "placeholder"]
+        strides = _frame_strides(graph, self._inputs)
         for name in self._layer_names:
             layer = self.get_submodule(name)
             layer.layer_name = name
@@ -130,7 +131,6 @@ class DeltaModel(nn.Module):
         self._truncating_layers = [layer for layer in self.delta_layers() if layer.truncates]
         self._signature = None
         self._pending_key: Optional[list[bool]] = None
-        self._inputs = [n.meta.get("tensor_meta") for n in graph.nodes if n.op == "placeholder"]
         if refresh_every not in (None, "auto") and (not isinstance(refresh_every, int) or refresh_every < 1):
             raise ValueError(f"refresh_every must be a positive int, 'auto' or None, got {refresh_every!r}")
         self.refresh_every = refresh_every
@@ -518,12 +518,12 @@ class DeltaModel(nn.Module):
         check_truncation(truncation, "truncation")
         layers = self._measured_layers()
         if truncation == "hybrid":
-            if layers and all(getattr(layer, "frame_stride", None) is None for layer in layers):
+            if layers and all(layer.frame_stride is None for layer in layers):
                 warnings.warn("truncation='hybrid': no non-linear layer has a stride against the frame (the traced "
                               "example is not [N, C, H, W], or the layers' outputs are not images); every layer "
                               "uses 'rms'", stacklevel=2)
             for layer in layers:
-                stride = getattr(layer, "frame_stride", None)
+                stride = layer.frame_stride
                 layer.measure = "pooled" if stride is not None and stride >= HYBRID_MIN_STRIDE else "rms"
             return
         if isinstance(truncation, str):
@@ -588,11 +588,11 @@ class DeltaModel(nn.Module):
                       indent=1, sort_keys=True)
 
 
-def _frame_strides(graph: fx.Graph) -> dict[str, Optional[int]]:
+def _frame_strides(graph: fx.Graph, inputs: list) -> dict[str, Optional[int]]:
     """``{module target: stride}`` of each call_module node whose output and the graph's first input
-    are ``[N, C, H, W]`` on the traced example: ``sqrt(input H * W / output H * W)`` rounded to the
-    nearest power of two (a shared layer: its first call)."""
-    inputs = [n.meta.get("tensor_meta") for n in graph.nodes if n.op == "placeholder"]
+    (``inputs``: the placeholders' tensor metadata) are ``[N, C, H, W]`` on the traced example:
+    ``sqrt(input H * W / output H * W)`` rounded to the nearest power of two (a shared layer: its
+    first call)."""
     shape = getattr(inputs[0], "shape", None) if inputs else None
     strides: dict[str, Optional[int]] = {}
     if shape is None or len(shape) != 4:

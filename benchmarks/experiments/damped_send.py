@@ -14,15 +14,14 @@ relative error against the dense model, key frame excluded.
 """
 import argparse
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, ".")
-import deltaconv  # noqa: E402
 from deltaconv.backends import reference as R  # noqa: E402
-from deltaconv.fidelity import compare, video_frames  # noqa: E402
+from deltaconv.fidelity import video_frames  # noqa: E402
 from deltaconv.weights import mobilenet_v2_imagenet  # noqa: E402
+from uniform_run import summary, uniform_run  # noqa: E402
 
 CFG = {"alpha": 1.0, "K": 0.0}
 
@@ -72,15 +71,10 @@ def main():
             alpha, K = (float(v) for v in config.split(":"))
             CFG.update(alpha=alpha, K=K)
             for t in a.ts:
-                dm = deltaconv.convert(model, threshold=t, truncation=a.truncation, backend="reference",
-                                       example_input=frames[0])
-                dm.load_thresholds({dm.delta_layers()[0].layer_name: a.t_in})
-                t1 = time.time()
-                rep = compare(model, dm, frames, dense_outputs=dense)
+                rep, seconds = uniform_run(model, frames, dense, t, a.t_in, a.truncation)
                 print(f"{video} {a.size[0]}x{a.size[1]} frames {a.start}-{a.start + a.frames - 1} "
-                      f"{a.truncation} alpha={alpha:g} K={K:g} t_in={a.t_in:g} t={t:g}: "
-                      f"density {rep.density:.3f} err mean {rep.mean('rel_err'):.4f} "
-                      f"p95 {rep.quantile('rel_err', 0.95):.4f} ({time.time() - t1:.0f}s)", flush=True)
+                      f"{a.truncation} alpha={alpha:g} K={K:g} t_in={a.t_in:g} t={t:g}: {summary(rep, seconds)}",
+                      flush=True)
 
 
 if __name__ == "__main__":

@@ -10,15 +10,14 @@ lowers the density at the same error beyond the model it was chosen on.
 """
 import argparse
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, ".")
-import deltaconv  # noqa: E402
 from deltaconv.craft import craft_mlt_25k  # noqa: E402
-from deltaconv.fidelity import compare, primary_output, video_frames  # noqa: E402
+from deltaconv.fidelity import primary_output, video_frames  # noqa: E402
 from deltaconv.weights import mobilenet_v2_imagenet  # noqa: E402
+from uniform_run import summary, uniform_run  # noqa: E402
 
 MODELS = {"mobilenet_v2": (mobilenet_v2_imagenet, "classification"), "craft": (craft_mlt_25k, "dense")}
 
@@ -45,15 +44,9 @@ def main():
             dense = [primary_output(model(x)) for x in frames]
         for truncation in a.truncations:
             for t in a.ts:
-                dm = deltaconv.convert(model, threshold=t, truncation=truncation, backend="reference",
-                                       example_input=frames[0])
-                dm.load_thresholds({dm.delta_layers()[0].layer_name: a.t_in})
-                t1 = time.time()
-                rep = compare(model, dm, frames, task=task, dense_outputs=dense)
+                rep, seconds = uniform_run(model, frames, dense, t, a.t_in, truncation, task)
                 print(f"{name} {a.video} {a.size[0]}x{a.size[1]} frames {a.start}-{a.start + a.frames - 1} "
-                      f"{truncation} t_in={a.t_in:g} t={t:g}: density {rep.density:.3f} "
-                      f"err mean {rep.mean('rel_err'):.4f} p95 {rep.quantile('rel_err', 0.95):.4f} "
-                      f"({time.time() - t1:.0f}s)", flush=True)
+                      f"{truncation} t_in={a.t_in:g} t={t:g}: {summary(rep, seconds)}", flush=True)
 
 
 if __name__ == "__main__":

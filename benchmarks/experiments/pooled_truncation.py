@@ -18,16 +18,15 @@ relative error against the dense model, key frame excluded.
 """
 import argparse
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, ".")
-import deltaconv  # noqa: E402
 from deltaconv.backends import reference as R  # noqa: E402
-from deltaconv.fidelity import compare, video_frames  # noqa: E402
+from deltaconv.fidelity import video_frames  # noqa: E402
 from deltaconv.weights import mobilenet_v2_imagenet  # noqa: E402
+from uniform_run import summary, uniform_run  # noqa: E402
 
 CFG = {"k": 0}
 _exceeds = R.exceeds
@@ -88,15 +87,10 @@ def main():
         for config in a.configs:
             k, gain, peak, gate = configure(config)
             for t in a.ts:
-                dm = deltaconv.convert(model, threshold=t, truncation="rms", backend="reference",
-                                       example_input=frames[0])
-                dm.load_thresholds({dm.delta_layers()[0].layer_name: a.t_in})
-                t1 = time.time()
-                rep = compare(model, dm, frames, dense_outputs=dense)
+                rep, seconds = uniform_run(model, frames, dense, t, a.t_in)
                 print(f"{video} {a.size[0]}x{a.size[1]} frames {a.start}-{a.start + a.frames - 1} k={k} "
                       f"gain={gain:g} peak={peak:g} gate={gate:g} t_in={a.t_in:g} t={t:g}{only}: "
-                      f"density {rep.density:.3f} err mean {rep.mean('rel_err'):.4f} "
-                      f"p95 {rep.quantile('rel_err', 0.95):.4f} ({time.time() - t1:.0f}s)", flush=True)
+                      f"{summary(rep, seconds)}", flush=True)
 
 
 if __name__ == "__main__":

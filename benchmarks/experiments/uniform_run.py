@@ -1,0 +1,25 @@
+# A helper of the experiment scripts in this folder (imported by them; run them from the repository root).
+"""One converted model at a uniform threshold against the dense model: what the density experiments
+(pooled_truncation.py, damped_send.py, hybrid_models.py) measure per configuration."""
+import time
+
+import deltaconv
+from deltaconv.fidelity import FidelityReport, compare
+
+
+def uniform_run(model, frames: list, dense: list, t: float, t_in: float, truncation: str = "rms",
+                task: str = "classification") -> tuple[FidelityReport, float]:
+    """``(report, seconds)`` of ``model`` converted at threshold ``t`` in every non-linear layer and
+    ``t_in`` in the input sparsifier (reference backend) over ``frames`` against ``dense`` (the dense
+    model's primary outputs); the seconds are the converted model's run."""
+    dm = deltaconv.convert(model, threshold=t, truncation=truncation, backend="reference", example_input=frames[0])
+    dm.load_thresholds({dm.delta_layers()[0].layer_name: t_in})
+    start = time.time()
+    rep = compare(model, dm, frames, task=task, dense_outputs=dense)
+    return rep, time.time() - start
+
+
+def summary(rep: FidelityReport, seconds: float) -> str:
+    """``density D err mean E p95 P (Ss)``: the line the experiments print per run."""
+    return (f"density {rep.density:.3f} err mean {rep.mean('rel_err'):.4f} "
+            f"p95 {rep.quantile('rel_err', 0.95):.4f} ({seconds:.0f}s)")
