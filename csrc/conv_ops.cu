@@ -61,13 +61,15 @@ using conv::Strides4;
   } while (0)
 
 // input_tf32 (the deltas arrive rounded to TF32: ConvGeom::input_tf32) only with float32 deltas
-#define DC_CHECK_KEY(OP, key, delta)                                                                  \
+#define DC_CHECK_KEY(OP, key, delta) DC_CHECK_STREAM_FLAGS(OP, "key", key, delta)
+// a per-stream flag vector (key, bias_key): None or bool [N] beside the delta
+#define DC_CHECK_STREAM_FLAGS(OP, name, flags, delta)                                                 \
   do {                                                                                                \
-    if (key.has_value()) {                                                                            \
-      DC_CHECK_BESIDE_DELTA(OP, "key", (*key), delta, at::kBool);                                    \
-      TORCH_CHECK(key->dim() == 1 && key->size(0) == delta.size(0),                                   \
-                  "deltaconv::" OP ": argument 'key' must have shape [N] = [", delta.size(0), "], got ", \
-                  key->sizes());                                                                      \
+    if (flags.has_value()) {                                                                          \
+      DC_CHECK_BESIDE_DELTA(OP, name, (*flags), delta, at::kBool);                                   \
+      TORCH_CHECK(flags->dim() == 1 && flags->size(0) == delta.size(0),                               \
+                  "deltaconv::" OP ": argument '" name "' must have shape [N] = [", delta.size(0),        \
+                  "], got ", flags->sizes());                                                         \
     }                                                                                                 \
   } while (0)
 
@@ -981,14 +983,26 @@ void launch_conv1x1(const Tensor& x, const Tensor& m, const ConvWeights& tw, con
 }
 
 // ------------------------------------------------------------------------------------- conv2d
+// load_mask / bias_key (recomputing convolutions, see ops.cpp): the input pixels the kernels read
+// (default: mask) and the streams whose outputs get the bias (default: key); the mask pass (the work
+// list and mask_out) always takes mask and key.
 std::tuple<Tensor, Tensor> conv2d_cuda(const Tensor& delta, const Tensor& mask, const Tensor& weight,
                                        const c10::optional<Tensor>& bias, IntArrayRef stride, IntArrayRef padding,
                                        IntArrayRef dilation, int64_t groups, const c10::optional<Tensor>& key_in,
-                                       const c10::optional<Tensor>& counters, bool input_tf32) {
+                                       const c10::optional<Tensor>& counters, bool input_tf32,
+                                       const c10::optional<Tensor>& load_mask,
+                                       const c10::optional<Tensor>& bias_key_in) {
   const c10::optional<Tensor> key = contiguous_key(key_in);
+  const c10::optional<Tensor> bias_key_arg = contiguous_key(bias_key_in);
   DC_CHECK_DELTA_MASK("conv2d", delta, mask);
   DC_CHECK_TF32_FLAG("conv2d", "input_tf32", input_tf32, delta);
   DC_CHECK_KEY("conv2d", key, delta);
+  DC_CHECK_STREAM_FLAGS("conv2d", "bias_key", bias_key_arg, delta);
+  if (load_mask.has_value()) {
+    DC_CHECK_BESIDE_DELTA("conv2d", "load_mask", (*load_mask), delta, at::kBool);
+    TORCH_CHECK(load_mask->sizes() == mask.sizes(), "deltaconv::conv2d: argument 'load_mask' must have the shape of "
+                "'mask', ", mask.sizes(), ", got ", load_mask->sizes());
+  }
   DC_CHECK_COUNTERS("conv2d", counters, delta);
   DC_CHECK_FLOAT_PARAM("conv2d", "weight", weight, delta);
   DC_CHECK_DIM("conv2d", "weight", weight, 4);
@@ -1014,8 +1028,8 @@ std::tuple<Tensor, Tensor> conv2d_cuda(const Tensor& delta, const Tensor& mask, 
   c10::cuda::CUDAGuard guard(delta.device());
   if (const int64_t cout8 = padded_cout(delta, Cin, Cout, groups, KH * KW)) {
     const auto [wp, bp] = pad_filters(weight, bias, cout8);
-    const auto [y8, mask8] =
-        conv2d_cuda(delta, mask, wp, bp, stride, padding, dilation, groups, key_in, counters, input_tf32);
+    const auto [y8, mask8] = conv2d_cuda(delta, mask, wp, bp, stride, padding, dilation, groups, key_in, counters,
+                                         input_tf32, load_mask, bias_key_in);
     return {y8.narrow(1, 0, Cout).contiguous(at::MemoryFormat::ChannelsLast), mask8};
   }
   Tensor y = empty_delta(delta, N, Cout, Ho, Wo);
@@ -1024,6 +1038,10 @@ std::tuple<Tensor, Tensor> conv2d_cuda(const Tensor& delta, const Tensor& mask, 
   cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const Tensor x = delta.contiguous(at::MemoryFormat::ChannelsLast);
   const Tensor m = mask.contiguous();
+  // what the compute kernels take: the pixels they read (lm) and the streams they add the bias to
+  // (ck); the mask passes take m and key
+  const Tensor lm = load_mask.has_value() ? load_mask->contiguous() : m;
+  const c10::optional<Tensor> ck = bias_key_arg.has_value() ? bias_key_arg : key;
 
   const ConvGeom g = conv_geom(N, Cin, H, W, Cout, Ho, Wo, KH, KW, sh, sw, ph, pw, dh, dw, groups, input_tf32);
   const int64_t tiles = N * g.tiles_h * g.tiles_w;
@@ -1031,6 +1049,7 @@ std::tuple<Tensor, Tensor> conv2d_cuda(const Tensor& delta, const Tensor& mask, 
   TORCH_CHECK(cob <= 65535, "deltaconv::conv2d: too many output channel blocks (", cob, ")");
   const bool depthwise = groups > 1 && groups == Cin && Cout == Cin;
   const bool* kp = key_ptr(key);
+  const bool* ckp = key_ptr(ck);
 
   // Tensor-core path: fp16 / bf16 (or fp32 in TF32: tf32_ok), groups 1, channels multiple of 8,
   // 16-byte aligned rows; 1x1 (any stride / padding) and 3x3 (dilation 1 with equal strides 1 or 2;
@@ -1046,12 +1065,12 @@ std::tuple<Tensor, Tensor> conv2d_cuda(const Tensor& delta, const Tensor& mask, 
                          KH * KW <= conv::tc::kSmallCinMaxTaps && Cout * KH * KW * conv::tc::kSmallCin < kIntMax;
   if (small_cin) {
     const bool aligned = reinterpret_cast<uintptr_t>(x.const_data_ptr()) % 16 == 0;
-    const Tensor xp = Cin == small_cin_rows && aligned ? x : pad_channels_row(x, m, stream);
+    const Tensor xp = Cin == small_cin_rows && aligned ? x : pad_channels_row(x, lm, stream);
     ConvGeom gp = g;
     gp.Cin = gp.cin_g = (int)small_cin_rows;
     const WorkList wl = work_list(delta, tiles, stream, counters);
     launch_tile_mask<false>(m, key, mask_out, wl, g, tiles, stream);
-    launch_small_cin_tc(xp, m, conv_weights(weight, bias, x.scalar_type(), true, small_cin_rows), key, y, wl,
+    launch_small_cin_tc(xp, lm, conv_weights(weight, bias, x.scalar_type(), true, small_cin_rows), ck, y, wl,
                         gp, tiles, stream);
     return {y, mask_out};
   }
@@ -1076,17 +1095,17 @@ std::tuple<Tensor, Tensor> conv2d_cuda(const Tensor& delta, const Tensor& mask, 
       split.min_pixels = split_min_pixels();
     }
     launch_tile_mask<false>(m, key, mask_out, wl, g, tiles, stream, split);
-    launch_tc_3x3(x, m, tw, key, y, wl, g, tiles, stream, split);
+    launch_tc_3x3(x, lm, tw, ck, y, wl, g, tiles, stream, split);
     if (split.max_pixels > 0)
-      launch_tc_gather<conv::tc::kRowsPixels>(x, m, tw, key, y, pixel_rows, g, pixels, stream, &split);
+      launch_tc_gather<conv::tc::kRowsPixels>(x, lm, tw, ck, y, pixel_rows, g, pixels, stream, &split);
     return {y, mask_out};
   }
   // any other kernel of at most 32 taps (dilated, 5x5, 2x2, strides 3+ or unequal): gathered taps
   if (tc_ok && !use_tc && KH * KW <= conv::tc::kMaxTaps) {
     const WorkList wl = work_list(delta, tiles, stream, counters);
     launch_tile_mask<false>(m, key, mask_out, wl, g, tiles, stream);
-    launch_tc_gather<conv::tc::kRowsTiles>(x, m, conv_weights(weight, bias, x.scalar_type(), true), key, y, wl, g, tiles,
-                                           stream);
+    launch_tc_gather<conv::tc::kRowsTiles>(x, lm, conv_weights(weight, bias, x.scalar_type(), true), ck, y, wl, g,
+                                           tiles, stream);
     return {y, mask_out};
   }
 
@@ -1101,7 +1120,7 @@ std::tuple<Tensor, Tensor> conv2d_cuda(const Tensor& delta, const Tensor& mask, 
     launch_kernel(same ? conv::conv1x1_mask_kernel<true> : conv::conv1x1_mask_kernel<false>,
                   (unsigned)((total + per_block - 1) / per_block), conv::MASK1_THREADS, 0, stream, m.data_ptr<bool>(),
                   kp, mask_out.data_ptr<bool>(), wl.list, wl.count, g, (int)total);
-    launch_conv1x1(x, m, tw, key, y, wl, g, total, use_tc, stream);
+    launch_conv1x1(x, lm, tw, ck, y, wl, g, total, use_tc, stream);
     return {y, mask_out};
   }
 
@@ -1111,7 +1130,7 @@ std::tuple<Tensor, Tensor> conv2d_cuda(const Tensor& delta, const Tensor& mask, 
   const WorkList wl = work_list(delta, tiles, stream, counters);
   launch_tile_mask<false>(m, key, mask_out, wl, g, tiles, stream);
 
-  if (depthwise && launch_dwconv_vec(x, m, w, b, key, y, wl, g, tiles, stream)) return {y, mask_out};
+  if (depthwise && launch_dwconv_vec(x, lm, w, b, ck, y, wl, g, tiles, stream)) return {y, mask_out};
   if (depthwise) {
     const size_t smem = (size_t)conv::dwconv_smem_floats(g) * sizeof(float);
     const dim3 grid(list_grid(tiles), (unsigned)ceil_div((int)Cout, conv::DW_CB));
@@ -1122,13 +1141,13 @@ std::tuple<Tensor, Tensor> conv2d_cuda(const Tensor& delta, const Tensor& mask, 
                                          : conv::dwconv_kernel<scalar_t, 0>;
       if (!allow_smem(kernel, smem)) return;
       launch_kernel(kernel, grid, conv::CONV_THREADS, smem, stream,
-                    reinterpret_cast<const scalar_t*>(x.const_data_ptr()), m.data_ptr<bool>(),
+                    reinterpret_cast<const scalar_t*>(x.const_data_ptr()), lm.data_ptr<bool>(),
                     reinterpret_cast<const scalar_t*>(w.const_data_ptr()),
-                    b.has_value() ? reinterpret_cast<const scalar_t*>(b->const_data_ptr()) : nullptr, kp,
+                    b.has_value() ? reinterpret_cast<const scalar_t*>(b->const_data_ptr()) : nullptr, ckp,
                     reinterpret_cast<scalar_t*>(y.data_ptr()), wl.list, wl.count, g);
       done = true;
     });
-    if (!done) launch_direct<false>(x, m, w, b, key, y, wl, g, tiles, stream);
+    if (!done) launch_direct<false>(x, lm, w, b, ck, y, wl, g, tiles, stream);
     return {y, mask_out};
   }
 
@@ -1145,14 +1164,14 @@ std::tuple<Tensor, Tensor> conv2d_cuda(const Tensor& delta, const Tensor& mask, 
       auto kernel = KH == 3 && KW == 3 ? conv::conv_tile_kernel<scalar_t, 3, 3> : conv::conv_tile_kernel<scalar_t, 0, 0>;
       if (!allow_smem(kernel, smem)) return;
       launch_kernel(kernel, grid, conv::CONV_THREADS, smem, stream,
-                    reinterpret_cast<const scalar_t*>(x.const_data_ptr()), m.data_ptr<bool>(),
+                    reinterpret_cast<const scalar_t*>(x.const_data_ptr()), lm.data_ptr<bool>(),
                     reinterpret_cast<const scalar_t*>(w.const_data_ptr()),
-                    b.has_value() ? reinterpret_cast<const scalar_t*>(b->const_data_ptr()) : nullptr, kp,
+                    b.has_value() ? reinterpret_cast<const scalar_t*>(b->const_data_ptr()) : nullptr, ckp,
                     reinterpret_cast<scalar_t*>(y.data_ptr()), wl.list, wl.count, g, cib);
       done = true;
     });
   }
-  if (!done) launch_direct<false>(x, m, w, b, key, y, wl, g, tiles, stream);
+  if (!done) launch_direct<false>(x, lm, w, b, ck, y, wl, g, tiles, stream);
   return {y, mask_out};
 }
 
@@ -1160,9 +1179,13 @@ std::tuple<Tensor, Tensor> conv2d_cuda(const Tensor& delta, const Tensor& mask, 
 // conv2d for a 1x1 kernel, stride 1, no padding, groups 1, on a delta frame (no key), over the pixels
 // that the activation before it listed (rows, with the count in counters[0]): conv2d without its
 // mask pass. The output mask is `mask` itself (the caller keeps it).
+// bias_key: the streams whose outputs get the bias (recomputing convolutions; default none).
 Tensor conv1x1_rows_cuda(const Tensor& delta, const Tensor& mask, const Tensor& weight,
-                         const c10::optional<Tensor>& bias, const Tensor& rows, Tensor& counters, bool input_tf32) {
+                         const c10::optional<Tensor>& bias, const Tensor& rows, Tensor& counters, bool input_tf32,
+                         const c10::optional<Tensor>& bias_key_in) {
+  const c10::optional<Tensor> bias_key = contiguous_key(bias_key_in);
   DC_CHECK_DELTA_MASK("conv1x1_rows", delta, mask);
+  DC_CHECK_STREAM_FLAGS("conv1x1_rows", "bias_key", bias_key, delta);
   DC_CHECK_TF32_FLAG("conv1x1_rows", "input_tf32", input_tf32, delta);
   const c10::optional<Tensor> counters_opt = counters;
   DC_CHECK_COUNTERS("conv1x1_rows", counters_opt, delta);
@@ -1182,7 +1205,7 @@ Tensor conv1x1_rows_cuda(const Tensor& delta, const Tensor& mask, const Tensor& 
   c10::cuda::CUDAGuard guard(delta.device());
   if (const int64_t cout8 = padded_cout(delta, Cin, Cout, 1, 1)) {
     const auto [wp, bp] = pad_filters(weight, bias, cout8);
-    return conv1x1_rows_cuda(delta, mask, wp, bp, rows, counters, input_tf32)
+    return conv1x1_rows_cuda(delta, mask, wp, bp, rows, counters, input_tf32, bias_key_in)
         .narrow(1, 0, Cout)
         .contiguous(at::MemoryFormat::ChannelsLast);
   }
@@ -1196,7 +1219,7 @@ Tensor conv1x1_rows_cuda(const Tensor& delta, const Tensor& mask, const Tensor& 
   TORCH_CHECK(use_tc || ceil_div((int)Cout, conv::CONV_COB) <= 65535,
               "deltaconv::conv1x1_rows: too many output channels (", Cout, ")");
   const WorkList wl{rows, rows.data_ptr<int>(), counters.data_ptr<int>()};
-  launch_conv1x1(x, m, conv_weights(weight, bias, x.scalar_type(), use_tc), c10::nullopt, y, wl, g, total, use_tc,
+  launch_conv1x1(x, m, conv_weights(weight, bias, x.scalar_type(), use_tc), bias_key, y, wl, g, total, use_tc,
                  stream);
   return y;
 }

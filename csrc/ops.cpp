@@ -39,6 +39,11 @@ TORCH_LIBRARY(deltaconv, m) {
   m.def("activation(Tensor delta, Tensor mask, Tensor(a!) acc, Tensor(b!) sent, str kind, float param, "
         "float threshold, Tensor? key, bool rms=False, Tensor(c!)? rows=None, Tensor(d!)? rows_count=None, "
         "bool tf32=False, bool pooled=False) -> (Tensor, Tensor)");
+  // the activation of a recomputed input (a convolution in value mode before it): x holds the whole new
+  // input on the active pixels, so no accumulator
+  m.def("activation_values(Tensor x, Tensor mask, Tensor(a!) sent, str kind, float param, float threshold, "
+        "Tensor? key, bool rms=False, Tensor(b!)? rows=None, Tensor(c!)? rows_count=None, bool tf32=False, "
+        "bool pooled=False) -> (Tensor, Tensor)");
   // activation(add(delta_a, delta_b, alpha)) in one pass; returns (out, mask_out, mask_a | mask_b)
   m.def("add_activation(Tensor delta_a, Tensor mask_a, Tensor delta_b, Tensor mask_b, float alpha, Tensor(a!) acc, "
         "Tensor(b!) sent, str kind, float param, float threshold, Tensor? key, bool rms=False, "
@@ -68,13 +73,18 @@ TORCH_LIBRARY(deltaconv, m) {
   // K split is recorded (conv_common.cuh: kConvCounters; None: zeroed per call)
   // input_tf32 (float32 only): the deltas are TF32 values already (an op's tf32 sent them), so
   // the tensor-core kernels skip rounding them; with other deltas they would read them truncated
+  // load_mask [N,1,H,W] bool / bias_key [N] bool (a recomputing convolution: `delta` holds the
+  // input's whole values, all read, and the bias goes to every output): the input pixels the kernels
+  // read (None: mask) and the streams whose outputs get the bias (None: key); the output pixels (the
+  // work list and mask_out) still follow mask and key
   m.def("conv2d(Tensor delta, Tensor mask, Tensor weight, Tensor? bias, int[2] stride, int[2] padding, "
-        "int[2] dilation, int groups, Tensor? key, Tensor(a!)? counters=None, bool input_tf32=False) -> "
-        "(Tensor, Tensor)");
+        "int[2] dilation, int groups, Tensor? key, Tensor(a!)? counters=None, bool input_tf32=False, "
+        "Tensor? load_mask=None, Tensor? bias_key=None) -> (Tensor, Tensor)");
   // a 1x1 conv, stride 1, no padding, groups 1, of a delta frame (no key) over the rows the layer before it listed
-  // (rows: int32 [1 + 2 * N*H*W]; counters: as in conv2d, the row count at [0], zeroed before the activation)
+  // (rows: int32 [1 + 2 * N*H*W]; counters: as in conv2d, the row count at [0], zeroed before the activation;
+  // bias_key: as in conv2d, None: no bias)
   m.def("conv1x1_rows(Tensor delta, Tensor mask, Tensor weight, Tensor? bias, Tensor rows, Tensor(a!) counters, "
-        "bool input_tf32=False) -> Tensor");
+        "bool input_tf32=False, Tensor? bias_key=None) -> Tensor");
   m.def("conv_transpose2d(Tensor delta, Tensor mask, Tensor weight, Tensor? bias, int[2] stride, int[2] padding, "
         "int[2] output_padding, int groups, int[2] dilation, Tensor? key, Tensor(a!)? counters=None) -> "
         "(Tensor, Tensor)");

@@ -270,10 +270,10 @@ int activation_kind(const char* op, const std::string& kind) {
 
 // activation_kernel_of<KIND, RESIDUAL>::kernel<T, VEC>: the kernel with its activation fixed
 // (DC_LAUNCH_VEC takes a kernel template of <T, VEC>).
-template <int KIND, bool RESIDUAL>
+template <int KIND, bool RESIDUAL, bool VALUES = false>
 struct activation_kernel_of {
   template <typename T, int VEC>
-  static constexpr auto kernel = pw::activation_kernel<T, VEC, KIND, RESIDUAL>;
+  static constexpr auto kernel = pw::activation_kernel<T, VEC, KIND, RESIDUAL, VALUES>;
 };
 
 // The activation, with the residual add before it when `delta_b` is given (add_activation: its
@@ -281,10 +281,11 @@ struct activation_kernel_of {
 // an undefined tensor). `pooled` (with rms): the pooled measure, in two passes: activation_kernel
 // writes the pending changes of the region, rounded to the delta dtype, into `out` (with tf32: a
 // scratch map, `out` must then hold TF32 values) and sends nothing, then pooled_send_kernel
-// decides from each pixel's 3x3 window and sends.
+// decides from each pixel's 3x3 window and sends. `acc` nullptr (activation_values): `delta` holds
+// the whole new input on the active pixels, no accumulator (not with delta_b).
 std::tuple<Tensor, Tensor, Tensor> run_activation(const char* op, const Tensor& delta, const Tensor& mask,
                                                   const Tensor* delta_b, const Tensor* mask_b, double alpha,
-                                                  Tensor& acc, Tensor& sent, c10::string_view kind, double param,
+                                                  Tensor* acc, Tensor& sent, c10::string_view kind, double param,
                                                   double threshold, const std::optional<Tensor>& key, bool rms,
                                                   const std::optional<Tensor>& rows,
                                                   const std::optional<Tensor>& rows_count, bool tf32, bool pooled) {
@@ -301,7 +302,9 @@ std::tuple<Tensor, Tensor, Tensor> run_activation(const char* op, const Tensor& 
     check_dtype(op, "delta_b", *delta_b, delta.scalar_type());
     check_mask(op, "mask_b", *mask_b, delta, delta.sizes());
   }
-  check_state(op, "acc", acc, delta, delta.sizes());
+  const bool values = acc == nullptr;
+  TORCH_CHECK(!values || !residual, "deltaconv::", op, ": no residual form");
+  if (!values) check_state(op, "acc", *acc, delta, delta.sizes());
   check_state(op, "sent", sent, delta, delta.sizes(), delta.scalar_type());
   const int64_t N = delta.size(0), H = delta.size(2), W = delta.size(3);
   const int C = check_channels(op, delta);
@@ -313,7 +316,8 @@ std::tuple<Tensor, Tensor, Tensor> run_activation(const char* op, const Tensor& 
   Tensor mask_out = empty_mask(delta, N, H, W);
   Tensor mask_sum = residual ? empty_mask(delta, N, H, W) : Tensor();
   DC_DISPATCH_ACTIVATION_TYPES(delta.scalar_type(), "deltaconv::activation", [&] {
-    pw::ActivationParams<scalar_t> p{cptr<scalar_t>(delta), cptr<bool>(mask), ptr<float>(acc), ptr<scalar_t>(sent),
+    pw::ActivationParams<scalar_t> p{cptr<scalar_t>(delta), cptr<bool>(mask), values ? nullptr : ptr<float>(*acc),
+                                     ptr<scalar_t>(sent),
                                      key_ptr, ptr<scalar_t>(out), ptr<bool>(mask_out), kind_id,
                                      static_cast<float>(param), static_cast<float>(threshold),
                                      rms_limit(rms, threshold, C), pixels, H * W, C, 0,
@@ -337,7 +341,16 @@ std::tuple<Tensor, Tensor, Tensor> run_activation(const char* op, const Tensor& 
     using AnyKind = activation_kernel_of<pw::kAnyKind, false>;
     using ReluSum = activation_kernel_of<pw::kRelu, true>;
     using AnyKindSum = activation_kernel_of<pw::kAnyKind, true>;
-    if (residual && kind_id == pw::kRelu) {
+    using ReluValues = activation_kernel_of<pw::kRelu, false, true>;
+    using Relu6Values = activation_kernel_of<pw::kRelu6, false, true>;
+    using AnyKindValues = activation_kernel_of<pw::kAnyKind, false, true>;
+    if (values && kind_id == pw::kRelu) {
+      DC_LAUNCH_VEC(ReluValues::kernel, p, vec_ok, pixels, C, true);
+    } else if (values && kind_id == pw::kRelu6) {
+      DC_LAUNCH_VEC(Relu6Values::kernel, p, vec_ok, pixels, C, true);
+    } else if (values) {
+      DC_LAUNCH_VEC(AnyKindValues::kernel, p, vec_ok, pixels, C, true);
+    } else if (residual && kind_id == pw::kRelu) {
       DC_LAUNCH_VEC(ReluSum::kernel, p, vec_ok, pixels, C, true);
     } else if (residual) {
       DC_LAUNCH_VEC(AnyKindSum::kernel, p, vec_ok, pixels, C, true);
@@ -356,7 +369,7 @@ std::tuple<Tensor, Tensor, Tensor> run_activation(const char* op, const Tensor& 
                                        rms_limit(true, threshold, C),
                                        rms_limit(true, static_cast<double>(pw::kPoolPeak) * threshold, C), pixels,
                                        H * W, static_cast<int>(H), static_cast<int>(W), C, 0, row_list.rows,
-                                       row_list.count, tf32};
+                                       row_list.count, tf32, values ? cptr<scalar_t>(delta) : nullptr};
       DC_LAUNCH_VEC(pw::pooled_send_kernel, q, vec_ok, pixels, C, true);
     }
   });
@@ -367,8 +380,19 @@ std::tuple<Tensor, Tensor> activation(const Tensor& delta, const Tensor& mask, T
                                       c10::string_view kind, double param, double threshold,
                                       const std::optional<Tensor>& key, bool rms, const std::optional<Tensor>& rows,
                                       const std::optional<Tensor>& rows_count, bool tf32, bool pooled) {
-  auto [out, mask_out, unused] = run_activation("activation", delta, mask, nullptr, nullptr, 1.0, acc, sent, kind,
+  auto [out, mask_out, unused] = run_activation("activation", delta, mask, nullptr, nullptr, 1.0, &acc, sent, kind,
                                                 param, threshold, key, rms, rows, rows_count, tf32, pooled);
+  return {out, mask_out};
+}
+
+// The activation of a recomputed input: `x` holds the layer's whole new input on the active pixels
+// (no accumulator); as activation otherwise.
+std::tuple<Tensor, Tensor> activation_values(const Tensor& x, const Tensor& mask, Tensor& sent, c10::string_view kind,
+                                             double param, double threshold, const std::optional<Tensor>& key,
+                                             bool rms, const std::optional<Tensor>& rows,
+                                             const std::optional<Tensor>& rows_count, bool tf32, bool pooled) {
+  auto [out, mask_out, unused] = run_activation("activation_values", x, mask, nullptr, nullptr, 1.0, nullptr, sent,
+                                                kind, param, threshold, key, rms, rows, rows_count, tf32, pooled);
   return {out, mask_out};
 }
 
@@ -379,7 +403,7 @@ std::tuple<Tensor, Tensor, Tensor> add_activation(const Tensor& delta_a, const T
                                                   const std::optional<Tensor>& key, bool rms,
                                                   const std::optional<Tensor>& rows,
                                                   const std::optional<Tensor>& rows_count, bool tf32, bool pooled) {
-  return run_activation("add_activation", delta_a, mask_a, &delta_b, &mask_b, alpha, acc, sent, kind, param,
+  return run_activation("add_activation", delta_a, mask_a, &delta_b, &mask_b, alpha, &acc, sent, kind, param,
                         threshold, key, rms, rows, rows_count, tf32, pooled);
 }
 
@@ -763,6 +787,7 @@ TORCH_LIBRARY_IMPL(deltaconv, CUDA, m) {
   m.impl("sparsify", &sparsify);
   m.impl("densify", &densify);
   m.impl("activation", &activation);
+  m.impl("activation_values", &activation_values);
   m.impl("add_activation", &add_activation);
   m.impl("affine_channel", &affine_channel);
   m.impl("add", &add);

@@ -18,7 +18,7 @@ from .backends.reference import check_truncation
 from .modules import (DCActivation, DCAdd, DCConv2d, DCDensify, DCFallback, DCModule, DCMul, DCResample,
                       DCSparsify)
 from .modules.linear import DCBatchNorm2d, DCConvTranspose2d, DCLinear, DCUpsample
-from .modules.nonlinear import DCLayerNorm
+from .modules.nonlinear import DCLayerNorm, DCMaxPool2d
 from .layout import (CHANNELS_FIRST, LAYOUT_PERMUTE, fold_channel_shuffles, fold_shuffled_concatenations,
                      folded_note, keep_channels_first)
 from .report import ConversionReport, NodeReport
@@ -352,6 +352,16 @@ class _Converter:
             if entry is not None:
                 entry.note = (entry.note + "; " if entry.note else "") + note
 
+    def _lone_activation_reader(self, node: fx.Node, sites: Counter) -> Optional[fx.Node]:
+        """The activation (a ``DCActivation`` called at one site) that is ``node``'s only reader and
+        takes it as its only argument, or ``None``."""
+        if len(node.users) != 1:
+            return None
+        user = next(iter(node.users))
+        if user.op != "call_module" or user.args != (node,) or user.kwargs or sites[user.target] != 1:
+            return None
+        return user if isinstance(self.root.get_submodule(user.target), DCActivation) else None
+
     def fuse_add_activation(self) -> None:
         """Mark each add of two deltas whose only reader is the activation after it (a residual
         block's ``relu(out + identity)``) as fused with it (``DCAdd.fuse_with_next``): the
@@ -368,10 +378,8 @@ class _Converter:
             if (not isinstance(add, DCAdd) or None in metas or tuple(metas[0].shape) != tuple(metas[1].shape)
                     or metas[0].dtype != metas[1].dtype or len(node.users) != 1):
                 continue
-            user = next(iter(node.users))
-            if user.op != "call_module" or user.args != (node,) or user.kwargs or sites[user.target] != 1:
-                continue
-            if not isinstance(self.root.get_submodule(user.target), DCActivation):
+            user = self._lone_activation_reader(node, sites)
+            if user is None:
                 continue
             add.fuse_with_next = True
             self._note_pair(node.target, f"fused with {user.target}", user.target, f"fused with {node.target}")
@@ -401,6 +409,30 @@ class _Converter:
                 layer.lists_rows = conv.takes_rows = True
                 self._note_pair(node.target, f"lists rows for {user.target}", user.target, f"rows from {node.target}")
 
+    def mark_recomputing(self) -> None:
+        """Value mode: mark each convolution that reads a layer keeping its whole values (an activation,
+        a max pooling or the input sparsifier: ``Delta.whole``) and whose only reader is an activation
+        (not one fused with an add) as recomputing (``DCConv2d.recomputes``): it computes its whole new
+        output on the active pixels from those values, bias included, and that activation then keeps no
+        float32 accumulator. Only layers called at one site, and convolutions of at least
+        ``MIN_RECOMPUTE_CHANNELS`` input channels; the report notes the pairs."""
+        sites = self._module_sites()
+        for node in self.graph.nodes:
+            if (node.op != "call_module" or sites[node.target] != 1 or len(node.args) != 1 or node.kwargs
+                    or len(node.users) != 1):
+                continue
+            conv, source = self.root.get_submodule(node.target), node.args[0]
+            if (type(conv) is not DCConv2d or conv.in_channels < MIN_RECOMPUTE_CHANNELS
+                    or not isinstance(source, fx.Node) or source.op != "call_module"):
+                continue
+            if not isinstance(self.root.get_submodule(source.target), (DCActivation, DCMaxPool2d, DCSparsify)):
+                continue
+            user = self._lone_activation_reader(node, sites)
+            if user is None:
+                continue
+            conv.recomputes = True
+            self._note_pair(node.target, f"recomputes for {user.target}", user.target, f"recomputed by {node.target}")
+
     def _passthrough(self, key, node: fx.Node) -> bool:
         if key not in PASSTHROUGH_CALLS:
             return False
@@ -409,6 +441,14 @@ class _Converter:
             return not node.kwargs and len(node.args) == 1
         training = node.kwargs.get("training", node.args[position] if len(node.args) > position else True)
         return training is False
+
+
+#: Convolutions of fewer input channels (the stems, reading the frame) stay in delta mode under
+#: ``recompute``: their tensor-core kernel reads a copy of the input padded to 8 channels, which value
+#: mode has to pad at every pixel of every frame; that cost what the stem's activation saved on busy
+#: frames and made frames with nothing changed 4-8 % slower (H200, 2026-11-29,
+#: ``benchmarks/results/value_mode.txt`` section 3).
+MIN_RECOMPUTE_CHANNELS = 8
 
 
 class _MethodCaller:
@@ -466,7 +506,7 @@ def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
             thresholds: Union[None, dict, str] = None, strict: bool = False,
             example_input: Optional[torch.Tensor] = None, change_detector=None, truncation: Union[str, dict] = "max",
             refresh_every: Union[int, str, None] = "auto", check_finite: bool = True, cuda_graph: bool = False,
-            leaf_modules: tuple = (), fuse: bool = True, fold_bn: Optional[bool] = None):
+            leaf_modules: tuple = (), fuse: bool = True, fold_bn: Optional[bool] = None, recompute: bool = True):
     """Convert a dense CNN into a :class:`~deltaconv.DeltaModel` that processes only changed pixels.
 
     Args:
@@ -523,6 +563,14 @@ def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
             ``benchmarks/experiments/fp16_floor.py``; README, *Fidelity and calibration*).
             ``None`` (the default): as the ``thresholds`` file or Calibration records it (what the
             thresholds were calibrated with), else ``True``.
+        recompute: value mode where the graph allows (the default): a convolution of at least 8 input
+            channels that reads an activation, a max pooling or the input sparsifier, and whose only
+            reader is an activation, computes its whole new output on the active pixels from its
+            input's whole values (what that layer has sent), bias included, and the activation after
+            it keeps no float32 accumulator. The same convolution work and results (to rounding),
+            about half of that activation's memory traffic and 30 % less state in ResNet-50 and
+            MobileNetV2; their busy frames 4-9 % faster in float16 (README, *How it works*, Value
+            mode). The report notes the pairs ("recomputes for"). ``False``: delta mode everywhere.
     """
     from .model import DeltaModel, read_thresholds
 
@@ -534,6 +582,8 @@ def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
     check_truncation(truncation, "convert: truncation")
     if not isinstance(fuse, bool):
         raise TypeError(f"convert: fuse must be a bool, got {fuse!r}")
+    if not isinstance(recompute, bool):
+        raise TypeError(f"convert: recompute must be a bool, got {recompute!r}")
     if fold_bn is None:  # what the thresholds were calibrated with, else folded
         recorded = None if thresholds is None else read_thresholds(thresholds)[3]
         fold_bn = True if recorded is None else bool(recorded)
@@ -566,6 +616,8 @@ def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
     if fuse:
         converter.fuse_add_activation()
         converter.link_row_lists()
+    if recompute:
+        converter.mark_recomputing()
     if strict and report.fallbacks:
         raise ConversionError("convert(strict=True): no delta rule for " +
                               ", ".join(f"{n.node} ({n.target})" for n in report.fallbacks))

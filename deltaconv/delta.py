@@ -74,6 +74,13 @@ class Delta:
     #: (``sends_tf32``), and a convolution reading them then skips its own rounding (the CUDA op's
     #: ``input_tf32``)
     tf32: bool = False
+    #: the tensor's whole current values (what downstream has received so far, every pixel), given
+    #: by a layer that keeps them (an activation's, a max pooling's or the input sparsifier's
+    #: ``sent``): a *recomputing* convolution after it (``DCConv2d.recomputes``) reads them
+    whole: Optional[torch.Tensor] = None
+    #: ``value`` holds the layer's whole new output on the active pixels, not a change: a recomputing
+    #: convolution's output, read only by the activation after it (``ops.activation_values``)
+    recomputed: bool = False
 
     # --- shape queries, so traced shape arithmetic runs on deltas unchanged ---
     @property

@@ -159,7 +159,7 @@ def test_shared_relu_gets_one_stateful_layer_per_call_site(frames):
     with torch.no_grad():
         for f in frames:
             assert max_rel_err(model(f), dm(f)) <= TOL
-    assert a.acc.data_ptr() != b.acc.data_ptr() and not torch.equal(a.acc, b.acc)
+    assert a.sent.data_ptr() != b.sent.data_ptr() and not torch.equal(a.sent, b.sent)
     # every ReLU call site of the network: 1 stem + 2 per block x 8 blocks
     relus = [layer for layer in dm.delta_layers() if isinstance(layer, DCActivation)]
     assert len(relus) == 17 and len({id(r) for r in relus}) == 17

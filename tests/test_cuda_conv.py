@@ -1605,7 +1605,8 @@ def _fake_pair(delta, C, Ho, Wo):
     return out, torch.empty((N, 1, Ho, Wo), dtype=torch.bool, device=delta.device)
 
 
-def _fake_conv2d(delta, mask, weight, bias, stride, padding, dilation, groups, key, counters=None):
+def _fake_conv2d(delta, mask, weight, bias, stride, padding, dilation, groups, key, counters=None, input_tf32=False,
+                 load_mask=None, bias_key=None):
     H, W = delta.shape[2:]
     return _fake_pair(delta, weight.shape[0], _conv_out(H, weight.shape[2], stride[0], padding[0], dilation[0]),
                       _conv_out(W, weight.shape[3], stride[1], padding[1], dilation[1]))
@@ -1696,6 +1697,12 @@ def test_opcheck(name, fakes):
         a = list(args)
         a[3], a[8] = None, None
         torch.library.opcheck(ops().conv2d.default, tuple(a))
+    if name == "conv2d":  # value mode: every input pixel read, the bias on every stream, no key
+        a = list(args)
+        a[8] = None
+        torch.library.opcheck(ops().conv2d.default, tuple(a) + (None, False, torch.ones_like(a[1]),
+                                                               torch.ones(a[0].shape[0], dtype=torch.bool,
+                                                                          device="cuda")))
     if name in ("conv2d", "conv_transpose2d"):  # with the counters they write
         torch.library.opcheck(getattr(ops(), name).default,
                               tuple(args) + (torch.zeros(COUNTERS, dtype=torch.int32, device="cuda"),))

@@ -1099,6 +1099,11 @@ def _opcheck_cases():
         ("activation_rms", ops.activation.default, (x, full, st(), st(), "silu", 0.0, -1.0, key, True)),
         ("activation_pooled", ops.activation.default,
          (x, full, st(), st(), "relu6", 0.0, -1.0, key, True, None, None, False, True)),
+        ("activation_values", ops.activation_values.default, (x, full, st(), "relu6", 0.0, -1.0, key)),
+        ("activation_values_rms", ops.activation_values.default, (x.half(), full, st().half(), "silu", 0.0, -1.0, None,
+                                                                   True)),
+        ("activation_values_pooled", ops.activation_values.default,
+         (x, full, st(), "relu6", 0.0, -1.0, key, True, None, None, False, True)),
         ("affine_channel", ops.affine_channel.default,
          (x, full, torch.randn(c, device=DEV), torch.randn(c, device=DEV), key)),
         ("affine_channel_none", ops.affine_channel.default, (x.half(), full, None, None, None)),
@@ -1126,7 +1131,7 @@ def _opcheck_cases():
     ]
 
 
-@pytest.mark.parametrize("case", range(23))
+@pytest.mark.parametrize("case", range(26))
 def test_opcheck(case):
     name, op, args = _opcheck_cases()[case]
     torch.library.opcheck(op, args)

@@ -149,9 +149,13 @@ struct ActivationParams {
 // benchmarks/results/activation_kernel_experiments.txt).
 constexpr int kAnyKind = -1;
 
-template <typename T, int VEC, int KIND, bool RESIDUAL>
+// VALUES (the activation_values op; not with RESIDUAL): `delta` holds the
+// layer's whole new input on the active pixels, recomputed by the convolution before it from its
+// input's whole values (no accumulator: p.acc unused); the rest as above, with f(delta) for f(acc).
+template <typename T, int VEC, int KIND, bool RESIDUAL, bool VALUES = false>
 __global__ void __launch_bounds__(kThreads) activation_kernel(const ActivationParams<T> p) {
   grid_dependency_sync();
+  static_assert(!(RESIDUAL && VALUES), "activation_kernel: VALUES has no residual form");
   const int kind = KIND == kAnyKind ? p.kind : KIND;
   const auto settle = [&](int64_t pixel) {
     bool m = p.mask[pixel];
@@ -178,25 +182,35 @@ __global__ void __launch_bounds__(kThreads) activation_kernel(const ActivationPa
 #pragma unroll
         for (int i = 0; i < VEC; ++i) d[i] = round_to<T>(__fadd_rn(d[i], round_to<T>(__fmul_rn(p.alpha, b[i]))));
       }
-      load_f<VEC>(p.acc + row + c, a);
+      if constexpr (VALUES) {
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) a[i] = d[i];
+      } else {
+        load_f<VEC>(p.acc + row + c, a);
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) a[i] += d[i];
+      }
       load_f<VEC>(p.sent + row + c, s);
       float change[VEC];
 #pragma unroll
       for (int i = 0; i < VEC; ++i) {
-        a[i] += d[i];
         change[i] = pending_change<T>(apply_activation(kind, p.param, a[i]), s[i]);
         size.add(change[i], p.threshold);
       }
-      store_f<VEC>(p.acc + row + c, a);
+      if constexpr (!VALUES) store_f<VEC>(p.acc + row + c, a);
       if (p.pending != nullptr) store_f<VEC>(p.pending + row + c, change);
     }
     if (p.pending != nullptr) return false;  // the pooled measure's first pass: pooled_send_kernel sends
     const bool send = group_exceeds(g, size, p.rms_limit) || key_flag(p.key, g.pixel, p.hw);
     if (g.lane == 0) p.mask_out[g.pixel] = send;
     if (!send) return false;
-    // second pass over this lane's own channels (acc as just written by this thread)
-    send_row<T, VEC>(g, C, row, p.acc, p.sent, p.out, [&](float a) { return apply_activation(kind, p.param, a); },
-                     p.tf32);
+    // second pass over this lane's own channels (acc as just written by this thread; VALUES: delta)
+    const auto f = [&](float a) { return apply_activation(kind, p.param, a); };
+    if constexpr (VALUES) {
+      send_row<T, VEC>(g, C, row, p.delta, p.sent, p.out, f, p.tf32);
+    } else {
+      send_row<T, VEC>(g, C, row, p.acc, p.sent, p.out, f, p.tf32);
+    }
     return true;
   }, SentRows{p.rows, p.rows_count, p.pixels});
 }
@@ -228,7 +242,7 @@ template <typename T>
 struct PooledSendParams {
   const bool* region;      // [N, 1, H, W] the pixels whose change `pending` holds (the others count as 0)
   const T* pending;        // [N, C, H, W] written by activation_kernel (`out`, or a scratch map with tf32)
-  const float* acc;        // [N, C, H, W] float32, as activation_kernel left it
+  const float* acc;        // [N, C, H, W] float32, as activation_kernel left it (nullptr with `values`)
   T* sent;                 // [N, C, H, W] updated in place
   const bool* key;         // [N] or nullptr
   T* out;                  // [N, C, H, W]
@@ -242,6 +256,8 @@ struct PooledSendParams {
   int* rows;               // optional, as in ActivationParams
   int* rows_count;
   bool tf32;               // float32 only: send the changes rounded to TF32 (send_element)
+  const T* values;         // activation_values (nullptr otherwise): [N, C, H, W] the whole input, sent
+                           // as f(values) where acc is not kept
 };
 
 // grid: a persistent one of pixel groups (for_each_active_pixel)
@@ -295,7 +311,11 @@ __global__ void __launch_bounds__(kThreads) pooled_send_kernel(const PooledSendP
     if (g.lane == 0) p.mask_out[g.pixel] = send;
     if (send) {
       const auto act = [&](float a) { return apply_activation(p.kind, p.param, a); };
-      send_row<T, VEC>(g, C, g.pixel * C, p.acc, p.sent, p.out, act, p.tf32, p.pending != p.out);
+      if (p.values != nullptr) {
+        send_row<T, VEC>(g, C, g.pixel * C, p.values, p.sent, p.out, act, p.tf32, p.pending != p.out);
+      } else {
+        send_row<T, VEC>(g, C, g.pixel * C, p.acc, p.sent, p.out, act, p.tf32, p.pending != p.out);
+      }
     }
     return send;
   }, SentRows{p.rows, p.rows_count, p.pixels});

@@ -29,16 +29,21 @@ from . import reference as _ref
 Tensor = torch.Tensor
 
 _LOADED = _extension.load()
-_OPS = ("sparsify", "densify", "activation", "add_activation", "affine_channel", "add", "mul", "concatenate",
-        "interleave_channels", "interpolate", "resample", "conv2d", "conv_transpose2d", "max_pool2d", "avg_pool2d",
-        "adaptive_avg_pool2d", "linear", "count_active", "conv1x1_rows", "layer_norm")
+_OPS = ("sparsify", "densify", "activation", "activation_values", "add_activation", "affine_channel", "add", "mul",
+        "concatenate", "interleave_channels", "interpolate", "resample", "conv2d", "conv_transpose2d", "max_pool2d",
+        "avg_pool2d", "adaptive_avg_pool2d", "linear", "count_active", "conv1x1_rows", "layer_norm")
 
 
 def _registered_cuda_kernels() -> frozenset:
     if not _LOADED:
         return frozenset()
-    has = torch._C._dispatch_has_kernel_for_dispatch_key
-    return frozenset(op for op in _OPS if has(f"deltaconv::{op}", "CUDA"))
+
+    def has(op: str) -> bool:
+        try:
+            return torch._C._dispatch_has_kernel_for_dispatch_key(f"deltaconv::{op}", "CUDA")
+        except RuntimeError:  # an extension built before the op existed: the op runs through the reference
+            return False
+    return frozenset(op for op in _OPS if has(op))
 
 
 #: ops with a CUDA kernel in the loaded extension (the others run through the reference)
@@ -266,6 +271,29 @@ def _activation_fake(delta, mask, acc, sent, kind, param, threshold, key, rms=Fa
     return _empty_like_delta(delta)
 
 
+def activation_values(x: Tensor, mask: Tensor, sent: Tensor, fn: Callable[[Tensor], Tensor], threshold: float,
+                      key: Optional[Tensor], measure: str = "max", rows: Optional[RowList] = None,
+                      tf32: bool = False) -> tuple[Tensor, Tensor]:
+    """Pointwise non-linearity ``fn`` of a recomputed input (``x``: the whole new input on the active
+    pixels, no accumulator): ``fn(x) - sent`` on active pixels, then truncation. ``rows`` and
+    ``tf32``: as in :func:`activation`."""
+    kind = getattr(fn, "kind", None)
+    if not (kind in NATIVE_KINDS and _pointwise_ok("activation_values", x, mask, sent) and _sent_ok(sent, x, x.shape)):
+        return _ref.activation_values(x, mask, sent, fn, threshold, key, measure, tf32=tf32)
+    with _states4(sent) as (s4,):
+        out, m = torch.ops.deltaconv.activation_values(_value4(x), _mask4(mask), s4, kind,
+                                                       float(getattr(fn, "param", 0.0)), float(threshold),
+                                                       _key(key), _rms(measure), *_row_args(rows, x), tf32=bool(tf32),
+                                                       pooled=_pooled(measure))
+    return _like(out, m, x)
+
+
+@_fake("activation_values")
+def _activation_values_fake(x, mask, sent, kind, param, threshold, key, rms=False, rows=None, rows_count=None,
+                            tf32=False, pooled=False):
+    return _empty_like_delta(x)
+
+
 def layer_norm(delta: Tensor, mask: Tensor, acc: Tensor, sent: Tensor, weight: Optional[Tensor],
                bias: Optional[Tensor], eps: float, threshold: float, key: Optional[Tensor], measure: str = "max",
                rows: Optional[RowList] = None, tf32: bool = False) -> tuple[Tensor, Tensor]:
@@ -450,7 +478,8 @@ def _interleave_channels_fake(delta_a, mask_a, delta_b, mask_b, parts):
 # ----------------------------------------------------------------------------- convolution
 def conv2d(delta: Tensor, mask: Tensor, weight: Tensor, bias: Optional[Tensor], stride, padding, dilation,
            groups: int, key: Optional[Tensor], padding_mode: str = "zeros",
-           counters: Optional[Tensor] = None, input_tf32: bool = False) -> tuple[Tensor, Tensor]:
+           counters: Optional[Tensor] = None, input_tf32: bool = False, load_mask: Optional[Tensor] = None,
+           bias_key: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     """Convolution: ``W * d``; the mask is dilated by the receptive field; the bias is added once,
     on key frames. ``counters``: zeroed int32 ``[>= 14]`` on the device where the kernels count their
     work list, rank their blocks and record the K split of the 3x3 kernel's fine launch or the
@@ -460,26 +489,29 @@ def conv2d(delta: Tensor, mask: Tensor, weight: Tensor, bias: Optional[Tensor], 
     truncated. Outputs are bit-identical from call to call, except where the 3x3 kernel hands a tail of
     tiles past one round of its coarse launch to its fine launch (or, for 256 input channels on
     Hopper, to the weight-stationary kernel in its place; not under
-    ``torch.use_deterministic_algorithms(True)``)."""
+    ``torch.use_deterministic_algorithms(True)``). ``load_mask`` / ``bias_key``: value mode, as in
+    the reference's :func:`~deltaconv.backends.reference.conv2d`."""
     if not (_native("conv2d", delta, mask, weight) and delta.dim() == 4 and delta.dtype in _ACT_DTYPES
             and padding_mode == "zeros" and not isinstance(padding, str)):
-        return _ref.conv2d(delta, mask, weight, bias, stride, padding, dilation, groups, key, padding_mode)
+        return _ref.conv2d(delta, mask, weight, bias, stride, padding, dilation, groups, key, padding_mode,
+                           load_mask=load_mask, bias_key=bias_key)
     return torch.ops.deltaconv.conv2d(_value4(delta), _mask4(mask), weight, bias, _pair(stride), _pair(padding),
-                                      _pair(dilation), int(groups), _key(key), counters, bool(input_tf32))
+                                      _pair(dilation), int(groups), _key(key), counters, bool(input_tf32),
+                                      None if load_mask is None else _mask4(load_mask), _key(bias_key))
 
 
 def conv1x1_rows(delta: Tensor, mask: Tensor, weight: Tensor, bias: Optional[Tensor], rows: RowList,
-                 input_tf32: bool = False) -> Tensor:
+                 input_tf32: bool = False, bias_key: Optional[Tensor] = None) -> Tensor:
     """:func:`conv2d` of a 1x1 kernel, stride 1, no padding, groups 1, on a delta frame (no key),
     over the pixels the layer before it listed in ``rows`` (filled): the same output at those pixels,
     without the mask pass; the output mask is ``mask``. CUDA tensors, 4-D ``delta``. ``input_tf32``:
-    as in :func:`conv2d`."""
+    as in :func:`conv2d`; ``bias_key``: the streams whose outputs get the bias (value mode; default none)."""
     return torch.ops.deltaconv.conv1x1_rows(_value4(delta), _mask4(mask), weight, bias, rows.rows, rows.counters,
-                                            bool(input_tf32))
+                                            bool(input_tf32), _key(bias_key))
 
 
 @_fake("conv1x1_rows")
-def _conv1x1_rows_fake(delta, mask, weight, bias, rows, counters, input_tf32=False):
+def _conv1x1_rows_fake(delta, mask, weight, bias, rows, counters, input_tf32=False, bias_key=None):
     n, _, h, w = delta.shape
     return _empty_value(delta, (n, weight.shape[0], h, w))
 
@@ -489,7 +521,8 @@ def _conv_out(size, k, s, p, d):
 
 
 @_fake("conv2d")
-def _conv2d_fake(delta, mask, weight, bias, stride, padding, dilation, groups, key, counters=None, input_tf32=False):
+def _conv2d_fake(delta, mask, weight, bias, stride, padding, dilation, groups, key, counters=None, input_tf32=False,
+                 load_mask=None, bias_key=None):
     n, _, h, w = delta.shape
     (sh, sw), (ph, pw), (dh, dw) = _pair(stride), _pair(padding), _pair(dilation)
     ho = _conv_out(h, weight.shape[2], sh, ph, dh)

@@ -228,6 +228,17 @@ def activation(delta: Tensor, mask: Tensor, acc: Tensor, sent: Tensor, fn: Calla
     return truncate(fn(acc), mask, sent, threshold, key, delta.dtype, measure, tf32)
 
 
+def activation_values(x: Tensor, mask: Tensor, sent: Tensor, fn: Callable[[Tensor], Tensor], threshold: float,
+                      key: Optional[Tensor], measure: str = "max", rows: Optional[RowList] = None,
+                      tf32: bool = False) -> tuple[Tensor, Tensor]:
+    """Pointwise non-linearity ``fn`` of a recomputed input: ``x`` holds the layer's whole new input
+    on the active pixels (a convolution in value mode recomputed it from its input's whole values, see
+    :func:`conv2d`'s ``load_mask``), so there is no accumulator: ``fn(x) - sent`` on active pixels,
+    then truncation. ``rows`` and ``tf32``: as in :func:`activation`."""
+    y = fn(x.to(torch.promote_types(x.dtype, torch.float32)))
+    return truncate(y, mask, sent, threshold, key, x.dtype, measure, tf32)
+
+
 def layer_norm(delta: Tensor, mask: Tensor, acc: Tensor, sent: Tensor, weight: Optional[Tensor],
                bias: Optional[Tensor], eps: float, threshold: float, key: Optional[Tensor], measure: str = "max",
                rows: Optional[RowList] = None, tf32: bool = False) -> tuple[Tensor, Tensor]:
@@ -321,12 +332,19 @@ def interleave_channels(delta_a: Tensor, mask_a: Tensor, delta_b: Tensor, mask_b
 # ----------------------------------------------------------------------------- convolution
 def conv2d(delta: Tensor, mask: Tensor, weight: Tensor, bias: Optional[Tensor], stride, padding, dilation,
            groups: int, key: Optional[Tensor], padding_mode: str = "zeros",
-           counters: Optional[Tensor] = None, input_tf32: bool = False) -> tuple[Tensor, Tensor]:
+           counters: Optional[Tensor] = None, input_tf32: bool = False, load_mask: Optional[Tensor] = None,
+           bias_key: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     """Convolution (any kernel, stride, padding, dilation, groups): ``W * d``; the mask is dilated by
     the receptive field; the bias is added once, on key frames. ``counters`` (the CUDA kernels' work
     list counters) and ``input_tf32`` (the CUDA kernels then skip rounding the deltas to TF32) are
-    not used here: PyTorch's convolution reads its input as cuDNN does."""
-    x = _zero_inactive(delta, mask)
+    not used here: PyTorch's convolution reads its input as cuDNN does.
+
+    Value mode (a *recomputing* convolution, :class:`~deltaconv.modules.DCConv2d` ``recomputes``):
+    ``delta`` holds the input's whole values and ``load_mask`` (``[N, 1, H, W]`` bool, all set)
+    says which input pixels are read (default ``mask``); ``bias_key`` (``[N]`` bool, all set) says
+    which streams' outputs get the bias (default ``key``). The output pixels still follow ``mask``
+    and ``key``: the output then holds the layer's whole new values on them."""
+    x = _zero_inactive(delta, mask if load_mask is None else load_mask)
     m = mask.to(torch.float32)
     if padding_mode != "zeros":
         pad = _reversed_padding(padding, weight.shape[-2:], dilation)
@@ -336,7 +354,7 @@ def conv2d(delta: Tensor, mask: Tensor, weight: Tensor, bias: Optional[Tensor], 
     out = F.conv2d(x, weight.to(delta.dtype), None, stride, padding, dilation, groups)
     ones = torch.ones((1, 1) + tuple(weight.shape[-2:]), device=delta.device)
     out_mask = F.conv2d(m, ones, None, stride, padding, dilation) > 0
-    return _add_bias_on_key(out, out_mask, bias, key)
+    return _add_bias_on_key(out, out_mask, bias, key, bias_key)
 
 
 def _reversed_padding(padding, kernel_size, dilation) -> list[int]:
@@ -351,14 +369,16 @@ def _reversed_padding(padding, kernel_size, dilation) -> list[int]:
     return [pw, pw, ph, ph]
 
 
-def _add_bias_on_key(out: Tensor, out_mask: Tensor, bias: Optional[Tensor],
-                     key: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+def _add_bias_on_key(out: Tensor, out_mask: Tensor, bias: Optional[Tensor], key: Optional[Tensor],
+                     bias_key: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+    """Key streams' outputs all active; the bias added to the streams of ``bias_key`` (default ``key``)."""
     k = _key_view(key, out.dim())
     if k is not None:
         out_mask = out_mask | k
-        if bias is not None:
-            shape = [1, -1] + [1] * (out.dim() - 2)
-            out = out + bias.view(shape).to(out.dtype) * k.to(out.dtype)
+    kb = k if bias_key is None else _key_view(bias_key, out.dim())
+    if kb is not None and bias is not None:
+        shape = [1, -1] + [1] * (out.dim() - 2)
+        out = out + bias.view(shape).to(out.dtype) * kb.to(out.dtype)
     return out, out_mask
 
 

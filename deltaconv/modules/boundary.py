@@ -34,7 +34,7 @@ class DCSparsify(DCModule):
             measure = self.change_detector(x.float() - sent.float())
         tf32 = sends_tf32(x)
         value, mask = self.ops.sparsify(x, sent, self.threshold, self.key, measure, tf32=tf32)
-        return self.observe(Delta(value, mask, tf32=tf32))
+        return self.observe(Delta(value, mask, tf32=tf32, whole=sent))
 
     def flops_per_output_pixel(self, out: Delta) -> float:
         return 0.0

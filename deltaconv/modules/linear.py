@@ -133,6 +133,13 @@ class DCConv2d(DCModule):
     #: convolution runs on that list (``conv1x1_rows``) instead of making its own from the mask, and
     #: with ``lists_rows`` of its own passes the same list on (its output pixels are its input's).
     takes_rows = False
+    #: value mode (set by ``convert``, ``recompute=True``): the input's producer keeps its whole values
+    #: (``Delta.whole``: an activation, a max pooling, the input sparsifier) and this convolution's only
+    #: reader is an activation. It then computes its whole new output on the active pixels from those
+    #: values, bias included (``ops.conv2d``'s ``load_mask`` / ``bias_key``), and the activation needs
+    #: no float32 accumulator (``ops.activation_values``): the same work here, about half the
+    #: activation's memory traffic, and no rounding of deltas to accumulate
+    recomputes = False
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
                  groups: int = 1, bias: bool = True, padding_mode: str = "zeros") -> None:
@@ -227,6 +234,8 @@ class DCConv2d(DCModule):
 
     def forward(self, x: Delta) -> Delta:
         w, b = self.folded_weight_bias(self.output_pixels(x) if self.groups > 1 else None)
+        if self.recomputes:
+            return self._recompute(x, w, b)
         rows = x.rows if self.takes_rows else None
         if rows is not None and rows.filled and self.key is None and self.row_list_ok():
             v = self._unpadded(self.ops.conv1x1_rows(x.value, x.mask, w, b, rows, input_tf32=x.tf32))
@@ -236,6 +245,32 @@ class DCConv2d(DCModule):
         v, m = self.ops.conv2d(x.value, x.mask, w, b, self.stride, self.padding, self.dilation, groups,
                                self.key, self.padding_mode, self.work_counters(x), input_tf32=x.tf32)
         return self.observe(Delta(self._unpadded(v), m))
+
+    def _recompute(self, x: Delta, w: torch.Tensor, b: Optional[torch.Tensor]) -> Delta:
+        """Value mode (``recomputes``): the whole new output on the active output pixels, from the
+        input's whole values (``x.whole``), bias included; marked ``recomputed``."""
+        if x.whole is None:
+            raise RuntimeError(f"{self.layer_name}: a recomputing convolution needs its input's whole values "
+                               "(Delta.whole), which the layer before it did not give; convert with recompute=False")
+        load_mask, bias_key = self._all_set(x.mask)
+        rows = x.rows if self.takes_rows else None
+        if rows is not None and rows.filled and self.key is None and self.row_list_ok():
+            v = self._unpadded(self.ops.conv1x1_rows(x.whole, x.mask, w, b, rows, bias_key=bias_key))
+            return self.observe(Delta(v, x.mask, recomputed=True))
+        groups = self.groups if w.shape[1] * self.groups == self.in_channels else 1  # 1: block-diagonal
+        v, m = self.ops.conv2d(x.whole, x.mask, w, b, self.stride, self.padding, self.dilation, groups, self.key,
+                               self.padding_mode, self.work_counters(x), load_mask=load_mask, bias_key=bias_key)
+        return self.observe(Delta(self._unpadded(v), m, recomputed=True))
+
+    def _all_set(self, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """An all-set load mask of ``mask``'s shape and an all-set ``[N]`` bias key, kept while the
+        shape and device stay (made outside a CUDA graph's capture: its first frame runs eagerly)."""
+        held = self.__dict__.get("_all_set_flags")
+        if held is None or held[0].shape != mask.shape or held[0].device != mask.device:
+            held = (torch.ones_like(mask, dtype=torch.bool), torch.ones(mask.shape[0], dtype=torch.bool,
+                                                                        device=mask.device))
+            self.__dict__["_all_set_flags"] = held
+        return held
 
     def _unpadded(self, v: torch.Tensor) -> torch.Tensor:
         """The first ``out_channels`` channels of an output of filters padded to a multiple of 8

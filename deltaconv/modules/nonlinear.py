@@ -19,7 +19,8 @@ from .linear import DeferredSum, _map_deltas, _rebuild, sends_tf32
 
 class DCActivation(DCModule):
     """Pointwise non-linearity (ReLU, ReLU6, LeakyReLU, Hardswish, Hardsigmoid, SiLU, Sigmoid,
-    GELU, Tanh, ELU, or any pointwise callable). State: ``acc`` (input), ``sent`` (output).
+    GELU, Tanh, ELU, or any pointwise callable). State: ``acc`` (input), ``sent`` (output); after a
+    recomputing convolution (``DCConv2d.recomputes``: its input arrives whole) ``sent`` only.
     Float32 on a GPU with TF32 convolutions: sends its changes rounded to TF32 (:func:`sends_tf32`)."""
 
     kind = "activation"
@@ -39,10 +40,14 @@ class DCActivation(DCModule):
     def forward(self, x: Delta) -> Delta:
         fused = isinstance(x, DeferredSum) and x.fusable  # a residual add fused into this pass
         like = x.a.value if fused else x.value  # (a DeferredSum's own value would compute the sum)
-        acc = self.state("acc", x.shape, like.device, like.dtype)
         sent = self.state("sent", x.shape, like.device, like.dtype, sent=True)
         rows = self.row_list(x.shape, like.device)
         tf32 = sends_tf32(like)
+        if x.recomputed:  # value mode: the convolution before it recomputed the whole input, no accumulator
+            v, m = self.ops.activation_values(x.value, x.mask, sent, self.fn, self.threshold, self.key, self.measure,
+                                              rows, tf32=tf32)
+            return self.observe(Delta(v, m, filled_rows(rows), tf32=tf32, whole=sent))
+        acc = self.state("acc", x.shape, like.device, like.dtype)
         if fused:
             a, b = x.a, x.b
             v, m, union = self.ops.add_activation(a.value, a.mask, b.value, b.mask, x.layer.alpha, acc, sent, self.fn,
@@ -51,7 +56,7 @@ class DCActivation(DCModule):
         else:
             v, m = self.ops.activation(x.value, x.mask, acc, sent, self.fn, self.threshold, self.key, self.measure,
                                        rows, tf32=tf32)
-        return self.observe(Delta(v, m, filled_rows(rows), tf32=tf32))
+        return self.observe(Delta(v, m, filled_rows(rows), tf32=tf32, whole=sent))
 
     def flops_per_output_pixel(self, out: Delta) -> float:
         return float(out.value.shape[1]) if out.value.dim() > 1 else 1.0
@@ -167,7 +172,7 @@ class DCMaxPool2d(DCModule):
         tf32 = sends_tf32(x.value)
         v, m = self.ops.max_pool2d(x.value, x.mask, acc, sent, self.kernel_size, self.stride, self.padding,
                                    self.dilation, self.ceil_mode, self.threshold, self.key, self.measure, tf32=tf32)
-        return self.observe(Delta(v, m, tf32=tf32))
+        return self.observe(Delta(v, m, tf32=tf32, whole=sent))
 
     def flops_per_output_pixel(self, out: Delta) -> float:
         return float(out.value.shape[1] * self.kernel_size[0] * self.kernel_size[1])

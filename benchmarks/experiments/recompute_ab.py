@@ -1,0 +1,110 @@
+"""A/B of ``convert(recompute=True)`` (value mode: convolutions that read an activation's, a max
+pooling's or the input sparsifier's whole values and feed only an activation recompute their whole
+output, and that activation keeps no float32 accumulator) against delta mode, in one process, with
+the dense model replayed as a CUDA graph as the baseline.
+
+    PYTHONPATH=. python benchmarks/experiments/recompute_ab.py [--models mobilenet_v2 resnet50] \\
+        [--videos vtest.avi one-by-one-person-detection.mp4] [--thresholds 0.02 1e6] [--calibrated]
+
+Each variant (fp16, 1080x1920, CUDA-graph replay) and the dense graph run frame by frame in turn on
+the same frames (``--start``, ``--frames``; the first two are the key frame and the captured one):
+the median ms per frame after ``--warmup`` frames, the mean logit relative error of each variant
+against the dense float16 model, and the FLOPs density; "value_with_stem" lets the stems recompute too
+(3 input channels: their tensor-core kernel reads a copy of the frame padded to 8 channels, which value
+mode pads at every pixel; ``convert`` leaves them in delta mode, ``MIN_RECOMPUTE_CHANNELS``). ``--calibrated``: mobilenet_v2 also at its
+float16 thresholds calibrated for 1 % (``benchmarks/results/fidelity_thresholds_*_0.01_rms_float16.json``).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from common import alternate_frames, run_info  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+#: the variants: ``convert(recompute=)`` and ``deltaconv.convert.MIN_RECOMPUTE_CHANNELS``;
+#: "value_with_stem": the stems (3 input channels) recompute too
+VARIANTS = {"delta": (False, 8), "value": (True, 8), "value_with_stem": (True, 1)}
+CALIBRATED = {"vtest.avi": "fidelity_thresholds_vtest_0.01_rms_float16.json",
+              "one-by-one-person-detection.mp4": "fidelity_thresholds_one_0.01_rms_float16.json"}
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--models", nargs="*", default=["mobilenet_v2", "resnet50"])
+    p.add_argument("--videos", nargs="*", default=["vtest.avi", "one-by-one-person-detection.mp4"])
+    p.add_argument("--thresholds", type=float, nargs="*", default=[0.02, 1e6])
+    p.add_argument("--calibrated", action="store_true")
+    p.add_argument("--start", type=int, default=200)
+    p.add_argument("--frames", type=int, default=24)
+    p.add_argument("--warmup", type=int, default=4)
+    p.add_argument("--size", type=int, nargs=2, default=[1080, 1920])
+    a = p.parse_args(argv)
+    import deltaconv
+    convert_module = importlib.import_module("deltaconv.convert")  # the module (deltaconv.convert is the function)
+    from deltaconv.cuda_graphs import graphed_model
+    from deltaconv.fidelity import flops_density, relative_error
+    from deltaconv.video import find_sample_video, read_frames
+    from video_sweep import build
+
+    default_min = convert_module.MIN_RECOMPUTE_CHANNELS
+    info = run_info()
+    print(f"# {info['device']}, {info['date']}, torch {torch.__version__}", flush=True)
+    for video in a.videos:
+        frames_cpu = list(read_frames(find_sample_video(video), start=a.start, max_frames=a.frames,
+                                      size=tuple(a.size)))
+        for name in a.models:
+            model = build(name, frames_cpu[:4]).cuda().half().to(memory_format=torch.channels_last)
+            frames = [f.cuda().half() for f in frames_cpu]
+            settings = [(f"t={t:g}", dict(threshold=t)) for t in a.thresholds]
+            if a.calibrated and name == "mobilenet_v2":
+                settings.append((CALIBRATED[video], dict(thresholds=str(RESULTS / CALIBRATED[video]))))
+            with torch.no_grad():
+                dense_graph = graphed_model(model, frames[0])
+                reference = [model(f).float() for f in frames]
+            for label, kw in settings:
+                runs = {}
+                with torch.no_grad():
+                    for v, (recompute, min_channels) in VARIANTS.items():
+                        convert_module.MIN_RECOMPUTE_CHANNELS = min_channels
+                        dm = deltaconv.convert(model, backend="cuda", example_input=frames[0], cuda_graph=True,
+                                               check_finite=False, recompute=recompute, **kw)
+                        convert_module.MIN_RECOMPUTE_CHANNELS = default_min
+                        dm(frames[0]), dm(frames[1])  # key frame, then the captured frame
+                        dm.reset_stats()
+                        runs[v] = dm
+                    runs["dense"] = dense_graph
+                    ms, _ = alternate_frames(runs, frames[2:], a.warmup)
+                    errors = {}
+                    for v in VARIANTS:  # errors and densities over the same frames, again from the key frame
+                        dm = runs[v]
+                        dm.reset()
+                        errs = []
+                        for i, f in enumerate(frames):
+                            y = dm(f).float()
+                            if i == 0:
+                                dm.reset_stats()
+                                continue
+                            errs.append(float(relative_error(y, reference[i]).mean()))
+                        errors[v] = (sum(errs) / len(errs), flops_density(dm.stats()))
+                pairs = sum(1 for n in runs["value"].report.nodes if n.note and "recomputes for" in n.note)
+                print(f"== {name} {a.size[0]}x{a.size[1]} fp16 {video} frames {a.start + 2}-{a.start + a.frames - 1} "
+                      f"{label}: dense graph {ms['dense']:.3f} ms, delta {ms['delta']:.3f} ms "
+                      f"({ms['dense'] / ms['delta']:.2f}x), value {ms['value']:.3f} ms ({ms['dense'] / ms['value']:.2f}x;"
+                      f" {ms['delta'] / ms['value']:.3f}x of delta, {pairs} convs recompute); error / FLOPs density: "
+                      f"delta {errors['delta'][0]:.4f} / {errors['delta'][1]:.3f}, value {errors['value'][0]:.4f} / "
+                      f"{errors['value'][1]:.3f}; state delta {runs['delta'].state_bytes() / 2**20:.0f} MiB, value "
+                      f"{runs['value'].state_bytes() / 2**20:.0f} MiB; stem recomputing too "
+                      f"{ms['value_with_stem']:.3f} ms ({ms['dense'] / ms['value_with_stem']:.2f}x)", flush=True)
+                del runs
+            del model, frames, dense_graph
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

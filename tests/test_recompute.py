@@ -1,0 +1,233 @@
+"""Value mode (``convert(..., recompute=True)``, the default): a convolution that reads a layer keeping its whole
+values and feeds only an activation recomputes its whole output on the active pixels, and that
+activation keeps no accumulator. Same results as delta mode (the reference backend in float64 to
+rounding; the CUDA kernels against the reference), less state, and the pairs in the report."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import deltaconv
+from deltaconv.activations import from_module
+from deltaconv.backends import reference as R
+from deltaconv.delta import Delta
+from deltaconv.modules import DCConv2d
+from helpers import cuda_backend_reason, cuda_kernel_names, main_output, torchvision_model as build, video_frames
+
+
+def rel(a, b) -> float:
+    a, b = main_output(a).double(), main_output(b).double()
+    return ((a - b).norm() / b.norm()).item()
+
+
+def moving_frames(n: int, shape=(2, 3, 48, 64), dtype=torch.float64, seed=0) -> list[torch.Tensor]:
+    """A still frame pair of streams with a patch that moves and grows (a few changed pixels per frame)."""
+    g = torch.Generator().manual_seed(seed)
+    frames = [torch.randn(shape, generator=g, dtype=dtype)]
+    for i in range(n - 1):
+        x = frames[-1].clone()
+        x[:, :, 8:14 + 3 * i, 20 + 2 * i:30 + 2 * i] += 0.3 * torch.randn(shape[0], 3, 6 + 3 * i, 10, generator=g,
+                                                                          dtype=dtype)
+        frames.append(x)
+    return frames
+
+
+def pairs(dm) -> list[str]:
+    return [n.layer for n in dm.report.nodes if n.note and "recomputes for" in n.note]
+
+
+@pytest.mark.parametrize("truncation", ["max", "rms", "pooled"])
+@pytest.mark.parametrize("name, expected", [("resnet18", 8), ("mobilenet_v2", 17)])
+def test_recompute_equals_delta_mode_on_the_reference(name, expected, truncation):
+    """float64, reference backend: value mode gives delta mode's outputs (to float64 rounding) at
+    threshold 0 and above, and at threshold 0 the dense model's."""
+    model = build(name).double()
+    frames = moving_frames(5)
+    for t in (0.0, 0.03):
+        delta = deltaconv.convert(model, threshold=t, truncation=truncation, backend="reference",
+                                  example_input=frames[0], recompute=False)
+        value = deltaconv.convert(model, threshold=t, truncation=truncation, backend="reference",
+                                  example_input=frames[0])
+        assert len(pairs(value)) == expected and not pairs(delta)
+        with torch.no_grad():
+            for f in frames:
+                a, b = value(f), delta(f)
+                torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+                if t == 0:
+                    torch.testing.assert_close(a, model(f), rtol=0, atol=1e-12)
+        if t > 0:
+            assert any(0 < s["mean_density"] < 1 for s in value.stats() if s["kind"] == "activation")
+            assert [s["mean_density"] for s in value.stats()] == pytest.approx([s["mean_density"] for s in delta.stats()],
+                                                                              nan_ok=True)
+
+
+def test_recomputed_activations_keep_no_accumulator():
+    model = build("resnet18")
+    frames = moving_frames(2, dtype=torch.float32)
+    delta = deltaconv.convert(model, threshold=0.01, backend="reference", example_input=frames[0], recompute=False)
+    value = deltaconv.convert(model, threshold=0.01, backend="reference", example_input=frames[0])
+    with torch.no_grad():
+        for f in frames:
+            delta(f), value(f)
+    recomputed = {n.layer for n in value.report.nodes if n.note and "recomputed by" in n.note}
+    assert len(recomputed) == 8
+    for layer in value.delta_layers():
+        if layer.layer_name in recomputed:
+            assert "acc" not in layer._buffers and layer._buffers["sent"] is not None
+    assert value.state_bytes() < delta.state_bytes()
+
+
+def test_only_convolutions_between_a_whole_source_and_a_lone_activation_recompute():
+    """mobilenet_v2 (the default conversion): every depthwise conv (after the expansion's ReLU6)
+    recomputes; the stem (3 input channels), the expansions (after a residual add or a projection)
+    and the projections (read by an add or the next block) do not; recompute=False: none."""
+    dm = deltaconv.convert(build("mobilenet_v2"), backend="reference", example_input=torch.zeros(1, 3, 64, 64))
+    marked = sorted(name for name, m in dm.named_modules() if isinstance(m, DCConv2d) and m.recomputes)
+    assert "features.1.conv.0.0" in marked and "features.2.conv.1.0" in marked
+    assert "features.0.0" not in marked and "features.2.conv.0.0" not in marked and "features.2.conv.2" not in marked
+    assert len(marked) == 17
+    off = deltaconv.convert(build("mobilenet_v2"), backend="reference", example_input=torch.zeros(1, 3, 64, 64),
+                            recompute=False)
+    assert not any(isinstance(m, DCConv2d) and m.recomputes for m in off.modules()) and not pairs(off)
+
+
+def test_recompute_argument_is_checked():
+    with pytest.raises(TypeError, match="recompute must be a bool, got 'yes'"):
+        deltaconv.convert(build("resnet18"), recompute="yes")
+
+
+def test_a_recomputing_convolution_needs_whole_values():
+    conv = DCConv2d.from_dense(torch.nn.Conv2d(4, 8, 3, padding=1))
+    conv.recomputes = True
+    conv.layer_name = "conv"
+    x = Delta(torch.zeros(1, 4, 5, 5), torch.ones(1, 1, 5, 5, dtype=torch.bool))
+    with pytest.raises(RuntimeError, match="conv: a recomputing convolution needs its input's whole values"):
+        conv(x)
+
+
+@pytest.mark.parametrize("stride, groups", [(1, 1), (2, 1), (1, 4)])
+def test_reference_conv2d_reads_the_load_mask_and_adds_the_bias_key(stride, groups):
+    """conv2d's value mode: inputs read where load_mask is set (not only where mask is), the bias on
+    the streams of bias_key, the output pixels from mask and key."""
+    g = torch.Generator().manual_seed(3)
+    whole = torch.randn(2, 4, 9, 11, generator=g, dtype=torch.float64)
+    mask = torch.zeros(2, 1, 9, 11, dtype=torch.bool)
+    mask[0, 0, 4, 5] = True
+    w = torch.randn(8, 4 // groups, 3, 3, generator=g, dtype=torch.float64)
+    b = torch.randn(8, generator=g, dtype=torch.float64)
+    ones, all_streams = torch.ones_like(mask), torch.ones(2, dtype=torch.bool)
+    out, out_mask = R.conv2d(whole, mask, w, b, stride, 1, 1, groups, None, load_mask=ones, bias_key=all_streams)
+    dense = F.conv2d(whole, w, b, stride, 1, 1, groups)
+    expected_mask = F.conv2d(mask.double(), torch.ones(1, 1, 3, 3, dtype=torch.float64), None, stride, 1) > 0
+    assert torch.equal(out_mask, expected_mask) and expected_mask.any()
+    torch.testing.assert_close(out[expected_mask.expand_as(out)], dense[expected_mask.expand_as(dense)])
+    delta_out, _ = R.conv2d(whole, mask, w, b, stride, 1, 1, groups, None)  # delta mode: only the masked input
+    assert not torch.allclose(delta_out[expected_mask.expand_as(out)], dense[expected_mask.expand_as(dense)])
+
+
+@pytest.mark.parametrize("measure", ["max", "rms"])
+def test_reference_activation_values_equals_activation_from_an_empty_accumulator(measure):
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(2, 5, 4, 6, generator=g)
+    mask = torch.rand(2, 1, 4, 6, generator=g) > 0.4
+    fn = from_module(torch.nn.ReLU6())
+    sent_a, sent_b = torch.rand(2, 5, 4, 6, generator=g), None
+    sent_b = sent_a.clone()
+    va, ma = R.activation_values(x, mask, sent_a, fn, 0.3, None, measure)
+    vb, mb = R.activation(x, mask, torch.zeros_like(x), sent_b, fn, 0.3, None, measure)
+    assert torch.equal(ma, mb) and ma.any() and not ma.all()
+    torch.testing.assert_close(va, vb, rtol=0, atol=0)
+    torch.testing.assert_close(sent_a, sent_b, rtol=0, atol=0)
+
+
+# ----------------------------------------------------------------------------- GPU
+REASON = cuda_backend_reason()
+requires_cuda = pytest.mark.skipif(bool(REASON), reason=REASON or "ok")
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("truncation", ["max", "rms", "hybrid"])
+@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2", "resnet50"])
+def test_cuda_recompute_equals_reference_recompute(name, truncation):
+    """float32 (TF32 off), thresholds > 0: the CUDA kernels in value mode make the reference's
+    decisions, and delta mode's (outputs far closer than the truncation error), with the value
+    variant of the activation kernel."""
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    model = build(name).cuda()
+    frames = [f.cuda() for f in video_frames(6, (96, 128))]
+    t = 0.02 if truncation == "max" else 0.005
+    kw = dict(threshold=t, truncation=truncation, example_input=frames[0])
+    cuda = deltaconv.convert(model, backend="cuda", **kw)
+    ref = deltaconv.convert(model, backend="reference", **kw)
+    delta = deltaconv.convert(model, backend="cuda", recompute=False, **kw)
+    with torch.no_grad():
+        for f in frames:
+            dense, a, b, c = model(f), cuda(f), ref(f), delta(f)
+            assert rel(a, b) <= 0.1 * max(rel(b, dense), 1e-5)
+            assert rel(a, c) <= 0.1 * max(rel(c, dense), 1e-5)
+    assert pairs(cuda)
+    assert any(0 < s["mean_density"] < 1 for s in cuda.stats() if s["kind"] == "activation")
+    with torch.no_grad():
+        names = cuda_kernel_names(lambda: cuda(frames[0]))
+    if names:  # none recorded under compute-sanitizer
+        assert any("activation_kernel" in k and "false, true>" in k for k in names), names  # VALUES
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2"])
+def test_cuda_recompute_at_threshold_0_within_dense_rounding_and_replayed(name, dtype):
+    """At threshold 0 value mode stays within the dense model's own rounding of its dtype (it
+    recomputes what the dense model computes from the sent values), eager and replayed from a CUDA
+    graph (bit-equal)."""
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    model = build(name).cuda()
+    low = build(name).cuda().to(dtype)
+    frames = [f.cuda() for f in video_frames(6, (96, 128))]
+    kw = dict(backend="cuda", example_input=frames[0].to(dtype))
+    eager = deltaconv.convert(low, **kw)
+    graph = deltaconv.convert(low, cuda_graph=True, check_finite=False, **kw)
+    with torch.no_grad():
+        for f in frames:
+            x = f.to(dtype)
+            y, z, want = eager(x), graph(x).clone(), model(f)
+            torch.testing.assert_close(z, y, rtol=0, atol=0)
+            bound = 1e-4 if dtype == torch.float32 else 3 * rel(low(x), want) + 1e-3
+            assert rel(y, want) <= bound
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("fraction", [0.0, 0.1, 1.0])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("cin, cout, k, stride, groups, dilation", [
+    (64, 64, 3, 1, 1, 1), (32, 64, 3, 2, 1, 1), (48, 48, 3, 1, 48, 1), (96, 96, 3, 2, 96, 1), (64, 128, 1, 1, 1, 1),
+    (64, 32, 1, 2, 1, 1), (3, 64, 7, 2, 1, 1), (17, 24, 3, 1, 1, 1), (64, 64, 3, 1, 1, 2), (40, 40, 5, 1, 40, 1)])
+def test_cuda_conv2d_value_mode_equals_reference(cin, cout, k, stride, groups, dilation, dtype, fraction):
+    """ops.conv2d with load_mask / bias_key (every kernel family: tensor-core 3x3 and 1x1, depthwise,
+    the stem's few channels, the CUDA cores, gathered taps) against the reference, on the output
+    pixels, for clustered changes; and the same output pixels as delta mode."""
+    from deltaconv.backends import cuda as C
+    torch.backends.cudnn.allow_tf32 = False
+    g = torch.Generator().manual_seed(5)
+    n, h, w = 2, 37, 45
+    whole = torch.randn(n, cin, h, w, generator=g).to("cuda", dtype).contiguous(memory_format=torch.channels_last)
+    blocks = torch.rand(n, 1, (h + 7) // 8, (w + 7) // 8, generator=g) < fraction
+    mask = blocks.repeat_interleave(8, 2).repeat_interleave(8, 3)[:, :, :h, :w].cuda()
+    weight = (torch.randn(cout, cin // groups, k, k, generator=g) / (k * (cin // groups)) ** 0.5).to("cuda", dtype)
+    bias = torch.randn(cout, generator=g).to("cuda", dtype)
+    ones, streams = torch.ones_like(mask), torch.ones(n, dtype=torch.bool, device="cuda")
+    pad = dilation * (k // 2)
+    args = (whole, mask, weight, bias, stride, pad, dilation, groups, None)
+    out, out_mask = C.conv2d(*args, load_mask=ones, bias_key=streams)
+    ref, ref_mask = R.conv2d(*args, load_mask=ones, bias_key=streams)
+    assert torch.equal(out_mask, ref_mask)
+    assert torch.equal(out_mask, C.conv2d(*args)[1])
+    sel = out_mask.expand_as(out)
+    tol = 2e-3 if dtype == torch.float16 else 1e-5
+    torch.testing.assert_close(out[sel].float(), ref[sel].float(), rtol=tol, atol=tol)
