@@ -446,7 +446,7 @@ class _Converter:
 #: Convolutions of fewer input channels (the stems, reading the frame) stay in delta mode under
 #: ``recompute``: their tensor-core kernel reads a copy of the input padded to 8 channels, which value
 #: mode has to pad at every pixel of every frame; that cost what the stem's activation saved on busy
-#: frames and made frames with nothing changed 4-8 % slower (H200, 2026-11-29,
+#: frames, and frames with nothing changed were up to 8 % slower (H200, 2026-11-29,
 #: ``benchmarks/results/value_mode.txt`` section 3).
 MIN_RECOMPUTE_CHANNELS = 8
 
@@ -568,8 +568,8 @@ def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
             reader is an activation, computes its whole new output on the active pixels from its
             input's whole values (what that layer has sent), bias included, and the activation after
             it keeps no float32 accumulator. The same convolution work and results (to rounding),
-            about half of that activation's memory traffic and 30 % less state in ResNet-50 and
-            MobileNetV2; their busy frames 4-9 % faster in float16 (README, *How it works*, Value
+            about half of that activation's memory traffic, 21-25 % less state in ResNet-50 and
+            MobileNetV2 and their busy frames 3.5-9 % faster in float16 (README, *How it works*, Value
             mode). The report notes the pairs ("recomputes for"). ``False``: delta mode everywhere.
     """
     from .model import DeltaModel, read_thresholds
