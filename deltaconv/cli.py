@@ -106,6 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep each BatchNorm a layer of its own (convert(fold_bn=False): one more pass per "
                         "BatchNorm, for about the dense float16 model's error at threshold 0, which folding also "
                         "keeps; default: as the --thresholds file records it, else folded)")
+    d.add_argument("--no-recompute", action="store_true",
+                   help="delta mode everywhere (convert(recompute=False)); by default a convolution between a "
+                        "layer with whole values and an activation recomputes its output, and that activation "
+                        "keeps no float32 accumulator")
     d.add_argument("--max-frames", type=_count_or_all, default=150, metavar="N",
                    help="frames to process (default 150; 0: the whole video)")
     d.add_argument("--size", type=parse_size, metavar="HxW", help="model input size (default: the video's)")
@@ -187,7 +191,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
              max_frames=args.max_frames, size=args.size, out=args.out, backend=args.backend,
              thresholds=args.thresholds, snapshot=args.snapshot, snapshot_frame=args.snapshot_frame,
              progress=not args.no_progress, verbose=True, dtype=args.dtype, cuda_graph=args.cuda_graph,
-             fold_bn=False if args.no_fold_bn else None)
+             fold_bn=False if args.no_fold_bn else None, recompute=not args.no_recompute)
     return 0
 
 

@@ -306,7 +306,7 @@ def run_demo(video: Union[str, os.PathLike, None] = None, camera: Optional[int] 
              backend: str = "auto", thresholds: Union[None, dict, str] = None,
              snapshot: Union[str, os.PathLike, None] = None, snapshot_frame: int = -1,
              progress: bool = True, verbose: bool = True, dtype: Union[None, str, torch.dtype] = None,
-             cuda_graph: Optional[bool] = None, fold_bn: Optional[bool] = None) -> dict:
+             cuda_graph: Optional[bool] = None, fold_bn: Optional[bool] = None, recompute: bool = True) -> dict:
     """Run the dense ``model`` and its converted delta model side by side on a video.
 
     Args:
@@ -329,9 +329,11 @@ def run_demo(video: Union[str, os.PathLike, None] = None, camera: Optional[int] 
             mean timings.
         fold_bn: fold BatchNorm into the convolutions (``convert(..., fold_bn=...)``; ``None``: as
             the thresholds file records it, else folded).
+        recompute: value mode where the graph allows (``convert(..., recompute=...)``, the default);
+            ``False``: delta mode everywhere.
 
     Returns the summary dict (also printed when ``verbose``): frame count, ``thresholds`` (what was
-    used, in words), ``dtype``, ``cuda_graph``, ``fold_bn``,
+    used, in words), ``dtype``, ``cuda_graph``, ``fold_bn``, ``recompute``,
     mean dense and delta milliseconds and their ratio ``speedup`` over the non-key frames (the first,
     and in float16 / bfloat16, and float32 in TF32 on a GPU, one every 1,000 frames,
     ``refresh_every="auto"``) and those that
@@ -388,7 +390,7 @@ def run_demo(video: Union[str, os.PathLike, None] = None, camera: Optional[int] 
         size = tuple(first.shape[:2])
     x0 = to_tensor(first, size).to(dev, dtype)
     dm = convert(dense, threshold=float(threshold), backend=backend, thresholds=thresholds, example_input=x0,
-                 change_detector=change_detector, fold_bn=fold_bn)
+                 change_detector=change_detector, fold_bn=fold_bn, recompute=recompute)
     _hook_sparsifier(dm)
     from . import backends
 
@@ -494,6 +496,7 @@ def run_demo(video: Union[str, os.PathLike, None] = None, camera: Optional[int] 
         "size": tuple(size), "threshold": float(threshold), "thresholds": threshold_label,
         "device": dev.type, "backend": used_backend,
         "dtype": str(dtype).split(".")[-1], "cuda_graph": bool(cuda_graph), "fold_bn": dm.fold_bn,
+        "recompute": bool(recompute),
         "dense_ms": dense_ms, "delta_ms": delta_ms, "speedup": dense_ms / delta_ms if delta_ms > 0 else math.nan,
         "density": _mean([r["density"] for r in steady]), "work": _mean([r["work"] for r in steady]),
         "rel_error": _mean([r["rel_error"] for r in steady]),

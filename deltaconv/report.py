@@ -49,6 +49,12 @@ class ConversionReport:
         activation after it; the note names the partner)."""
         return [n for n in self.nodes if "fused with " in n.note]
 
+    @property
+    def recomputing(self) -> list[NodeReport]:
+        """Convolutions that recompute their whole output for the activation after them, and those
+        activations (``convert(recompute=True)``, value mode; the note names the partner)."""
+        return [n for n in self.nodes if "recomputes for " in n.note or "recomputed by " in n.note]
+
     def counts(self) -> dict[str, int]:
         """Number of nodes per status."""
         return dict(Counter(n.status for n in self.nodes))

@@ -39,6 +39,7 @@ def test_demo_defaults():
     assert args.device == "cpu" and args.size is None and args.out == "demo.mp4" and args.threshold >= 0
     args = cli.build_parser().parse_args(["demo", "--camera", "1", "--size", "120x160", "--max-frames", "0"])
     assert args.camera == 1 and args.size == (120, 160) and args.max_frames is None
+    assert not args.no_recompute and cli.build_parser().parse_args(["demo", "--no-recompute"]).no_recompute
 
 
 @pytest.mark.parametrize("argv, fragments", [

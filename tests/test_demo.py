@@ -40,6 +40,7 @@ def test_tiny_demo_mobilenet_v2_real_weights(tmp_path):
     assert math.isclose(s["speedup"], s["dense_ms"] / s["delta_ms"])
     assert [r["key"] for r in s["per_frame"]] == [True, False, False]
     assert s["dtype"] == "float32" and s["cuda_graph"] is False and s["fold_bn"] is True  # the CPU's defaults
+    assert s["recompute"] is True
     assert not any(r["records_graph"] for r in s["per_frame"])
     # the right panel draws the input sparsifier's mask of the frame
     assert [r["mask_density"] for r in s["per_frame"]] == pytest.approx([r["density"] for r in s["per_frame"]])

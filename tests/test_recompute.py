@@ -71,7 +71,7 @@ def test_recomputed_activations_keep_no_accumulator():
         for f in frames:
             delta(f), value(f)
     recomputed = {n.layer for n in value.report.nodes if n.note and "recomputed by" in n.note}
-    assert len(recomputed) == 8
+    assert len(recomputed) == 8 and len(value.report.recomputing) == 16 and not delta.report.recomputing
     for layer in value.delta_layers():
         if layer.layer_name in recomputed:
             assert "acc" not in layer._buffers and layer._buffers["sent"] is not None
