@@ -569,8 +569,10 @@ def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
             input's whole values (what that layer has sent), bias included, and the activation after
             it keeps no float32 accumulator. The same convolution work and results (to rounding),
             about half of that activation's memory traffic, 21-25 % less state in ResNet-50 and
-            MobileNetV2 and their busy frames 3.5-9 % faster in float16 (README, *How it works*, Value
-            mode). The report notes the pairs ("recomputes for"). ``False``: delta mode everywhere.
+            MobileNetV2 and their busy frames 2.6-9 % faster in float16 (README, *How it works*, Value
+            mode). Not in float32 with TF32 convolutions, whose TF32 sends suit delta mode better
+            (``DCConv2d.recomputes``). The report notes the pairs ("recomputes for"). ``False``:
+            delta mode everywhere.
     """
     from .model import DeltaModel, read_thresholds
 

@@ -76,12 +76,22 @@ def _traced_constants(dense: nn.Module, graph: fx.Graph) -> list[str]:
     return names
 
 
+def _frame_signature(frames: tuple) -> tuple:
+    """What makes a frame a key frame when it differs from the previous one's: per input, its shape
+    (first: ``[0][0][0]`` is the batch size), dtype, device, and for float32 on a GPU whether the
+    convolutions run in TF32 (``torch.backends.cudnn.allow_tf32``: the layers then send TF32-rounded
+    changes, and recomputing convolutions run in delta mode, ``DCConv2d.recomputes``)."""
+    return tuple((tuple(f.shape), f.dtype, f.device,
+                  bool(f.is_cuda and f.dtype == torch.float32 and torch.backends.cudnn.allow_tf32)) for f in frames)
+
+
 class DeltaModel(nn.Module):
     """A dense model converted by :func:`deltaconv.convert`.
 
     Call it on consecutive frames ``[N, 3, H, W]`` (one video stream per batch entry); it returns
     what the dense model returns (tensor, tuple or dict). The first frame after construction or
-    :meth:`reset`, and any frame whose shape, dtype or device differs from the previous one, is a
+    :meth:`reset`, and any frame whose shape, dtype or device differs from the previous one (or, for
+    float32 on a GPU, PyTorch's TF32 setting for convolutions), is a
     key frame: it runs dense and fills the state. Later frames process only changed pixels.
 
     The module tree is the dense model's (so its ``state_dict`` loads unchanged), with each layer
@@ -158,7 +168,7 @@ class DeltaModel(nn.Module):
     def _run_frame(self, frames: tuple) -> object:
         self._validate(frames)
         frames = tuple(f.contiguous(memory_format=torch.channels_last) if f.dim() == 4 else f for f in frames)
-        signature = tuple((tuple(f.shape), f.dtype, f.device) for f in frames)
+        signature = _frame_signature(frames)
         if self._graph is not None and (self._graph.settings != self._settings()
                                         or (self._inference_state and not torch.is_inference_mode_enabled())):
             # thresholds, measures, detector, statistics or backend changed since capture, or the state
@@ -248,7 +258,7 @@ class DeltaModel(nn.Module):
             raise ValueError(f"capture: frames must be on a CUDA device, got {frames.device}")
         self._validate((frames,))
         frames = frames.contiguous(memory_format=torch.channels_last)
-        signature = ((tuple(frames.shape), frames.dtype, frames.device),)
+        signature = _frame_signature((frames,))
         if signature != self._signature or (self._pending_key is not None and any(self._pending_key)):
             self._run_frame((frames,))  # key frame first: the graph records delta frames
         return self._capture((frames,))

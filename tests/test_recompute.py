@@ -231,3 +231,27 @@ def test_cuda_conv2d_value_mode_equals_reference(cin, cout, k, stride, groups, d
     sel = out_mask.expand_as(out)
     tol = 2e-3 if dtype == torch.float16 else 1e-5
     torch.testing.assert_close(out[sel].float(), ref[sel].float(), rtol=tol, atol=tol)
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_a_change_of_the_tf32_setting_is_a_key_frame():
+    """float32 on the GPU: with TF32 convolutions the layers send TF32-rounded changes and the
+    recomputing convolutions run in delta mode, without TF32 in value mode. A change of the setting
+    between frames is a key frame, so no activation switches modes with a stale accumulator: at
+    threshold 0 the outputs stay the dense model's across the switches."""
+    model = build("resnet18").cuda()
+    frames = [f.cuda() for f in video_frames(6, (96, 128))]
+    dm = deltaconv.convert(model, backend="cuda", example_input=frames[0])
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    try:
+        for i, f in enumerate(frames):
+            tf32 = i % 3 != 2  # on, on, off, on, on, off
+            torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = tf32
+            with torch.no_grad():
+                y, want = dm(f), model(f)
+            assert rel(y, want) <= (1e-2 if tf32 else 1e-4), i
+            since = dm._frames_since_key  # 1 right after a key frame
+            assert since == (1 if i in (0, 2, 3, 5) else 2), (i, since)
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved

@@ -6,10 +6,10 @@ the dense model replayed as a CUDA graph as the baseline.
     PYTHONPATH=. python benchmarks/experiments/recompute_ab.py [--models mobilenet_v2 resnet50] \\
         [--videos vtest.avi one-by-one-person-detection.mp4] [--thresholds 0.02 1e6] [--calibrated]
 
-Each variant (fp16, 1080x1920, CUDA-graph replay) and the dense graph run frame by frame in turn on
+Each variant (float16 unless ``--dtype float32``, TF32, 1080x1920, CUDA-graph replay) and the dense graph run frame by frame in turn on
 the same frames (``--start``, ``--frames``; the first two are the key frame and the captured one):
 the median ms per frame after ``--warmup`` frames, the mean logit relative error of each variant
-against the dense float16 model, and the FLOPs density; "value_with_stem" lets the stems recompute too
+against the dense model of the same dtype, and the FLOPs density; "value_with_stem" lets the stems recompute too
 (3 input channels: their tensor-core kernel reads a copy of the frame padded to 8 channels, which value
 mode pads at every pixel; ``convert`` leaves them in delta mode, ``MIN_RECOMPUTE_CHANNELS``). ``--calibrated``: mobilenet_v2 also at its
 float16 thresholds calibrated for 1 % (``benchmarks/results/fidelity_thresholds_*_0.01_rms_float16.json``).
@@ -29,7 +29,7 @@ from common import alternate_frames, run_info  # noqa: E402
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 #: the variants: ``convert(recompute=)`` and ``deltaconv.convert.MIN_RECOMPUTE_CHANNELS``;
 #: "value_with_stem": the stems (3 input channels) recompute too
-VARIANTS = {"delta": (False, 8), "value": (True, 8), "value_with_stem": (True, 1)}
+VARIANTS = {"delta": (False, 8), "value": (True, 8), "value_with_stem": (True, 1), "delta_again": (False, 8)}
 CALIBRATED = {"vtest.avi": "fidelity_thresholds_vtest_0.01_rms_float16.json",
               "one-by-one-person-detection.mp4": "fidelity_thresholds_one_0.01_rms_float16.json"}
 
@@ -40,11 +40,18 @@ def main(argv=None) -> None:
     p.add_argument("--videos", nargs="*", default=["vtest.avi", "one-by-one-person-detection.mp4"])
     p.add_argument("--thresholds", type=float, nargs="*", default=[0.02, 1e6])
     p.add_argument("--calibrated", action="store_true")
+    p.add_argument("--order", nargs="+", default=["delta", "value", "value_with_stem"], choices=list(VARIANTS),
+                   help="the variants in the order each frame runs them (the dense graph last); delta_again: "
+                        "delta mode once more, an A/A control of the order's own effect")
     p.add_argument("--start", type=int, default=200)
     p.add_argument("--frames", type=int, default=24)
     p.add_argument("--warmup", type=int, default=4)
     p.add_argument("--size", type=int, nargs=2, default=[1080, 1920])
+    p.add_argument("--dtype", default="float16", choices=["float16", "float32"],
+                   help="float32: the convolutions in TF32 on both sides (PyTorch's default for cuDNN)")
     a = p.parse_args(argv)
+    dtype = getattr(torch, a.dtype)
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = True
     import deltaconv
     convert_module = importlib.import_module("deltaconv.convert")  # the module (deltaconv.convert is the function)
     from deltaconv.cuda_graphs import graphed_model
@@ -59,8 +66,8 @@ def main(argv=None) -> None:
         frames_cpu = list(read_frames(find_sample_video(video), start=a.start, max_frames=a.frames,
                                       size=tuple(a.size)))
         for name in a.models:
-            model = build(name, frames_cpu[:4]).cuda().half().to(memory_format=torch.channels_last)
-            frames = [f.cuda().half() for f in frames_cpu]
+            model = build(name, frames_cpu[:4]).cuda().to(dtype).to(memory_format=torch.channels_last)
+            frames = [f.cuda().to(dtype) for f in frames_cpu]
             settings = [(f"t={t:g}", dict(threshold=t)) for t in a.thresholds]
             if a.calibrated and name == "mobilenet_v2":
                 settings.append((CALIBRATED[video], dict(thresholds=str(RESULTS / CALIBRATED[video]))))
@@ -70,7 +77,8 @@ def main(argv=None) -> None:
             for label, kw in settings:
                 runs = {}
                 with torch.no_grad():
-                    for v, (recompute, min_channels) in VARIANTS.items():
+                    for v in a.order:
+                        recompute, min_channels = VARIANTS[v]
                         convert_module.MIN_RECOMPUTE_CHANNELS = min_channels
                         dm = deltaconv.convert(model, backend="cuda", example_input=frames[0], cuda_graph=True,
                                                check_finite=False, recompute=recompute, **kw)
@@ -81,7 +89,7 @@ def main(argv=None) -> None:
                     runs["dense"] = dense_graph
                     ms, _ = alternate_frames(runs, frames[2:], a.warmup)
                     errors = {}
-                    for v in VARIANTS:  # errors and densities over the same frames, again from the key frame
+                    for v in ("delta", "value"):  # errors and densities over the same frames, from the key frame
                         dm = runs[v]
                         dm.reset()
                         errs = []
@@ -93,14 +101,16 @@ def main(argv=None) -> None:
                             errs.append(float(relative_error(y, reference[i]).mean()))
                         errors[v] = (sum(errs) / len(errs), flops_density(dm.stats()))
                 pairs = sum(1 for n in runs["value"].report.nodes if n.note and "recomputes for" in n.note)
-                print(f"== {name} {a.size[0]}x{a.size[1]} fp16 {video} frames {a.start + 2}-{a.start + a.frames - 1} "
+                extra = "; ".join(f"{v} {ms[v]:.3f} ms ({ms['dense'] / ms[v]:.2f}x)" for v in a.order
+                                  if v not in ("delta", "value"))
+                print(f"== {name} {a.size[0]}x{a.size[1]} {a.dtype} {video} frames {a.start + 2}-{a.start + a.frames - 1} "
                       f"{label}: dense graph {ms['dense']:.3f} ms, delta {ms['delta']:.3f} ms "
                       f"({ms['dense'] / ms['delta']:.2f}x), value {ms['value']:.3f} ms ({ms['dense'] / ms['value']:.2f}x;"
                       f" {ms['delta'] / ms['value']:.3f}x of delta, {pairs} convs recompute); error / FLOPs density: "
                       f"delta {errors['delta'][0]:.4f} / {errors['delta'][1]:.3f}, value {errors['value'][0]:.4f} / "
                       f"{errors['value'][1]:.3f}; state delta {runs['delta'].state_bytes() / 2**20:.0f} MiB, value "
-                      f"{runs['value'].state_bytes() / 2**20:.0f} MiB; stem recomputing too "
-                      f"{ms['value_with_stem']:.3f} ms ({ms['dense'] / ms['value_with_stem']:.2f}x)", flush=True)
+                      f"{runs['value'].state_bytes() / 2**20:.0f} MiB; order {' '.join(a.order)} dense; {extra}",
+                      flush=True)
                 del runs
             del model, frames, dense_graph
             torch.cuda.empty_cache()

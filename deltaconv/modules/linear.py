@@ -138,7 +138,11 @@ class DCConv2d(DCModule):
     #: reader is an activation. It then computes its whole new output on the active pixels from those
     #: values, bias included (``ops.conv2d``'s ``load_mask`` / ``bias_key``), and the activation needs
     #: no float32 accumulator (``ops.activation_values``): the same work here, about half the
-    #: activation's memory traffic, and no rounding of deltas to accumulate
+    #: activation's memory traffic, and no rounding of deltas to accumulate. Not where the input
+    #: arrives as TF32 sends (``Delta.tf32``: float32 on a GPU with TF32 convolutions, where the
+    #: convolutions read those changes without rounding them again, which whole values are not:
+    #: resnet50 was 3-7 % slower in value mode there); that setting changes only with a key frame
+    #: (``DeltaModel``'s frame signature), so a layer never switches modes between key frames.
     recomputes = False
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
@@ -234,7 +238,7 @@ class DCConv2d(DCModule):
 
     def forward(self, x: Delta) -> Delta:
         w, b = self.folded_weight_bias(self.output_pixels(x) if self.groups > 1 else None)
-        if self.recomputes:
+        if self.recomputes and not x.tf32:  # TF32 sends: delta mode (see recomputes)
             return self._recompute(x, w, b)
         rows = x.rows if self.takes_rows else None
         if rows is not None and rows.filled and self.key is None and self.row_list_ok():
