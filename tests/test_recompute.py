@@ -255,3 +255,24 @@ def test_a_change_of_the_tf32_setting_is_a_key_frame():
             assert since == (1 if i in (0, 2, 3, 5) else 2), (i, since)
     finally:
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+def test_a_convolution_of_the_input_recomputes_from_the_sparsifier():
+    """A model whose input has 8 channels or more: its first convolution recomputes from the input
+    sparsifier's sent frame (``Delta.whole``), max pooling's sent values feed the next, and value
+    mode gives delta mode's outputs (float64, reference backend)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(8, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+                                torch.nn.Conv2d(16, 8, 3, padding=1), torch.nn.ReLU()).double().eval()
+    g = torch.Generator().manual_seed(1)
+    frames = [torch.randn(2, 8, 20, 24, generator=g, dtype=torch.float64)]
+    for _ in range(3):
+        x = frames[-1].clone()
+        x[:, :, 4:9, 6:12] += torch.randn(2, 8, 5, 6, generator=g, dtype=torch.float64)
+        frames.append(x)
+    value = deltaconv.convert(model, threshold=0.05, backend="reference", example_input=frames[0])
+    delta = deltaconv.convert(model, threshold=0.05, backend="reference", example_input=frames[0], recompute=False)
+    assert len(pairs(value)) == 2
+    with torch.no_grad():
+        for f in frames:
+            torch.testing.assert_close(value(f), delta(f), rtol=0, atol=1e-12)
