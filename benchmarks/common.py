@@ -90,6 +90,21 @@ def alternate_frames(runs: dict, frames, warmup: int) -> tuple[dict, float]:
     return {v: statistics.median(x) for v, x in times.items()}, diff
 
 
+def video_models(videos, models, start: int, frames: int, size, dtype: torch.dtype = torch.float16,
+                 device: str = "cuda"):
+    """For each sample video and model name: ``(video, name, model, frames)``, the model as the video
+    sweep builds it (``video_sweep.build``: real weights where shipped, else BatchNorms re-estimated on
+    the first frames) on ``device`` in ``dtype`` and channels_last, and ``frames`` consecutive frames
+    from ``start`` at ``size`` on ``device`` (the A/B scripts' loop)."""
+    from deltaconv.video import find_sample_video, read_frames
+    from video_sweep import build
+    for video in videos:
+        frames_cpu = list(read_frames(find_sample_video(video), start=start, max_frames=frames, size=tuple(size)))
+        for name in models:  # no locals held across the yield: the caller frees model and frames
+            yield (video, name, build(name, frames_cpu[:4], device).to(device, dtype)
+                   .to(memory_format=torch.channels_last), [f.to(device, dtype) for f in frames_cpu])
+
+
 def clustered_mask(n: int, h: int, w: int, fraction: float, blob: int = 24, seed: int = 0,
                    device: str = "cuda") -> torch.Tensor:
     """A ``[n, 1, h, w]`` bool mask with about ``fraction`` of the pixels active, in square blobs of

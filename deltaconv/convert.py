@@ -28,6 +28,13 @@ from .rules import (CHANNELS_FIRST_RULES, FUNCTION_RULES, MODULE_RULES, PASSTHRO
 #: DC classes that carry the dense module's parameters under the same names (replace it in place)
 _ADOPTING = (DCConv2d, DCConvTranspose2d, DCLinear, DCBatchNorm2d, DCLayerNorm)
 
+#: Convolutions of fewer input channels (the stems, reading the frame) stay in delta mode under
+#: ``recompute``: their tensor-core kernel reads a copy of the input padded to 8 channels, which value
+#: mode has to pad at every pixel of every frame; that cost what the stem's activation saved on busy
+#: frames, and frames with nothing changed were up to 8 % slower (H200, 2026-11-29,
+#: ``benchmarks/results/value_mode.txt`` section 3).
+MIN_RECOMPUTE_CHANNELS = 8
+
 
 class ConversionError(RuntimeError):
     """Raised by ``convert()`` when torch.fx cannot trace the model, and by ``convert(...,
@@ -441,14 +448,6 @@ class _Converter:
             return not node.kwargs and len(node.args) == 1
         training = node.kwargs.get("training", node.args[position] if len(node.args) > position else True)
         return training is False
-
-
-#: Convolutions of fewer input channels (the stems, reading the frame) stay in delta mode under
-#: ``recompute``: their tensor-core kernel reads a copy of the input padded to 8 channels, which value
-#: mode has to pad at every pixel of every frame; that cost what the stem's activation saved on busy
-#: frames, and frames with nothing changed were up to 8 % slower (H200, 2026-11-29,
-#: ``benchmarks/results/value_mode.txt`` section 3).
-MIN_RECOMPUTE_CHANNELS = 8
 
 
 class _MethodCaller:

@@ -21,7 +21,7 @@ sys.path.insert(0, ".")
 from deltaconv.backends import reference as R  # noqa: E402
 from deltaconv.fidelity import video_frames  # noqa: E402
 from deltaconv.weights import mobilenet_v2_imagenet  # noqa: E402
-from uniform_run import summary, uniform_run  # noqa: E402
+from uniform_run import clip_arguments, summary, uniform_run  # noqa: E402
 
 CFG = {"alpha": 1.0, "K": 0.0}
 
@@ -50,10 +50,7 @@ R.truncate = damped_truncate
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--videos", nargs="+", default=["vtest.avi"])
-    p.add_argument("--size", type=int, nargs=2, default=(540, 960))
-    p.add_argument("--start", type=int, default=200)
-    p.add_argument("--frames", type=int, default=24)
+    clip_arguments(p, (540, 960), 24)
     p.add_argument("--configs", nargs="+", default=["1:0", "0.5:4"], help="alpha:K per run (alpha 1: exact sends)")
     p.add_argument("--truncation", default="rms", help="the library's truncation (rms, pooled, hybrid)")
     p.add_argument("--device", default="cpu")

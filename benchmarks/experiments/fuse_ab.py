@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from common import alternate_frames, run_info  # noqa: E402
+from common import alternate_frames, run_info, video_models  # noqa: E402
 
 VARIANTS = {"fused": True, "separate": False}
 
@@ -67,35 +67,28 @@ def main(argv=None) -> None:
     if a.deterministic:
         torch.use_deterministic_algorithms(True)
     import deltaconv
-    from deltaconv.video import find_sample_video, read_frames
-    from video_sweep import build
 
     info = run_info()
     print(f"# {info['device']}, {info['date']}, torch {torch.__version__}", flush=True)
-    for video in a.videos:
-        frames_cpu = list(read_frames(find_sample_video(video), start=a.start, max_frames=a.frames,
-                                      size=tuple(a.size)))
-        for name in a.models:
-            model = build(name, frames_cpu[:4]).cuda().half().to(memory_format=torch.channels_last)
-            frames = [f.cuda().half() for f in frames_cpu]
-            for t in a.thresholds:
-                runs = {}
-                with torch.no_grad():
-                    for v, fuse in VARIANTS.items():
-                        dm = deltaconv.convert(model, threshold=t, backend="cuda", example_input=frames[0],
-                                               cuda_graph=True, check_finite=False, fuse=fuse)
-                        dm(frames[0]), dm(frames[1])  # key frame, then the captured frame
-                        runs[v] = dm
-                    ms, diff = alternate_frames(runs, frames[2:], a.warmup)
-                pairs = len(runs["fused"].report.fused) // 2
-                dense = sum(n.status == "dense" for n in runs["fused"].report.nodes)
-                print(f"== {name} {a.size[0]}x{a.size[1]} fp16 {video} frames {a.start + 2}-{a.start + a.frames - 1} "
-                      f"t={t:g}: fused {ms['fused']:.3f} ms  separate {ms['separate']:.3f} ms  "
-                      f"({ms['separate'] / ms['fused']:.3f}x, {pairs} pairs, {dense} dense tail)  "
-                      f"max |diff| {diff:.3g}", flush=True)
-                del runs
-            del model, frames
-            torch.cuda.empty_cache()
+    for video, name, model, frames in video_models(a.videos, a.models, a.start, a.frames, a.size):
+        for t in a.thresholds:
+            runs = {}
+            with torch.no_grad():
+                for v, fuse in VARIANTS.items():
+                    dm = deltaconv.convert(model, threshold=t, backend="cuda", example_input=frames[0],
+                                           cuda_graph=True, check_finite=False, fuse=fuse)
+                    dm(frames[0]), dm(frames[1])  # key frame, then the captured frame
+                    runs[v] = dm
+                ms, diff = alternate_frames(runs, frames[2:], a.warmup)
+            pairs = len(runs["fused"].report.fused) // 2
+            dense = sum(n.status == "dense" for n in runs["fused"].report.nodes)
+            print(f"== {name} {a.size[0]}x{a.size[1]} fp16 {video} frames {a.start + 2}-{a.start + a.frames - 1} "
+                  f"t={t:g}: fused {ms['fused']:.3f} ms  separate {ms['separate']:.3f} ms  "
+                  f"({ms['separate'] / ms['fused']:.3f}x, {pairs} pairs, {dense} dense tail)  "
+                  f"max |diff| {diff:.3g}", flush=True)
+            del runs
+        del model, frames
+        torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ sys.path.insert(0, ".")
 from deltaconv.backends import reference as R  # noqa: E402
 from deltaconv.fidelity import video_frames  # noqa: E402
 from deltaconv.weights import mobilenet_v2_imagenet  # noqa: E402
-from uniform_run import summary, uniform_run  # noqa: E402
+from uniform_run import clip_arguments, summary, uniform_run  # noqa: E402
 
 CFG = {"k": 0}
 _exceeds = R.exceeds
@@ -62,10 +62,7 @@ def configure(spec: str, **rest) -> tuple[int, float, float, float]:
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--videos", nargs="+", default=["vtest.avi"])
-    p.add_argument("--size", type=int, nargs=2, default=(540, 960))
-    p.add_argument("--start", type=int, default=200)
-    p.add_argument("--frames", type=int, default=12)
+    clip_arguments(p, (540, 960), 12)
     p.add_argument("--configs", nargs="+", default=["3:1:4:0"],
                    help="k:gain:peak:gate per run (k 0 or 1: the per-pixel rms measure)")
     p.add_argument("--device", default="cpu")

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from common import alternate_frames, run_info  # noqa: E402
+from common import alternate_frames, run_info, video_models  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 #: the variants: ``convert(recompute=)`` and ``deltaconv.convert.MIN_RECOMPUTE_CHANNELS``;
@@ -56,64 +56,57 @@ def main(argv=None) -> None:
     convert_module = importlib.import_module("deltaconv.convert")  # the module (deltaconv.convert is the function)
     from deltaconv.cuda_graphs import graphed_model
     from deltaconv.fidelity import flops_density, relative_error
-    from deltaconv.video import find_sample_video, read_frames
-    from video_sweep import build
 
     default_min = convert_module.MIN_RECOMPUTE_CHANNELS
     info = run_info()
     print(f"# {info['device']}, {info['date']}, torch {torch.__version__}", flush=True)
-    for video in a.videos:
-        frames_cpu = list(read_frames(find_sample_video(video), start=a.start, max_frames=a.frames,
-                                      size=tuple(a.size)))
-        for name in a.models:
-            model = build(name, frames_cpu[:4]).cuda().to(dtype).to(memory_format=torch.channels_last)
-            frames = [f.cuda().to(dtype) for f in frames_cpu]
-            settings = [(f"t={t:g}", dict(threshold=t)) for t in a.thresholds]
-            if a.calibrated and name == "mobilenet_v2":
-                settings.append((CALIBRATED[video], dict(thresholds=str(RESULTS / CALIBRATED[video]))))
+    for video, name, model, frames in video_models(a.videos, a.models, a.start, a.frames, a.size, dtype):
+        settings = [(f"t={t:g}", dict(threshold=t)) for t in a.thresholds]
+        if a.calibrated and name == "mobilenet_v2":
+            settings.append((CALIBRATED[video], dict(thresholds=str(RESULTS / CALIBRATED[video]))))
+        with torch.no_grad():
+            dense_graph = graphed_model(model, frames[0])
+            reference = [model(f).float() for f in frames]
+        for label, kw in settings:
+            runs = {}
             with torch.no_grad():
-                dense_graph = graphed_model(model, frames[0])
-                reference = [model(f).float() for f in frames]
-            for label, kw in settings:
-                runs = {}
-                with torch.no_grad():
-                    for v in a.order:
-                        recompute, min_channels = VARIANTS[v]
-                        convert_module.MIN_RECOMPUTE_CHANNELS = min_channels
-                        dm = deltaconv.convert(model, backend="cuda", example_input=frames[0], cuda_graph=True,
-                                               check_finite=False, recompute=recompute, **kw)
-                        convert_module.MIN_RECOMPUTE_CHANNELS = default_min
-                        dm(frames[0]), dm(frames[1])  # key frame, then the captured frame
-                        dm.reset_stats()
-                        runs[v] = dm
-                    runs["dense"] = dense_graph
-                    ms, _ = alternate_frames(runs, frames[2:], a.warmup)
-                    errors = {}
-                    for v in ("delta", "value"):  # errors and densities over the same frames, from the key frame
-                        dm = runs[v]
-                        dm.reset()
-                        errs = []
-                        for i, f in enumerate(frames):
-                            y = dm(f).float()
-                            if i == 0:
-                                dm.reset_stats()
-                                continue
-                            errs.append(float(relative_error(y, reference[i]).mean()))
-                        errors[v] = (sum(errs) / len(errs), flops_density(dm.stats()))
-                pairs = sum(1 for n in runs["value"].report.nodes if n.note and "recomputes for" in n.note)
-                extra = "; ".join(f"{v} {ms[v]:.3f} ms ({ms['dense'] / ms[v]:.2f}x)" for v in a.order
-                                  if v not in ("delta", "value"))
-                print(f"== {name} {a.size[0]}x{a.size[1]} {a.dtype} {video} frames {a.start + 2}-{a.start + a.frames - 1} "
-                      f"{label}: dense graph {ms['dense']:.3f} ms, delta {ms['delta']:.3f} ms "
-                      f"({ms['dense'] / ms['delta']:.2f}x), value {ms['value']:.3f} ms ({ms['dense'] / ms['value']:.2f}x;"
-                      f" {ms['delta'] / ms['value']:.3f}x of delta, {pairs} convs recompute); error / FLOPs density: "
-                      f"delta {errors['delta'][0]:.4f} / {errors['delta'][1]:.3f}, value {errors['value'][0]:.4f} / "
-                      f"{errors['value'][1]:.3f}; state delta {runs['delta'].state_bytes() / 2**20:.0f} MiB, value "
-                      f"{runs['value'].state_bytes() / 2**20:.0f} MiB; order {' '.join(a.order)} dense; {extra}",
-                      flush=True)
-                del runs
-            del model, frames, dense_graph
-            torch.cuda.empty_cache()
+                for v in a.order:
+                    recompute, min_channels = VARIANTS[v]
+                    convert_module.MIN_RECOMPUTE_CHANNELS = min_channels
+                    dm = deltaconv.convert(model, backend="cuda", example_input=frames[0], cuda_graph=True,
+                                           check_finite=False, recompute=recompute, **kw)
+                    convert_module.MIN_RECOMPUTE_CHANNELS = default_min
+                    dm(frames[0]), dm(frames[1])  # key frame, then the captured frame
+                    dm.reset_stats()
+                    runs[v] = dm
+                runs["dense"] = dense_graph
+                ms, _ = alternate_frames(runs, frames[2:], a.warmup)
+                errors = {}
+                for v in ("delta", "value"):  # errors and densities over the same frames, from the key frame
+                    dm = runs[v]
+                    dm.reset()
+                    errs = []
+                    for i, f in enumerate(frames):
+                        y = dm(f).float()
+                        if i == 0:
+                            dm.reset_stats()
+                            continue
+                        errs.append(float(relative_error(y, reference[i]).mean()))
+                    errors[v] = (sum(errs) / len(errs), flops_density(dm.stats()))
+            pairs = len(runs["value"].report.recomputing) // 2
+            extra = "; ".join(f"{v} {ms[v]:.3f} ms ({ms['dense'] / ms[v]:.2f}x)" for v in a.order
+                              if v not in ("delta", "value"))
+            print(f"== {name} {a.size[0]}x{a.size[1]} {a.dtype} {video} frames {a.start + 2}-{a.start + a.frames - 1} "
+                  f"{label}: dense graph {ms['dense']:.3f} ms, delta {ms['delta']:.3f} ms "
+                  f"({ms['dense'] / ms['delta']:.2f}x), value {ms['value']:.3f} ms ({ms['dense'] / ms['value']:.2f}x;"
+                  f" {ms['delta'] / ms['value']:.3f}x of delta, {pairs} convs recompute); error / FLOPs density: "
+                  f"delta {errors['delta'][0]:.4f} / {errors['delta'][1]:.3f}, value {errors['value'][0]:.4f} / "
+                  f"{errors['value'][1]:.3f}; state delta {runs['delta'].state_bytes() / 2**20:.0f} MiB, value "
+                  f"{runs['value'].state_bytes() / 2**20:.0f} MiB; order {' '.join(a.order)} dense; {extra}",
+                  flush=True)
+            del runs
+        del model, frames, dense_graph
+        torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

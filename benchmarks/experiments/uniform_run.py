@@ -1,6 +1,7 @@
 # A helper of the experiment scripts in this folder (imported by them; run them from the repository root).
 """One converted model at a uniform threshold against the dense model: what the density experiments
 (pooled_truncation.py, damped_send.py, hybrid_models.py) measure per configuration."""
+import argparse
 import time
 
 import deltaconv
@@ -23,3 +24,12 @@ def summary(rep: FidelityReport, seconds: float) -> str:
     """``density D err mean E p95 P (Ss)``: the line the experiments print per run."""
     return (f"density {rep.density:.3f} err mean {rep.mean('rel_err'):.4f} "
             f"p95 {rep.quantile('rel_err', 0.95):.4f} ({seconds:.0f}s)")
+
+
+def clip_arguments(p: argparse.ArgumentParser, size: tuple[int, int], frames: int) -> None:
+    """``--videos``, ``--size``, ``--start`` and ``--frames``: the clip of each sample video an
+    experiment runs on (``frames`` frames from ``--start``, the first the key frame, at ``size``)."""
+    p.add_argument("--videos", nargs="+", default=["vtest.avi"])
+    p.add_argument("--size", type=int, nargs=2, default=size)
+    p.add_argument("--start", type=int, default=200)
+    p.add_argument("--frames", type=int, default=frames)

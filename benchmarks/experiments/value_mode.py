@@ -36,6 +36,7 @@ import deltaconv  # noqa: E402
 from deltaconv.fidelity import compare, relative_error, video_frames  # noqa: E402
 from deltaconv.modules.folding import FoldedWeights  # noqa: E402
 from deltaconv.weights import mobilenet_v2_imagenet  # noqa: E402
+from uniform_run import clip_arguments  # noqa: E402
 
 
 def changed_pixels(x: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
@@ -176,19 +177,17 @@ def run_value(model, frames, dense, thresholds, measure="rms", fold=False):
 
 
 def run_delta(model, frames, dense, thresholds, truncation="rms", backend="auto"):
-    """``(density, errors per frame after the key frame)`` of the library (delta mode)."""
+    """``(density, errors per frame after the key frame)`` of the library in delta mode (as it was
+    when section 2 of value_mode.txt ran, before value mode existed)."""
     dm = deltaconv.convert(model, thresholds=thresholds, truncation=truncation, backend=backend,
-                           example_input=frames[0])
+                           example_input=frames[0], recompute=False)
     rep = compare(model, dm, frames, dense_outputs=dense)
     return rep.density, rep.per_frame["rel_err"]
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--videos", nargs="+", default=["vtest.avi"])
-    p.add_argument("--size", type=int, nargs=2, default=(288, 512))
-    p.add_argument("--start", type=int, default=200)
-    p.add_argument("--frames", type=int, default=12)
+    clip_arguments(p, (288, 512), 12)
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "float16"])
     p.add_argument("--thresholds", nargs="*", default=[],

@@ -238,33 +238,25 @@ class DCConv2d(DCModule):
 
     def forward(self, x: Delta) -> Delta:
         w, b = self.folded_weight_bias(self.output_pixels(x) if self.groups > 1 else None)
-        if self.recomputes and not x.tf32:  # TF32 sends: delta mode (see recomputes)
-            return self._recompute(x, w, b)
-        rows = x.rows if self.takes_rows else None
-        if rows is not None and rows.filled and self.key is None and self.row_list_ok():
-            v = self._unpadded(self.ops.conv1x1_rows(x.value, x.mask, w, b, rows, input_tf32=x.tf32))
-            # stride 1, no padding: the input's active pixels, and so its list
-            return self.observe(Delta(v, x.mask, rows if self.lists_rows else None))
-        groups = self.groups if w.shape[1] * self.groups == self.in_channels else 1  # 1: block-diagonal
-        v, m = self.ops.conv2d(x.value, x.mask, w, b, self.stride, self.padding, self.dilation, groups,
-                               self.key, self.padding_mode, self.work_counters(x), input_tf32=x.tf32)
-        return self.observe(Delta(self._unpadded(v), m))
-
-    def _recompute(self, x: Delta, w: torch.Tensor, b: Optional[torch.Tensor]) -> Delta:
-        """Value mode (``recomputes``): the whole new output on the active output pixels, from the
-        input's whole values (``x.whole``), bias included; marked ``recomputed``."""
-        if x.whole is None:
+        # value mode (recomputes; not on TF32 sends): the whole new output on the active pixels from
+        # the input's whole values, every input pixel read and the bias on every stream
+        values = self.recomputes and not x.tf32
+        if values and x.whole is None:
             raise RuntimeError(f"{self.layer_name}: a recomputing convolution needs its input's whole values "
                                "(Delta.whole), which the layer before it did not give; convert with recompute=False")
-        load_mask, bias_key = self._all_set(x.mask)
+        source, input_tf32 = (x.whole, False) if values else (x.value, x.tf32)
+        load_mask, bias_key = self._all_set(x.mask) if values else (None, None)
         rows = x.rows if self.takes_rows else None
         if rows is not None and rows.filled and self.key is None and self.row_list_ok():
-            v = self._unpadded(self.ops.conv1x1_rows(x.whole, x.mask, w, b, rows, bias_key=bias_key))
-            return self.observe(Delta(v, x.mask, recomputed=True))
+            v = self._unpadded(self.ops.conv1x1_rows(source, x.mask, w, b, rows, input_tf32=input_tf32,
+                                                     bias_key=bias_key))
+            # stride 1, no padding: the input's active pixels, and so its list
+            return self.observe(Delta(v, x.mask, rows if self.lists_rows else None, recomputed=values))
         groups = self.groups if w.shape[1] * self.groups == self.in_channels else 1  # 1: block-diagonal
-        v, m = self.ops.conv2d(x.whole, x.mask, w, b, self.stride, self.padding, self.dilation, groups, self.key,
-                               self.padding_mode, self.work_counters(x), load_mask=load_mask, bias_key=bias_key)
-        return self.observe(Delta(self._unpadded(v), m, recomputed=True))
+        v, m = self.ops.conv2d(source, x.mask, w, b, self.stride, self.padding, self.dilation, groups, self.key,
+                               self.padding_mode, self.work_counters(x), input_tf32=input_tf32, load_mask=load_mask,
+                               bias_key=bias_key)
+        return self.observe(Delta(self._unpadded(v), m, recomputed=values))
 
     def _all_set(self, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """An all-set load mask of ``mask``'s shape and an all-set ``[N]`` bias key, kept while the
