@@ -1180,28 +1180,56 @@ std::tuple<Tensor, Tensor> conv2d_cuda(const Tensor& delta, const Tensor& mask, 
 // that the activation before it listed (rows, with the count in counters[0]): conv2d without its
 // mask pass. The output mask is `mask` itself (the caller keeps it).
 // bias_key: the streams whose outputs get the bias (recomputing convolutions; default none).
+
+// The checks of both forms (OP: the op's name); returns Cout.
+#define DC_CHECK_CONV1X1_ROWS(OP, delta, mask, weight, bias, rows, counters, input_tf32, bias_key)               \
+  [&] {                                                                                                         \
+    DC_CHECK_DELTA_MASK(OP, delta, mask);                                                                       \
+    DC_CHECK_STREAM_FLAGS(OP, "bias_key", bias_key, delta);                                                     \
+    DC_CHECK_TF32_FLAG(OP, "input_tf32", input_tf32, delta);                                                    \
+    const c10::optional<Tensor> counters_opt = counters;                                                        \
+    DC_CHECK_COUNTERS(OP, counters_opt, delta);                                                                 \
+    DC_CHECK_FLOAT_PARAM(OP, "weight", weight, delta);                                                          \
+    DC_CHECK_DIM(OP, "weight", weight, 4);                                                                      \
+    const int64_t cin = delta.size(1), cout = weight.size(0);                                                   \
+    TORCH_CHECK(weight.size(1) == cin && weight.size(2) == 1 && weight.size(3) == 1 && cout >= 1 &&             \
+                    cout <= kIntMax,                                                                            \
+                "deltaconv::" OP ": argument 'weight' must have shape [Cout, ", cin, ", 1, 1], got ", weight.sizes()); \
+    DC_CHECK_BIAS(OP, bias, cout, delta);                                                                       \
+    const int64_t total = delta.size(0) * delta.size(2) * delta.size(3);                                        \
+    DC_CHECK_BESIDE_DELTA(OP, "rows", rows, delta, at::kInt);                                                   \
+    TORCH_CHECK(rows.dim() == 1 && rows.is_contiguous() && rows.numel() >= 1 + 2 * total,                       \
+                "deltaconv::" OP ": argument 'rows' must be a contiguous 1-D tensor of at least ", 1 + 2 * total, \
+                " elements, got shape ", rows.sizes(), " and strides ", rows.strides());                        \
+    return cout;                                                                                                \
+  }()
+
+// The GEMM of both forms, checked, into y [N, Cout, H, W] channels_last (its listed pixels).
+void run_conv1x1_rows(const Tensor& delta, const Tensor& mask, const Tensor& weight, const c10::optional<Tensor>& bias,
+                      const Tensor& rows, Tensor& counters, bool input_tf32, const c10::optional<Tensor>& bias_key,
+                      const Tensor& y, const char* op) {
+  if (y.numel() == 0) return;
+  const int64_t N = delta.size(0), Cin = delta.size(1), H = delta.size(2), W = delta.size(3);
+  const int64_t Cout = weight.size(0);
+  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const Tensor x = delta.contiguous(at::MemoryFormat::ChannelsLast);
+  const Tensor m = mask.contiguous();
+  const ConvGeom g = conv_geom(N, Cin, H, W, Cout, H, W, 1, 1, 1, 1, 0, 0, 1, 1, 1, input_tf32);
+  const bool use_tc = tc_gemm_ok(x, Cin, Cout, 1);
+  TORCH_CHECK(use_tc || ceil_div((int)Cout, conv::CONV_COB) <= 65535, "deltaconv::", op,
+              ": too many output channels (", Cout, ")");
+  const WorkList wl{rows, rows.data_ptr<int>(), counters.data_ptr<int>()};
+  launch_conv1x1(x, m, conv_weights(weight, bias, x.scalar_type(), use_tc), bias_key, y, wl, g, N * H * W, use_tc,
+                 stream);
+}
+
 Tensor conv1x1_rows_cuda(const Tensor& delta, const Tensor& mask, const Tensor& weight,
                          const c10::optional<Tensor>& bias, const Tensor& rows, Tensor& counters, bool input_tf32,
                          const c10::optional<Tensor>& bias_key_in) {
   const c10::optional<Tensor> bias_key = contiguous_key(bias_key_in);
-  DC_CHECK_DELTA_MASK("conv1x1_rows", delta, mask);
-  DC_CHECK_STREAM_FLAGS("conv1x1_rows", "bias_key", bias_key, delta);
-  DC_CHECK_TF32_FLAG("conv1x1_rows", "input_tf32", input_tf32, delta);
-  const c10::optional<Tensor> counters_opt = counters;
-  DC_CHECK_COUNTERS("conv1x1_rows", counters_opt, delta);
-  DC_CHECK_FLOAT_PARAM("conv1x1_rows", "weight", weight, delta);
-  DC_CHECK_DIM("conv1x1_rows", "weight", weight, 4);
+  const int64_t Cout =
+      DC_CHECK_CONV1X1_ROWS("conv1x1_rows", delta, mask, weight, bias, rows, counters, input_tf32, bias_key);
   const int64_t N = delta.size(0), Cin = delta.size(1), H = delta.size(2), W = delta.size(3);
-  const int64_t Cout = weight.size(0);
-  TORCH_CHECK(weight.size(1) == Cin && weight.size(2) == 1 && weight.size(3) == 1 && Cout >= 1 && Cout <= kIntMax,
-              "deltaconv::conv1x1_rows: argument 'weight' must have shape [Cout, ", Cin, ", 1, 1], got ",
-              weight.sizes());
-  DC_CHECK_BIAS("conv1x1_rows", bias, Cout, delta);
-  const int64_t total = N * H * W;
-  DC_CHECK_BESIDE_DELTA("conv1x1_rows", "rows", rows, delta, at::kInt);
-  TORCH_CHECK(rows.dim() == 1 && rows.is_contiguous() && rows.numel() >= 1 + 2 * total,
-              "deltaconv::conv1x1_rows: argument 'rows' must be a contiguous 1-D tensor of at least ", 1 + 2 * total,
-              " elements, got shape ", rows.sizes(), " and strides ", rows.strides());
   c10::cuda::CUDAGuard guard(delta.device());
   if (const int64_t cout8 = padded_cout(delta, Cin, Cout, 1, 1)) {
     const auto [wp, bp] = pad_filters(weight, bias, cout8);
@@ -1210,18 +1238,30 @@ Tensor conv1x1_rows_cuda(const Tensor& delta, const Tensor& mask, const Tensor& 
         .contiguous(at::MemoryFormat::ChannelsLast);
   }
   Tensor y = empty_delta(delta, N, Cout, H, W);
-  if (y.numel() == 0) return y;
-  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  const Tensor x = delta.contiguous(at::MemoryFormat::ChannelsLast);
-  const Tensor m = mask.contiguous();
-  const ConvGeom g = conv_geom(N, Cin, H, W, Cout, H, W, 1, 1, 1, 1, 0, 0, 1, 1, 1, input_tf32);
-  const bool use_tc = tc_gemm_ok(x, Cin, Cout, 1);
-  TORCH_CHECK(use_tc || ceil_div((int)Cout, conv::CONV_COB) <= 65535,
-              "deltaconv::conv1x1_rows: too many output channels (", Cout, ")");
-  const WorkList wl{rows, rows.data_ptr<int>(), counters.data_ptr<int>()};
-  launch_conv1x1(x, m, conv_weights(weight, bias, x.scalar_type(), use_tc), bias_key, y, wl, g, total, use_tc,
-                 stream);
+  run_conv1x1_rows(delta, mask, weight, bias, rows, counters, input_tf32, bias_key, y, "conv1x1_rows");
   return y;
+}
+
+// conv1x1_rows writing the listed pixels of `out` ([N, Cout, H, W] channels_last, the delta's dtype and
+// device), which keeps its other pixels: a convolution that keeps its whole output (value mode before a
+// residual add, DCConv2d.keeps_output). Filters the tensor cores would pad (Cout not a multiple of 8)
+// are refused: the caller pads them once (padded_out_channels) or takes conv1x1_rows.
+void conv1x1_rows_into_cuda(const Tensor& delta, const Tensor& mask, const Tensor& weight,
+                            const c10::optional<Tensor>& bias, const Tensor& rows, Tensor& counters, Tensor& out,
+                            bool input_tf32, const c10::optional<Tensor>& bias_key_in) {
+  const c10::optional<Tensor> bias_key = contiguous_key(bias_key_in);
+  const int64_t Cout =
+      DC_CHECK_CONV1X1_ROWS("conv1x1_rows_into", delta, mask, weight, bias, rows, counters, input_tf32, bias_key);
+  const int64_t N = delta.size(0), Cin = delta.size(1), H = delta.size(2), W = delta.size(3);
+  DC_CHECK_BESIDE_DELTA("conv1x1_rows_into", "out", out, delta, delta.scalar_type());
+  TORCH_CHECK(out.dim() == 4 && out.size(0) == N && out.size(1) == Cout && out.size(2) == H && out.size(3) == W &&
+                  out.is_contiguous(at::MemoryFormat::ChannelsLast),
+              "deltaconv::conv1x1_rows_into: argument 'out' must be a channels_last contiguous [N, Cout, H, W] = [",
+              N, ", ", Cout, ", ", H, ", ", W, "] tensor, got shape ", out.sizes(), " and strides ", out.strides());
+  c10::cuda::CUDAGuard guard(delta.device());
+  TORCH_CHECK(padded_cout(delta, Cin, Cout, 1, 1) == 0, "deltaconv::conv1x1_rows_into: argument 'weight' must have a "
+              "multiple of 8 output channels on the tensor cores (pad the filters once), got ", Cout);
+  run_conv1x1_rows(delta, mask, weight, bias, rows, counters, input_tf32, bias_key, out, "conv1x1_rows_into");
 }
 
 // ---------------------------------------------------------------------------- conv_transpose2d
@@ -1516,6 +1556,7 @@ std::tuple<Tensor, Tensor> linear_cuda(const Tensor& delta, const Tensor& mask, 
 TORCH_LIBRARY_IMPL(deltaconv, CUDA, m) {
   m.impl("conv2d", &deltaconv::conv2d_cuda);
   m.impl("conv1x1_rows", &deltaconv::conv1x1_rows_cuda);
+  m.impl("conv1x1_rows_into", &deltaconv::conv1x1_rows_into_cuda);
   m.impl("conv_transpose2d", &deltaconv::conv_transpose2d_cuda);
   m.impl("max_pool2d", &deltaconv::max_pool2d_cuda);
   m.impl("avg_pool2d", &deltaconv::avg_pool2d_cuda);

@@ -49,6 +49,11 @@ TORCH_LIBRARY(deltaconv, m) {
         "Tensor(b!) sent, str kind, float param, float threshold, Tensor? key, bool rms=False, "
         "Tensor(c!)? rows=None, Tensor(d!)? rows_count=None, bool tf32=False, bool pooled=False) -> "
         "(Tensor, Tensor, Tensor)");
+  // activation_values(add(a, b, alpha)) in one pass: a and b hold the add's operands whole at every pixel (a
+  // convolution's kept output, a layer's sent values); returns (out, mask_out, mask_a | mask_b)
+  m.def("add_activation_values(Tensor a, Tensor mask_a, Tensor b, Tensor mask_b, float alpha, Tensor(a!) sent, "
+        "str kind, float param, float threshold, Tensor? key, bool rms=False, Tensor(b!)? rows=None, "
+        "Tensor(c!)? rows_count=None, bool tf32=False) -> (Tensor, Tensor, Tensor)");
   m.def("affine_channel(Tensor delta, Tensor mask, Tensor? scale, Tensor? shift, Tensor? key) -> (Tensor, Tensor)");
   m.def("add(Tensor delta_a, Tensor mask_a, Tensor delta_b, Tensor mask_b, float alpha, Tensor(a!)? rows=None, "
         "Tensor(b!)? rows_count=None) -> (Tensor, Tensor)");
@@ -85,6 +90,10 @@ TORCH_LIBRARY(deltaconv, m) {
   // bias_key: as in conv2d, None: no bias)
   m.def("conv1x1_rows(Tensor delta, Tensor mask, Tensor weight, Tensor? bias, Tensor rows, Tensor(a!) counters, "
         "bool input_tf32=False, Tensor? bias_key=None) -> Tensor");
+  // conv1x1_rows writing its output rows into `out` ([N, Cout, H, W] channels_last, Cout a multiple of 8 on the
+  // tensor cores), which keeps the rest: a convolution keeping its whole output (DCConv2d.keeps_output)
+  m.def("conv1x1_rows_into(Tensor delta, Tensor mask, Tensor weight, Tensor? bias, Tensor rows, Tensor(a!) counters, "
+        "Tensor(b!) out, bool input_tf32=False, Tensor? bias_key=None) -> ()");
   m.def("conv_transpose2d(Tensor delta, Tensor mask, Tensor weight, Tensor? bias, int[2] stride, int[2] padding, "
         "int[2] output_padding, int groups, int[2] dilation, Tensor? key, Tensor(a!)? counters=None) -> "
         "(Tensor, Tensor)");

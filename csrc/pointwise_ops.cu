@@ -282,7 +282,8 @@ struct activation_kernel_of {
 // writes the pending changes of the region, rounded to the delta dtype, into `out` (with tf32: a
 // scratch map, `out` must then hold TF32 values) and sends nothing, then pooled_send_kernel
 // decides from each pixel's 3x3 window and sends. `acc` nullptr (activation_values): `delta` holds
-// the whole new input on the active pixels, no accumulator (not with delta_b).
+// the whole new input on the active pixels, no accumulator; with delta_b too (add_activation_values):
+// both operands whole at every pixel, their sum the input (not with `pooled`).
 std::tuple<Tensor, Tensor, Tensor> run_activation(const char* op, const Tensor& delta, const Tensor& mask,
                                                   const Tensor* delta_b, const Tensor* mask_b, double alpha,
                                                   Tensor* acc, Tensor& sent, c10::string_view kind, double param,
@@ -294,16 +295,20 @@ std::tuple<Tensor, Tensor, Tensor> run_activation(const char* op, const Tensor& 
   TORCH_CHECK(!pooled || rms, "deltaconv::", op, ": argument 'pooled' (the pooled measure, rms-based) needs rms=True, "
               "got rms=False");
   const int kind_id = activation_kind(op, std::string(kind));
-  check_value(op, residual ? "delta_a" : "delta", delta, delta);
+  const bool values = acc == nullptr;
+  // the operands' names in the schemas (whole operands: a, b; activation_values: x)
+  const char* name_a = residual ? (values ? "a" : "delta_a") : (values ? "x" : "delta");
+  const char* name_b = values ? "b" : "delta_b";
+  check_value(op, name_a, delta, delta);
   check_mask(op, residual ? "mask_a" : "mask", mask, delta, delta.sizes());
   if (residual) {
-    check_value(op, "delta_b", *delta_b, delta);
-    check_sizes(op, "delta_b", *delta_b, delta.sizes());
-    check_dtype(op, "delta_b", *delta_b, delta.scalar_type());
+    check_value(op, name_b, *delta_b, delta);
+    check_sizes(op, name_b, *delta_b, delta.sizes());
+    check_dtype(op, name_b, *delta_b, delta.scalar_type());
     check_mask(op, "mask_b", *mask_b, delta, delta.sizes());
   }
-  const bool values = acc == nullptr;
-  TORCH_CHECK(!values || !residual, "deltaconv::", op, ": no residual form");
+  TORCH_CHECK(!(values && residual && pooled), "deltaconv::", op, ": argument 'pooled' is not supported with whole "
+              "operands (the reference backend runs it), got pooled=True");
   if (!values) check_state(op, "acc", *acc, delta, delta.sizes());
   check_state(op, "sent", sent, delta, delta.sizes(), delta.scalar_type());
   const int64_t N = delta.size(0), H = delta.size(2), W = delta.size(3);
@@ -344,7 +349,13 @@ std::tuple<Tensor, Tensor, Tensor> run_activation(const char* op, const Tensor& 
     using ReluValues = activation_kernel_of<pw::kRelu, false, true>;
     using Relu6Values = activation_kernel_of<pw::kRelu6, false, true>;
     using AnyKindValues = activation_kernel_of<pw::kAnyKind, false, true>;
-    if (values && kind_id == pw::kRelu) {
+    using ReluSumValues = activation_kernel_of<pw::kRelu, true, true>;
+    using AnyKindSumValues = activation_kernel_of<pw::kAnyKind, true, true>;
+    if (values && residual && kind_id == pw::kRelu) {
+      DC_LAUNCH_VEC(ReluSumValues::kernel, p, vec_ok, pixels, C, true);
+    } else if (values && residual) {
+      DC_LAUNCH_VEC(AnyKindSumValues::kernel, p, vec_ok, pixels, C, true);
+    } else if (values && kind_id == pw::kRelu) {
       DC_LAUNCH_VEC(ReluValues::kernel, p, vec_ok, pixels, C, true);
     } else if (values && kind_id == pw::kRelu6) {
       DC_LAUNCH_VEC(Relu6Values::kernel, p, vec_ok, pixels, C, true);
@@ -405,6 +416,19 @@ std::tuple<Tensor, Tensor, Tensor> add_activation(const Tensor& delta_a, const T
                                                   const std::optional<Tensor>& rows_count, bool tf32, bool pooled) {
   return run_activation("add_activation", delta_a, mask_a, &delta_b, &mask_b, alpha, &acc, sent, kind, param,
                         threshold, key, rms, rows, rows_count, tf32, pooled);
+}
+
+// activation_values(add(a, b, alpha)) in one kernel: `a` and `b` hold the add's operands whole at
+// every pixel (a convolution's kept output, DCConv2d.keeps_output; a layer's sent values); returns
+// (out, mask_out, mask_a | mask_b) as add_activation does
+std::tuple<Tensor, Tensor, Tensor> add_activation_values(const Tensor& a, const Tensor& mask_a, const Tensor& b,
+                                                         const Tensor& mask_b, double alpha, Tensor& sent,
+                                                         c10::string_view kind, double param, double threshold,
+                                                         const std::optional<Tensor>& key, bool rms,
+                                                         const std::optional<Tensor>& rows,
+                                                         const std::optional<Tensor>& rows_count, bool tf32) {
+  return run_activation("add_activation_values", a, mask_a, &b, &mask_b, alpha, nullptr, sent, kind, param,
+                        threshold, key, rms, rows, rows_count, tf32, false);
 }
 
 // ---------------------------------------------------------------- affine_channel
@@ -789,6 +813,7 @@ TORCH_LIBRARY_IMPL(deltaconv, CUDA, m) {
   m.impl("activation", &activation);
   m.impl("activation_values", &activation_values);
   m.impl("add_activation", &add_activation);
+  m.impl("add_activation_values", &add_activation_values);
   m.impl("affine_channel", &affine_channel);
   m.impl("add", &add);
   m.impl("mul", &mul);

@@ -421,24 +421,52 @@ class _Converter:
         a max pooling or the input sparsifier: ``Delta.whole``) and whose only reader is an activation
         (not one fused with an add) as recomputing (``DCConv2d.recomputes``): it computes its whole new
         output on the active pixels from those values, bias included, and that activation then keeps no
-        float32 accumulator. Only layers called at one site, and convolutions of at least
-        ``MIN_RECOMPUTE_CHANNELS`` input channels; the report notes the pairs."""
+        float32 accumulator. Then each residual add fused with its activation whose operands are both
+        whole in value mode: a layer keeping its whole values (the identity of a ResNet bottleneck), or
+        such a convolution on a row list read by this add alone, marked to keep its whole output
+        (``DCConv2d.keeps_output``); the activation sums them (``DCActivation.sums_whole``). Only layers
+        called at one site, and convolutions of at least ``MIN_RECOMPUTE_CHANNELS`` input channels; the
+        report notes the pairs."""
         sites = self._module_sites()
         for node in self.graph.nodes:
-            if (node.op != "call_module" or sites[node.target] != 1 or len(node.args) != 1 or node.kwargs
-                    or len(node.users) != 1):
-                continue
-            conv, source = self.root.get_submodule(node.target), node.args[0]
-            if (type(conv) is not DCConv2d or conv.in_channels < MIN_RECOMPUTE_CHANNELS
-                    or not isinstance(source, fx.Node) or source.op != "call_module"):
-                continue
-            if not isinstance(self.root.get_submodule(source.target), (DCActivation, DCMaxPool2d, DCSparsify)):
-                continue
-            user = self._lone_activation_reader(node, sites)
+            conv = self._whole_reader(node, sites)
+            user = None if conv is None else self._lone_activation_reader(node, sites)
             if user is None:
                 continue
             conv.recomputes = True
             self._note_pair(node.target, f"recomputes for {user.target}", user.target, f"recomputed by {node.target}")
+        for node in self.graph.nodes:
+            add = self.root.get_submodule(node.target) if node.op == "call_module" else None
+            if not (isinstance(add, DCAdd) and add.fuse_with_next):
+                continue
+            convs = [a for a in node.args if self._whole_reader(a, sites) is not None]
+            if len(convs) + sum(self._keeps_whole(a) for a in node.args) != 2 or any(
+                    not self.root.get_submodule(c.target).takes_rows for c in convs):
+                continue
+            user = next(iter(node.users))  # the activation (fuse_add_activation)
+            self.root.get_submodule(user.target).sums_whole = True
+            for c in convs:
+                self.root.get_submodule(c.target).keeps_output = True
+                self._note_pair(c.target, f"recomputes for {user.target} (output kept, summed by {node.target})",
+                                user.target, f"recomputed by {c.target} through {node.target}")
+
+    def _whole_reader(self, node, sites: Counter) -> Optional[DCConv2d]:
+        """The convolution of ``node`` when it can recompute in value mode: a ``DCConv2d`` (not a subclass)
+        of at least ``MIN_RECOMPUTE_CHANNELS`` input channels, called at one site with one reader, on the
+        output of a layer keeping its whole values (:meth:`_keeps_whole`); else ``None``."""
+        if (not isinstance(node, fx.Node) or node.op != "call_module" or sites[node.target] != 1
+                or len(node.args) != 1 or node.kwargs or len(node.users) != 1):
+            return None
+        conv = self.root.get_submodule(node.target)
+        if type(conv) is not DCConv2d or conv.in_channels < MIN_RECOMPUTE_CHANNELS:
+            return None
+        return conv if self._keeps_whole(node.args[0]) else None
+
+    def _keeps_whole(self, node) -> bool:
+        """Whether ``node`` is a layer whose output delta gives its whole values (``Delta.whole``: an
+        activation, a max pooling, the input sparsifier)."""
+        return (isinstance(node, fx.Node) and node.op == "call_module"
+                and isinstance(self.root.get_submodule(node.target), (DCActivation, DCMaxPool2d, DCSparsify)))
 
     def _passthrough(self, key, node: fx.Node) -> bool:
         if key not in PASSTHROUGH_CALLS:

@@ -277,3 +277,12 @@ def cuda_kernel_names(fn) -> list[str]:
         fn()
         torch.cuda.synchronize()
     return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+def without_kept_outputs(dm):
+    """``dm`` with its bottleneck adds in delta mode (every ``DCConv2d.keeps_output`` cleared, before the
+    first frame): value mode as it was before those adds took it. Returns ``dm``."""
+    for layer in dm.modules():
+        if getattr(layer, "keeps_output", False):
+            layer.keeps_output = False
+    return dm

@@ -504,6 +504,68 @@ def test_add_activation_pooled(dtype, frac, fn):
         _run_add_activation(fn, dtype, c, frac, "none", 0.1, seed=24, measure="pooled")
 
 
+def _run_add_activation_values(fn, dtype, c, frac, key, threshold, alpha=1.0, seed=31, n=2, measure="max",
+                               tf32=False):
+    """The residual add in value mode (both operands whole at every pixel: no NaN anywhere, no
+    accumulator) against the reference, within rounding as the activation; the add's mask is the
+    union."""
+    g = gen(seed)
+    h, w = spatial(c)
+    ma, mb = make_mask(n, h, w, frac, g), make_mask(n, h, w, PARTNER.get(frac, frac), g)
+    a = make_state((n, c, h, w), g, scale=2.0).to(dtype)
+    b = make_state((n, c, h, w), g, scale=2.0).to(dtype)
+    z = (a + alpha * b).float()  # the add's whole output, as the dense add rounds it
+    sent = (fn(z) + torch.randn(z.shape, generator=g, device=DEV) * 0.02).to(dtype).contiguous(memory_format=CL)
+    k = make_key(key, n)
+    s_c, s_r = clones(sent, sent)
+    out_c, m_c, u_c = dcc.add_activation_values(a, ma, b, mb, alpha, s_c, fn, threshold, k, measure, tf32=tf32)
+    out_r, m_r, u_r = ref.add_activation_values(a, ma, b, mb, alpha, s_r, fn, threshold, k, measure, tf32=tf32)
+    assert torch.equal(u_c, ma | mb) and torch.equal(u_r, ma | mb)
+    assert_activation_matches((out_c, m_c, z, s_c), (out_r, m_r, z, s_r), fn, sent, u_r, dtype, threshold, measure)
+    if tf32:
+        assert_tf32_sends(out_c, m_c, fn(z), s_c)
+    return m_r
+
+
+@pytest.mark.parametrize("fn,alpha", [(Activation("relu"), 1.0), (Activation("hardswish"), -0.5)], ids=repr)
+@pytest.mark.parametrize("frac", FRACS)
+@pytest.mark.parametrize("c", CHANNELS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_add_activation_values(dtype, c, frac, fn, alpha):
+    """A residual add of whole operands fused into the activation after it (value mode): ReLU (fixed
+    at compile time) and hardswish (switched per element), the subtraction's alpha too."""
+    sent = _run_add_activation_values(fn, dtype, c, frac, "partial", 0.05, alpha)
+    if frac not in (0.0, 1.0):
+        assert 0 < int(sent.sum()) < sent.numel()
+
+
+@pytest.mark.parametrize("measure,threshold", [("max", 0.0), ("rms", 0.15)])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_add_activation_values_rms_threshold_0_and_no_key(dtype, measure, threshold):
+    for c in (17, 64):
+        _run_add_activation_values(Activation("relu"), dtype, c, 0.3, "none", threshold, seed=32, measure=measure)
+
+
+@pytest.mark.parametrize("fn", [Activation("relu"), Activation("gelu", 0.0)], ids=repr)
+@pytest.mark.parametrize("frac", FRACS)
+@pytest.mark.parametrize("c", [17, 64])
+def test_add_activation_values_tf32_sends(c, frac, fn):
+    _run_add_activation_values(fn, torch.float32, c, frac, "partial", 0.05, seed=33, tf32=True)
+
+
+def test_add_activation_values_pooled_runs_the_reference():
+    """The pooled measure's send pass reads one source map, so whole operands run it through the
+    reference (the same results, on the GPU)."""
+    fn = Activation("relu")
+    g = gen(34)
+    ma, mb = make_mask(2, 9, 11, 0.3, g), make_mask(2, 9, 11, 0.3, g)
+    a, b = make_state((2, 16, 9, 11), g).half(), make_state((2, 16, 9, 11), g).half()
+    s_c, s_r = clones(*[torch.zeros_like(a)] * 2)
+    out_c, m_c, _ = dcc.add_activation_values(a, ma, b, mb, 1.0, s_c, fn, 0.05, None, "pooled")
+    out_r, m_r, _ = ref.add_activation_values(a, ma, b, mb, 1.0, s_r, fn, 0.05, None, "pooled")
+    assert torch.equal(m_c, m_r) and torch.equal(s_c, s_r) and torch.equal(out_c, out_r)
+
+
 @pytest.mark.parametrize("measure,threshold", [("max", 0.0), ("max", 0.05), ("rms", 0.15), ("pooled", 0.1)])
 @pytest.mark.parametrize("fn", [Activation("relu"), Activation("relu6"), Activation("gelu", 0.0),
                                 Activation("hardswish")], ids=repr)
@@ -1114,6 +1176,10 @@ def _opcheck_cases():
         ("add_activation_pooled", ops.add_activation.default,
          (x.half(), full, st().half(), full, 1.0, st(), st().half(), "relu", 0.0, -1.0, key, True, None, None, False,
           True)),
+        ("add_activation_values", ops.add_activation_values.default,
+         (x, full, st(), full, -0.5, st(), "relu", 0.0, -1.0, key)),
+        ("add_activation_values_rms", ops.add_activation_values.default,
+         (x.half(), full, st().half(), full, 1.0, st().half(), "hardswish", 0.0, -1.0, None, True)),
         ("mul", ops.mul.default, (x, full, st(), st(), full, st(), st(), -1.0, key)),
         ("mul_rms", ops.mul.default, (x, full, st(), st(), full, st(), st(), -1.0, key, True)),
         ("mul_se", ops.mul.default, (small, small_m, st((n, c, 1, 1)), x, full, st(), st(), -1.0, None)),
@@ -1131,7 +1197,7 @@ def _opcheck_cases():
     ]
 
 
-@pytest.mark.parametrize("case", range(26))
+@pytest.mark.parametrize("case", range(28))
 def test_opcheck(case):
     name, op, args = _opcheck_cases()[case]
     torch.library.opcheck(op, args)
@@ -1159,6 +1225,15 @@ def test_error_add_activation_names_argument():
                                            0.0, 0.0, None)
     with pytest.raises(RuntimeError, match=r"add_activation: argument 'kind' must be one of"):
         torch.ops.deltaconv.add_activation(d, m, d, m, 1.0, s, s.clone(), "softplus", 0.0, 0.0, None)
+
+
+def test_error_add_activation_values_names_argument():
+    d, m, s = _err_inputs()
+    with pytest.raises(RuntimeError, match=r"add_activation_values: argument 'b' must have shape \[2, 4, 3, 5\], got"):
+        torch.ops.deltaconv.add_activation_values(d, m, d[:, :2].contiguous(memory_format=CL), m, 1.0, s, "relu", 0.0,
+                                                  0.0, None)
+    with pytest.raises(RuntimeError, match=r"add_activation_values: argument 'sent' must have dtype Half, got Float"):
+        torch.ops.deltaconv.add_activation_values(d.half(), m, d.half(), m, 1.0, s, "relu", 0.0, 0.0, None)
 
 
 def test_error_wrong_device_names_argument():

@@ -13,7 +13,8 @@ from deltaconv.activations import from_module
 from deltaconv.backends import reference as R
 from deltaconv.delta import Delta
 from deltaconv.modules import DCConv2d
-from helpers import cuda_backend_reason, cuda_kernel_names, main_output, torchvision_model as build, video_frames
+from helpers import (cuda_backend_reason, cuda_kernel_names, main_output, torchvision_model as build, video_frames,
+                     without_kept_outputs)
 
 
 def rel(a, b) -> float:
@@ -276,3 +277,166 @@ def test_a_convolution_of_the_input_recomputes_from_the_sparsifier():
     with torch.no_grad():
         for f in frames:
             torch.testing.assert_close(value(f), delta(f), rtol=0, atol=1e-12)
+
+
+# ----------------------------------------------------------------------------- through residual adds
+def kept(dm) -> list[str]:
+    """The convolutions that keep their whole output (value mode before a residual add)."""
+    return sorted(name for name, m in dm.named_modules() if isinstance(m, DCConv2d) and m.keeps_output)
+
+
+def summing(dm) -> list[str]:
+    return sorted(name for name, m in dm.named_modules() if getattr(m, "sums_whole", False))
+
+
+def test_bottleneck_adds_of_whole_operands_are_marked():
+    """resnet50: each bottleneck whose identity is the block input (a ReLU's sent values) keeps its
+    conv3's whole output and sums it in the ReLU after the add (12 of 16 blocks); the 4 blocks with a
+    downsampling identity (a convolution off any row list) stay in delta mode; resnet18's basic blocks
+    too (their conv2 is a 3x3, on no row list). Off with recompute=False or fuse=False."""
+    example = torch.zeros(1, 3, 64, 64)
+    dm = deltaconv.convert(build("resnet50"), backend="reference", example_input=example)
+    assert len(kept(dm)) == 12 and all(n.endswith(".conv3") for n in kept(dm))
+    assert "layer1.0.conv3" not in kept(dm) and "layer2.0.conv3" not in kept(dm) and "layer1.1.conv3" in kept(dm)
+    assert summing(dm) == sorted(n[:-len("conv3")] + "relu_2" for n in kept(dm))
+    notes = {}
+    for n in dm.report.nodes:  # a layer's first entry (a folded BatchNorm's follows its convolution's)
+        notes.setdefault(n.layer, n.note)
+    assert "recomputes for layer1.1.relu_2 (output kept, summed by layer1.1.add)" in notes["layer1.1.conv3"]
+    assert "recomputed by layer1.1.conv3 through layer1.1.add" in notes["layer1.1.relu_2"]
+    assert len(dm.report.recomputing) == 2 * (32 + 12)
+    for kwargs in (dict(recompute=False), dict(fuse=False)):
+        off = deltaconv.convert(build("resnet50"), backend="reference", example_input=example, **kwargs)
+        assert not kept(off) and not summing(off)
+    basic = deltaconv.convert(build("resnet18"), backend="reference", example_input=example)
+    assert not kept(basic) and not summing(basic)
+
+
+@pytest.mark.parametrize("truncation", ["max", "pooled"])
+def test_bottleneck_value_mode_equals_delta_mode_on_the_reference(truncation):
+    """float64, reference backend, resnet50: value mode through the residual adds gives delta mode's
+    outputs (to float64 rounding) at threshold 0 and above, and the same densities; at threshold 0
+    the dense model's; the summing ReLUs keep no accumulator and the kept convolutions their output,
+    of the same size in float64 (an accumulator is float32 or float64, a kept output has the values'
+    dtype: half of it in float16, test_cuda_bottleneck_value_mode)."""
+    model = build("resnet50").double()
+    frames = moving_frames(4, shape=(2, 3, 40, 48))
+    for t in (0.0, 0.03):
+        kw = dict(threshold=t, truncation=truncation, backend="reference", example_input=frames[0])
+        value = deltaconv.convert(model, **kw)
+        delta = deltaconv.convert(model, recompute=False, **kw)
+        with torch.no_grad():
+            for f in frames:
+                a, b = value(f), delta(f)
+                assert rel(a, b) <= 1e-12
+                if t == 0:
+                    assert rel(a, model(f)) <= 1e-12
+        assert [s["mean_density"] for s in value.stats()] == pytest.approx([s["mean_density"] for s in delta.stats()],
+                                                                          nan_ok=True)
+        if t > 0:
+            assert any(0 < s["mean_density"] < 1 for s in value.stats() if s["name"].endswith("relu_2"))
+    layers = dict(value.named_modules())
+    for name in kept(value):
+        relu = layers[name[:-len("conv3")] + "relu_2"]
+        assert "acc" not in relu._buffers and relu._buffers["sent"] is not None
+        assert layers[name]._buffers["output"].shape == relu._buffers["sent"].shape
+    only_first = without_kept_outputs(deltaconv.convert(model, threshold=0.03, backend="reference",
+                                                        example_input=frames[0]))
+    with torch.no_grad():
+        for f in frames:
+            only_first(f)
+    assert value.state_bytes() == only_first.state_bytes()
+
+
+def test_bottleneck_value_mode_restarts_one_stream():
+    """reset(streams=[1]) in the middle of a video: the kept outputs of that stream are recomputed on
+    its key frame, and the other stream goes on; the outputs stay delta mode's (float64)."""
+    model = build("resnet50").double()
+    frames = moving_frames(5, shape=(2, 3, 40, 48), seed=2)
+    kw = dict(threshold=0.02, backend="reference", example_input=frames[0])
+    value, delta = deltaconv.convert(model, **kw), deltaconv.convert(model, recompute=False, **kw)
+    with torch.no_grad():
+        for i, f in enumerate(frames):
+            if i == 3:
+                value.reset(streams=[1])
+                delta.reset(streams=[1])
+            assert rel(value(f), delta(f)) <= 1e-12, i
+
+
+def test_a_sum_of_whole_operands_is_taken_only_by_its_activation():
+    """The add before a summing activation hands its operands on unsummed (a DeferredSum); an operand
+    holding whole values cannot be summed as a delta, so any other reader gets an error that says so."""
+    from deltaconv.modules import DCAdd
+    from deltaconv.modules.linear import DeferredSum
+    add = DCAdd()
+    add.layer_name = "block.add"
+    whole = torch.zeros(1, 8, 3, 3)
+    mask = torch.ones(1, 1, 3, 3, dtype=torch.bool)
+    deferred = DeferredSum(Delta(whole, mask, whole=whole, recomputed=True), Delta(whole, mask, whole=whole), add)
+    with pytest.raises(RuntimeError, match="block.add: an operand holds whole values"):
+        deferred.value
+
+
+def test_reference_add_activation_values_equals_add_activation_from_the_old_sum():
+    """The reference op on whole operands equals add_activation on their changes with the accumulator
+    holding the old sum (float64: exact), the union mask included."""
+    g = torch.Generator().manual_seed(7)
+    shape = (2, 6, 5, 7)
+    a0, b0 = torch.randn(shape, generator=g, dtype=torch.float64), torch.randn(shape, generator=g, dtype=torch.float64)
+    ma, mb = torch.rand(2, 1, 5, 7, generator=g) < 0.3, torch.rand(2, 1, 5, 7, generator=g) < 0.3
+    a1 = torch.where(ma, a0 + torch.randn(shape, generator=g, dtype=torch.float64), a0)
+    b1 = torch.where(mb, b0 + torch.randn(shape, generator=g, dtype=torch.float64), b0)
+    fn = from_module(torch.nn.ReLU())
+    sent_v = torch.relu(a0 - 0.5 * b0)
+    sent_d, acc = sent_v.clone(), a0 - 0.5 * b0
+    out_v, m_v, u_v = R.add_activation_values(a1, ma, b1, mb, -0.5, sent_v, fn, 0.2, None, "rms")
+    out_d, m_d, u_d = R.add_activation(a1 - a0, ma, b1 - b0, mb, -0.5, acc, sent_d, fn, 0.2, None, "rms")
+    assert torch.equal(u_v, ma | mb) and torch.equal(u_d, u_v) and torch.equal(m_v, m_d)
+    assert m_v.any() and not torch.equal(m_v, u_v)
+    torch.testing.assert_close(out_v, out_d, rtol=0, atol=1e-12)
+    torch.testing.assert_close(sent_v, sent_d, rtol=0, atol=1e-12)
+
+
+def test_reference_keep_output_takes_the_masked_pixels():
+    g = torch.Generator().manual_seed(8)
+    out, v = torch.zeros(2, 3, 4, 5), torch.randn(2, 3, 4, 5, generator=g)
+    mask = torch.rand(2, 1, 4, 5, generator=g) < 0.5
+    assert R.keep_output(out, v, mask) is out
+    assert torch.equal(out, torch.where(mask, v, 0.0))
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+def test_cuda_bottleneck_value_mode(dtype):
+    """resnet50 on the CUDA kernels: value mode through the residual adds (the summing kernel and the
+    GEMM writing into the kept outputs run) against the reference's value mode and delta mode on the
+    GPU, within far less than the truncation error; replayed from a CUDA graph bit-equal to eager."""
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    model = build("resnet50").cuda()
+    low = build("resnet50").cuda().to(dtype)
+    frames = [f.cuda() for f in video_frames(6, (96, 128))]
+    kw = dict(threshold=0.01, truncation="rms", example_input=frames[0].to(dtype))
+    cuda = deltaconv.convert(low, backend="cuda", **kw)
+    graph = deltaconv.convert(low, backend="cuda", cuda_graph=True, check_finite=False, **kw)
+    delta = deltaconv.convert(low, backend="cuda", recompute=False, **kw)
+    assert len(kept(cuda)) == 12
+    with torch.no_grad():
+        for f in frames:
+            x = f.to(dtype)
+            dense, a, b, c = model(f), cuda(x), graph(x).clone(), delta(x)
+            torch.testing.assert_close(b, a, rtol=0, atol=0)
+            bound = 1e-4 if dtype == torch.float32 else 3 * rel(low(x), dense) + 1e-3
+            assert rel(a, c) <= max(0.1 * rel(c, dense), bound)
+    with torch.no_grad():
+        names = cuda_kernel_names(lambda: cuda(frames[-1].to(dtype)))
+    if names:  # none recorded under compute-sanitizer
+        assert any("activation_kernel" in k and "true, true>" in k for k in names), names  # RESIDUAL, VALUES
+    relu = cuda.get_submodule("layer1.1.relu_2")
+    assert "acc" not in relu._buffers and 0 < relu.stats()["mean_density"] <= 1
+    first = without_kept_outputs(deltaconv.convert(low, backend="cuda", **kw))  # the first two ReLUs per block
+    with torch.no_grad():
+        first(frames[0].to(dtype)), first(frames[1].to(dtype))
+    smaller = cuda.state_bytes() < first.state_bytes()
+    assert smaller if dtype != torch.float32 else cuda.state_bytes() == first.state_bytes()

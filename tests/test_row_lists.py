@@ -297,6 +297,62 @@ def test_conv1x1_rows_equals_conv2d_at_the_listed_pixels(cin, cout, dtype, tf32,
 
 @pytest.mark.gpu
 @needs_gpu
+@pytest.mark.parametrize("cin,cout,dtype", [(64, 128, torch.float16), (64, 64, torch.bfloat16), (24, 40, torch.float32),
+                                            (256, 512, torch.float16), (20, 16, torch.float16)])
+def test_conv1x1_rows_into_writes_the_listed_pixels_and_keeps_the_others(cin, cout, dtype, monkeypatch):
+    """conv1x1_rows_into (a convolution keeping its whole output): conv1x1_rows' output bit for bit at
+    the listed pixels of ``out``, every other element as it was (a sentinel); the warp-specialised,
+    gathered-rows and CUDA-core kernels (float32 without TF32)."""
+    from deltaconv.backends import cuda as dcc
+    monkeypatch.setenv("DELTACONV_TC_RING1_MIN", "0")
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    g = torch.Generator(device="cuda").manual_seed(6)
+    w = (torch.randn((cout, cin, 1, 1), generator=g, device="cuda") / cin ** 0.5).to(dtype)
+    b = torch.randn(cout, generator=g, device="cuda").to(dtype)
+    shape = (2, 19, 23)
+    pixels = shape[0] * shape[1] * shape[2]
+    for frac in (0.0, 0.05, 0.5, 1.0):
+        lists = []
+        for _ in range(2):  # the same list twice: each convolution takes its counters as its own
+            case = _activation_case(dtype, cin, frac, shape, seed=int(frac * 100) + 1)
+            rows = RowList(torch.empty(1 + 2 * pixels, dtype=torch.int32, device="cuda"),
+                           torch.zeros(16, dtype=torch.int32, device="cuda"))
+            d, m = _run(dcc, case, "activation", rows)
+            lists.append(rows)
+        y = dcc.conv1x1_rows(d, m, w, b, lists[0])
+        out = torch.full((shape[0], cout) + shape[1:], 7.0, dtype=dtype, device="cuda").contiguous(memory_format=CL)
+        assert dcc.conv1x1_rows_into(d, m, w, b, lists[1], out)
+        sel = m.expand_as(y)
+        assert torch.equal(out[sel], y[sel]), frac
+        assert bool((out[~sel] == 7.0).all()), frac
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_conv1x1_rows_into_declines_what_its_kernel_does_not_take():
+    """Output channels not a multiple of 8 (the tensor cores would pad them) or an ``out`` of another
+    layout: the wrapper says so (``False``) and leaves ``out`` as it was; the op itself names the argument."""
+    from deltaconv.backends import cuda as dcc
+    d, m, _, _, acc, sent = _activation_case(torch.float16, 16, 0.5, (1, 5, 7))
+    rows = RowList(torch.zeros(71, dtype=torch.int32, device="cuda"), torch.zeros(16, dtype=torch.int32, device="cuda"))
+    w = torch.randn(21, 16, 1, 1, device="cuda", dtype=torch.float16)
+    out = torch.zeros(1, 21, 5, 7, device="cuda", dtype=torch.float16).contiguous(memory_format=CL)
+    assert not dcc.conv1x1_rows_into(d, m, w, None, rows, out) and not out.any()
+    w8 = w[:16].contiguous()
+    nchw = torch.zeros(1, 16, 5, 7, device="cuda", dtype=torch.float16)
+    assert not dcc.conv1x1_rows_into(d, m, w8, None, rows, nchw) and not nchw.any()
+    with pytest.raises(RuntimeError, match=r"conv1x1_rows_into: argument 'out' must be a channels_last contiguous "
+                                           r"\[N, Cout, H, W\] = \[1, 16, 5, 7\] tensor, got shape \[1, 16, 5, 7\]"):
+        torch.ops.deltaconv.conv1x1_rows_into(d, m, w8, None, rows.rows, rows.counters, nchw)
+    with pytest.raises(RuntimeError, match=r"conv1x1_rows_into: argument 'weight' must have a multiple of 8 output "
+                                           r"channels on the tensor cores \(pad the filters once\), got 21"):
+        torch.ops.deltaconv.conv1x1_rows_into(d, m, w, None, rows.rows, rows.counters, out)
+    with pytest.raises(RuntimeError, match=r"conv1x1_rows_into: argument 'out' must have dtype Float"):
+        torch.ops.deltaconv.conv1x1_rows_into(d.float(), m, w8.float(), None, rows.rows, rows.counters, out[:, :16])
+
+
+@pytest.mark.gpu
+@needs_gpu
 def test_row_list_arguments_are_checked():
     ops = torch.ops.deltaconv
     d, m, _, _, acc, sent = _activation_case(torch.float16, 8, 0.5, (1, 4, 5))
@@ -337,6 +393,8 @@ def test_opcheck_of_the_row_list_ops():
     count.zero_()
     ops.activation(d, m, acc.clone(), sent.clone(), "relu", 0.0, -1.0, None, False, rows, count)
     torch.library.opcheck(ops.conv1x1_rows.default, (d, m, w, None, rows, count))
+    out = torch.zeros(1, 24, 5, 7, device="cuda", dtype=torch.float16).contiguous(memory_format=CL)
+    torch.library.opcheck(ops.conv1x1_rows_into.default, (d, m, w, None, rows, count, out))
     torch.library.opcheck(ops.add_activation.default,
                           (d, m, d, m, 1.0, acc, sent, "relu", 0.0, -1.0, None, False, rows, count),
                           test_utils=("test_schema", "test_faketensor"))

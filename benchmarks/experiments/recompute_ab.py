@@ -9,7 +9,9 @@ the dense model replayed as a CUDA graph as the baseline.
 Each variant (float16 unless ``--dtype float32``, TF32, 1080x1920, CUDA-graph replay) and the dense graph run frame by frame in turn on
 the same frames (``--start``, ``--frames``; the first two are the key frame and the captured one):
 the median ms per frame after ``--warmup`` frames, the mean logit relative error of each variant
-against the dense model of the same dtype, and the FLOPs density; "value_with_stem" lets the stems recompute too
+against the dense model of the same dtype, and the FLOPs density; "value_before_sums" is value mode without the
+residual adds of whole operands (ResNet's third ReLU per block in delta mode, as before 2026-12-01);
+"value_with_stem" lets the stems recompute too
 (3 input channels: their tensor-core kernel reads a copy of the frame padded to 8 channels, which value
 mode pads at every pixel; ``convert`` leaves them in delta mode, ``MIN_RECOMPUTE_CHANNELS``). ``--calibrated``: mobilenet_v2 also at its
 float16 thresholds calibrated for 1 % (``benchmarks/results/fidelity_thresholds_*_0.01_rms_float16.json``).
@@ -27,9 +29,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import alternate_frames, run_info, video_models  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
-#: the variants: ``convert(recompute=)`` and ``deltaconv.convert.MIN_RECOMPUTE_CHANNELS``;
-#: "value_with_stem": the stems (3 input channels) recompute too
-VARIANTS = {"delta": (False, 8), "value": (True, 8), "value_with_stem": (True, 1), "delta_again": (False, 8)}
+#: the variants: ``convert(recompute=)``, ``deltaconv.convert.MIN_RECOMPUTE_CHANNELS`` and whether the
+#: residual adds of whole operands run in value mode (``DCConv2d.keeps_output``, since 2026-12-01);
+#: "value_with_stem": the stems (3 input channels) recompute too; "value_before_sums": value mode as it
+#: was before the residual adds took it (ResNet's first two ReLUs per block only)
+VARIANTS = {"delta": (False, 8, True), "value": (True, 8, True), "value_with_stem": (True, 1, True),
+            "value_before_sums": (True, 8, False), "delta_again": (False, 8, True)}
 CALIBRATED = {"vtest.avi": "fidelity_thresholds_vtest_0.01_rms_float16.json",
               "one-by-one-person-detection.mp4": "fidelity_thresholds_one_0.01_rms_float16.json"}
 
@@ -55,7 +60,7 @@ def main(argv=None) -> None:
     import deltaconv
     convert_module = importlib.import_module("deltaconv.convert")  # the module (deltaconv.convert is the function)
     from deltaconv.cuda_graphs import graphed_model
-    from deltaconv.fidelity import flops_density, relative_error
+    from deltaconv.fidelity import flops_density, primary_output, relative_error
 
     default_min = convert_module.MIN_RECOMPUTE_CHANNELS
     info = run_info()
@@ -66,44 +71,45 @@ def main(argv=None) -> None:
             settings.append((CALIBRATED[video], dict(thresholds=str(RESULTS / CALIBRATED[video]))))
         with torch.no_grad():
             dense_graph = graphed_model(model, frames[0])
-            reference = [model(f).float() for f in frames]
+            reference = [primary_output(model(f)).float() for f in frames]
         for label, kw in settings:
             runs = {}
             with torch.no_grad():
                 for v in a.order:
-                    recompute, min_channels = VARIANTS[v]
+                    recompute, min_channels, sums = VARIANTS[v]
                     convert_module.MIN_RECOMPUTE_CHANNELS = min_channels
                     dm = deltaconv.convert(model, backend="cuda", example_input=frames[0], cuda_graph=True,
                                            check_finite=False, recompute=recompute, **kw)
                     convert_module.MIN_RECOMPUTE_CHANNELS = default_min
+                    if not sums:  # before the first frame: those adds then run in delta mode
+                        for layer in dm.modules():
+                            if getattr(layer, "keeps_output", False):
+                                layer.keeps_output = False
                     dm(frames[0]), dm(frames[1])  # key frame, then the captured frame
                     dm.reset_stats()
                     runs[v] = dm
                 runs["dense"] = dense_graph
                 ms, _ = alternate_frames(runs, frames[2:], a.warmup)
                 errors = {}
-                for v in ("delta", "value"):  # errors and densities over the same frames, from the key frame
+                for v in a.order:  # errors and densities over the same frames, from the key frame
                     dm = runs[v]
                     dm.reset()
                     errs = []
                     for i, f in enumerate(frames):
-                        y = dm(f).float()
+                        y = primary_output(dm(f)).float()
                         if i == 0:
                             dm.reset_stats()
                             continue
                         errs.append(float(relative_error(y, reference[i]).mean()))
                     errors[v] = (sum(errs) / len(errs), flops_density(dm.stats()))
-            pairs = len(runs["value"].report.recomputing) // 2
-            extra = "; ".join(f"{v} {ms[v]:.3f} ms ({ms['dense'] / ms[v]:.2f}x)" for v in a.order
-                              if v not in ("delta", "value"))
+            first = a.order[0]
+            parts = [f"{v} {ms[v]:.3f} ms ({ms['dense'] / ms[v]:.2f}x, {ms[first] / ms[v]:.3f}x of {first}; error / "
+                     f"FLOPs density {errors[v][0]:.4f} / {errors[v][1]:.3f}; state "
+                     f"{runs[v].state_bytes() / 2**20:.0f} MiB; {len(runs[v].report.recomputing) // 2} convs "
+                     "recompute)" for v in a.order]
             print(f"== {name} {a.size[0]}x{a.size[1]} {a.dtype} {video} frames {a.start + 2}-{a.start + a.frames - 1} "
-                  f"{label}: dense graph {ms['dense']:.3f} ms, delta {ms['delta']:.3f} ms "
-                  f"({ms['dense'] / ms['delta']:.2f}x), value {ms['value']:.3f} ms ({ms['dense'] / ms['value']:.2f}x;"
-                  f" {ms['delta'] / ms['value']:.3f}x of delta, {pairs} convs recompute); error / FLOPs density: "
-                  f"delta {errors['delta'][0]:.4f} / {errors['delta'][1]:.3f}, value {errors['value'][0]:.4f} / "
-                  f"{errors['value'][1]:.3f}; state delta {runs['delta'].state_bytes() / 2**20:.0f} MiB, value "
-                  f"{runs['value'].state_bytes() / 2**20:.0f} MiB; order {' '.join(a.order)} dense; {extra}",
-                  flush=True)
+                  f"{label}: dense graph {ms['dense']:.3f} ms; " + "; ".join(parts) +
+                  f"; order {' '.join(a.order)} dense", flush=True)
             del runs
         del model, frames, dense_graph
         torch.cuda.empty_cache()

@@ -111,6 +111,12 @@ __global__ void __launch_bounds__(kThreads) densify_kernel(const DensifyParams<T
 // With RESIDUAL (the add_activation op: a residual add fused into the activation after it) the
 // delta is the add's output, computed as add_kernel does: delta = T(a + T(alpha * b)) with
 // inactive operands counted as zero, active on mask | mask_b (written to mask_sum, the add's mask).
+// The residual add's output element as the dense add computes it in T: T(a + T(alpha * b)).
+template <typename T>
+__device__ __forceinline__ float residual_sum(float a, float b, float alpha) {
+  return round_to<T>(__fadd_rn(a, round_to<T>(__fmul_rn(alpha, b))));
+}
+
 template <typename T>
 struct ActivationParams {
   const T* delta;          // [N, C, H, W] (RESIDUAL: the add's first operand)
@@ -149,13 +155,16 @@ struct ActivationParams {
 // benchmarks/results/activation_kernel_experiments.txt).
 constexpr int kAnyKind = -1;
 
-// VALUES (the activation_values op; not with RESIDUAL): `delta` holds the
-// layer's whole new input on the active pixels, recomputed by the convolution before it from its
-// input's whole values (no accumulator: p.acc unused); the rest as above, with f(delta) for f(acc).
+// VALUES (the activation_values op): `delta` holds the layer's whole new input on the active pixels,
+// recomputed by the convolution before it from its input's whole values (no accumulator: p.acc
+// unused); the rest as above, with f(delta) for f(acc).
+// VALUES with RESIDUAL (the add_activation_values op: a residual add in value mode): `delta` and
+// `delta_b` hold the add's operands whole at every pixel (a convolution's kept output, a layer's
+// sent values), so the add's new output on the active pixels mask | mask_b is their sum
+// T(a + T(alpha * b)), as the dense add computes it; f of it as above, no accumulator.
 template <typename T, int VEC, int KIND, bool RESIDUAL, bool VALUES = false>
 __global__ void __launch_bounds__(kThreads) activation_kernel(const ActivationParams<T> p) {
   grid_dependency_sync();
-  static_assert(!(RESIDUAL && VALUES), "activation_kernel: VALUES has no residual form");
   const int kind = KIND == kAnyKind ? p.kind : KIND;
   const auto settle = [&](int64_t pixel) {
     bool m = p.mask[pixel];
@@ -170,8 +179,9 @@ __global__ void __launch_bounds__(kThreads) activation_kernel(const ActivationPa
     const int C = p.channels;
     const int64_t row = g.pixel * C;
     const int step = g.lanes * VEC;
-    const bool ma = !RESIDUAL || p.mask[g.pixel];
-    const bool mb = RESIDUAL && p.mask_b[g.pixel];
+    // the operands' values where they count (VALUES: whole at every pixel; else zero where inactive)
+    const bool ma = !RESIDUAL || VALUES || p.mask[g.pixel];
+    const bool mb = RESIDUAL && (VALUES || p.mask_b[g.pixel]);
     PendingSize size;
     for (int c = g.lane * VEC; c < C; c += step) {
       float d[VEC], a[VEC], s[VEC];
@@ -180,7 +190,7 @@ __global__ void __launch_bounds__(kThreads) activation_kernel(const ActivationPa
         float b[VEC];
         if (mb) load_f<VEC>(p.delta_b + row + c, b); else fill(b, 0.f);
 #pragma unroll
-        for (int i = 0; i < VEC; ++i) d[i] = round_to<T>(__fadd_rn(d[i], round_to<T>(__fmul_rn(p.alpha, b[i]))));
+        for (int i = 0; i < VEC; ++i) d[i] = residual_sum<T>(d[i], b[i], p.alpha);
       }
       if constexpr (VALUES) {
 #pragma unroll
@@ -206,7 +216,16 @@ __global__ void __launch_bounds__(kThreads) activation_kernel(const ActivationPa
     if (!send) return false;
     // second pass over this lane's own channels (acc as just written by this thread; VALUES: delta)
     const auto f = [&](float a) { return apply_activation(kind, p.param, a); };
-    if constexpr (VALUES) {
+    if constexpr (VALUES && RESIDUAL) {  // the sum again, from both operands
+      const auto sum = [&](int64_t i, float (&v)[VEC]) {
+        float b[VEC];
+        load_f<VEC>(p.delta + i, v);
+        load_f<VEC>(p.delta_b + i, b);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) v[k] = residual_sum<T>(v[k], b[k], p.alpha);
+      };
+      send_row_loaded<T, VEC>(g, C, row, sum, p.sent, p.out, f, p.tf32);
+    } else if constexpr (VALUES) {
       send_row<T, VEC>(g, C, row, p.delta, p.sent, p.out, f, p.tf32);
     } else {
       send_row<T, VEC>(g, C, row, p.acc, p.sent, p.out, f, p.tf32);

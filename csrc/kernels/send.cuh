@@ -79,15 +79,16 @@ __device__ __forceinline__ float send_element(float y, float& sent, bool tf32) {
 
 // The send pass of a truncating pointwise kernel over the channels of group `g`'s lane in pixel
 // row `row` (element offset p * C): out = send_element<T, TF32>(value(v), sent) with `sent` updated
-// in place, v loaded from `src` ([N, C, H, W] channels_last, T or float32). `write_out` false skips
-// the store to `out` where an earlier pass left the same values there (the pooled measure's, whose
-// neighbours read them concurrently).
-template <typename T, int VEC, bool TF32, typename Src, typename Value>
-__device__ __forceinline__ void send_row_as(const PixelGroup& g, int C, int64_t row, const Src* src, T* sent, T* out,
-                                            Value&& value, bool write_out) {
+// in place, the VEC values v of the pack at element offset i given by `load(i, v)` (one source map
+// read as it is, send_row; or the sum of two, the residual add of add_activation_values). `write_out`
+// false skips the store to `out` where an earlier pass left the same values there (the pooled
+// measure's, whose neighbours read them concurrently).
+template <typename T, int VEC, bool TF32, typename Load, typename Value>
+__device__ __forceinline__ void send_row_loaded_as(const PixelGroup& g, int C, int64_t row, Load&& load, T* sent,
+                                                   T* out, Value&& value, bool write_out) {
   for (int c = g.lane * VEC; c < C; c += g.lanes * VEC) {
     float v[VEC], s[VEC];
-    load_f<VEC>(src + row + c, v);
+    load(row + c, v);
     load_f<VEC>(sent + row + c, s);
 #pragma unroll
     for (int i = 0; i < VEC; ++i) v[i] = send_element<T, TF32>(value(v[i]), s[i]);
@@ -96,14 +97,22 @@ __device__ __forceinline__ void send_row_as(const PixelGroup& g, int C, int64_t 
   }
 }
 
-// send_row_as with the TF32 choice made per launch (`tf32`, float32 only), outside the loop.
+// send_row_loaded_as with the TF32 choice made per launch (`tf32`, float32 only), outside the loop.
+template <typename T, int VEC, typename Load, typename Value>
+__device__ __forceinline__ void send_row_loaded(const PixelGroup& g, int C, int64_t row, Load&& load, T* sent, T* out,
+                                                Value&& value, bool tf32, bool write_out = true) {
+  if constexpr (std::is_same<T, float>::value) {
+    if (tf32) return send_row_loaded_as<T, VEC, true>(g, C, row, load, sent, out, value, write_out);
+  }
+  send_row_loaded_as<T, VEC, false>(g, C, row, load, sent, out, value, write_out);
+}
+
+// send_row_loaded from one map `src` ([N, C, H, W] channels_last, T or float32), read as it is.
 template <typename T, int VEC, typename Src, typename Value>
 __device__ __forceinline__ void send_row(const PixelGroup& g, int C, int64_t row, const Src* src, T* sent, T* out,
                                          Value&& value, bool tf32, bool write_out = true) {
-  if constexpr (std::is_same<T, float>::value) {
-    if (tf32) return send_row_as<T, VEC, true>(g, C, row, src, sent, out, value, write_out);
-  }
-  send_row_as<T, VEC, false>(g, C, row, src, sent, out, value, write_out);
+  const auto load = [src](int64_t i, float (&v)[VEC]) { load_f<VEC>(src + i, v); };
+  send_row_loaded<T, VEC>(g, C, row, load, sent, out, value, tf32, write_out);
 }
 
 }  // namespace pw

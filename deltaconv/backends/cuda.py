@@ -31,7 +31,8 @@ Tensor = torch.Tensor
 _LOADED = _extension.load()
 _OPS = ("sparsify", "densify", "activation", "activation_values", "add_activation", "affine_channel", "add", "mul",
         "concatenate", "interleave_channels", "interpolate", "resample", "conv2d", "conv_transpose2d", "max_pool2d",
-        "avg_pool2d", "adaptive_avg_pool2d", "linear", "count_active", "conv1x1_rows", "layer_norm")
+        "avg_pool2d", "adaptive_avg_pool2d", "linear", "count_active", "conv1x1_rows", "layer_norm",
+        "add_activation_values", "conv1x1_rows_into")
 
 
 def _registered_cuda_kernels() -> frozenset:
@@ -390,6 +391,35 @@ def _add_activation_fake(delta_a, mask_a, delta_b, mask_b, alpha, acc, sent, kin
     return out, mask, torch.empty_like(mask)
 
 
+def add_activation_values(a: Tensor, mask_a: Tensor, b: Tensor, mask_b: Tensor, alpha: float, sent: Tensor,
+                          fn: Callable[[Tensor], Tensor], threshold: float, key: Optional[Tensor], measure: str = "max",
+                          rows: Optional[RowList] = None, tf32: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+    """A residual add and the activation after it in value mode (``a``, ``b``: the operands whole at
+    every pixel): one kernel, as :func:`add_activation`, with no accumulator. The pooled measure runs
+    through the reference (its send pass reads one source map). ``rows`` and ``tf32``: as in
+    :func:`activation`."""
+    kind = getattr(fn, "kind", None)
+    if not (kind in NATIVE_KINDS and not _pooled(measure)
+            and _pointwise_ok("add_activation_values", a, mask_a, b, mask_b, sent)
+            and a.shape == b.shape and a.dtype == b.dtype and mask_a.shape == mask_b.shape
+            and _sent_ok(sent, a, a.shape)):
+        return _ref.add_activation_values(a, mask_a, b, mask_b, alpha, sent, fn, threshold, key, measure, tf32=tf32)
+    with _states4(sent) as (s4,):
+        out, m, union = torch.ops.deltaconv.add_activation_values(
+            _value4(a), _mask4(mask_a), _value4(b), _mask4(mask_b), float(alpha), s4, kind,
+            float(getattr(fn, "param", 0.0)), float(threshold), _key(key), _rms(measure), *_row_args(rows, a),
+            tf32=bool(tf32))
+    out, m = _like(out, m, a)
+    return out, m, union.view(m.shape)
+
+
+@_fake("add_activation_values")
+def _add_activation_values_fake(a, mask_a, b, mask_b, alpha, sent, kind, param, threshold, key, rms=False, rows=None,
+                                rows_count=None, tf32=False):
+    out, mask = _empty_like_delta(a)
+    return out, mask, torch.empty_like(mask)
+
+
 def _mul_shape(a: Tensor, b: Tensor) -> Optional[torch.Size]:
     """The output shape when the kernel covers ``a * b`` (equal shapes or squeeze-excite)."""
     if a.shape == b.shape:
@@ -514,6 +544,34 @@ def conv1x1_rows(delta: Tensor, mask: Tensor, weight: Tensor, bias: Optional[Ten
 def _conv1x1_rows_fake(delta, mask, weight, bias, rows, counters, input_tf32=False, bias_key=None):
     n, _, h, w = delta.shape
     return _empty_value(delta, (n, weight.shape[0], h, w))
+
+
+def keep_output(out: Tensor, delta: Tensor, mask: Tensor) -> Tensor:
+    """A convolution's kept whole output takes ``delta`` on ``mask`` (the reference's, on the device)."""
+    return _ref.keep_output(out, delta, mask)
+
+
+def conv1x1_rows_into(delta: Tensor, mask: Tensor, weight: Tensor, bias: Optional[Tensor], rows: RowList, out: Tensor,
+                      input_tf32: bool = False, bias_key: Optional[Tensor] = None) -> bool:
+    """:func:`conv1x1_rows` writing its output's listed pixels into ``out`` (``[N, Cout, H, W]``
+    channels_last, the delta's dtype), which keeps its other pixels: a convolution keeping its whole
+    output (``DCConv2d.keeps_output``), with no copy. Returns whether it ran: ``False`` (``out``
+    untouched) where the kernel does not take it (an extension without the op, output channels not a
+    multiple of 8, which the tensor cores would pad; ``out`` of another layout); the caller then runs
+    :func:`conv1x1_rows` and :func:`keep_output`."""
+    n, _, h, w = delta.shape
+    if not (_native("conv1x1_rows_into", delta, mask, weight, out) and out.dtype == delta.dtype
+            and tuple(out.shape) == (n, weight.shape[0], h, w) and out.is_contiguous(memory_format=_CL)
+            and weight.shape[0] % 8 == 0):
+        return False
+    torch.ops.deltaconv.conv1x1_rows_into(_value4(delta), _mask4(mask), weight, bias, rows.rows, rows.counters, out,
+                                          bool(input_tf32), _key(bias_key))
+    return True
+
+
+@_fake("conv1x1_rows_into")
+def _conv1x1_rows_into_fake(delta, mask, weight, bias, rows, counters, out, input_tf32=False, bias_key=None):
+    return None
 
 
 def _conv_out(size, k, s, p, d):

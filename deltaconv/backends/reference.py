@@ -292,6 +292,20 @@ def add_activation(delta_a: Tensor, mask_a: Tensor, delta_b: Tensor, mask_b: Ten
     return out, out_mask, union
 
 
+def add_activation_values(a: Tensor, mask_a: Tensor, b: Tensor, mask_b: Tensor, alpha: float, sent: Tensor,
+                          fn: Callable[[Tensor], Tensor], threshold: float, key: Optional[Tensor], measure: str = "max",
+                          rows: Optional[RowList] = None, tf32: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+    """A residual add and the activation after it in value mode: ``a`` and ``b`` hold the add's
+    operands *whole* at every pixel (a convolution's kept output, ``DCConv2d.keeps_output``; a layer's
+    sent values, ``Delta.whole``), so the add's new output on the active pixels ``mask_a | mask_b``
+    is ``a + alpha * b`` as the dense add computes it, and :func:`activation_values` of it needs no
+    accumulator. Returns ``(out, out_mask, mask_a | mask_b)`` as :func:`add_activation`. ``rows``
+    and ``tf32``: as in :func:`activation`."""
+    union = mask_a | mask_b
+    out, out_mask = activation_values(a + alpha * b, union, sent, fn, threshold, key, measure, tf32=tf32)
+    return out, out_mask, union
+
+
 def mul(delta_a: Tensor, mask_a: Tensor, acc_a: Tensor, delta_b: Tensor, mask_b: Tensor, acc_b: Tensor,
         sent: Tensor, threshold: float, key: Optional[Tensor], measure: str = "max",
         rows: Optional[RowList] = None, tf32: bool = False) -> tuple[Tensor, Tensor]:
@@ -355,6 +369,13 @@ def conv2d(delta: Tensor, mask: Tensor, weight: Tensor, bias: Optional[Tensor], 
     ones = torch.ones((1, 1) + tuple(weight.shape[-2:]), device=delta.device)
     out_mask = F.conv2d(m, ones, None, stride, padding, dilation) > 0
     return _add_bias_on_key(out, out_mask, bias, key, bias_key)
+
+
+def keep_output(out: Tensor, delta: Tensor, mask: Tensor) -> Tensor:
+    """A convolution's kept whole output (``DCConv2d.keeps_output``): ``out`` ``[N, C, H, W]`` takes the
+    values of ``delta`` (the convolution's whole new output, valid on ``mask``) on the pixels of
+    ``mask`` and keeps its own elsewhere, in place; returns ``out``."""
+    return out.copy_(torch.where(mask, delta, out))
 
 
 def _reversed_padding(padding, kernel_size, dilation) -> list[int]:

@@ -144,6 +144,16 @@ class DCConv2d(DCModule):
     #: resnet50 was 3-7 % slower in value mode there); that setting changes only with a key frame
     #: (``DeltaModel``'s frame signature), so a layer never switches modes between key frames.
     recomputes = False
+    #: value mode before a residual add (set by ``convert``, ``recompute=True``): the input's producer
+    #: keeps its whole values, this convolution runs on a row list (``takes_rows``) and its only reader
+    #: is an add fused with the activation after it whose other operand is whole too (a layer's sent
+    #: values: the identity of a ResNet bottleneck; ``DCActivation.sums_whole``). It recomputes its
+    #: whole output on the active pixels as a recomputing convolution does, into a state buffer that
+    #: keeps the other pixels (``output``, the values' dtype; on the CUDA backend the GEMM writes its
+    #: rows there, ``conv1x1_rows_into``), so the add has its whole value at every pixel the identity
+    #: changes too, and that activation keeps no float32 accumulator (``ops.add_activation_values``).
+    #: Not on TF32 sends, as ``recomputes``.
+    keeps_output = False
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
                  groups: int = 1, bias: bool = True, padding_mode: str = "zeros") -> None:
@@ -238,25 +248,41 @@ class DCConv2d(DCModule):
 
     def forward(self, x: Delta) -> Delta:
         w, b = self.folded_weight_bias(self.output_pixels(x) if self.groups > 1 else None)
-        # value mode (recomputes; not on TF32 sends): the whole new output on the active pixels from
-        # the input's whole values, every input pixel read and the bias on every stream
-        values = self.recomputes and not x.tf32
+        # value mode (recomputes, keeps_output; not on TF32 sends): the whole new output on the active
+        # pixels from the input's whole values, every input pixel read and the bias on every stream
+        values = (self.recomputes or self.keeps_output) and not x.tf32
         if values and x.whole is None:
             raise RuntimeError(f"{self.layer_name}: a recomputing convolution needs its input's whole values "
                                "(Delta.whole), which the layer before it did not give; convert with recompute=False")
         source, input_tf32 = (x.whole, False) if values else (x.value, x.tf32)
         load_mask, bias_key = self._all_set(x.mask) if values else (None, None)
+        keep = values and self.keeps_output
         rows = x.rows if self.takes_rows else None
         if rows is not None and rows.filled and self.key is None and self.row_list_ok():
+            # stride 1, no padding: the input's active pixels, and so its list
+            listed = rows if self.lists_rows else None
+            if keep:
+                kept = self.state("output", (x.shape[0], self.out_channels) + tuple(x.shape[2:]), x.device, x.dtype,
+                                  sent=True)
+                if w.shape[0] == self.out_channels and self.ops.conv1x1_rows_into(
+                        source, x.mask, w, b, rows, kept, input_tf32=input_tf32, bias_key=bias_key):
+                    return self.observe(Delta(kept, x.mask, listed, recomputed=True, whole=kept))
             v = self._unpadded(self.ops.conv1x1_rows(source, x.mask, w, b, rows, input_tf32=input_tf32,
                                                      bias_key=bias_key))
-            # stride 1, no padding: the input's active pixels, and so its list
-            return self.observe(Delta(v, x.mask, rows if self.lists_rows else None, recomputed=values))
+            return self.observe(self._output(v, x.mask, values, keep, listed))
         groups = self.groups if w.shape[1] * self.groups == self.in_channels else 1  # 1: block-diagonal
         v, m = self.ops.conv2d(source, x.mask, w, b, self.stride, self.padding, self.dilation, groups, self.key,
                                self.padding_mode, self.work_counters(x), input_tf32=input_tf32, load_mask=load_mask,
                                bias_key=bias_key)
-        return self.observe(Delta(self._unpadded(v), m, recomputed=values))
+        return self.observe(self._output(self._unpadded(v), m, values, keep))
+
+    def _output(self, v: torch.Tensor, m: torch.Tensor, values: bool, keep: bool, rows=None) -> Delta:
+        """The output delta of ``v`` on ``m``; with ``keep`` (``keeps_output`` in value mode) ``v`` goes into
+        the kept whole output on ``m`` first (``ops.keep_output``) and the delta holds that buffer."""
+        if not keep:
+            return Delta(v, m, rows, recomputed=values)
+        kept = self.ops.keep_output(self.state("output", v.shape, v.device, v.dtype, sent=True), v, m)
+        return Delta(kept, m, rows, recomputed=True, whole=kept)
 
     def _all_set(self, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """An all-set load mask of ``mask``'s shape and an all-set ``[N]`` bias key, kept while the
@@ -569,6 +595,10 @@ class DeferredSum(Delta):
 
     def materialize(self) -> Delta:
         """The sum (computed once, by the add layer, which records it in its statistics)."""
+        if self.a.recomputed or self.b.recomputed:
+            raise RuntimeError(f"{self.layer.layer_name}: an operand holds whole values (a convolution keeping its "
+                               "output), which only the activation fused with this add can sum; convert with "
+                               "recompute=False")
         if self._sum is None:
             self._sum = self.layer.add(self.a, self.b)
         return self._sum
