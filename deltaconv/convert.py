@@ -422,9 +422,10 @@ class _Converter:
         (not one fused with an add) as recomputing (``DCConv2d.recomputes``): it computes its whole new
         output on the active pixels from those values, bias included, and that activation then keeps no
         float32 accumulator. Then each residual add fused with its activation whose operands are both
-        whole in value mode: a layer keeping its whole values (the identity of a ResNet bottleneck), or
-        such a convolution on a row list read by this add alone, marked to keep its whole output
-        (``DCConv2d.keeps_output``); the activation sums them (``DCActivation.sums_whole``). Only layers
+        whole in value mode, at least one of them such a convolution on a row list read by this add
+        alone, marked to keep its whole output (``DCConv2d.keeps_output``), the other a layer keeping
+        its whole values (the identity of a ResNet bottleneck) or another such convolution: the
+        activation then sums the two whole operands with no accumulator. Only layers
         called at one site, and convolutions of at least ``MIN_RECOMPUTE_CHANNELS`` input channels; the
         report notes the pairs."""
         sites = self._module_sites()
@@ -440,11 +441,10 @@ class _Converter:
             if not (isinstance(add, DCAdd) and add.fuse_with_next):
                 continue
             convs = [a for a in node.args if self._whole_reader(a, sites) is not None]
-            if len(convs) + sum(self._keeps_whole(a) for a in node.args) != 2 or any(
+            if not convs or len(convs) + sum(self._keeps_whole(a) for a in node.args) != 2 or any(
                     not self.root.get_submodule(c.target).takes_rows for c in convs):
                 continue
             user = next(iter(node.users))  # the activation (fuse_add_activation)
-            self.root.get_submodule(user.target).sums_whole = True
             for c in convs:
                 self.root.get_submodule(c.target).keeps_output = True
                 self._note_pair(c.target, f"recomputes for {user.target} (output kept, summed by {node.target})",

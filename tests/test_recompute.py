@@ -12,7 +12,7 @@ import deltaconv
 from deltaconv.activations import from_module
 from deltaconv.backends import reference as R
 from deltaconv.delta import Delta
-from deltaconv.modules import DCConv2d
+from deltaconv.modules import DCActivation, DCConv2d
 from helpers import (cuda_backend_reason, cuda_kernel_names, main_output, torchvision_model as build, video_frames,
                      without_kept_outputs)
 
@@ -286,7 +286,8 @@ def kept(dm) -> list[str]:
 
 
 def summing(dm) -> list[str]:
-    return sorted(name for name, m in dm.named_modules() if getattr(m, "sums_whole", False))
+    """The activations that sum a kept output and a whole identity (the report's notes)."""
+    return sorted({n.layer for n in dm.report.nodes if " through " in n.note and "recomputed by " in n.note})
 
 
 def test_bottleneck_adds_of_whole_operands_are_marked():
@@ -375,6 +376,14 @@ def test_a_sum_of_whole_operands_is_taken_only_by_its_activation():
     deferred = DeferredSum(Delta(whole, mask, whole=whole, recomputed=True), Delta(whole, mask, whole=whole), add)
     with pytest.raises(RuntimeError, match="block.add: an operand holds whole values"):
         deferred.value
+    relu = DCActivation(from_module(torch.nn.ReLU()))
+    relu.layer_name = "block.relu"
+    out = relu(deferred)  # the activation fused with the add sums them
+    torch.testing.assert_close(out.whole, torch.zeros_like(whole))
+    half_whole = DeferredSum(Delta(whole, mask, whole=whole, recomputed=True), Delta(whole, mask), add)
+    with pytest.raises(RuntimeError, match="block.relu: a residual add of a convolution's kept whole output needs "
+                                           "its other operand whole too"):
+        relu(half_whole)
 
 
 def test_reference_add_activation_values_equals_add_activation_from_the_old_sum():

@@ -21,19 +21,12 @@ class DCActivation(DCModule):
     """Pointwise non-linearity (ReLU, ReLU6, LeakyReLU, Hardswish, Hardsigmoid, SiLU, Sigmoid,
     GELU, Tanh, ELU, or any pointwise callable). State: ``acc`` (input), ``sent`` (output); after a
     recomputing convolution (``DCConv2d.recomputes``: its input arrives whole), or fused with a residual
-    add of whole operands (``sums_whole``), ``sent`` only.
+    add of a convolution's kept whole output (``DCConv2d.keeps_output``) and another whole operand,
+    ``sent`` only.
     Float32 on a GPU with TF32 convolutions: sends its changes rounded to TF32 (:func:`sends_tf32`)."""
 
     kind = "activation"
     truncates = True
-    #: value mode after a residual add (set by ``convert``, ``recompute=True``, on an activation fused
-    #: with the add before it, ``DCAdd.fuse_with_next``): each operand of the add is whole at every
-    #: pixel in value mode (a convolution keeping its output, ``DCConv2d.keeps_output``, or a layer's
-    #: sent values, ``Delta.whole``), so the activation sums them on the active pixels and applies ``f``
-    #: with no float32 accumulator (``ops.add_activation_values``). On frames where an operand is not
-    #: whole (TF32 sends) it runs in delta mode; that changes only with a key frame.
-    sums_whole = False
-
     def __init__(self, fn: activations.Activation, threshold: float = 0.0) -> None:
         super().__init__()
         self.fn = fn
@@ -55,8 +48,16 @@ class DCActivation(DCModule):
             v, m = self.ops.activation_values(x.value, x.mask, sent, self.fn, self.threshold, self.key, self.measure,
                                               rows, tf32=tf32)
             return self.observe(Delta(v, m, filled_rows(rows), tf32=tf32, whole=sent))
-        if fused and self.sums_whole and x.a.whole is not None and x.b.whole is not None:  # value mode
+        if fused and (x.a.recomputed or x.b.recomputed):
+            # value mode after a residual add: an operand is a convolution's kept whole output
+            # (DCConv2d.keeps_output) and the other whole too, so their sum on the active pixels is the
+            # add's whole new output, with no accumulator; delta mode on frames where the convolution
+            # is not in value mode (TF32 sends), which changes only with a key frame
             a, b = x.a, x.b
+            if a.whole is None or b.whole is None:
+                raise RuntimeError(f"{self.layer_name}: a residual add of a convolution's kept whole output needs "
+                                   "its other operand whole too (Delta.whole), which the layer before it did not "
+                                   "give; convert with recompute=False")
             v, m, union = self.ops.add_activation_values(a.whole, a.mask, b.whole, b.mask, x.layer.alpha, sent,
                                                          self.fn, self.threshold, self.key, self.measure, rows,
                                                          tf32=tf32)
