@@ -102,6 +102,12 @@ __global__ void __launch_bounds__(kThreads) densify_kernel(const DensifyParams<T
   }
 }
 
+// The residual add's output element as the dense add computes it in T: T(a + T(alpha * b)).
+template <typename T>
+__device__ __forceinline__ float residual_sum(float a, float b, float alpha) {
+  return round_to<T>(__fadd_rn(a, round_to<T>(__fmul_rn(alpha, b))));
+}
+
 // ================================================================ activation
 // On active pixels: acc += delta; change = T(f(acc)) - sent; sent when the change's size exceeds
 // the threshold (PendingSize: max or rms over the channels) or the stream is a key stream; then
@@ -111,12 +117,6 @@ __global__ void __launch_bounds__(kThreads) densify_kernel(const DensifyParams<T
 // With RESIDUAL (the add_activation op: a residual add fused into the activation after it) the
 // delta is the add's output, computed as add_kernel does: delta = T(a + T(alpha * b)) with
 // inactive operands counted as zero, active on mask | mask_b (written to mask_sum, the add's mask).
-// The residual add's output element as the dense add computes it in T: T(a + T(alpha * b)).
-template <typename T>
-__device__ __forceinline__ float residual_sum(float a, float b, float alpha) {
-  return round_to<T>(__fadd_rn(a, round_to<T>(__fmul_rn(alpha, b))));
-}
-
 template <typename T>
 struct ActivationParams {
   const T* delta;          // [N, C, H, W] (RESIDUAL: the add's first operand)

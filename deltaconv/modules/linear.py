@@ -147,12 +147,12 @@ class DCConv2d(DCModule):
     #: value mode before a residual add (set by ``convert``, ``recompute=True``): the input's producer
     #: keeps its whole values, this convolution runs on a row list (``takes_rows``) and its only reader
     #: is an add fused with the activation after it whose other operand is whole too (a layer's sent
-    #: values: the identity of a ResNet bottleneck). It recomputes its
-    #: whole output on the active pixels as a recomputing convolution does, into a state buffer that
-    #: keeps the other pixels (``output``, the values' dtype; on the CUDA backend the GEMM writes its
-    #: rows there, ``conv1x1_rows_into``), so the add has its whole value at every pixel the identity
-    #: changes too, and that activation keeps no float32 accumulator (``ops.add_activation_values``).
-    #: Not on TF32 sends, as ``recomputes``.
+    #: values: the identity of a ResNet bottleneck). It recomputes its whole output on the active
+    #: pixels as a recomputing convolution does, into a state buffer that keeps the other pixels
+    #: (``output``, the values' dtype; on the CUDA backend the GEMM writes its rows there,
+    #: ``conv1x1_rows_into``), so the add has its whole value at every pixel the identity changes too,
+    #: and that activation keeps no float32 accumulator (``ops.add_activation_values``). Not on TF32
+    #: sends, as ``recomputes``.
     keeps_output = False
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,

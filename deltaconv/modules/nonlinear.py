@@ -27,6 +27,7 @@ class DCActivation(DCModule):
 
     kind = "activation"
     truncates = True
+
     def __init__(self, fn: activations.Activation, threshold: float = 0.0) -> None:
         super().__init__()
         self.fn = fn
