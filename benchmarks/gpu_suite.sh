@@ -8,7 +8,9 @@
 # benchmarks (model = a whole converted model on the CUDA backend under memcheck). On a machine
 # with a per-command time limit, split the suite: STEPS="pytest memcheck model", then
 # STEPS="racecheck synccheck", then STEPS=benchmarks.
-# Logs go to ${OUT:-benchmarks/out}/<step>.log. Exit status: 0 when every step passed.
+# Logs go to ${OUT:-benchmarks/out}/<step>.log (with PYTEST_JOBS > 1, pytest_gpu_<i>.log per process;
+# the names of the failing tests and the processes stopped by PYTEST_TIMEOUT are printed at the end of
+# the step). Exit status: 0 when every step passed.
 #
 # Sample videos and weights: set DELTACONV_VIDEOS to a folder with vtest.avi (and
 # one-by-one-person-detection.mp4) and TORCH_HOME to one whose hub/checkpoints holds
@@ -64,7 +66,8 @@ fi
 # with 8 processes 85-191 s (H200, 2026-11-22 09:34 UTC; 147-246 s before the conv tests' float64
 # reference moved to the GPU; dealt in a fixed shuffled order instead, 89-248 s).
 parallel_pytest() {
-  local jobs=$1 ids i rc=0 pids=() mine
+  local jobs=$1 ids i k rc=0 pids=() procs=() mine code
+  local -A code_of=()
   shift
   ids=$(mktemp)
   "$PY" -m pytest -m gpu -q --collect-only -p no:cacheprovider "$@" tests | grep "::" > "$ids" || true
@@ -75,11 +78,25 @@ parallel_pytest() {
     OMP_NUM_THREADS=$threads timeout "${PYTEST_TIMEOUT:-1800}" "$PY" -m pytest -m gpu -q -rfE -p no:cacheprovider \
       --durations=10 "$@" "${mine[@]}" > "$OUT_DIR/pytest_gpu_$i.log" 2>&1 &
     pids+=($!)
+    procs+=("$i")
   done
-  for i in "${pids[@]}"; do wait "$i" || rc=1; done
+  for ((k = 0; k < ${#pids[@]}; k++)); do
+    code=0
+    wait "${pids[$k]}" || code=$?
+    code_of[${procs[$k]}]=$code
+    [ "$code" -eq 0 ] || rc=1
+  done
   for ((i = 0; i < jobs; i++)); do
-    [ -f "$OUT_DIR/pytest_gpu_$i.log" ] && echo "process $i: $(tail -1 "$OUT_DIR/pytest_gpu_$i.log")"
+    [ -f "$OUT_DIR/pytest_gpu_$i.log" ] || continue
+    if [ "${code_of[$i]:-0}" -eq 124 ]; then  # timeout's status: the process had no summary line
+      echo "process $i: stopped by PYTEST_TIMEOUT=${PYTEST_TIMEOUT:-1800} s (unfinished)"
+    else
+      echo "process $i: $(tail -1 "$OUT_DIR/pytest_gpu_$i.log")"
+    fi
   done
+  # the failing tests by name, from every process (-rfE), so that they show where only the end of the
+  # output is read (a device call returns few files)
+  for i in "${procs[@]}"; do grep -E "^(FAILED|ERROR) " "$OUT_DIR/pytest_gpu_$i.log"; done | sort -u || true
   rm -f "$ids"
   return "$rc"
 }

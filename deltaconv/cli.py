@@ -108,8 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "keeps; default: as the --thresholds file records it, else folded)")
     d.add_argument("--no-recompute", action="store_true",
                    help="delta mode everywhere (convert(recompute=False)); by default a convolution between a "
-                        "layer with whole values and an activation recomputes its output, and that activation "
-                        "keeps no float32 accumulator")
+                        "layer with whole values and an activation (or a residual add fused with one, whose other "
+                        "operand is whole) recomputes its output, and that activation keeps no float32 "
+                        "accumulator")
     d.add_argument("--max-frames", type=_count_or_all, default=150, metavar="N",
                    help="frames to process (default 150; 0: the whole video)")
     d.add_argument("--size", type=parse_size, metavar="HxW", help="model input size (default: the video's)")

@@ -597,9 +597,12 @@ def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
             it keeps no float32 accumulator. The same convolution work and results (to rounding),
             about half of that activation's memory traffic, 21-25 % less state in ResNet-50 and
             MobileNetV2 and their busy frames 2.6-9 % faster in float16 (README, *How it works*, Value
-            mode). Not in float32 with TF32 convolutions, whose TF32 sends suit delta mode better
-            (``DCConv2d.recomputes``). The report notes the pairs ("recomputes for"). ``False``:
-            delta mode everywhere.
+            mode). A residual add fused with its activation works so too where both operands are whole:
+            a ResNet bottleneck's conv3 on a row list keeps its whole output and the ReLU after the add
+            sums it with the whole identity (``DCConv2d.keeps_output``; 12 of resnet50's 16 blocks,
+            busy frames another 4-9 % faster). Not in float32 with TF32 convolutions, whose TF32 sends
+            suit delta mode better (``DCConv2d.recomputes``). The report notes the pairs ("recomputes
+            for"). ``False``: delta mode everywhere.
     """
     from .model import DeltaModel, read_thresholds
 

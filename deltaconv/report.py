@@ -51,8 +51,9 @@ class ConversionReport:
 
     @property
     def recomputing(self) -> list[NodeReport]:
-        """Convolutions that recompute their whole output for the activation after them, and those
-        activations (``convert(recompute=True)``, value mode; the note names the partner)."""
+        """Convolutions that recompute their whole output for the activation after them (directly, or
+        through a residual add fused with it: "output kept, summed by"), and those activations
+        (``convert(recompute=True)``, value mode; the note names the partner)."""
         return [n for n in self.nodes if "recomputes for " in n.note or "recomputed by " in n.note]
 
     def counts(self) -> dict[str, int]:
