@@ -449,3 +449,49 @@ def test_cuda_bottleneck_value_mode(dtype):
         first(frames[0].to(dtype)), first(frames[1].to(dtype))
     smaller = cuda.state_bytes() < first.state_bytes()
     assert smaller if dtype != torch.float32 else cuda.state_bytes() == first.state_bytes()
+
+
+def test_an_add_of_two_kept_outputs():
+    """Both operands convolutions that keep their outputs (fcn_resnet50's dilated blocks: the
+    downsampling identity is a 1x1 of stride 1 on the block input's row list too): both kept, and value
+    mode gives delta mode's outputs (float64, reference backend)."""
+    torch.manual_seed(0)
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stem = torch.nn.Conv2d(3, 16, 3, padding=1)
+            self.relu0 = torch.nn.ReLU()
+            self.a = torch.nn.Conv2d(16, 24, 1)
+            self.b = torch.nn.Conv2d(16, 24, 1)
+            self.relu = torch.nn.ReLU()
+
+        def forward(self, x):
+            h = self.relu0(self.stem(x))
+            return self.relu(self.a(h) + self.b(h))
+
+    model = Block().double().eval()
+    frames = moving_frames(4, shape=(2, 3, 40, 48), seed=3)
+    kw = dict(threshold=0.05, backend="reference", example_input=frames[0])
+    value, delta = deltaconv.convert(model, **kw), deltaconv.convert(model, recompute=False, **kw)
+    assert kept(value) == ["a", "b"] and len(summing(value)) == 1
+    with torch.no_grad():
+        for f in frames:
+            torch.testing.assert_close(value(f), delta(f), rtol=0, atol=1e-12)
+    assert "acc" not in value.get_submodule(summing(value)[0])._buffers
+
+
+def test_accumulator_share_counts_the_layers_left_in_delta_mode():
+    """benchmarks/experiments/accumulator_share.py (README, What remains): resnet50 keeps accumulators
+    in its stem's ReLU and max pooling and in the 4 blocks with a downsampling identity; resnet18 in
+    its stem's two and its 8 blocks' fused adds (no bottleneck)."""
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "experiments" / "accumulator_share.py"
+    spec = importlib.util.spec_from_file_location("accumulator_share", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    n_acc, n, share, kinds = module.accumulator_share("resnet50", (64, 64))
+    assert (n_acc, n) == (6, 50) and 0 < share < 0.5 and set(kinds) == {"activation", "max_pool2d"}
+    n_acc, n, _, _ = module.accumulator_share("resnet18", (64, 64))
+    assert (n_acc, n) == (10, 18)

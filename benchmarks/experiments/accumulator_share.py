@@ -1,0 +1,55 @@
+"""Where the float32 accumulators are left: for each model, the truncating layers (activations, max
+pooling, products, layer norms; not the input sparsifier) that still keep one after ``convert``'s
+default value mode, and their share of those layers' output elements (the state traffic value mode
+removes elsewhere). Random weights, the reference backend on the CPU, two frames.
+
+    PYTHONPATH=. python benchmarks/experiments/accumulator_share.py [--models resnet50 mobilenet_v2] [--size 272 480]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+from helpers import torchvision_model  # noqa: E402  (seeded, BatchNorm statistics randomised)
+
+
+def accumulator_share(name: str, size: tuple[int, int]) -> tuple[int, int, float, dict]:
+    """(layers keeping an accumulator, truncating layers, their share of the output elements, the share
+    by layer kind) of torchvision's ``name`` converted with the defaults, after two frames of ``size``."""
+    import deltaconv
+    x = torch.randn(1, 3, *size, generator=torch.Generator().manual_seed(0))
+    dm = deltaconv.convert(torchvision_model(name), backend="reference", example_input=x)
+    with torch.no_grad():
+        dm(x), dm(x + 0.01 * torch.randn_like(x))
+    total, kept, layers, by_kind = 0.0, 0.0, [], {}
+    for layer in dm.delta_layers():
+        if not layer.truncates or layer.kind == "sparsify":
+            continue
+        elements = layer.stats()["elements_dense"]
+        total += elements
+        layers.append(layer)
+        if any(n.startswith("acc") and b is not None for n, b in layer._buffers.items()):
+            kept += elements
+            by_kind[layer.kind] = by_kind.get(layer.kind, 0.0) + elements
+    n_acc = sum(any(n.startswith("acc") and b is not None for n, b in layer._buffers.items()) for layer in layers)
+    return n_acc, len(layers), kept / total, {k: v / total for k, v in by_kind.items()}
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--models", nargs="+", default=["resnet50", "fcn_resnet50", "resnext50_32x4d", "mobilenet_v2",
+                                                   "deeplabv3_mobilenet_v3_large"])
+    p.add_argument("--size", type=int, nargs=2, default=[272, 480])
+    a = p.parse_args(argv)
+    for name in a.models:
+        n_acc, n, share, kinds = accumulator_share(name, tuple(a.size))
+        print(f"{name}: {n_acc} of {n} truncating layers keep an accumulator, {share:.3f} of their output elements "
+              f"(" + ", ".join(f"{k} {v:.3f}" for k, v in kinds.items()) + ")", flush=True)
+
+
+if __name__ == "__main__":
+    main()
