@@ -25,17 +25,14 @@ def accumulator_share(name: str, size: tuple[int, int]) -> tuple[int, int, float
     dm = deltaconv.convert(torchvision_model(name), backend="reference", example_input=x)
     with torch.no_grad():
         dm(x), dm(x + 0.01 * torch.randn_like(x))
-    total, kept, layers, by_kind = 0.0, 0.0, [], {}
-    for layer in dm.delta_layers():
-        if not layer.truncates or layer.kind == "sparsify":
-            continue
+    layers = [layer for layer in dm.delta_layers() if layer.truncates and layer.kind != "sparsify"]
+    total, kept, n_acc, by_kind = 0.0, 0.0, 0, {}
+    for layer in layers:
         elements = layer.stats()["elements_dense"]
         total += elements
-        layers.append(layer)
         if any(n.startswith("acc") and b is not None for n, b in layer._buffers.items()):
-            kept += elements
+            kept, n_acc = kept + elements, n_acc + 1
             by_kind[layer.kind] = by_kind.get(layer.kind, 0.0) + elements
-    n_acc = sum(any(n.startswith("acc") and b is not None for n, b in layer._buffers.items()) for layer in layers)
     return n_acc, len(layers), kept / total, {k: v / total for k, v in by_kind.items()}
 
 

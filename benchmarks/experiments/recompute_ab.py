@@ -28,6 +28,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import alternate_frames, run_info, video_models  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+from helpers import without_kept_outputs  # noqa: E402
+
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 #: the variants: ``convert(recompute=)``, ``deltaconv.convert.MIN_RECOMPUTE_CHANNELS`` and whether the
 #: residual adds of whole operands run in value mode (``DCConv2d.keeps_output``, since 2026-12-01);
@@ -82,9 +85,7 @@ def main(argv=None) -> None:
                                            check_finite=False, recompute=recompute, **kw)
                     convert_module.MIN_RECOMPUTE_CHANNELS = default_min
                     if not sums:  # before the first frame: those adds then run in delta mode
-                        for layer in dm.modules():
-                            if getattr(layer, "keeps_output", False):
-                                layer.keeps_output = False
+                        without_kept_outputs(dm)
                     dm(frames[0]), dm(frames[1])  # key frame, then the captured frame
                     dm.reset_stats()
                     runs[v] = dm
