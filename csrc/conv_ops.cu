@@ -983,6 +983,72 @@ void launch_conv1x1(const Tensor& x, const Tensor& m, const ConvWeights& tw, con
 }
 
 // ------------------------------------------------------------------------------------- conv2d
+// The geometry of a checked conv2d / conv1x1_into call: input [N, Cin, H, W], weight [Cout, Cin / groups,
+// KH, KW], output [N, Cout, Ho, Wo]; strides, paddings and dilations in pixels.
+struct ConvCall {
+  int64_t N, Cin, H, W, Cout, KH, KW, Ho, Wo;
+  int sh, sw, ph, pw, dh, dw;
+};
+
+// The argument checks of conv2d and conv1x1_into (OP: the op's name); returns the call's geometry.
+#define DC_CHECK_CONV2D(OP, delta, mask, weight, bias, stride, padding, dilation, groups, key, counters, input_tf32, \
+                        load_mask, bias_key)                                                                      \
+  [&] {                                                                                                           \
+    DC_CHECK_DELTA_MASK(OP, delta, mask);                                                                         \
+    DC_CHECK_TF32_FLAG(OP, "input_tf32", input_tf32, delta);                                                      \
+    DC_CHECK_KEY(OP, key, delta);                                                                                 \
+    DC_CHECK_STREAM_FLAGS(OP, "bias_key", bias_key, delta);                                                       \
+    if (load_mask.has_value()) {                                                                                  \
+      DC_CHECK_BESIDE_DELTA(OP, "load_mask", (*load_mask), delta, at::kBool);                                     \
+      TORCH_CHECK(load_mask->sizes() == mask.sizes(), "deltaconv::" OP ": argument 'load_mask' must have the "    \
+                  "shape of 'mask', ", mask.sizes(), ", got ", load_mask->sizes());                               \
+    }                                                                                                             \
+    DC_CHECK_COUNTERS(OP, counters, delta);                                                                       \
+    DC_CHECK_FLOAT_PARAM(OP, "weight", weight, delta);                                                            \
+    DC_CHECK_DIM(OP, "weight", weight, 4);                                                                        \
+    ConvCall c{};                                                                                                 \
+    c.N = delta.size(0), c.Cin = delta.size(1), c.H = delta.size(2), c.W = delta.size(3);                         \
+    TORCH_CHECK(groups >= 1 && groups <= kIntMax, "deltaconv::" OP ": argument 'groups' must be >= 1, got ",      \
+                groups);                                                                                          \
+    c.Cout = weight.size(0), c.KH = weight.size(2), c.KW = weight.size(3);                                        \
+    TORCH_CHECK(c.Cin % groups == 0 && c.Cout % groups == 0 && weight.size(1) * groups == c.Cin,                  \
+                "deltaconv::" OP ": argument 'weight' of shape ", weight.sizes(), " does not fit ", c.Cin,        \
+                " input channels in ", groups, " groups");                                                        \
+    TORCH_CHECK(c.Cout >= 1 && c.KH >= 1 && c.KW >= 1 && c.KH <= 4096 && c.KW <= 4096,                            \
+                "deltaconv::" OP ": argument 'weight' has an empty or oversized shape ", weight.sizes());         \
+    DC_CHECK_BIAS(OP, bias, c.Cout, delta);                                                                       \
+    std::tie(c.sh, c.sw) = pair_arg(stride, OP, "stride", 1);                                                     \
+    std::tie(c.ph, c.pw) = pair_arg(padding, OP, "padding", 0);                                                   \
+    std::tie(c.dh, c.dw) = pair_arg(dilation, OP, "dilation", 1);                                                 \
+    const int64_t span_h = c.H + 2 * c.ph - c.dh * (c.KH - 1) - 1, span_w = c.W + 2 * c.pw - c.dw * (c.KW - 1) - 1; \
+    TORCH_CHECK(span_h >= 0 && span_w >= 0, "deltaconv::" OP ": the (padded) input of size ", c.H, "x", c.W,     \
+                " is smaller than the dilated kernel ", c.dh * (c.KH - 1) + 1, "x", c.dw * (c.KW - 1) + 1);       \
+    c.Ho = span_h / c.sh + 1, c.Wo = span_w / c.sw + 1;                                                           \
+    TORCH_CHECK(c.N * c.Ho * c.Wo <= kIntMax && c.Cout <= kIntMax, "deltaconv::" OP ": output too large");        \
+    return c;                                                                                                     \
+  }()
+
+// The 1x1 convolution (groups 1, any stride and padding) of conv2d and conv1x1_into: the mask pass (the
+// output pixels of m and key: mask_out [N, 1, Ho, Wo] and the work list), then the GEMM (use_tc) or the
+// CUDA-core kernel at those pixels of y [N, Cout, Ho, Wo] channels_last, reading the input pixels of lm
+// and adding the bias on the streams of ck.
+void run_conv1x1_masked(const Tensor& x, const Tensor& m, const Tensor& lm, const Tensor& weight,
+                        const c10::optional<Tensor>& bias, const c10::optional<Tensor>& key,
+                        const c10::optional<Tensor>& ck, const Tensor& y, const Tensor& mask_out, const ConvGeom& g,
+                        const c10::optional<Tensor>& counters, bool use_tc, cudaStream_t stream) {
+  const int64_t total = (int64_t)g.N * g.Ho * g.Wo;
+  const WorkList wl = work_list(x, total, stream, counters);
+  const ConvWeights tw = conv_weights(weight, bias, x.scalar_type(), use_tc);
+  constexpr int64_t per_block = conv::MASK1_THREADS * conv::MASK1_PPT;
+  const bool same = g.sh == 1 && g.sw == 1 && g.ph == 0 && g.pw == 0 &&
+                    reinterpret_cast<uintptr_t>(m.const_data_ptr()) % 4 == 0 &&
+                    reinterpret_cast<uintptr_t>(mask_out.const_data_ptr()) % 4 == 0;
+  launch_kernel(same ? conv::conv1x1_mask_kernel<true> : conv::conv1x1_mask_kernel<false>,
+                (unsigned)((total + per_block - 1) / per_block), conv::MASK1_THREADS, 0, stream, m.data_ptr<bool>(),
+                key_ptr(key), mask_out.data_ptr<bool>(), wl.list, wl.count, g, (int)total);
+  launch_conv1x1(x, lm, tw, ck, y, wl, g, total, use_tc, stream);
+}
+
 // load_mask / bias_key (recomputing convolutions, see ops.cpp): the input pixels the kernels read
 // (default: mask) and the streams whose outputs get the bias (default: key); the mask pass (the work
 // list and mask_out) always takes mask and key.
@@ -994,36 +1060,10 @@ std::tuple<Tensor, Tensor> conv2d_cuda(const Tensor& delta, const Tensor& mask, 
                                        const c10::optional<Tensor>& bias_key_in) {
   const c10::optional<Tensor> key = contiguous_key(key_in);
   const c10::optional<Tensor> bias_key_arg = contiguous_key(bias_key_in);
-  DC_CHECK_DELTA_MASK("conv2d", delta, mask);
-  DC_CHECK_TF32_FLAG("conv2d", "input_tf32", input_tf32, delta);
-  DC_CHECK_KEY("conv2d", key, delta);
-  DC_CHECK_STREAM_FLAGS("conv2d", "bias_key", bias_key_arg, delta);
-  if (load_mask.has_value()) {
-    DC_CHECK_BESIDE_DELTA("conv2d", "load_mask", (*load_mask), delta, at::kBool);
-    TORCH_CHECK(load_mask->sizes() == mask.sizes(), "deltaconv::conv2d: argument 'load_mask' must have the shape of "
-                "'mask', ", mask.sizes(), ", got ", load_mask->sizes());
-  }
-  DC_CHECK_COUNTERS("conv2d", counters, delta);
-  DC_CHECK_FLOAT_PARAM("conv2d", "weight", weight, delta);
-  DC_CHECK_DIM("conv2d", "weight", weight, 4);
-  const int64_t N = delta.size(0), Cin = delta.size(1), H = delta.size(2), W = delta.size(3);
-  TORCH_CHECK(groups >= 1 && groups <= kIntMax, "deltaconv::conv2d: argument 'groups' must be >= 1, got ", groups);
-  const int64_t Cout = weight.size(0), KH = weight.size(2), KW = weight.size(3);
-  TORCH_CHECK(Cin % groups == 0 && Cout % groups == 0 && weight.size(1) * groups == Cin,
-              "deltaconv::conv2d: argument 'weight' of shape ", weight.sizes(), " does not fit ", Cin,
-              " input channels in ", groups, " groups");
-  TORCH_CHECK(Cout >= 1 && KH >= 1 && KW >= 1 && KH <= 4096 && KW <= 4096,
-              "deltaconv::conv2d: argument 'weight' has an empty or oversized shape ", weight.sizes());
-  DC_CHECK_BIAS("conv2d", bias, Cout, delta);
-  const auto [sh, sw] = pair_arg(stride, "conv2d", "stride", 1);
-  const auto [ph, pw] = pair_arg(padding, "conv2d", "padding", 0);
-  const auto [dh, dw] = pair_arg(dilation, "conv2d", "dilation", 1);
-  const int64_t Ho = (H + 2 * ph - dh * (KH - 1) - 1) / sh + 1;
-  const int64_t Wo = (W + 2 * pw - dw * (KW - 1) - 1) / sw + 1;
-  TORCH_CHECK(H + 2 * ph - dh * (KH - 1) - 1 >= 0 && W + 2 * pw - dw * (KW - 1) - 1 >= 0,
-              "deltaconv::conv2d: the (padded) input of size ", H, "x", W, " is smaller than the dilated kernel ",
-              dh * (KH - 1) + 1, "x", dw * (KW - 1) + 1);
-  TORCH_CHECK(N * Ho * Wo <= kIntMax && Cout <= kIntMax, "deltaconv::conv2d: output too large");
+  const ConvCall c = DC_CHECK_CONV2D("conv2d", delta, mask, weight, bias, stride, padding, dilation, groups, key,
+                                     counters, input_tf32, load_mask, bias_key_arg);
+  const int64_t N = c.N, Cin = c.Cin, H = c.H, W = c.W, Cout = c.Cout, KH = c.KH, KW = c.KW, Ho = c.Ho, Wo = c.Wo;
+  const int sh = c.sh, sw = c.sw, ph = c.ph, pw = c.pw, dh = c.dh, dw = c.dw;
 
   c10::cuda::CUDAGuard guard(delta.device());
   if (const int64_t cout8 = padded_cout(delta, Cin, Cout, groups, KH * KW)) {
@@ -1048,7 +1088,6 @@ std::tuple<Tensor, Tensor> conv2d_cuda(const Tensor& delta, const Tensor& mask, 
   const int64_t cob = groups * ((g.cout_g + conv::CONV_COB - 1) / conv::CONV_COB);
   TORCH_CHECK(cob <= 65535, "deltaconv::conv2d: too many output channel blocks (", cob, ")");
   const bool depthwise = groups > 1 && groups == Cin && Cout == Cin;
-  const bool* kp = key_ptr(key);
   const bool* ckp = key_ptr(ck);
 
   // Tensor-core path: fp16 / bf16 (or fp32 in TF32: tf32_ok), groups 1, channels multiple of 8,
@@ -1110,17 +1149,7 @@ std::tuple<Tensor, Tensor> conv2d_cuda(const Tensor& delta, const Tensor& mask, 
   }
 
   if (KH == 1 && KW == 1 && !depthwise) {
-    const int64_t total = N * Ho * Wo;
-    const WorkList wl = work_list(delta, total, stream, counters);
-    const ConvWeights tw = conv_weights(weight, bias, x.scalar_type(), use_tc);
-    constexpr int64_t per_block = conv::MASK1_THREADS * conv::MASK1_PPT;
-    const bool same = sh == 1 && sw == 1 && ph == 0 && pw == 0 &&
-                      reinterpret_cast<uintptr_t>(m.const_data_ptr()) % 4 == 0 &&
-                      reinterpret_cast<uintptr_t>(mask_out.const_data_ptr()) % 4 == 0;
-    launch_kernel(same ? conv::conv1x1_mask_kernel<true> : conv::conv1x1_mask_kernel<false>,
-                  (unsigned)((total + per_block - 1) / per_block), conv::MASK1_THREADS, 0, stream, m.data_ptr<bool>(),
-                  kp, mask_out.data_ptr<bool>(), wl.list, wl.count, g, (int)total);
-    launch_conv1x1(x, lm, tw, ck, y, wl, g, total, use_tc, stream);
+    run_conv1x1_masked(x, m, lm, weight, bias, key, ck, y, mask_out, g, counters, use_tc, stream);
     return {y, mask_out};
   }
 
@@ -1262,6 +1291,49 @@ void conv1x1_rows_into_cuda(const Tensor& delta, const Tensor& mask, const Tenso
   TORCH_CHECK(padded_cout(delta, Cin, Cout, 1, 1) == 0, "deltaconv::conv1x1_rows_into: argument 'weight' must have a "
               "multiple of 8 output channels on the tensor cores (pad the filters once), got ", Cout);
   run_conv1x1_rows(delta, mask, weight, bias, rows, counters, input_tf32, bias_key, out, "conv1x1_rows_into");
+}
+
+// ------------------------------------------------------------------------------------- conv1x1_into
+// conv2d of a 1x1 kernel (groups 1, any stride and padding) writing its output pixels (those of mask_out,
+// the returned [N, 1, Ho, Wo] mask) into `out` ([N, Cout, Ho, Wo] channels_last, the delta's dtype and
+// device), which keeps its other pixels: a convolution keeping its whole output off a row list (the
+// downsampling identity of a ResNet block, DCConv2d.keeps_output; on key frames any such convolution).
+// Filters the tensor cores would pad (Cout not a multiple of 8) are refused, as in conv1x1_rows_into.
+Tensor conv1x1_into_cuda(const Tensor& delta, const Tensor& mask, const Tensor& weight,
+                         const c10::optional<Tensor>& bias, IntArrayRef stride, IntArrayRef padding,
+                         const c10::optional<Tensor>& key_in, const c10::optional<Tensor>& counters, Tensor& out,
+                         bool input_tf32, const c10::optional<Tensor>& load_mask,
+                         const c10::optional<Tensor>& bias_key_in) {
+  const c10::optional<Tensor> key = contiguous_key(key_in);
+  const c10::optional<Tensor> bias_key = contiguous_key(bias_key_in);
+  const int64_t dilation[2] = {1, 1};
+  const ConvCall c = DC_CHECK_CONV2D("conv1x1_into", delta, mask, weight, bias, stride, padding, dilation, 1, key,
+                                     counters, input_tf32, load_mask, bias_key);
+  TORCH_CHECK(c.KH == 1 && c.KW == 1, "deltaconv::conv1x1_into: argument 'weight' must have shape [Cout, ", c.Cin,
+              ", 1, 1], got ", weight.sizes());
+  DC_CHECK_BESIDE_DELTA("conv1x1_into", "out", out, delta, delta.scalar_type());
+  TORCH_CHECK(out.dim() == 4 && out.size(0) == c.N && out.size(1) == c.Cout && out.size(2) == c.Ho &&
+                  out.size(3) == c.Wo && out.is_contiguous(at::MemoryFormat::ChannelsLast),
+              "deltaconv::conv1x1_into: argument 'out' must be a channels_last contiguous [N, Cout, Ho, Wo] = [", c.N,
+              ", ", c.Cout, ", ", c.Ho, ", ", c.Wo, "] tensor, got shape ", out.sizes(), " and strides ",
+              out.strides());
+  c10::cuda::CUDAGuard guard(delta.device());
+  TORCH_CHECK(padded_cout(delta, c.Cin, c.Cout, 1, 1) == 0, "deltaconv::conv1x1_into: argument 'weight' must have a "
+              "multiple of 8 output channels on the tensor cores (pad the filters once), got ", c.Cout);
+  Tensor mask_out = empty_mask(mask, c.N, c.Ho, c.Wo);
+  if (out.numel() == 0) return mask_out;
+  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const Tensor x = delta.contiguous(at::MemoryFormat::ChannelsLast);
+  const Tensor m = mask.contiguous();
+  const Tensor lm = load_mask.has_value() ? load_mask->contiguous() : m;
+  const ConvGeom g = conv_geom(c.N, c.Cin, c.H, c.W, c.Cout, c.Ho, c.Wo, 1, 1, c.sh, c.sw, c.ph, c.pw, 1, 1, 1,
+                               input_tf32);
+  const bool use_tc = tc_gemm_ok(x, c.Cin, c.Cout, 1);
+  TORCH_CHECK(use_tc || ceil_div((int)c.Cout, conv::CONV_COB) <= 65535,
+              "deltaconv::conv1x1_into: too many output channels (", c.Cout, ")");
+  run_conv1x1_masked(x, m, lm, weight, bias, key, bias_key.has_value() ? bias_key : key, out, mask_out, g, counters,
+                     use_tc, stream);
+  return mask_out;
 }
 
 // ---------------------------------------------------------------------------- conv_transpose2d
@@ -1557,6 +1629,7 @@ TORCH_LIBRARY_IMPL(deltaconv, CUDA, m) {
   m.impl("conv2d", &deltaconv::conv2d_cuda);
   m.impl("conv1x1_rows", &deltaconv::conv1x1_rows_cuda);
   m.impl("conv1x1_rows_into", &deltaconv::conv1x1_rows_into_cuda);
+  m.impl("conv1x1_into", &deltaconv::conv1x1_into_cuda);
   m.impl("conv_transpose2d", &deltaconv::conv_transpose2d_cuda);
   m.impl("max_pool2d", &deltaconv::max_pool2d_cuda);
   m.impl("avg_pool2d", &deltaconv::avg_pool2d_cuda);

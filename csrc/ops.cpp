@@ -94,6 +94,12 @@ TORCH_LIBRARY(deltaconv, m) {
   // tensor cores), which keeps the rest: a convolution keeping its whole output (DCConv2d.keeps_output)
   m.def("conv1x1_rows_into(Tensor delta, Tensor mask, Tensor weight, Tensor? bias, Tensor rows, Tensor(a!) counters, "
         "Tensor(b!) out, bool input_tf32=False, Tensor? bias_key=None) -> ()");
+  // conv2d of a 1x1 kernel (groups 1, any stride and padding) writing its output pixels into `out` ([N, Cout, Ho,
+  // Wo] channels_last, Cout a multiple of 8 on the tensor cores), which keeps the rest; returns the output mask: a
+  // convolution keeping its whole output off a row list (DCConv2d.keeps_output)
+  m.def("conv1x1_into(Tensor delta, Tensor mask, Tensor weight, Tensor? bias, int[2] stride, int[2] padding, "
+        "Tensor? key, Tensor(a!)? counters, Tensor(b!) out, bool input_tf32=False, Tensor? load_mask=None, "
+        "Tensor? bias_key=None) -> Tensor");
   m.def("conv_transpose2d(Tensor delta, Tensor mask, Tensor weight, Tensor? bias, int[2] stride, int[2] padding, "
         "int[2] output_padding, int groups, int[2] dilation, Tensor? key, Tensor(a!)? counters=None) -> "
         "(Tensor, Tensor)");

@@ -422,10 +422,10 @@ class _Converter:
         (not one fused with an add) as recomputing (``DCConv2d.recomputes``): it computes its whole new
         output on the active pixels from those values, bias included, and that activation then keeps no
         float32 accumulator. Then each residual add fused with its activation whose operands are both
-        whole in value mode, at least one of them such a convolution on a row list read by this add
-        alone, marked to keep its whole output (``DCConv2d.keeps_output``), the other a layer keeping
-        its whole values (the identity of a ResNet bottleneck) or another such convolution: the
-        activation then sums the two whole operands with no accumulator. Only layers
+        whole in value mode, at least one of them such a convolution, 1x1 and read by this add alone,
+        marked to keep its whole output (``DCConv2d.keeps_output``), the other a layer keeping its
+        whole values (the identity of a ResNet bottleneck) or another such convolution (a downsampling
+        identity): the activation then sums the two whole operands with no accumulator. Only layers
         called at one site, and convolutions of at least ``MIN_RECOMPUTE_CHANNELS`` input channels; the
         report notes the pairs."""
         sites = self._module_sites()
@@ -442,7 +442,7 @@ class _Converter:
                 continue
             convs = [a for a in node.args if self._whole_reader(a, sites) is not None]
             if not convs or len(convs) + sum(self._keeps_whole(a) for a in node.args) != 2 or any(
-                    not self.root.get_submodule(c.target).takes_rows for c in convs):
+                    not self.root.get_submodule(c.target).is_pointwise() for c in convs):
                 continue
             user = next(iter(node.users))  # the activation (fuse_add_activation)
             for c in convs:
@@ -598,11 +598,12 @@ def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
             about half of that activation's memory traffic, 21-25 % less state in ResNet-50 and
             MobileNetV2 and their busy frames 2.6-9 % faster in float16 (README, *How it works*, Value
             mode). A residual add fused with its activation works so too where both operands are whole:
-            a ResNet bottleneck's conv3 on a row list keeps its whole output and the ReLU after the add
-            sums it with the whole identity (``DCConv2d.keeps_output``; 12 of resnet50's 16 blocks,
-            busy frames another 4-9 % faster). Not in float32 with TF32 convolutions, whose TF32 sends
-            suit delta mode better (``DCConv2d.recomputes``). The report notes the pairs ("recomputes
-            for"). ``False``: delta mode everywhere.
+            a ResNet bottleneck's conv3 keeps its whole output and the ReLU after the add sums it with
+            the whole identity, the block input or a downsampling 1x1 convolution's kept output
+            (``DCConv2d.keeps_output``; all 16 of resnet50's blocks, busy frames another 4-9 % faster).
+            Not in float32 with TF32 convolutions, whose TF32 sends suit delta mode better
+            (``DCConv2d.recomputes``). The report notes the pairs ("recomputes for"). ``False``: delta
+            mode everywhere.
     """
     from .model import DeltaModel, read_thresholds
 

@@ -11,6 +11,7 @@ the same frames (``--start``, ``--frames``; the first two are the key frame and 
 the median ms per frame after ``--warmup`` frames, the mean logit relative error of each variant
 against the dense model of the same dtype, and the FLOPs density; "value_before_sums" is value mode without the
 residual adds of whole operands (ResNet's third ReLU per block in delta mode, as before 2026-12-01);
+"value_on_row_lists" without those whose downsampling identity is off a row list (as before ``conv1x1_into``);
 "value_with_stem" lets the stems recompute too
 (3 input channels: their tensor-core kernel reads a copy of the frame padded to 8 channels, which value
 mode pads at every pixel; ``convert`` leaves them in delta mode, ``MIN_RECOMPUTE_CHANNELS``). ``--calibrated``: mobilenet_v2 also at its
@@ -32,12 +33,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from helpers import without_kept_outputs  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
-#: the variants: ``convert(recompute=)``, ``deltaconv.convert.MIN_RECOMPUTE_CHANNELS`` and whether the
-#: residual adds of whole operands run in value mode (``DCConv2d.keeps_output``, since 2026-12-01);
-#: "value_with_stem": the stems (3 input channels) recompute too; "value_before_sums": value mode as it
-#: was before the residual adds took it (ResNet's first two ReLUs per block only)
-VARIANTS = {"delta": (False, 8, True), "value": (True, 8, True), "value_with_stem": (True, 1, True),
-            "value_before_sums": (True, 8, False), "delta_again": (False, 8, True)}
+def only_on_row_lists(dm):
+    """``dm`` (a torchvision ResNet) with the adds of a downsampling identity off any row list in delta
+    mode (both convolutions' ``keeps_output`` cleared, before the first frame): value mode through the
+    residual adds as it was before ``conv1x1_into`` (2026-12-01, 12 of resnet50's 16 blocks). Returns ``dm``."""
+    for name, layer in dm.named_modules():
+        if getattr(layer, "keeps_output", False) and not layer.takes_rows and name.endswith(".downsample.0"):
+            layer.keeps_output = False
+            dm.get_submodule(name[:-len("downsample.0")] + "conv3").keeps_output = False
+    return dm
+
+
+#: the variants: ``convert(recompute=)``, ``deltaconv.convert.MIN_RECOMPUTE_CHANNELS`` and what is undone
+#: before the first frame (``None``: nothing); "value_with_stem": the stems (3 input channels) recompute
+#: too; "value_before_sums": value mode as it was before the residual adds took it (ResNet's first two
+#: ReLUs per block only, :func:`~helpers.without_kept_outputs`); "value_on_row_lists": the residual adds
+#: in value mode only where the kept outputs are on row lists (:func:`only_on_row_lists`)
+VARIANTS = {"delta": (False, 8, None), "value": (True, 8, None), "value_with_stem": (True, 1, None),
+            "value_before_sums": (True, 8, without_kept_outputs), "value_on_row_lists": (True, 8, only_on_row_lists),
+            "delta_again": (False, 8, None)}
 CALIBRATED = {"vtest.avi": "fidelity_thresholds_vtest_0.01_rms_float16.json",
               "one-by-one-person-detection.mp4": "fidelity_thresholds_one_0.01_rms_float16.json"}
 
@@ -79,13 +93,13 @@ def main(argv=None) -> None:
             runs = {}
             with torch.no_grad():
                 for v in a.order:
-                    recompute, min_channels, sums = VARIANTS[v]
+                    recompute, min_channels, undo = VARIANTS[v]
                     convert_module.MIN_RECOMPUTE_CHANNELS = min_channels
                     dm = deltaconv.convert(model, backend="cuda", example_input=frames[0], cuda_graph=True,
                                            check_finite=False, recompute=recompute, **kw)
                     convert_module.MIN_RECOMPUTE_CHANNELS = default_min
-                    if not sums:  # before the first frame: those adds then run in delta mode
-                        without_kept_outputs(dm)
+                    if undo is not None:  # before the first frame: those adds then run in delta mode
+                        undo(dm)
                     dm(frames[0]), dm(frames[1])  # key frame, then the captured frame
                     dm.reset_stats()
                     runs[v] = dm

@@ -32,7 +32,7 @@ _LOADED = _extension.load()
 _OPS = ("sparsify", "densify", "activation", "activation_values", "add_activation", "affine_channel", "add", "mul",
         "concatenate", "interleave_channels", "interpolate", "resample", "conv2d", "conv_transpose2d", "max_pool2d",
         "avg_pool2d", "adaptive_avg_pool2d", "linear", "count_active", "conv1x1_rows", "layer_norm",
-        "add_activation_values", "conv1x1_rows_into")
+        "add_activation_values", "conv1x1_rows_into", "conv1x1_into")
 
 
 def _registered_cuda_kernels() -> frozenset:
@@ -572,6 +572,32 @@ def conv1x1_rows_into(delta: Tensor, mask: Tensor, weight: Tensor, bias: Optiona
 @_fake("conv1x1_rows_into")
 def _conv1x1_rows_into_fake(delta, mask, weight, bias, rows, counters, out, input_tf32=False, bias_key=None):
     return None
+
+
+def conv1x1_into(delta: Tensor, mask: Tensor, weight: Tensor, bias: Optional[Tensor], stride, padding,
+                 key: Optional[Tensor], out: Tensor, counters: Optional[Tensor] = None, input_tf32: bool = False,
+                 load_mask: Optional[Tensor] = None, bias_key: Optional[Tensor] = None) -> Tensor:
+    """:func:`conv2d` of a 1x1 kernel (one group, any stride and padding) writing its output pixels into
+    ``out`` (``[N, Cout, Ho, Wo]``), which keeps the others: a convolution keeping its whole output
+    off a row list (``DCConv2d.keeps_output``), with no copy. Returns the output mask. Where the kernel
+    does not take it (an extension without the op, output channels not a multiple of 8, which the
+    tensor cores would pad, ``out`` of another layout or dtype) the reference's
+    :func:`~deltaconv.backends.reference.conv1x1_into` runs on the device, through :func:`conv2d`."""
+    if not (_native("conv1x1_into", delta, mask, weight, out) and delta.dim() == 4 and delta.dtype in _ACT_DTYPES
+            and out.dtype == delta.dtype and out.is_contiguous(memory_format=_CL) and weight.shape[0] % 8 == 0):
+        v, m = conv2d(delta, mask, weight, bias, stride, padding, 1, 1, key, counters=counters,
+                      input_tf32=input_tf32, load_mask=load_mask, bias_key=bias_key)
+        keep_output(out, v, m)
+        return m
+    return torch.ops.deltaconv.conv1x1_into(_value4(delta), _mask4(mask), weight, bias, _pair(stride), _pair(padding),
+                                            _key(key), counters, out, bool(input_tf32),
+                                            None if load_mask is None else _mask4(load_mask), _key(bias_key))
+
+
+@_fake("conv1x1_into")
+def _conv1x1_into_fake(delta, mask, weight, bias, stride, padding, key, counters, out, input_tf32=False,
+                       load_mask=None, bias_key=None):
+    return _empty_mask(delta, *out.shape[:1], *out.shape[2:])
 
 
 def _conv_out(size, k, s, p, d):

@@ -378,6 +378,20 @@ def keep_output(out: Tensor, delta: Tensor, mask: Tensor) -> Tensor:
     return out.copy_(torch.where(mask, delta, out))
 
 
+def conv1x1_into(delta: Tensor, mask: Tensor, weight: Tensor, bias: Optional[Tensor], stride, padding,
+                 key: Optional[Tensor], out: Tensor, counters: Optional[Tensor] = None, input_tf32: bool = False,
+                 load_mask: Optional[Tensor] = None, bias_key: Optional[Tensor] = None) -> Tensor:
+    """:func:`conv2d` of a 1x1 kernel (``weight`` ``[Cout, Cin, 1, 1]``, one group, zero padding, any
+    stride) whose output goes into ``out`` (``[N, Cout, Ho, Wo]``) on the output mask, every other
+    pixel of ``out`` kept (:func:`keep_output`): a convolution keeping its whole output that runs on
+    no row list (``DCConv2d.keeps_output``; a ResNet block's downsampling identity, on key frames any
+    of them). ``counters`` and ``input_tf32`` as in :func:`conv2d`. Returns the output mask
+    ``[N, 1, Ho, Wo]``."""
+    v, m = conv2d(delta, mask, weight, bias, stride, padding, 1, 1, key, load_mask=load_mask, bias_key=bias_key)
+    keep_output(out, v, m)
+    return m
+
+
 def _reversed_padding(padding, kernel_size, dilation) -> list[int]:
     """F.pad amounts (left, right, top, bottom) for a conv's ``padding`` (int, tuple or 'same')."""
     if isinstance(padding, str):

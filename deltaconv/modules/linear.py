@@ -145,14 +145,15 @@ class DCConv2d(DCModule):
     #: (``DeltaModel``'s frame signature), so a layer never switches modes between key frames.
     recomputes = False
     #: value mode before a residual add (set by ``convert``, ``recompute=True``): the input's producer
-    #: keeps its whole values, this convolution runs on a row list (``takes_rows``) and its only reader
-    #: is an add fused with the activation after it whose other operand is whole too (a layer's sent
-    #: values: the identity of a ResNet bottleneck). It recomputes its whole output on the active
-    #: pixels as a recomputing convolution does, into a state buffer that keeps the other pixels
-    #: (``output``, the values' dtype; on the CUDA backend the GEMM writes its rows there,
-    #: ``conv1x1_rows_into``), so the add has its whole value at every pixel the identity changes too,
-    #: and that activation keeps no float32 accumulator (``ops.add_activation_values``). Not on TF32
-    #: sends, as ``recomputes``.
+    #: keeps its whole values, this is a 1x1 convolution (:meth:`is_pointwise`) and its only reader is
+    #: an add fused with the activation after it whose other operand is whole too (a layer's sent
+    #: values: the identity of a ResNet bottleneck; or another such convolution: its downsampling
+    #: identity). It recomputes its whole output on the active pixels as a recomputing convolution
+    #: does, into a state buffer that keeps the other pixels (``output``, the values' dtype; on the
+    #: CUDA backend the GEMM writes its pixels there: ``conv1x1_rows_into`` on a row list,
+    #: ``conv1x1_into`` off one), so the add has its whole value at every pixel the identity changes
+    #: too, and that activation keeps no float32 accumulator (``ops.add_activation_values``). Not on
+    #: TF32 sends, as ``recomputes``.
     keeps_output = False
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
@@ -205,15 +206,18 @@ class DCConv2d(DCModule):
                                                               pixels)
         return 1 if fits else self.groups
 
-    def output_pixels(self, x: Delta) -> int:
-        """Output pixels per frame, all streams, for the input delta ``x`` ``[N, C, H, W]``."""
+    def output_size(self, x: Delta) -> tuple[int, int]:
+        """The output's height and width for the input delta ``x`` ``[N, C, H, W]``."""
         (h, w), (kh, kw) = x.shape[2:], self.kernel_size
         if self.padding == "same":  # stride 1
-            return x.shape[0] * h * w
+            return h, w
         ph, pw = (0, 0) if self.padding == "valid" else self.padding
-        ho = (h + 2 * ph - self.dilation[0] * (kh - 1) - 1) // self.stride[0] + 1
-        wo = (w + 2 * pw - self.dilation[1] * (kw - 1) - 1) // self.stride[1] + 1
-        return x.shape[0] * ho * wo
+        return ((h + 2 * ph - self.dilation[0] * (kh - 1) - 1) // self.stride[0] + 1,
+                (w + 2 * pw - self.dilation[1] * (kw - 1) - 1) // self.stride[1] + 1)
+
+    def output_pixels(self, x: Delta) -> int:
+        """Output pixels per frame, all streams, for the input delta ``x`` ``[N, C, H, W]``."""
+        return x.shape[0] * math.prod(self.output_size(x))
 
     def folded_weight_bias(self, pixels: Optional[int] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """Weight and bias with the BatchNorm folded in, for :meth:`kernel_groups` groups at ``pixels``
@@ -239,12 +243,16 @@ class DCConv2d(DCModule):
         (see :meth:`FoldedWeights.after_cast` for when it is not kept)."""
         self._folded.after_cast(before, self.weight, self.bias, self.folded_bn)
 
+    def is_pointwise(self) -> bool:
+        """Whether this is a 1x1 convolution of one group, zero padding mode and a numeric padding, of any
+        stride (``ops.conv1x1_into`` takes it)."""
+        return (tuple(self.kernel_size) == (1, 1) and self.groups == 1 and not isinstance(self.padding, str)
+                and self.padding_mode == "zeros")
+
     def row_list_ok(self) -> bool:
         """Whether this convolution can run on the row list of the layer before it: 1x1, stride 1, no padding,
         one group, zero padding mode (its output pixels are its input pixels)."""
-        return (tuple(self.kernel_size) == (1, 1) and tuple(self.stride) == (1, 1) and self.groups == 1
-                and not isinstance(self.padding, str) and tuple(self.padding) == (0, 0)
-                and self.padding_mode == "zeros")
+        return self.is_pointwise() and tuple(self.stride) == (1, 1) and tuple(self.padding) == (0, 0)
 
     def forward(self, x: Delta) -> Delta:
         w, b = self.folded_weight_bias(self.output_pixels(x) if self.groups > 1 else None)
@@ -270,6 +278,15 @@ class DCConv2d(DCModule):
             v = self._unpadded(self.ops.conv1x1_rows(source, x.mask, w, b, rows, input_tf32=input_tf32,
                                                      bias_key=bias_key))
             return self.observe(self._output(v, x.mask, values, keep, listed))
+        if keep and self.is_pointwise() and w.shape[0] == self.out_channels:
+            # off a row list (a stride, a padding, no list before it; any key frame): the output pixels go
+            # straight into the kept whole output
+            kept = self.state("output", (x.shape[0], self.out_channels) + self.output_size(x), x.device, x.dtype,
+                              sent=True)
+            m = self.ops.conv1x1_into(source, x.mask, w, b, self.stride, self.padding, self.key, kept,
+                                      self.work_counters(x), input_tf32=input_tf32, load_mask=load_mask,
+                                      bias_key=bias_key)
+            return self.observe(Delta(kept, m, None, recomputed=True, whole=kept))
         groups = self.groups if w.shape[1] * self.groups == self.in_channels else 1  # 1: block-diagonal
         v, m = self.ops.conv2d(source, x.mask, w, b, self.stride, self.padding, self.dilation, groups, self.key,
                                self.padding_mode, self.work_counters(x), input_tf32=input_tf32, load_mask=load_mask,
