@@ -35,6 +35,14 @@ _ADOPTING = (DCConv2d, DCConvTranspose2d, DCLinear, DCBatchNorm2d, DCLayerNorm)
 #: ``benchmarks/results/value_mode.txt`` section 3).
 MIN_RECOMPUTE_CHANNELS = 8
 
+#: Value mode through linear layers' outputs as well (an experiment, off by default until measured on
+#: a GPU): a 1x1 convolution whose readers all take whole values keeps its whole output, and an add not
+#: fused with an activation whose operands are both whole and whose readers all take whole values keeps
+#: its whole sum (``DCAdd.keeps_sum``), so that the convolutions after them recompute (MobileNet's
+#: projections, the adds between its blocks and its expansions). ``False``: a convolution keeps its
+#: output only for the activation fused with a residual add after it.
+WHOLE_SUMS = False
+
 
 class ConversionError(RuntimeError):
     """Raised by ``convert()`` when torch.fx cannot trace the model, and by ``convert(...,
@@ -380,10 +388,7 @@ class _Converter:
             if node.op != "call_module" or sites[node.target] != 1 or len(node.args) != 2 or node.kwargs:
                 continue
             add = self.root.get_submodule(node.target)
-            metas = [a.meta.get("tensor_meta") if isinstance(a, fx.Node) and a in self.delta_nodes else None
-                     for a in node.args]
-            if (not isinstance(add, DCAdd) or None in metas or tuple(metas[0].shape) != tuple(metas[1].shape)
-                    or metas[0].dtype != metas[1].dtype or len(node.users) != 1):
+            if not isinstance(add, DCAdd) or not self._equal_delta_operands(node) or len(node.users) != 1:
                 continue
             user = self._lone_activation_reader(node, sites)
             if user is None:
@@ -417,56 +422,113 @@ class _Converter:
                 self._note_pair(node.target, f"lists rows for {user.target}", user.target, f"rows from {node.target}")
 
     def mark_recomputing(self) -> None:
-        """Value mode: mark each convolution that reads a layer keeping its whole values (an activation,
-        a max pooling or the input sparsifier: ``Delta.whole``) and whose only reader is an activation
-        (not one fused with an add) as recomputing (``DCConv2d.recomputes``): it computes its whole new
-        output on the active pixels from those values, bias included, and that activation then keeps no
-        float32 accumulator. Then each residual add fused with its activation whose operands are both
-        whole in value mode, at least one of them such a convolution, 1x1 and read by this add alone,
-        marked to keep its whole output (``DCConv2d.keeps_output``), the other a layer keeping its
-        whole values (the identity of a ResNet bottleneck) or another such convolution (a downsampling
-        identity): the activation then sums the two whole operands with no accumulator. Only layers
-        called at one site, and convolutions of at least ``MIN_RECOMPUTE_CHANNELS`` input channels; the
-        report notes the pairs."""
-        sites = self._module_sites()
-        for node in self.graph.nodes:
-            conv = self._whole_reader(node, sites)
-            user = None if conv is None else self._lone_activation_reader(node, sites)
-            if user is None:
-                continue
-            conv.recomputes = True
-            self._note_pair(node.target, f"recomputes for {user.target}", user.target, f"recomputed by {node.target}")
-        for node in self.graph.nodes:
-            add = self.root.get_submodule(node.target) if node.op == "call_module" else None
-            if not (isinstance(add, DCAdd) and add.fuse_with_next):
-                continue
-            convs = [a for a in node.args if self._whole_reader(a, sites) is not None]
-            if not convs or len(convs) + sum(self._keeps_whole(a) for a in node.args) != 2 or any(
-                    not self.root.get_submodule(c.target).is_pointwise() for c in convs):
-                continue
-            user = next(iter(node.users))  # the activation (fuse_add_activation)
-            for c in convs:
-                self.root.get_submodule(c.target).keeps_output = True
-                self._note_pair(c.target, f"recomputes for {user.target} (output kept, summed by {node.target})",
-                                user.target, f"recomputed by {c.target} through {node.target}")
+        """Value mode: mark the convolutions that compute their whole new output on the active pixels
+        from their input's whole values, and the adds that keep whole sums, wherever every reader of
+        such an output takes whole values; the activations after them then keep no float32
+        accumulator. Whole values are what a layer keeping them gives (``Delta.whole``: an activation,
+        a max pooling, the input sparsifier) or a layer marked here. A convolution (a ``DCConv2d`` of at
+        least ``MIN_RECOMPUTE_CHANNELS`` input channels) on such an input is marked
 
-    def _whole_reader(self, node, sites: Counter) -> Optional[DCConv2d]:
-        """The convolution of ``node`` when it can recompute in value mode: a ``DCConv2d`` (not a subclass)
-        of at least ``MIN_RECOMPUTE_CHANNELS`` input channels, called at one site with one reader, on the
-        output of a layer keeping its whole values (:meth:`_keeps_whole`); else ``None``."""
-        if (not isinstance(node, fx.Node) or node.op != "call_module" or sites[node.target] != 1
-                or len(node.args) != 1 or node.kwargs or len(node.users) != 1):
-            return None
-        conv = self.root.get_submodule(node.target)
-        if type(conv) is not DCConv2d or conv.in_channels < MIN_RECOMPUTE_CHANNELS:
-            return None
-        return conv if self._keeps_whole(node.args[0]) else None
+        - *recomputing* (``DCConv2d.recomputes``) when its only reader is an activation not fused
+          with an add;
+        - *keeping its output* (``DCConv2d.keeps_output``, 1x1 convolutions only) when its only reader
+          is a residual add fused with its activation whose other operand is whole too (the
+          activation then sums the two whole operands: a ResNet bottleneck's conv3, its downsampling
+          identity), or, with ``WHOLE_SUMS``, when all its readers take whole values.
+
+        With ``WHOLE_SUMS`` an add not fused with an activation whose operands are both whole and
+        whose readers all take whole values keeps its sum (``DCAdd.keeps_sum``). Readers that take
+        whole values: activations, such convolutions and adds, and a fused add whose operands are
+        both whole. The marks are the largest set that satisfies these rules (a fixed point: a
+        projection keeps its output for the next block's expansion only if that recomputes). Only
+        layers called at one site; the report notes the pairs."""
+        sites = self._module_sites()
+        convs, adds = {}, {}  # the candidates still marked: node -> layer
+        for node in self.graph.nodes:
+            if node.op != "call_module" or sites[node.target] != 1:
+                continue
+            layer = self.root.get_submodule(node.target)
+            if (type(layer) is DCConv2d and layer.in_channels >= MIN_RECOMPUTE_CHANNELS and len(node.args) == 1
+                    and not node.kwargs and isinstance(node.args[0], fx.Node)):
+                convs[node] = layer
+            elif (WHOLE_SUMS and isinstance(layer, DCAdd) and not layer.fuse_with_next and len(node.args) == 2
+                  and not node.kwargs and self._equal_delta_operands(node)):
+                adds[node] = layer
+
+        def whole(node) -> bool:
+            return self._keeps_whole(node) or node in convs or node in adds
+
+        def takes_whole(user, node) -> bool:  # whether reader `user` of `node` takes whole values
+            if user in convs or user in adds:
+                return True
+            if self._fused_add(user):
+                return all(whole(a) for a in user.args)
+            return (user.op == "call_module" and isinstance(self.root.get_submodule(user.target), DCActivation)
+                    and user.args == (node,) and not user.kwargs)
+
+        def keeps(node, layer) -> bool:  # a convolution keeping its output: its readers take whole values
+            if not layer.is_pointwise() or not node.users:
+                return False
+            if not WHOLE_SUMS and not (len(node.users) == 1 and self._fused_add(next(iter(node.users)))):
+                return False
+            return all(takes_whole(u, node) for u in node.users)
+
+        changed = True
+        while changed:  # drop the candidates whose rules fail until none does
+            changed = False
+            for node, layer in list(convs.items()):
+                if not whole(node.args[0]) or (self._lone_activation_reader(node, sites) is None
+                                               and not keeps(node, layer)):
+                    del convs[node]
+                    changed = True
+            for node in list(adds):
+                if not all(whole(a) for a in node.args) or not node.users or not all(
+                        takes_whole(u, node) for u in node.users):
+                    del adds[node]
+                    changed = True
+        for node, layer in convs.items():
+            user = self._lone_activation_reader(node, sites)
+            if user is not None:
+                layer.recomputes = True
+                self._note_pair(node.target, f"recomputes for {user.target}", user.target,
+                                f"recomputed by {node.target}")
+                continue
+            layer.keeps_output = True
+            for user in node.users:
+                if user in adds or user in convs:
+                    self._note_pair(node.target, f"output kept for {user.target}", user.target,
+                                    f"reads the kept output of {node.target}")
+                else:  # an add fused with its activation
+                    act = next(iter(user.users))
+                    self._note_pair(node.target, f"recomputes for {act.target} (output kept, summed by {user.target})",
+                                    act.target, f"recomputed by {node.target} through {user.target}")
+        for node, layer in adds.items():
+            layer.keeps_sum = True
+            for user in node.users:
+                self._note_pair(node.target, f"sum kept for {user.target}", user.target,
+                                f"reads the kept sum of {node.target}")
+
+    def _equal_delta_operands(self, node: fx.Node) -> bool:
+        """Whether ``node``'s arguments are changing tensors (deltas) of one shape and dtype."""
+        metas = [a.meta.get("tensor_meta") if isinstance(a, fx.Node) and a in self.delta_nodes else None
+                 for a in node.args]
+        return (None not in metas and tuple(metas[0].shape) == tuple(metas[1].shape)
+                and metas[0].dtype == metas[1].dtype)
+
+    def _fused_add(self, node: fx.Node) -> bool:
+        """Whether ``node`` is an add fused with the activation after it (``DCAdd.fuse_with_next``)."""
+        if node.op != "call_module":
+            return False
+        layer = self.root.get_submodule(node.target)
+        return isinstance(layer, DCAdd) and layer.fuse_with_next
 
     def _keeps_whole(self, node) -> bool:
         """Whether ``node`` is a layer whose output delta gives its whole values (``Delta.whole``: an
-        activation, a max pooling, the input sparsifier)."""
+        activation, a max pooling, the input sparsifier; with ``WHOLE_SUMS`` a product too, the
+        squeeze-excite scaling before a projection)."""
+        kinds = (DCActivation, DCMaxPool2d, DCSparsify) + ((DCMul,) if WHOLE_SUMS else ())
         return (isinstance(node, fx.Node) and node.op == "call_module"
-                and isinstance(self.root.get_submodule(node.target), (DCActivation, DCMaxPool2d, DCSparsify)))
+                and isinstance(self.root.get_submodule(node.target), kinds))
 
     def _passthrough(self, key, node: fx.Node) -> bool:
         if key not in PASSTHROUGH_CALLS:
@@ -602,8 +664,10 @@ def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
             the whole identity, the block input or a downsampling 1x1 convolution's kept output
             (``DCConv2d.keeps_output``; all 16 of resnet50's blocks, busy frames another 4-9 % faster).
             Not in float32 with TF32 convolutions, whose TF32 sends suit delta mode better
-            (``DCConv2d.recomputes``). The report notes the pairs ("recomputes for"). ``False``: delta
-            mode everywhere.
+            (``DCConv2d.recomputes``). With ``deltaconv.convert.WHOLE_SUMS`` (an experiment, off by
+            default) MobileNet's projections and the adds between its blocks keep whole values too, so
+            that its expansions recompute. The report notes the pairs ("recomputes for"). ``False``:
+            delta mode everywhere.
     """
     from .model import DeltaModel, read_thresholds
 

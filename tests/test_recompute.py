@@ -98,13 +98,22 @@ def test_recompute_argument_is_checked():
         deltaconv.convert(build("resnet18"), recompute="yes")
 
 
-def test_a_recomputing_convolution_needs_whole_values():
+def test_a_recomputing_convolution_without_whole_values_runs_in_delta_mode():
+    """An input that gives no whole values this frame (its producer in delta mode, as on TF32 sends):
+    the convolution computes the change, as with recomputes off; an input of whole values only (a kept
+    output) it cannot read in delta mode, and says so."""
+    torch.manual_seed(0)
     conv = DCConv2d.from_dense(torch.nn.Conv2d(4, 8, 3, padding=1))
-    conv.recomputes = True
     conv.layer_name = "conv"
-    x = Delta(torch.zeros(1, 4, 5, 5), torch.ones(1, 1, 5, 5, dtype=torch.bool))
-    with pytest.raises(RuntimeError, match="conv: a recomputing convolution needs its input's whole values"):
-        conv(x)
+    d = torch.randn(1, 4, 5, 5)
+    mask = torch.rand(1, 1, 5, 5) < 0.5
+    want = conv(Delta(d, mask))
+    conv.recomputes = True
+    got = conv(Delta(d, mask))
+    assert not got.recomputed and torch.equal(got.value, want.value) and torch.equal(got.mask, want.mask)
+    conv.recomputes = False
+    with pytest.raises(RuntimeError, match="conv: the input holds whole values .* only a convolution in value mode"):
+        conv(Delta(d, mask, recomputed=True, whole=d))
 
 
 @pytest.mark.parametrize("stride, groups", [(1, 1), (2, 1), (1, 4)])
@@ -456,6 +465,31 @@ def test_reference_keep_output_takes_the_masked_pixels():
     assert torch.equal(out, torch.where(mask, v, 0.0))
 
 
+def run_cuda_value_mode(name: str, dtype: torch.dtype):
+    """torchvision's ``name`` converted for the CUDA kernels in ``dtype`` (TF32 off, rms, t=0.01) with
+    the defaults, replayed as a CUDA graph and in delta mode, over 6 video frames at 96x128: replayed
+    bit-equal to eager, and eager against delta mode within far less than the truncation error.
+    Returns (the eager converted model, the dense model in ``dtype``, the convert arguments, the
+    frames)."""
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    model = build(name).cuda()
+    low = build(name).cuda().to(dtype)
+    frames = [f.cuda() for f in video_frames(6, (96, 128))]
+    kw = dict(threshold=0.01, truncation="rms", example_input=frames[0].to(dtype))
+    cuda = deltaconv.convert(low, backend="cuda", **kw)
+    graph = deltaconv.convert(low, backend="cuda", cuda_graph=True, check_finite=False, **kw)
+    delta = deltaconv.convert(low, backend="cuda", recompute=False, **kw)
+    with torch.no_grad():
+        for f in frames:
+            x = f.to(dtype)
+            dense, a, b, c = model(f), cuda(x), graph(x).clone(), delta(x)
+            torch.testing.assert_close(b, a, rtol=0, atol=0)
+            bound = 1e-4 if dtype == torch.float32 else 3 * rel(low(x), dense) + 1e-3
+            assert rel(a, c) <= max(0.1 * rel(c, dense), bound)
+    return cuda, low, kw, frames
+
+
 @pytest.mark.gpu
 @requires_cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
@@ -464,23 +498,8 @@ def test_cuda_bottleneck_value_mode(dtype):
     GEMMs writing into the kept outputs, on row lists and off them, run) against the reference's value
     mode and delta mode on the GPU, within far less than the truncation error; replayed from a CUDA
     graph bit-equal to eager."""
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cuda.matmul.allow_tf32 = False
-    model = build("resnet50").cuda()
-    low = build("resnet50").cuda().to(dtype)
-    frames = [f.cuda() for f in video_frames(6, (96, 128))]
-    kw = dict(threshold=0.01, truncation="rms", example_input=frames[0].to(dtype))
-    cuda = deltaconv.convert(low, backend="cuda", **kw)
-    graph = deltaconv.convert(low, backend="cuda", cuda_graph=True, check_finite=False, **kw)
-    delta = deltaconv.convert(low, backend="cuda", recompute=False, **kw)
+    cuda, low, kw, frames = run_cuda_value_mode("resnet50", dtype)
     assert len(kept(cuda)) == 20
-    with torch.no_grad():
-        for f in frames:
-            x = f.to(dtype)
-            dense, a, b, c = model(f), cuda(x), graph(x).clone(), delta(x)
-            torch.testing.assert_close(b, a, rtol=0, atol=0)
-            bound = 1e-4 if dtype == torch.float32 else 3 * rel(low(x), dense) + 1e-3
-            assert rel(a, c) <= max(0.1 * rel(c, dense), bound)
     with torch.no_grad():
         names = cuda_kernel_names(lambda: cuda(frames[-1].to(dtype)))
     if names:  # none recorded under compute-sanitizer
@@ -613,3 +632,134 @@ def test_accumulator_share_counts_the_layers_left_in_delta_mode():
     assert (n_acc, n) == (2, 50) and 0 < share < 0.5 and set(kinds) == {"activation", "max_pool2d"}
     n_acc, n, _, _ = module.accumulator_share("resnet18", (64, 64))
     assert (n_acc, n) == (10, 18)
+
+
+# ----------------------------------------------------------------------------- whole sums (WHOLE_SUMS)
+@pytest.fixture
+def whole_sums(monkeypatch):
+    """convert with ``deltaconv.convert.WHOLE_SUMS`` on (projections, adds between blocks, products)."""
+    import importlib
+    monkeypatch.setattr(importlib.import_module("deltaconv.convert"), "WHOLE_SUMS", True)
+
+
+def accumulators(dm) -> list[str]:
+    """The truncating layers (not the input sparsifier) that keep a float32 accumulator."""
+    return sorted(layer.layer_name for layer in dm.delta_layers() if layer.truncates and layer.kind != "sparsify"
+                  and any(n.startswith("acc") and b is not None for n, b in layer._buffers.items()))
+
+
+def test_whole_sums_mark_the_projections_adds_and_expansions(whole_sums):
+    """mobilenet_v2: the 17 projections keep their outputs, the 10 adds between blocks their sums, and
+    every expansion after them recomputes (34 recomputing convolutions instead of 17): after a frame
+    only the stem's activation keeps an accumulator (18 without WHOLE_SUMS). resnet50 is marked as
+    without it. The report notes the pairs."""
+    import importlib
+    example = torch.zeros(1, 3, 64, 64)
+    dm = deltaconv.convert(build("mobilenet_v2"), backend="reference", example_input=example)
+    keeping = sorted(n for n, m in dm.named_modules() if getattr(m, "keeps_output", False))
+    summing_adds = sorted(n for n, m in dm.named_modules() if getattr(m, "keeps_sum", False))
+    assert keeping == sorted(["features.1.conv.1"] + [f"features.{i}.conv.2" for i in range(2, 18)])
+    assert len(summing_adds) == 10 and sum(getattr(m, "recomputes", False) for m in dm.modules()) == 34
+    with torch.no_grad():
+        dm(example), dm(example + 0.1)
+    assert accumulators(dm) == ["features.0.2"]
+    notes = {}
+    for n in dm.report.nodes:  # a layer's first entry (a folded BatchNorm's follows its convolution's)
+        notes.setdefault(n.layer, n.note)
+    assert "output kept for features.2.conv.0.0" in notes["features.1.conv.1"]
+    assert any("sum kept for" in notes[a] for a in summing_adds)
+    resnet = deltaconv.convert(build("resnet50"), backend="reference", example_input=example)
+    assert len(kept(resnet)) == 20 and not any(getattr(m, "keeps_sum", False) for m in resnet.modules())
+    importlib.import_module("deltaconv.convert").WHOLE_SUMS = False  # the default (the fixture restores it too)
+    off = deltaconv.convert(build("mobilenet_v2"), backend="reference", example_input=example)
+    assert not any(getattr(m, "keeps_sum", False) or getattr(m, "keeps_output", False) for m in off.modules())
+    with torch.no_grad():
+        off(example), off(example + 0.1)
+    assert len(accumulators(off)) == 18
+
+
+@pytest.mark.parametrize("name", ["mobilenet_v2", "mobilenet_v3_large"])
+def test_whole_sums_equal_delta_mode_on_the_reference(name, whole_sums):
+    """float64, reference backend: with whole sums the outputs are delta mode's (to float64 rounding)
+    at threshold 0 and above, with the same densities, also after restarting one stream; at threshold 0
+    the dense model's; the kept sums take the sums' values."""
+    model = build(name).double()
+    frames = moving_frames(5, shape=(2, 3, 48, 64), seed=4)
+    for t in (0.0, 0.002):
+        kw = dict(threshold=t, truncation="rms", backend="reference", example_input=frames[0])
+        value = deltaconv.convert(model, **kw)
+        delta = deltaconv.convert(model, recompute=False, **kw)
+        with torch.no_grad():
+            for i, f in enumerate(frames):
+                if i == 3:
+                    value.reset(streams=[1])
+                    delta.reset(streams=[1])
+                a, b = value(f), delta(f)
+                assert rel(a, b) <= 1e-12, (t, i)
+                if t == 0:
+                    assert rel(a, model(f)) <= 1e-12
+        densities = [s["mean_density"] for s in value.stats()]
+        assert densities == pytest.approx([s["mean_density"] for s in delta.stats()], nan_ok=True)
+        if t > 0:
+            adds = [s["mean_density"] for s in value.stats() if getattr(value.get_submodule(s["name"]), "keeps_sum",
+                                                                             False)]
+            assert adds and any(0 < d < 1 for d in adds)
+    assert len(accumulators(value)) < len(accumulators(delta)) // 2
+
+
+def test_reference_add_values_takes_the_union_and_keeps_the_rest():
+    """add_values: the kept sum takes ``a + alpha * b`` on the union of the masks (each operand whole,
+    read where only the other changed) and keeps its other pixels; returns the union."""
+    g = torch.Generator().manual_seed(13)
+    a, b = torch.randn(2, 3, 4, 5, generator=g), torch.randn(2, 3, 4, 5, generator=g)
+    ma, mb = torch.rand(2, 1, 4, 5, generator=g) < 0.3, torch.rand(2, 1, 4, 5, generator=g) < 0.3
+    out = torch.full_like(a, 7.0)
+    union = R.add_values(a, ma, b, mb, -0.5, out)
+    assert torch.equal(union, ma | mb) and union.any() and not union.all()
+    sel = union.expand_as(a)
+    assert torch.equal(out[sel], (a - 0.5 * b)[sel]) and bool((out[~sel] == 7.0).all())
+
+
+def test_an_add_of_changes_refuses_whole_operands():
+    from deltaconv.modules import DCAdd
+    add = DCAdd()
+    add.layer_name = "block.add"
+    whole = torch.zeros(1, 8, 3, 3)
+    mask = torch.ones(1, 1, 3, 3, dtype=torch.bool)
+    with pytest.raises(RuntimeError, match="block.add: an operand holds whole values .* an add of changes cannot"):
+        add(Delta(whole, mask, recomputed=True, whole=whole), Delta(whole, mask))
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("fraction", [0.0, 0.05, 0.5, 1.0])
+def test_cuda_add_values_equals_reference(dtype, fraction):
+    """ops.add_values on the device (the value-mode add-and-activation kernel with the identity and a
+    negative threshold) against the reference: the same union, the kept sum bit-equal on it (the
+    dense add's rounding) and untouched elsewhere, with and without a row list."""
+    from deltaconv.backends import cuda as C
+    from deltaconv.delta import RowList
+    a, ma, _, _ = clustered_case(40, 8, 1, 1, dtype, fraction, seed=14)
+    b, mb, _, _ = clustered_case(40, 8, 1, 1, dtype, fraction, seed=15)
+    want = torch.full_like(a, 7.0).contiguous(memory_format=torch.channels_last)
+    want_union = R.add_values(a, ma, b, mb, -0.5, want)
+    for listed in (False, True):
+        pixels = a.shape[0] * a.shape[2] * a.shape[3]
+        rows = RowList(torch.empty(1 + 2 * pixels, dtype=torch.int32, device="cuda"),
+                       torch.zeros(16, dtype=torch.int32, device="cuda")) if listed else None
+        out = torch.full_like(a, 7.0).contiguous(memory_format=torch.channels_last)
+        union = C.add_values(a, ma, b, mb, -0.5, out, rows)
+        assert torch.equal(union, want_union) and torch.equal(out, want)
+        if listed:
+            assert int(rows.counters[0]) == int(union.sum())
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=str)
+def test_cuda_whole_sums_mobilenet_v2(dtype, whole_sums):
+    """mobilenet_v2 on the CUDA kernels with whole sums: against delta mode on the GPU within far less
+    than the truncation error, replayed from a CUDA graph bit-equal to eager, with one accumulator."""
+    cuda, _, _, _ = run_cuda_value_mode("mobilenet_v2", dtype)
+    assert accumulators(cuda) == ["features.0.2"]

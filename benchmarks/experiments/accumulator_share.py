@@ -3,7 +3,11 @@ pooling, products, layer norms; not the input sparsifier) that still keep one af
 default value mode, and their share of those layers' output elements (the state traffic value mode
 removes elsewhere). Random weights, the reference backend on the CPU, two frames.
 
-    PYTHONPATH=. python benchmarks/experiments/accumulator_share.py [--models resnet50 mobilenet_v2] [--size 272 480]
+    PYTHONPATH=. python benchmarks/experiments/accumulator_share.py [--models resnet50 mobilenet_v2] [--size 272 480] \
+        [--whole-sums]
+
+``--whole-sums``: with ``deltaconv.convert.WHOLE_SUMS`` (projections, adds between blocks and products
+keep whole values too).
 """
 from __future__ import annotations
 
@@ -41,7 +45,11 @@ def main(argv=None) -> None:
     p.add_argument("--models", nargs="+", default=["resnet50", "fcn_resnet50", "resnext50_32x4d", "mobilenet_v2",
                                                    "deeplabv3_mobilenet_v3_large"])
     p.add_argument("--size", type=int, nargs=2, default=[272, 480])
+    p.add_argument("--whole-sums", action="store_true", help="convert with deltaconv.convert.WHOLE_SUMS")
     a = p.parse_args(argv)
+    if a.whole_sums:
+        import importlib
+        importlib.import_module("deltaconv.convert").WHOLE_SUMS = True
     for name in a.models:
         n_acc, n, share, kinds = accumulator_share(name, tuple(a.size))
         print(f"{name}: {n_acc} of {n} truncating layers keep an accumulator, {share:.3f} of their output elements "

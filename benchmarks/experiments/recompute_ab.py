@@ -12,6 +12,7 @@ the median ms per frame after ``--warmup`` frames, the mean logit relative error
 against the dense model of the same dtype, and the FLOPs density; "value_before_sums" is value mode without the
 residual adds of whole operands (ResNet's third ReLU per block in delta mode, as before 2026-12-01);
 "value_on_row_lists" without those whose downsampling identity is off a row list (as before ``conv1x1_into``);
+"value_whole_sums" with ``deltaconv.convert.WHOLE_SUMS`` (MobileNet's projections and adds keep whole values);
 "value_with_stem" lets the stems recompute too
 (3 input channels: their tensor-core kernel reads a copy of the frame padded to 8 channels, which value
 mode pads at every pixel; ``convert`` leaves them in delta mode, ``MIN_RECOMPUTE_CHANNELS``). ``--calibrated``: mobilenet_v2 also at its
@@ -44,14 +45,17 @@ def only_on_row_lists(dm):
     return dm
 
 
-#: the variants: ``convert(recompute=)``, ``deltaconv.convert.MIN_RECOMPUTE_CHANNELS`` and what is undone
-#: before the first frame (``None``: nothing); "value_with_stem": the stems (3 input channels) recompute
-#: too; "value_before_sums": value mode as it was before the residual adds took it (ResNet's first two
-#: ReLUs per block only, :func:`~helpers.without_kept_outputs`); "value_on_row_lists": the residual adds
-#: in value mode only where the kept outputs are on row lists (:func:`only_on_row_lists`)
-VARIANTS = {"delta": (False, 8, None), "value": (True, 8, None), "value_with_stem": (True, 1, None),
-            "value_before_sums": (True, 8, without_kept_outputs), "value_on_row_lists": (True, 8, only_on_row_lists),
-            "delta_again": (False, 8, None)}
+#: the variants: ``convert(recompute=)``, ``deltaconv.convert.MIN_RECOMPUTE_CHANNELS``, what is undone
+#: before the first frame (``None``: nothing) and ``deltaconv.convert.WHOLE_SUMS``; "value_with_stem":
+#: the stems (3 input channels) recompute too; "value_before_sums": value mode as it was before the
+#: residual adds took it (ResNet's first two ReLUs per block only, :func:`~helpers.without_kept_outputs`);
+#: "value_on_row_lists": the residual adds in value mode only where the kept outputs are on row lists
+#: (:func:`only_on_row_lists`); "value_whole_sums": projections, adds and products keep whole values too
+#: (MobileNet's expansions recompute)
+VARIANTS = {"delta": (False, 8, None, False), "value": (True, 8, None, False),
+            "value_with_stem": (True, 1, None, False), "value_before_sums": (True, 8, without_kept_outputs, False),
+            "value_on_row_lists": (True, 8, only_on_row_lists, False), "value_whole_sums": (True, 8, None, True),
+            "delta_again": (False, 8, None, False)}
 CALIBRATED = {"vtest.avi": "fidelity_thresholds_vtest_0.01_rms_float16.json",
               "one-by-one-person-detection.mp4": "fidelity_thresholds_one_0.01_rms_float16.json"}
 
@@ -79,7 +83,7 @@ def main(argv=None) -> None:
     from deltaconv.cuda_graphs import graphed_model
     from deltaconv.fidelity import flops_density, primary_output, relative_error
 
-    default_min = convert_module.MIN_RECOMPUTE_CHANNELS
+    default_min, default_sums = convert_module.MIN_RECOMPUTE_CHANNELS, convert_module.WHOLE_SUMS
     info = run_info()
     print(f"# {info['device']}, {info['date']}, torch {torch.__version__}", flush=True)
     for video, name, model, frames in video_models(a.videos, a.models, a.start, a.frames, a.size, dtype):
@@ -93,11 +97,11 @@ def main(argv=None) -> None:
             runs = {}
             with torch.no_grad():
                 for v in a.order:
-                    recompute, min_channels, undo = VARIANTS[v]
-                    convert_module.MIN_RECOMPUTE_CHANNELS = min_channels
+                    recompute, min_channels, undo, whole_sums = VARIANTS[v]
+                    convert_module.MIN_RECOMPUTE_CHANNELS, convert_module.WHOLE_SUMS = min_channels, whole_sums
                     dm = deltaconv.convert(model, backend="cuda", example_input=frames[0], cuda_graph=True,
                                            check_finite=False, recompute=recompute, **kw)
-                    convert_module.MIN_RECOMPUTE_CHANNELS = default_min
+                    convert_module.MIN_RECOMPUTE_CHANNELS, convert_module.WHOLE_SUMS = default_min, default_sums
                     if undo is not None:  # before the first frame: those adds then run in delta mode
                         undo(dm)
                     dm(frames[0]), dm(frames[1])  # key frame, then the captured frame

@@ -306,6 +306,17 @@ def add_activation_values(a: Tensor, mask_a: Tensor, b: Tensor, mask_b: Tensor, 
     return out, out_mask, union
 
 
+def add_values(a: Tensor, mask_a: Tensor, b: Tensor, mask_b: Tensor, alpha: float, out: Tensor,
+               rows: Optional[RowList] = None) -> Tensor:
+    """An add of two operands *whole* at every pixel (value mode, ``DCAdd.keeps_sum``): ``out``, the
+    add's kept whole sum, takes ``a + alpha * b`` as the dense add computes it on the union of the
+    masks and keeps its other pixels, in place. Returns the union, the add's output mask. ``rows``:
+    ignored, as in :func:`activation`."""
+    union = mask_a | mask_b
+    out.copy_(torch.where(union, a + alpha * b, out))
+    return union
+
+
 def mul(delta_a: Tensor, mask_a: Tensor, acc_a: Tensor, delta_b: Tensor, mask_b: Tensor, acc_b: Tensor,
         sent: Tensor, threshold: float, key: Optional[Tensor], measure: str = "max",
         rows: Optional[RowList] = None, tf32: bool = False) -> tuple[Tensor, Tensor]:

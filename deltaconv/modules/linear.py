@@ -258,10 +258,12 @@ class DCConv2d(DCModule):
         w, b = self.folded_weight_bias(self.output_pixels(x) if self.groups > 1 else None)
         # value mode (recomputes, keeps_output; not on TF32 sends): the whole new output on the active
         # pixels from the input's whole values, every input pixel read and the bias on every stream
-        values = (self.recomputes or self.keeps_output) and not x.tf32
-        if values and x.whole is None:
-            raise RuntimeError(f"{self.layer_name}: a recomputing convolution needs its input's whole values "
-                               "(Delta.whole), which the layer before it did not give; convert with recompute=False")
+        # delta mode where the input has no whole values this frame (its producer in delta mode: TF32
+        # sends, which change only with a key frame); an input of whole values only, never
+        values = (self.recomputes or self.keeps_output) and not x.tf32 and x.whole is not None
+        if x.recomputed and not values:
+            raise RuntimeError(f"{self.layer_name}: the input holds whole values (a layer keeping its output), "
+                               "which only a convolution in value mode can read; convert with recompute=False")
         source, input_tf32 = (x.whole, False) if values else (x.value, x.tf32)
         load_mask, bias_key = self._all_set(x.mask) if values else (None, None)
         keep = values and self.keeps_output
@@ -572,6 +574,14 @@ class DCAdd(DCModule):
     (``ops.add_activation``), saving the sum's round trip through memory and a kernel launch."""
 
     kind = "add"
+    #: value mode (set by ``convert`` under ``deltaconv.convert.WHOLE_SUMS``): both operands give their
+    #: whole values (``Delta.whole``) and every reader of the sum takes whole values (convolutions that
+    #: recompute or keep their outputs, activations, such adds). The add then sums the two whole
+    #: operands on the union of their masks into a state buffer that keeps the other pixels (``sum``,
+    #: the values' dtype; ``ops.add_values``), and gives that buffer as its whole output: MobileNet's
+    #: expansions after a residual add recompute from it. Delta mode on frames where an operand has
+    #: no whole values (its producer in delta mode, TF32 sends), which change only with a key frame.
+    keeps_sum = False
 
     def __init__(self, alpha: float = 1.0) -> None:
         super().__init__()
@@ -582,6 +592,8 @@ class DCAdd(DCModule):
         if isinstance(a, Delta) and isinstance(b, Delta):
             if getattr(self, "fuse_with_next", False):  # layers pickled before it lack the attribute
                 return DeferredSum(a, b, self)
+            if self.keeps_sum and a.whole is not None and b.whole is not None:
+                return self.add_values(a, b)
             return self.add(a, b)
         if isinstance(a, Delta):
             d, const, sign = a, b, 1.0
@@ -592,9 +604,20 @@ class DCAdd(DCModule):
 
     def add(self, a: Delta, b: Delta) -> Delta:
         """The sum of two deltas, observed as this layer's output (with its row list, see ``lists_rows``)."""
+        if a.recomputed or b.recomputed:
+            raise RuntimeError(f"{self.layer_name}: an operand holds whole values (a layer keeping its output), "
+                               "which an add of changes cannot sum; convert with recompute=False")
         rows = None if getattr(self, "fuse_with_next", False) else self.row_list(a.shape, a.device)
         v, m = self.ops.add(a.value, a.mask, b.value, b.mask, self.alpha, rows)
         return self.observe(Delta(v, m, filled_rows(rows)))
+
+    def add_values(self, a: Delta, b: Delta) -> Delta:
+        """Value mode (``keeps_sum``): the whole sum of two whole operands on the union of their masks,
+        kept in the ``sum`` state, observed as this layer's output (with its row list)."""
+        kept = self.state("sum", a.shape, a.device, a.whole.dtype, sent=True)
+        rows = self.row_list(a.shape, a.device)
+        m = self.ops.add_values(a.whole, a.mask, b.whole, b.mask, self.alpha, kept, rows)
+        return self.observe(Delta(kept, m, filled_rows(rows), recomputed=True, whole=kept))
 
     def flops_per_output_pixel(self, out: Delta) -> float:
         return float(out.value.shape[1]) if out.value.dim() > 1 else 1.0

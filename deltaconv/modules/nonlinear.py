@@ -138,7 +138,8 @@ class DCLayerNorm(DCModule):
 class DCMul(DCModule):
     """Product of two changing tensors (broadcasting; squeeze-excite): ``new = A_a * A_b`` over
     the union of the masks. State: ``acc_a``, ``acc_b``, ``sent``. Sends TF32 as
-    :class:`DCActivation` does."""
+    :class:`DCActivation` does. Gives ``sent`` as its whole values (``Delta.whole``), which a
+    projection after a squeeze-excite scaling recomputes from under ``deltaconv.convert.WHOLE_SUMS``."""
 
     kind = "mul"
     truncates = True
@@ -152,7 +153,7 @@ class DCMul(DCModule):
         tf32 = sends_tf32(a.value)
         v, m = self.ops.mul(a.value, a.mask, acc_a, b.value, b.mask, acc_b, sent, self.threshold, self.key,
                             self.measure, rows, tf32=tf32)
-        return self.observe(Delta(v, m, filled_rows(rows), tf32=tf32))
+        return self.observe(Delta(v, m, filled_rows(rows), tf32=tf32, whole=sent))
 
     def flops_per_output_pixel(self, out: Delta) -> float:
         return float(out.value.shape[1]) if out.value.dim() > 1 else 1.0
