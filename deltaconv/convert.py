@@ -466,6 +466,8 @@ class _Converter:
             return (user.op == "call_module" and isinstance(self.root.get_submodule(user.target), DCActivation)
                     and user.args == (node,) and not user.kwargs)
 
+        lone = {node: self._lone_activation_reader(node, sites) for node in convs}  # the recomputing ones' readers
+
         def keeps(node, layer) -> bool:  # a convolution keeping its output: its readers take whole values
             if not layer.is_pointwise() or not node.users:
                 return False
@@ -477,8 +479,7 @@ class _Converter:
         while changed:  # drop the candidates whose rules fail until none does
             changed = False
             for node, layer in list(convs.items()):
-                if not whole(node.args[0]) or (self._lone_activation_reader(node, sites) is None
-                                               and not keeps(node, layer)):
+                if not whole(node.args[0]) or (lone[node] is None and not keeps(node, layer)):
                     del convs[node]
                     changed = True
             for node in list(adds):
@@ -487,7 +488,7 @@ class _Converter:
                     del adds[node]
                     changed = True
         for node, layer in convs.items():
-            user = self._lone_activation_reader(node, sites)
+            user = lone[node]
             if user is not None:
                 layer.recomputes = True
                 self._note_pair(node.target, f"recomputes for {user.target}", user.target,

@@ -4,10 +4,11 @@ default value mode, and their share of those layers' output elements (the state 
 removes elsewhere). Random weights, the reference backend on the CPU, two frames.
 
     PYTHONPATH=. python benchmarks/experiments/accumulator_share.py [--models resnet50 mobilenet_v2] [--size 272 480] \
-        [--whole-sums]
+        [--whole-sums] [--state]
 
 ``--whole-sums``: with ``deltaconv.convert.WHOLE_SUMS`` (projections, adds between blocks and products
-keep whole values too).
+keep whole values too). ``--state``: also the state bytes of the model converted in float16 (on this
+CPU) and how many layers value mode marked.
 """
 from __future__ import annotations
 
@@ -21,14 +22,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from helpers import torchvision_model  # noqa: E402  (seeded, BatchNorm statistics randomised)
 
 
+def converted(name: str, size: tuple[int, int], dtype: torch.dtype = torch.float32):
+    """Torchvision's ``name`` in ``dtype`` converted with the defaults, after two frames of ``size``."""
+    import deltaconv
+    x = torch.randn(1, 3, *size, generator=torch.Generator().manual_seed(0))
+    dm = deltaconv.convert(torchvision_model(name).to(dtype), backend="reference", example_input=x.to(dtype))
+    with torch.no_grad():
+        dm(x.to(dtype)), dm((x + 0.01 * torch.randn_like(x)).to(dtype))
+    return dm
+
+
+def marks(dm) -> dict:
+    """How many layers value mode marked: recomputing and output-keeping convolutions, sum-keeping adds."""
+    return {flag: sum(bool(getattr(m, flag, False)) for m in dm.modules())
+            for flag in ("recomputes", "keeps_output", "keeps_sum")}
+
+
 def accumulator_share(name: str, size: tuple[int, int]) -> tuple[int, int, float, dict]:
     """(layers keeping an accumulator, truncating layers, their share of the output elements, the share
     by layer kind) of torchvision's ``name`` converted with the defaults, after two frames of ``size``."""
-    import deltaconv
-    x = torch.randn(1, 3, *size, generator=torch.Generator().manual_seed(0))
-    dm = deltaconv.convert(torchvision_model(name), backend="reference", example_input=x)
-    with torch.no_grad():
-        dm(x), dm(x + 0.01 * torch.randn_like(x))
+    dm = converted(name, size)
     layers = [layer for layer in dm.delta_layers() if layer.truncates and layer.kind != "sparsify"]
     total, kept, n_acc, by_kind = 0.0, 0.0, 0, {}
     for layer in layers:
@@ -46,6 +59,8 @@ def main(argv=None) -> None:
                                                    "deeplabv3_mobilenet_v3_large"])
     p.add_argument("--size", type=int, nargs=2, default=[272, 480])
     p.add_argument("--whole-sums", action="store_true", help="convert with deltaconv.convert.WHOLE_SUMS")
+    p.add_argument("--state", action="store_true",
+                   help="also the state of the model converted in float16 and how many layers value mode marked")
     a = p.parse_args(argv)
     if a.whole_sums:
         import importlib
@@ -54,6 +69,10 @@ def main(argv=None) -> None:
         n_acc, n, share, kinds = accumulator_share(name, tuple(a.size))
         print(f"{name}: {n_acc} of {n} truncating layers keep an accumulator, {share:.3f} of their output elements "
               f"(" + ", ".join(f"{k} {v:.3f}" for k, v in kinds.items()) + ")", flush=True)
+        if a.state:
+            dm = converted(name, tuple(a.size), torch.float16)
+            print(f"  {name}: state in float16 {dm.state_bytes() / 2**20:.1f} MiB; marked: "
+                  + ", ".join(f"{k} {v}" for k, v in marks(dm).items()), flush=True)
 
 
 if __name__ == "__main__":

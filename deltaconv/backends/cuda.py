@@ -598,8 +598,9 @@ def conv1x1_into(delta: Tensor, mask: Tensor, weight: Tensor, bias: Optional[Ten
     ``out`` (``[N, Cout, Ho, Wo]``), which keeps the others: a convolution keeping its whole output
     off a row list (``DCConv2d.keeps_output``), with no copy. Returns the output mask. Where the kernel
     does not take it (an extension without the op, output channels not a multiple of 8, which the
-    tensor cores would pad, ``out`` of another layout or dtype) the reference's
-    :func:`~deltaconv.backends.reference.conv1x1_into` runs on the device, through :func:`conv2d`."""
+    tensor cores would pad, ``out`` of another layout or dtype) :func:`conv2d` runs and
+    :func:`keep_output` copies its output pixels into ``out``, as the reference's
+    :func:`~deltaconv.backends.reference.conv1x1_into` does."""
     if not (_native("conv1x1_into", delta, mask, weight, out) and delta.dim() == 4 and delta.dtype in _ACT_DTYPES
             and out.dtype == delta.dtype and out.is_contiguous(memory_format=_CL) and weight.shape[0] % 8 == 0):
         v, m = conv2d(delta, mask, weight, bias, stride, padding, 1, 1, key, counters=counters,

@@ -272,8 +272,7 @@ class DCConv2d(DCModule):
             # stride 1, no padding: the input's active pixels, and so its list
             listed = rows if self.lists_rows else None
             if keep:
-                kept = self.state("output", (x.shape[0], self.out_channels) + tuple(x.shape[2:]), x.device, x.dtype,
-                                  sent=True)
+                kept = self._kept_output((x.shape[0], self.out_channels) + tuple(x.shape[2:]), x.value)
                 if w.shape[0] == self.out_channels and self.ops.conv1x1_rows_into(
                         source, x.mask, w, b, rows, kept, input_tf32=input_tf32, bias_key=bias_key):
                     return self.observe(Delta(kept, x.mask, listed, recomputed=True, whole=kept))
@@ -283,8 +282,7 @@ class DCConv2d(DCModule):
         if keep and self.is_pointwise() and w.shape[0] == self.out_channels:
             # off a row list (a stride, a padding, no list before it; any key frame): the output pixels go
             # straight into the kept whole output
-            kept = self.state("output", (x.shape[0], self.out_channels) + self.output_size(x), x.device, x.dtype,
-                              sent=True)
+            kept = self._kept_output((x.shape[0], self.out_channels) + self.output_size(x), x.value)
             m = self.ops.conv1x1_into(source, x.mask, w, b, self.stride, self.padding, self.key, kept,
                                       self.work_counters(x), input_tf32=input_tf32, load_mask=load_mask,
                                       bias_key=bias_key)
@@ -300,8 +298,12 @@ class DCConv2d(DCModule):
         the kept whole output on ``m`` first (``ops.keep_output``) and the delta holds that buffer."""
         if not keep:
             return Delta(v, m, rows, recomputed=values)
-        kept = self.ops.keep_output(self.state("output", v.shape, v.device, v.dtype, sent=True), v, m)
+        kept = self.ops.keep_output(self._kept_output(v.shape, v), v, m)
         return Delta(kept, m, rows, recomputed=True, whole=kept)
+
+    def _kept_output(self, shape, like: torch.Tensor) -> torch.Tensor:
+        """The kept whole output (``keeps_output``): the ``output`` state of ``shape``, ``like``'s dtype."""
+        return self.state("output", shape, like.device, like.dtype, sent=True)
 
     def _all_set(self, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """An all-set load mask of ``mask``'s shape and an all-set ``[N]`` bias key, kept while the
