@@ -57,6 +57,10 @@ TORCH_LIBRARY(deltaconv, m) {
   m.def("affine_channel(Tensor delta, Tensor mask, Tensor? scale, Tensor? shift, Tensor? key) -> (Tensor, Tensor)");
   m.def("add(Tensor delta_a, Tensor mask_a, Tensor delta_b, Tensor mask_b, float alpha, Tensor(a!)? rows=None, "
         "Tensor(b!)? rows_count=None) -> (Tensor, Tensor)");
+  // an add in value mode: a and b hold the operands whole at every pixel; out (the add's kept whole sum) takes
+  // a + alpha * b on mask_a | mask_b, as the dense add rounds it, and keeps its other pixels; returns that union
+  m.def("add_values(Tensor a, Tensor mask_a, Tensor b, Tensor mask_b, float alpha, Tensor(a!) out, "
+        "Tensor(b!)? rows=None, Tensor(c!)? rows_count=None) -> Tensor");
   m.def("mul(Tensor delta_a, Tensor mask_a, Tensor(a!) acc_a, Tensor delta_b, Tensor mask_b, Tensor(b!) acc_b, "
         "Tensor(c!) sent, float threshold, Tensor? key, bool rms=False, Tensor(d!)? rows=None, "
         "Tensor(e!)? rows_count=None, bool tf32=False) -> (Tensor, Tensor)");

@@ -467,26 +467,60 @@ void check_delta_pair(const char* op, const Tensor& delta_a, const Tensor& mask_
 }
 
 // ---------------------------------------------------------------- add
+// add and add_values: the add kernel over two operands of one shape into `out` (WHOLE: add_values_kernel).
+template <bool WHOLE>
+void launch_add(const Tensor& a, const Tensor& mask_a, const Tensor& b, const Tensor& mask_b, double alpha,
+                Tensor& out, Tensor& mask_out, const RowList& row_list) {
+  const int64_t pixels = a.size(0) * a.size(2) * a.size(3);
+  const int C = static_cast<int>(a.size(1));
+  DC_DISPATCH_ACTIVATION_TYPES(a.scalar_type(), "deltaconv::add", [&] {  // add_values: checked before
+    pw::AddParams<scalar_t> p{cptr<scalar_t>(a), cptr<bool>(mask_a), cptr<scalar_t>(b), cptr<bool>(mask_b),
+                              ptr<scalar_t>(out), ptr<bool>(mask_out), static_cast<float>(alpha), pixels, C, 0,
+                              row_list.rows, row_list.count};
+    const bool vec_ok = C % kVec<scalar_t> == 0 && all_aligned({p.a, p.b, p.out});
+    if constexpr (WHOLE) {
+      DC_LAUNCH_VEC(pw::add_values_kernel, p, vec_ok, pixels, C, true);
+    } else {
+      DC_LAUNCH_VEC(pw::add_kernel, p, vec_ok, pixels, C, true);
+    }
+  });
+}
+
 std::tuple<Tensor, Tensor> add(const Tensor& delta_a, const Tensor& mask_a, const Tensor& delta_b,
                                const Tensor& mask_b, double alpha, const std::optional<Tensor>& rows,
                                const std::optional<Tensor>& rows_count) {
   const char* op = "add";
   check_delta_pair(op, delta_a, mask_a, delta_b, mask_b);
   const int64_t N = delta_a.size(0), H = delta_a.size(2), W = delta_a.size(3);
-  const int C = check_channels(op, delta_a);
-  const int64_t pixels = N * H * W;
-  const RowList row_list = check_rows(op, rows, rows_count, delta_a, pixels);
+  check_channels(op, delta_a);
+  const RowList row_list = check_rows(op, rows, rows_count, delta_a, N * H * W);
   c10::cuda::CUDAGuard guard(delta_a.device());
   Tensor out = empty_value(delta_a, delta_a.sizes(), delta_a.scalar_type());
   Tensor mask_out = empty_mask(delta_a, N, H, W);
-  DC_DISPATCH_ACTIVATION_TYPES(delta_a.scalar_type(), "deltaconv::add", [&] {
-    pw::AddParams<scalar_t> p{cptr<scalar_t>(delta_a), cptr<bool>(mask_a), cptr<scalar_t>(delta_b), cptr<bool>(mask_b),
-                              ptr<scalar_t>(out), ptr<bool>(mask_out), static_cast<float>(alpha), pixels, C, 0,
-                              row_list.rows, row_list.count};
-    const bool vec_ok = C % kVec<scalar_t> == 0 && all_aligned({p.a, p.b, p.out});
-    DC_LAUNCH_VEC(pw::add_kernel, p, vec_ok, pixels, C, true);
-  });
+  launch_add<false>(delta_a, mask_a, delta_b, mask_b, alpha, out, mask_out, row_list);
   return {out, mask_out};
+}
+
+// An add in value mode (DCAdd.keeps_sum): `a` and `b` hold the operands whole at every pixel; `out`,
+// the add's kept whole sum, takes T(a + T(alpha * b)) on mask_a | mask_b and keeps its other pixels.
+// Returns the union, the add's output mask.
+Tensor add_values(const Tensor& a, const Tensor& mask_a, const Tensor& b, const Tensor& mask_b, double alpha,
+                  Tensor& out, const std::optional<Tensor>& rows, const std::optional<Tensor>& rows_count) {
+  const char* op = "add_values";
+  check_value(op, "a", a, a);
+  check_mask(op, "mask_a", mask_a, a, a.sizes());
+  check_value(op, "b", b, a);
+  check_sizes(op, "b", b, a.sizes());
+  check_dtype(op, "b", b, a.scalar_type());
+  check_mask(op, "mask_b", mask_b, a, a.sizes());
+  check_state(op, "out", out, a, a.sizes(), a.scalar_type());
+  const int64_t N = a.size(0), H = a.size(2), W = a.size(3);
+  check_channels(op, a);
+  const RowList row_list = check_rows(op, rows, rows_count, a, N * H * W);
+  c10::cuda::CUDAGuard guard(a.device());
+  Tensor mask_out = empty_mask(a, N, H, W);
+  launch_add<true>(a, mask_a, b, mask_b, alpha, out, mask_out, row_list);
+  return mask_out;
 }
 
 // ---------------------------------------------------------------- mul
@@ -816,6 +850,7 @@ TORCH_LIBRARY_IMPL(deltaconv, CUDA, m) {
   m.impl("add_activation_values", &add_activation_values);
   m.impl("affine_channel", &affine_channel);
   m.impl("add", &add);
+  m.impl("add_values", &add_values);
   m.impl("mul", &mul);
   m.impl("layer_norm", &layer_norm);
   m.impl("concatenate", &concatenate);

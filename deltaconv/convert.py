@@ -35,13 +35,14 @@ _ADOPTING = (DCConv2d, DCConvTranspose2d, DCLinear, DCBatchNorm2d, DCLayerNorm)
 #: ``benchmarks/results/value_mode.txt`` section 3).
 MIN_RECOMPUTE_CHANNELS = 8
 
-#: Value mode through linear layers' outputs as well (an experiment, off by default until measured on
-#: a GPU): a 1x1 convolution whose readers all take whole values keeps its whole output, and an add not
-#: fused with an activation whose operands are both whole and whose readers all take whole values keeps
-#: its whole sum (``DCAdd.keeps_sum``), so that the convolutions after them recompute (MobileNet's
-#: projections, the adds between its blocks and its expansions). ``False``: a convolution keeps its
-#: output only for the activation fused with a residual add after it.
-WHOLE_SUMS = False
+#: Value mode through linear layers' outputs as well ("whole sums"): a 1x1 convolution whose readers all
+#: take whole values keeps its whole output, and an add not fused with an activation whose operands are
+#: both whole and whose readers all take whole values keeps its whole sum (``DCAdd.keeps_sum``), so that
+#: the convolutions after them recompute (MobileNet's projections, the adds between its blocks and its
+#: expansions): mobilenet_v2 on vtest.avi 5-7 % faster per frame, its state 43 % smaller (H200,
+#: 2026-12-01, ``benchmarks/results/value_mode.txt`` section 11). ``False`` (as before that day): a
+#: convolution keeps its output only for the activation fused with a residual add after it.
+WHOLE_SUMS = True
 
 
 class ConversionError(RuntimeError):
@@ -665,10 +666,10 @@ def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
             the whole identity, the block input or a downsampling 1x1 convolution's kept output
             (``DCConv2d.keeps_output``; all 16 of resnet50's blocks, busy frames another 4-9 % faster).
             Not in float32 with TF32 convolutions, whose TF32 sends suit delta mode better
-            (``DCConv2d.recomputes``). With ``deltaconv.convert.WHOLE_SUMS`` (an experiment, off by
-            default) MobileNet's projections and the adds between its blocks keep whole values too, so
-            that its expansions recompute. The report notes the pairs ("recomputes for"). ``False``:
-            delta mode everywhere.
+            (``DCConv2d.recomputes``). MobileNet's projections and the adds between its blocks keep
+            whole values too, so that its expansions recompute (whole sums: mobilenet_v2 5-7 % faster
+            on busy frames, its state 43 % smaller; ``deltaconv.convert.WHOLE_SUMS = False`` turns
+            them off). The report notes the pairs ("recomputes for"). ``False``: delta mode everywhere.
     """
     from .model import DeltaModel, read_thresholds
 

@@ -280,9 +280,11 @@ def cuda_kernel_names(fn) -> list[str]:
 
 
 def without_kept_outputs(dm):
-    """``dm`` with its bottleneck adds in delta mode (every ``DCConv2d.keeps_output`` cleared, before the
-    first frame): value mode as it was before those adds took it. Returns ``dm``."""
+    """``dm`` with its adds in delta mode (every ``DCConv2d.keeps_output`` and ``DCAdd.keeps_sum``
+    cleared, before the first frame): value mode as it was before the bottleneck adds took it. Returns
+    ``dm``."""
     for layer in dm.modules():
-        if getattr(layer, "keeps_output", False):
-            layer.keeps_output = False
+        for flag in ("keeps_output", "keeps_sum"):
+            if getattr(layer, flag, False):
+                setattr(layer, flag, False)
     return dm

@@ -1170,6 +1170,7 @@ def _opcheck_cases():
          (x, full, torch.randn(c, device=DEV), torch.randn(c, device=DEV), key)),
         ("affine_channel_none", ops.affine_channel.default, (x.half(), full, None, None, None)),
         ("add", ops.add.default, (x, full, st(), full, 0.5)),
+        ("add_values", ops.add_values.default, (x, full, st(), full, -0.5, st())),
         ("add_activation", ops.add_activation.default, (x, full, st(), full, -0.5, st(), st(), "relu", 0.0, -1.0, key)),
         ("add_activation_rms", ops.add_activation.default,
          (x, full, st(), full, 1.0, st(), st(), "hardswish", 0.0, -1.0, None, True)),
@@ -1197,7 +1198,7 @@ def _opcheck_cases():
     ]
 
 
-@pytest.mark.parametrize("case", range(28))
+@pytest.mark.parametrize("case", range(29))
 def test_opcheck(case):
     name, op, args = _opcheck_cases()[case]
     torch.library.opcheck(op, args)

@@ -335,9 +335,9 @@ def test_programmatic_launch_equals_plain_launch(name, monkeypatch):
 def test_fused_residual_add_equals_separate_layers(name, dtype):
     """The residual adds fused into the ReLU after them (convert's default, one add_activation
     kernel each) give bit-equal outputs and the same per-layer densities as the add and activation
-    kernels run one after the other (fuse=False), eager and replayed from a CUDA graph. (Fused, a
-    bottleneck's add of whole operands runs in value mode, ``DCConv2d.keeps_output``, which no
-    separate add can: kept in delta mode here, tests/test_recompute.py covers it.)"""
+    kernels run one after the other (fuse=False), eager and replayed from a CUDA graph. (In value mode
+    a bottleneck's add takes whole operands, fused in the ReLU, ``DCConv2d.keeps_output``, or separate,
+    ``DCAdd.keeps_sum``: kept in delta mode here, tests/test_recompute.py covers both.)"""
     model = build(name).cuda().to(dtype)
     frames = [f.cuda().to(dtype) for f in video_frames(8, (96, 128))]
     runs = {"plain": deltaconv.convert(model, threshold=0.02, backend="cuda", example_input=frames[0], fuse=False),
@@ -345,7 +345,7 @@ def test_fused_residual_add_equals_separate_layers(name, dtype):
             "fused_graph": deltaconv.convert(model, threshold=0.02, backend="cuda", example_input=frames[0],
                                              cuda_graph=True, check_finite=False)}
     assert runs["fused"].report.fused and not runs["plain"].report.fused
-    for dm in (runs["fused"], runs["fused_graph"]):
+    for dm in runs.values():
         without_kept_outputs(dm)
     outs = {}
     with torch.no_grad():

@@ -4,6 +4,8 @@ activation keeps no accumulator. Same results as delta mode (the reference backe
 rounding; the CUDA kernels against the reference), less state, and the pairs in the report."""
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -39,7 +41,7 @@ def pairs(dm) -> list[str]:
 
 
 @pytest.mark.parametrize("truncation", ["max", "rms", "pooled"])
-@pytest.mark.parametrize("name, expected", [("resnet18", 8), ("mobilenet_v2", 17)])
+@pytest.mark.parametrize("name, expected", [("resnet18", 8), ("mobilenet_v2", 34)])
 def test_recompute_equals_delta_mode_on_the_reference(name, expected, truncation):
     """float64, reference backend: value mode gives delta mode's outputs (to float64 rounding) at
     threshold 0 and above, and at threshold 0 the dense model's."""
@@ -79,17 +81,23 @@ def test_recomputed_activations_keep_no_accumulator():
     assert value.state_bytes() < delta.state_bytes()
 
 
-def test_only_convolutions_between_a_whole_source_and_a_lone_activation_recompute():
-    """mobilenet_v2 (the default conversion): every depthwise conv (after the expansion's ReLU6)
-    recomputes; the stem (3 input channels), the expansions (after a residual add or a projection)
-    and the projections (read by an add or the next block) do not; recompute=False: none."""
-    dm = deltaconv.convert(build("mobilenet_v2"), backend="reference", example_input=torch.zeros(1, 3, 64, 64))
+def test_only_convolutions_between_a_whole_source_and_a_lone_activation_recompute(monkeypatch):
+    """mobilenet_v2 (the default conversion): every depthwise conv (after the expansion's ReLU6) and
+    every expansion (after a kept sum or a kept projection) recomputes; the stem (3 input channels)
+    and the projections (read by an add or the next block: they keep their outputs) do not. Without
+    whole sums the expansions do not either; recompute=False: none."""
+    example = torch.zeros(1, 3, 64, 64)
+    dm = deltaconv.convert(build("mobilenet_v2"), backend="reference", example_input=example)
     marked = sorted(name for name, m in dm.named_modules() if isinstance(m, DCConv2d) and m.recomputes)
+    assert {"features.1.conv.0.0", "features.2.conv.1.0", "features.2.conv.0.0", "features.18.0"} <= set(marked)
+    assert "features.0.0" not in marked and "features.2.conv.2" not in marked and len(marked) == 34
+    monkeypatch.setattr(importlib.import_module("deltaconv.convert"), "WHOLE_SUMS", False)
+    before = deltaconv.convert(build("mobilenet_v2"), backend="reference", example_input=example)
+    marked = sorted(name for name, m in before.named_modules() if isinstance(m, DCConv2d) and m.recomputes)
     assert "features.1.conv.0.0" in marked and "features.2.conv.1.0" in marked
     assert "features.0.0" not in marked and "features.2.conv.0.0" not in marked and "features.2.conv.2" not in marked
     assert len(marked) == 17
-    off = deltaconv.convert(build("mobilenet_v2"), backend="reference", example_input=torch.zeros(1, 3, 64, 64),
-                            recompute=False)
+    off = deltaconv.convert(build("mobilenet_v2"), backend="reference", example_input=example, recompute=False)
     assert not any(isinstance(m, DCConv2d) and m.recomputes for m in off.modules()) and not pairs(off)
 
 
@@ -331,9 +339,12 @@ def test_bottleneck_adds_of_whole_operands_are_marked():
     assert "recomputed by layer1.1.conv3 through layer1.1.add" in notes["layer1.1.relu_2"]
     assert "recomputes for layer2.0.relu_2 (output kept, summed by layer2.0.add)" in notes["layer2.0.downsample.0"]
     assert len(dm.report.recomputing) == 2 * 32 + 20 + 16  # the pairs; a summing ReLU notes both of its convolutions
-    for kwargs in (dict(recompute=False), dict(fuse=False)):
-        off = deltaconv.convert(build("resnet50"), backend="reference", example_input=example, **kwargs)
-        assert not kept(off) and not summing(off)
+    off = deltaconv.convert(build("resnet50"), backend="reference", example_input=example, recompute=False)
+    assert not kept(off) and not summing(off)
+    unfused = deltaconv.convert(build("resnet50"), backend="reference", example_input=example, fuse=False)
+    # unfused, the adds keep their whole sums for the ReLUs after them (whole sums), no ReLU sums
+    assert kept(unfused) == kept(dm) and not summing(unfused)
+    assert sum(getattr(m, "keeps_sum", False) for m in unfused.modules()) == 16
     basic = deltaconv.convert(build("resnet18"), backend="reference", example_input=example)
     assert not kept(basic) and not summing(basic)
 
@@ -635,25 +646,17 @@ def test_accumulator_share_counts_the_layers_left_in_delta_mode():
 
 
 # ----------------------------------------------------------------------------- whole sums (WHOLE_SUMS)
-@pytest.fixture
-def whole_sums(monkeypatch):
-    """convert with ``deltaconv.convert.WHOLE_SUMS`` on (projections, adds between blocks, products)."""
-    import importlib
-    monkeypatch.setattr(importlib.import_module("deltaconv.convert"), "WHOLE_SUMS", True)
-
-
 def accumulators(dm) -> list[str]:
     """The truncating layers (not the input sparsifier) that keep a float32 accumulator."""
     return sorted(layer.layer_name for layer in dm.delta_layers() if layer.truncates and layer.kind != "sparsify"
                   and any(n.startswith("acc") and b is not None for n, b in layer._buffers.items()))
 
 
-def test_whole_sums_mark_the_projections_adds_and_expansions(whole_sums):
+def test_whole_sums_mark_the_projections_adds_and_expansions(monkeypatch):
     """mobilenet_v2: the 17 projections keep their outputs, the 10 adds between blocks their sums, and
     every expansion after them recomputes (34 recomputing convolutions instead of 17): after a frame
     only the stem's activation keeps an accumulator (18 without WHOLE_SUMS). resnet50 is marked as
     without it. The report notes the pairs."""
-    import importlib
     example = torch.zeros(1, 3, 64, 64)
     dm = deltaconv.convert(build("mobilenet_v2"), backend="reference", example_input=example)
     keeping = sorted(n for n, m in dm.named_modules() if getattr(m, "keeps_output", False))
@@ -670,7 +673,7 @@ def test_whole_sums_mark_the_projections_adds_and_expansions(whole_sums):
     assert any("sum kept for" in notes[a] for a in summing_adds)
     resnet = deltaconv.convert(build("resnet50"), backend="reference", example_input=example)
     assert len(kept(resnet)) == 20 and not any(getattr(m, "keeps_sum", False) for m in resnet.modules())
-    importlib.import_module("deltaconv.convert").WHOLE_SUMS = False  # the default (the fixture restores it too)
+    monkeypatch.setattr(importlib.import_module("deltaconv.convert"), "WHOLE_SUMS", False)
     off = deltaconv.convert(build("mobilenet_v2"), backend="reference", example_input=example)
     assert not any(getattr(m, "keeps_sum", False) or getattr(m, "keeps_output", False) for m in off.modules())
     with torch.no_grad():
@@ -679,7 +682,7 @@ def test_whole_sums_mark_the_projections_adds_and_expansions(whole_sums):
 
 
 @pytest.mark.parametrize("name", ["mobilenet_v2", "mobilenet_v3_large"])
-def test_whole_sums_equal_delta_mode_on_the_reference(name, whole_sums):
+def test_whole_sums_equal_delta_mode_on_the_reference(name):
     """float64, reference backend: with whole sums the outputs are delta mode's (to float64 rounding)
     at threshold 0 and above, with the same densities, also after restarting one stream; at threshold 0
     the dense model's; the kept sums take the sums' values."""
@@ -735,9 +738,9 @@ def test_an_add_of_changes_refuses_whole_operands():
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("fraction", [0.0, 0.05, 0.5, 1.0])
 def test_cuda_add_values_equals_reference(dtype, fraction):
-    """ops.add_values on the device (the value-mode add-and-activation kernel with the identity and a
-    negative threshold) against the reference: the same union, the kept sum bit-equal on it (the
-    dense add's rounding) and untouched elsewhere, with and without a row list."""
+    """ops.add_values on the device (the add kernel over whole operands, into the kept sum) against the
+    reference: the same union, the kept sum bit-equal on it (the dense add's rounding) and untouched
+    elsewhere, with and without a row list."""
     from deltaconv.backends import cuda as C
     from deltaconv.delta import RowList
     a, ma, _, _ = clustered_case(40, 8, 1, 1, dtype, fraction, seed=14)
@@ -757,8 +760,26 @@ def test_cuda_add_values_equals_reference(dtype, fraction):
 
 @pytest.mark.gpu
 @requires_cuda
+def test_cuda_add_values_errors_name_the_argument():
+    op = torch.ops.deltaconv.add_values
+    a, m, _, _ = clustered_case(16, 8, 1, 1, torch.float16, 0.5, seed=16)
+    out = torch.zeros_like(a)
+    with pytest.raises(RuntimeError, match=r"add_values: argument 'out' must have dtype Half, got Float"):
+        op(a, m, a, m, 1.0, out.float())
+    with pytest.raises(RuntimeError, match=r"add_values: argument 'b' must have shape \[2, 16, 37, 45\], "
+                                           r"got \[2, 16, 37, 44\]"):
+        op(a, m, a[..., :44].contiguous(memory_format=torch.channels_last), m, 1.0, out)
+    with pytest.raises(RuntimeError, match=r"add_values: argument 'out' \(state, updated in place\) must be "
+                                           r"channels_last contiguous"):
+        op(a, m, a, m, 1.0, out.contiguous())
+    with pytest.raises(RuntimeError, match=r"add_values: argument 'mask_b' must have dtype Bool"):
+        op(a, m, a, m.half(), 1.0, out)
+
+
+@pytest.mark.gpu
+@requires_cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=str)
-def test_cuda_whole_sums_mobilenet_v2(dtype, whole_sums):
+def test_cuda_whole_sums_mobilenet_v2(dtype):
     """mobilenet_v2 on the CUDA kernels with whole sums: against delta mode on the GPU within far less
     than the truncation error, replayed from a CUDA graph bit-equal to eager, with one accumulator."""
     cuda, _, _, _ = run_cuda_value_mode("mobilenet_v2", dtype)

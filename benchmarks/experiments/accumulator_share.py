@@ -4,11 +4,11 @@ default value mode, and their share of those layers' output elements (the state 
 removes elsewhere). Random weights, the reference backend on the CPU, two frames.
 
     PYTHONPATH=. python benchmarks/experiments/accumulator_share.py [--models resnet50 mobilenet_v2] [--size 272 480] \
-        [--whole-sums] [--state]
+        [--no-whole-sums] [--state]
 
-``--whole-sums``: with ``deltaconv.convert.WHOLE_SUMS`` (projections, adds between blocks and products
-keep whole values too). ``--state``: also the state bytes of the model converted in float16 (on this
-CPU) and how many layers value mode marked.
+``--no-whole-sums``: with ``deltaconv.convert.WHOLE_SUMS`` off (projections, adds between blocks and
+products in delta mode, the default before 2026-12-01 23:00 UTC). ``--state``: also the state bytes of
+the model converted in float16 (on this CPU) and how many layers value mode marked.
 """
 from __future__ import annotations
 
@@ -58,13 +58,13 @@ def main(argv=None) -> None:
     p.add_argument("--models", nargs="+", default=["resnet50", "fcn_resnet50", "resnext50_32x4d", "mobilenet_v2",
                                                    "deeplabv3_mobilenet_v3_large"])
     p.add_argument("--size", type=int, nargs=2, default=[272, 480])
-    p.add_argument("--whole-sums", action="store_true", help="convert with deltaconv.convert.WHOLE_SUMS")
+    p.add_argument("--no-whole-sums", action="store_true", help="convert with deltaconv.convert.WHOLE_SUMS off")
     p.add_argument("--state", action="store_true",
                    help="also the state of the model converted in float16 and how many layers value mode marked")
     a = p.parse_args(argv)
-    if a.whole_sums:
+    if a.no_whole_sums:
         import importlib
-        importlib.import_module("deltaconv.convert").WHOLE_SUMS = True
+        importlib.import_module("deltaconv.convert").WHOLE_SUMS = False
     for name in a.models:
         n_acc, n, share, kinds = accumulator_share(name, tuple(a.size))
         print(f"{name}: {n_acc} of {n} truncating layers keep an accumulator, {share:.3f} of their output elements "

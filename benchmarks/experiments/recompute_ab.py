@@ -12,7 +12,7 @@ the median ms per frame after ``--warmup`` frames, the mean logit relative error
 against the dense model of the same dtype, and the FLOPs density; "value_before_sums" is value mode without the
 residual adds of whole operands (ResNet's third ReLU per block in delta mode, as before 2026-12-01);
 "value_on_row_lists" without those whose downsampling identity is off a row list (as before ``conv1x1_into``);
-"value_whole_sums" with ``deltaconv.convert.WHOLE_SUMS`` (MobileNet's projections and adds keep whole values);
+"value_without_whole_sums" with ``deltaconv.convert.WHOLE_SUMS`` off (MobileNet's projections and adds in delta mode);
 "value_with_stem" lets the stems recompute too
 (3 input channels: their tensor-core kernel reads a copy of the frame padded to 8 channels, which value
 mode pads at every pixel; ``convert`` leaves them in delta mode, ``MIN_RECOMPUTE_CHANNELS``). ``--calibrated``: mobilenet_v2 also at its
@@ -46,16 +46,17 @@ def only_on_row_lists(dm):
 
 
 #: the variants: ``convert(recompute=)``, ``deltaconv.convert.MIN_RECOMPUTE_CHANNELS``, what is undone
-#: before the first frame (``None``: nothing) and ``deltaconv.convert.WHOLE_SUMS``; "value_with_stem":
-#: the stems (3 input channels) recompute too; "value_before_sums": value mode as it was before the
-#: residual adds took it (ResNet's first two ReLUs per block only, :func:`~helpers.without_kept_outputs`);
-#: "value_on_row_lists": the residual adds in value mode only where the kept outputs are on row lists
-#: (:func:`only_on_row_lists`); "value_whole_sums": projections, adds and products keep whole values too
-#: (MobileNet's expansions recompute)
-VARIANTS = {"delta": (False, 8, None, False), "value": (True, 8, None, False),
-            "value_with_stem": (True, 1, None, False), "value_before_sums": (True, 8, without_kept_outputs, False),
-            "value_on_row_lists": (True, 8, only_on_row_lists, False), "value_whole_sums": (True, 8, None, True),
-            "delta_again": (False, 8, None, False)}
+#: before the first frame (``None``: nothing) and ``deltaconv.convert.WHOLE_SUMS``; "value": the default
+#: (projections, adds and products keep whole values: MobileNet's expansions recompute);
+#: "value_without_whole_sums": without that (``WHOLE_SUMS`` off, the default before 2026-12-01 23:00 UTC);
+#: "value_with_stem": the stems (3 input channels) recompute too; "value_before_sums": value mode as it
+#: was before the residual adds took it (ResNet's first two ReLUs per block only,
+#: :func:`~helpers.without_kept_outputs`); "value_on_row_lists": the residual adds in value mode only
+#: where the kept outputs are on row lists (:func:`only_on_row_lists`)
+VARIANTS = {"delta": (False, 8, None, True), "value": (True, 8, None, True),
+            "value_without_whole_sums": (True, 8, None, False), "value_with_stem": (True, 1, None, True),
+            "value_before_sums": (True, 8, without_kept_outputs, True),
+            "value_on_row_lists": (True, 8, only_on_row_lists, True), "delta_again": (False, 8, None, True)}
 CALIBRATED = {"vtest.avi": "fidelity_thresholds_vtest_0.01_rms_float16.json",
               "one-by-one-person-detection.mp4": "fidelity_thresholds_one_0.01_rms_float16.json"}
 

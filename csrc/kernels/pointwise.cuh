@@ -1,4 +1,4 @@
-// Pointwise delta kernels (ATen-free): sparsify, densify, activation, affine_channel, add, mul,
+// Pointwise delta kernels (ATen-free): sparsify, densify, activation, affine_channel, add (add_values), mul,
 // concatenate. Semantics: deltaconv/backends/reference.py (the oracle). Thread mapping and packs:
 // pixel_group.cuh. Launchers: csrc/pointwise_ops.cu.
 //
@@ -391,6 +391,9 @@ __global__ void __launch_bounds__(kThreads) affine_channel_kernel(const AffinePa
 
 // ================================================================ add
 // out = a + T(alpha * b) (inactive operands count as zero); mask = mask_a | mask_b.
+// WHOLE (the add_values op: an add in value mode, DCAdd.keeps_sum): `a` and `b` hold the operands
+// whole at every pixel, and `out` is the add's kept whole sum, updated in place: it takes
+// T(a + T(alpha * b)), the dense add's value, on the active pixels mask_a | mask_b and keeps the rest.
 template <typename T>
 struct AddParams {
   const T* a;              // [N, C, H, W]
@@ -406,16 +409,16 @@ struct AddParams {
   int* rows_count;
 };
 
-template <typename T, int VEC>
-__global__ void __launch_bounds__(kThreads) add_kernel(const AddParams<T> p) {
-  grid_dependency_sync();
+// The body of add_kernel / add_values_kernel (after their grid_dependency_sync()).
+template <typename T, int VEC, bool WHOLE>
+__device__ __forceinline__ void add_pixels(const AddParams<T>& p) {
   const auto settle = [&](int64_t pixel) {
     const bool active = p.mask_a[pixel] || p.mask_b[pixel];
     p.mask_out[pixel] = active;
     return active;
   };
   for_each_active_pixel(p.pixels, p.log2_lanes, settle, [&](const PixelGroup& g) {
-    const bool ma = p.mask_a[g.pixel], mb = p.mask_b[g.pixel];
+    const bool ma = WHOLE || p.mask_a[g.pixel], mb = WHOLE || p.mask_b[g.pixel];
     const int C = p.channels;
     const int64_t row = g.pixel * C;
     for (int c = g.lane * VEC; c < C; c += g.lanes * VEC) {
@@ -428,6 +431,18 @@ __global__ void __launch_bounds__(kThreads) add_kernel(const AddParams<T> p) {
     }
     return true;
   }, SentRows{p.rows, p.rows_count, p.pixels});
+}
+
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kThreads) add_kernel(const AddParams<T> p) {
+  grid_dependency_sync();
+  add_pixels<T, VEC, false>(p);
+}
+
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kThreads) add_values_kernel(const AddParams<T> p) {
+  grid_dependency_sync();
+  add_pixels<T, VEC, true>(p);
 }
 
 // ================================================================ mul

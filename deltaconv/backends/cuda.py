@@ -32,7 +32,7 @@ _LOADED = _extension.load()
 _OPS = ("sparsify", "densify", "activation", "activation_values", "add_activation", "affine_channel", "add", "mul",
         "concatenate", "interleave_channels", "interpolate", "resample", "conv2d", "conv_transpose2d", "max_pool2d",
         "avg_pool2d", "adaptive_avg_pool2d", "linear", "count_active", "conv1x1_rows", "layer_norm",
-        "add_activation_values", "conv1x1_rows_into", "conv1x1_into")
+        "add_activation_values", "conv1x1_rows_into", "conv1x1_into", "add_values")
 
 
 def _registered_cuda_kernels() -> frozenset:
@@ -423,18 +423,22 @@ def _add_activation_values_fake(a, mask_a, b, mask_b, alpha, sent, kind, param, 
 def add_values(a: Tensor, mask_a: Tensor, b: Tensor, mask_b: Tensor, alpha: float, out: Tensor,
                rows: Optional[RowList] = None) -> Tensor:
     """An add of two whole operands into its kept sum ``out`` (value mode, the reference's
-    :func:`~deltaconv.backends.reference.add_values`), on the device: the value-mode kernel of a
-    residual add and its activation (:func:`add_activation_values`) with the identity and a negative
-    threshold, so that it sends every pixel of the union into ``out``, its ``sent`` (the change it also
-    writes is not used: a kernel of its own would save that store). ``rows``: as in :func:`activation`."""
-    if not (_pointwise_ok("add_activation_values", a, mask_a, b, mask_b, out) and a.shape == b.shape
+    :func:`~deltaconv.backends.reference.add_values`), on the device: the add kernel reading both
+    operands at every pixel of the union and writing the dense add's value there into ``out``.
+    ``rows``: as in :func:`activation`."""
+    if not (_pointwise_ok("add_values", a, mask_a, b, mask_b, out) and a.shape == b.shape
             and a.dtype == b.dtype and mask_a.shape == mask_b.shape and _sent_ok(out, a, a.shape)):
         return _ref.add_values(a, mask_a, b, mask_b, alpha, out)
     with _states4(out) as (s4,):
-        _, _, union = torch.ops.deltaconv.add_activation_values(
-            _value4(a), _mask4(mask_a), _value4(b), _mask4(mask_b), float(alpha), s4, "identity", 0.0, -1.0, None,
-            False, *_row_args(rows, a), tf32=False)
+        union = torch.ops.deltaconv.add_values(_value4(a), _mask4(mask_a), _value4(b), _mask4(mask_b), float(alpha),
+                                               s4, *_row_args(rows, a))
     return union.view(mask_a.shape)
+
+
+@_fake("add_values")
+def _add_values_fake(a, mask_a, b, mask_b, alpha, out, rows=None, rows_count=None):
+    n, _, h, w = a.shape
+    return _empty_mask(a, n, h, w)
 
 
 def _mul_shape(a: Tensor, b: Tensor) -> Optional[torch.Size]:

@@ -100,6 +100,12 @@ class DCModule(nn.Module):
     #: its output), which then run without a mask pass of their own. ``DELTACONV_ROW_LISTS=0`` in the
     #: environment (read once per frame, ``WorkCounters.begin_frame``) turns the lists off.
     lists_rows: bool = False
+    #: state buffers that only some layers of a class allocate (a kept output, a kept sum), registered
+    #: empty (``None``) at construction so that every layer of the class has the name: torch.compile's
+    #: guards of one layer's ``forward`` look the buffer up on another layer of the class when it
+    #: recompiles, and torch 2.11 fails with ``KeyError`` on a name that layer lacks (the CUDA
+    #: backend's ``test_torch_compile_of_a_model_with_row_lists``, H200, 2026-12-01)
+    lazy_states: tuple[str, ...] = ()
 
     def __init__(self) -> None:
         super().__init__()
@@ -118,6 +124,8 @@ class DCModule(nn.Module):
         self._later_calls: list[CallStats] = []  # statistics of the 2nd, 3rd, ... call within a frame
         self._call, self._call_run = 0, -1  # calls so far in the context's run ``_call_run``
         self._work_vectors: dict = {}  # name -> (what identifies the sources, the value): derived
+        for name in self.lazy_states:  # see lazy_states
+            self.register_buffer(name, None, persistent=False)
 
     # ------------------------------------------------------------------ state
     def state(self, name: str, shape, device: torch.device, dtype: torch.dtype = torch.float32,
@@ -133,7 +141,7 @@ class DCModule(nn.Module):
             buf = torch.zeros(tuple(shape), dtype=dtype, device=device)
             if len(shape) == 4:
                 buf = buf.contiguous(memory_format=torch.channels_last)
-            if name not in self._buffers:
+            if name not in self._state_names:
                 self._state_names.append(name)
             self.register_buffer(name, buf, persistent=False)
         return buf

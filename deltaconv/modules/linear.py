@@ -155,6 +155,7 @@ class DCConv2d(DCModule):
     #: too, and that activation keeps no float32 accumulator (``ops.add_activation_values``). Not on
     #: TF32 sends, as ``recomputes``.
     keeps_output = False
+    lazy_states = ("output",)
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
                  groups: int = 1, bias: bool = True, padding_mode: str = "zeros") -> None:
@@ -584,6 +585,7 @@ class DCAdd(DCModule):
     #: expansions after a residual add recompute from it. Delta mode on frames where an operand has
     #: no whole values (its producer in delta mode, TF32 sends), which change only with a key frame.
     keeps_sum = False
+    lazy_states = ("sum",)
 
     def __init__(self, alpha: float = 1.0) -> None:
         super().__init__()
