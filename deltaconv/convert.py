@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 import operator
 from collections import Counter
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 import torch
 import torch.fx as fx
@@ -43,6 +43,12 @@ MIN_RECOMPUTE_CHANNELS = 8
 #: 2026-12-01, ``benchmarks/results/value_mode.txt`` section 11). ``False`` (as before that day): a
 #: convolution keeps its output only for the activation fused with a residual add after it.
 WHOLE_SUMS = True
+
+#: Value mode through products as well (an experiment, off by default: the CUDA backend has no kernel for
+#: it yet and runs it through the reference): a product whose operands both give whole values (MobileNetV3's
+#: and EfficientNet's squeeze-excite scaling: the scale and the feature map, activations' outputs) computes
+#: its new output from them and keeps no accumulators (``DCMul.takes_whole``).
+WHOLE_PRODUCTS = False
 
 
 class ConversionError(RuntimeError):
@@ -361,12 +367,16 @@ class _Converter:
         return Counter(n.target for n in self.graph.nodes if n.op == "call_module")
 
     def _note_pair(self, a: str, note_a: str, b: str, note_b: str) -> None:
-        """Append ``note_a`` to layer ``a``'s report entry and ``note_b`` to ``b``'s (a layer's first
-        entry: a folded BatchNorm's entry follows its convolution's)."""
-        for layer, note in ((a, note_a), (b, note_b)):
-            entry = next((n for n in self.report.nodes if n.layer == layer), None)
-            if entry is not None:
-                entry.note = (entry.note + "; " if entry.note else "") + note
+        """Append ``note_a`` to layer ``a``'s report entry and ``note_b`` to ``b``'s."""
+        self._append_note(a, note_a)
+        self._append_note(b, note_b)
+
+    def _append_note(self, layer: str, note: str) -> None:
+        """Append ``note`` to layer ``layer``'s report entry (its first: a folded BatchNorm's entry
+        follows its convolution's)."""
+        entry = next((n for n in self.report.nodes if n.layer == layer), None)
+        if entry is not None:
+            entry.note = (entry.note + "; " if entry.note else "") + note
 
     def _lone_activation_reader(self, node: fx.Node, sites: Counter) -> Optional[fx.Node]:
         """The activation (a ``DCActivation`` called at one site) that is ``node``'s only reader and
@@ -509,6 +519,20 @@ class _Converter:
             for user in node.users:
                 self._note_pair(node.target, f"sum kept for {user.target}", user.target,
                                 f"reads the kept sum of {node.target}")
+        if WHOLE_PRODUCTS:
+            self._mark_whole_products(sites, whole)
+
+    def _mark_whole_products(self, sites: dict, whole: Callable[[fx.Node], bool]) -> None:
+        """``WHOLE_PRODUCTS``: mark the products (``DCMul``, called at one site) whose two operands are
+        changing tensors that give whole values (``whole``: ``mark_recomputing``'s test) as taking
+        them (``DCMul.takes_whole``); the report notes it."""
+        for node in self.graph.nodes:
+            if node.op != "call_module" or sites[node.target] != 1 or len(node.args) != 2 or node.kwargs:
+                continue
+            layer = self.root.get_submodule(node.target)
+            if isinstance(layer, DCMul) and all(a in self.delta_nodes and whole(a) for a in node.args):
+                layer.takes_whole = True
+                self._append_note(node.target, "takes its operands' whole values (no accumulators)")
 
     def _equal_delta_operands(self, node: fx.Node) -> bool:
         """Whether ``node``'s arguments are changing tensors (deltas) of one shape and dtype."""

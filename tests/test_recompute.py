@@ -681,6 +681,27 @@ def test_whole_sums_mark_the_projections_adds_and_expansions(monkeypatch):
     assert len(accumulators(off)) == 18
 
 
+def value_against_delta_mode(model, frames, t: float):
+    """``model`` (float64) converted with the defaults and with ``recompute=False`` (reference backend,
+    rms, threshold ``t``), run over ``frames`` with stream 1 restarted before the fourth: the outputs
+    equal to float64 rounding, at threshold 0 the dense model's, the densities the same. Returns both."""
+    kw = dict(threshold=t, truncation="rms", backend="reference", example_input=frames[0])
+    value = deltaconv.convert(model, **kw)
+    delta = deltaconv.convert(model, recompute=False, **kw)
+    with torch.no_grad():
+        for i, f in enumerate(frames):
+            if i == 3:
+                value.reset(streams=[1])
+                delta.reset(streams=[1])
+            a, b = value(f), delta(f)
+            assert rel(a, b) <= 1e-12, (t, i)
+            if t == 0:
+                assert rel(a, model(f)) <= 1e-12
+    densities = [s["mean_density"] for s in value.stats()]
+    assert densities == pytest.approx([s["mean_density"] for s in delta.stats()], nan_ok=True)
+    return value, delta
+
+
 @pytest.mark.parametrize("name", ["mobilenet_v2", "mobilenet_v3_large"])
 def test_whole_sums_equal_delta_mode_on_the_reference(name):
     """float64, reference backend: with whole sums the outputs are delta mode's (to float64 rounding)
@@ -689,25 +710,66 @@ def test_whole_sums_equal_delta_mode_on_the_reference(name):
     model = build(name).double()
     frames = moving_frames(5, shape=(2, 3, 48, 64), seed=4)
     for t in (0.0, 0.002):
-        kw = dict(threshold=t, truncation="rms", backend="reference", example_input=frames[0])
-        value = deltaconv.convert(model, **kw)
-        delta = deltaconv.convert(model, recompute=False, **kw)
-        with torch.no_grad():
-            for i, f in enumerate(frames):
-                if i == 3:
-                    value.reset(streams=[1])
-                    delta.reset(streams=[1])
-                a, b = value(f), delta(f)
-                assert rel(a, b) <= 1e-12, (t, i)
-                if t == 0:
-                    assert rel(a, model(f)) <= 1e-12
-        densities = [s["mean_density"] for s in value.stats()]
-        assert densities == pytest.approx([s["mean_density"] for s in delta.stats()], nan_ok=True)
+        value, delta = value_against_delta_mode(model, frames, t)
         if t > 0:
             adds = [s["mean_density"] for s in value.stats() if getattr(value.get_submodule(s["name"]), "keeps_sum",
                                                                              False)]
             assert adds and any(0 < d < 1 for d in adds)
     assert len(accumulators(value)) < len(accumulators(delta)) // 2
+
+
+# ----------------------------------------------------------------------------- whole products (WHOLE_PRODUCTS)
+def test_whole_products_mark_the_squeeze_excite_scalings(monkeypatch):
+    """Under ``WHOLE_PRODUCTS`` every squeeze-excite product (both operands activations' outputs) takes
+    whole values and keeps no accumulators after a frame; the report notes it; off by default."""
+    example = torch.zeros(1, 3, 64, 64)
+    assert not any(getattr(m, "takes_whole", False)
+                   for m in deltaconv.convert(build("mobilenet_v3_large"), backend="reference",
+                                              example_input=example).modules())
+    monkeypatch.setattr(importlib.import_module("deltaconv.convert"), "WHOLE_PRODUCTS", True)
+    for name, products in (("mobilenet_v3_large", 8), ("efficientnet_b0", 16)):
+        dm = deltaconv.convert(build(name), backend="reference", example_input=example)
+        taking = [layer for layer in dm.delta_layers() if layer.kind == "mul"]
+        assert len(taking) == products and all(layer.takes_whole for layer in taking)
+        with torch.no_grad():
+            dm(example), dm(example + 0.1)
+        assert not any(layer.layer_name in accumulators(dm) for layer in taking)
+        notes = {n.layer: n.note for n in dm.report.nodes}
+        assert "takes its operands' whole values" in notes[taking[0].layer_name]
+
+
+@pytest.mark.parametrize("name", ["mobilenet_v3_large", "efficientnet_b0"])
+def test_whole_products_equal_delta_mode_on_the_reference(name, monkeypatch):
+    """float64, reference backend: with whole products the outputs are delta mode's (to float64
+    rounding) at threshold 0 and above, with the same densities, also after restarting one stream; at
+    threshold 0 the dense model's."""
+    model = build(name).double()
+    frames = moving_frames(5, shape=(2, 3, 48, 64), seed=5)
+    monkeypatch.setattr(importlib.import_module("deltaconv.convert"), "WHOLE_PRODUCTS", True)
+    for t in (0.0, 0.002):
+        value, _ = value_against_delta_mode(model, frames, t)
+        assert any(getattr(m, "takes_whole", False) for m in value.modules())
+
+
+def test_reference_mul_values_is_the_product_on_the_region():
+    """mul_values: the product of whole operands (one ``[N, C, 1, 1]``) on the region of either mask (a
+    changed scale sets its stream's every pixel), sent against ``sent`` as the dense product rounds it;
+    a product in value mode refuses an operand without whole values, naming the layer."""
+    from deltaconv.modules import DCMul
+    g = torch.Generator().manual_seed(17)
+    a, b = torch.randn(2, 3, 1, 1, generator=g).half(), torch.randn(2, 3, 4, 5, generator=g).half()
+    ma = torch.tensor([True, False]).reshape(2, 1, 1, 1)
+    mb = torch.rand(2, 1, 4, 5, generator=g) < 0.3
+    sent = torch.zeros(2, 3, 4, 5, dtype=torch.float16)
+    out, mask = R.mul_values(a, ma, b, mb, sent, -1.0, None)
+    region = (ma | mb).expand(2, 1, 4, 5)
+    assert torch.equal(mask, region) and bool(mask[0].all()) and not bool(mask[1].all())
+    sel = region.expand(2, 3, 4, 5)
+    assert torch.equal(sent[sel], (a * b)[sel]) and bool((sent[~sel] == 0).all()) and torch.equal(out[sel], sent[sel])
+    mul = DCMul()
+    mul.layer_name, mul.takes_whole = "se.mul", True
+    with pytest.raises(RuntimeError, match="se.mul: an operand gives no whole values this frame"):
+        mul(Delta(b, mb), Delta(b, mb, whole=b))
 
 
 def test_reference_add_values_takes_the_union_and_keeps_the_rest():
@@ -774,6 +836,28 @@ def test_cuda_add_values_errors_name_the_argument():
         op(a, m, a, m, 1.0, out.contiguous())
     with pytest.raises(RuntimeError, match=r"add_values: argument 'mask_b' must have dtype Bool"):
         op(a, m, a, m.half(), 1.0, out)
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_cuda_whole_products_mobilenet_v3_large(monkeypatch):
+    """mobilenet_v3_large in float16 on the CUDA backend with whole products (``ops.mul_values``
+    through the reference on the device until it has a kernel): against delta mode within far less
+    than the truncation error, the products without accumulators."""
+    monkeypatch.setattr(importlib.import_module("deltaconv.convert"), "WHOLE_PRODUCTS", True)
+    model = build("mobilenet_v3_large").cuda()
+    low = build("mobilenet_v3_large").cuda().half()
+    frames = [f.cuda() for f in video_frames(6, (96, 128))]
+    kw = dict(threshold=0.01, truncation="rms", example_input=frames[0].half())
+    value = deltaconv.convert(low, backend="cuda", **kw)
+    delta = deltaconv.convert(low, backend="cuda", recompute=False, **kw)
+    with torch.no_grad():
+        for f in frames:
+            x = f.half()
+            dense, a, c = model(f), value(x), delta(x)
+            assert rel(a, c) <= max(0.1 * rel(c, dense), 3 * rel(low(x), dense) + 1e-3)
+    products = [layer for layer in value.delta_layers() if layer.kind == "mul"]
+    assert products and all(p.takes_whole and p.layer_name not in accumulators(value) for p in products)
 
 
 @pytest.mark.gpu

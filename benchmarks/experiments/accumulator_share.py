@@ -4,11 +4,13 @@ default value mode, and their share of those layers' output elements (the state 
 removes elsewhere). Random weights, the reference backend on the CPU, two frames.
 
     PYTHONPATH=. python benchmarks/experiments/accumulator_share.py [--models resnet50 mobilenet_v2] [--size 272 480] \
-        [--no-whole-sums] [--state]
+        [--no-whole-sums] [--whole-products] [--state]
 
 ``--no-whole-sums``: with ``deltaconv.convert.WHOLE_SUMS`` off (projections, adds between blocks and
 products in delta mode, the default before 2026-12-01 23:00 UTC). ``--state``: also the state bytes of
 the model converted in float16 (on this CPU) and how many layers value mode marked.
+``--whole-products``: with ``deltaconv.convert.WHOLE_PRODUCTS`` (the squeeze-excite products keep no
+accumulators; an experiment, off by default).
 """
 from __future__ import annotations
 
@@ -33,9 +35,10 @@ def converted(name: str, size: tuple[int, int], dtype: torch.dtype = torch.float
 
 
 def marks(dm) -> dict:
-    """How many layers value mode marked: recomputing and output-keeping convolutions, sum-keeping adds."""
+    """How many layers value mode marked: recomputing and output-keeping convolutions, sum-keeping adds,
+    products taking whole values."""
     return {flag: sum(bool(getattr(m, flag, False)) for m in dm.modules())
-            for flag in ("recomputes", "keeps_output", "keeps_sum")}
+            for flag in ("recomputes", "keeps_output", "keeps_sum", "takes_whole")}
 
 
 def accumulator_share(name: str, size: tuple[int, int]) -> tuple[int, int, float, dict]:
@@ -59,12 +62,15 @@ def main(argv=None) -> None:
                                                    "deeplabv3_mobilenet_v3_large"])
     p.add_argument("--size", type=int, nargs=2, default=[272, 480])
     p.add_argument("--no-whole-sums", action="store_true", help="convert with deltaconv.convert.WHOLE_SUMS off")
+    p.add_argument("--whole-products", action="store_true", help="convert with deltaconv.convert.WHOLE_PRODUCTS")
     p.add_argument("--state", action="store_true",
                    help="also the state of the model converted in float16 and how many layers value mode marked")
     a = p.parse_args(argv)
+    import importlib
     if a.no_whole_sums:
-        import importlib
         importlib.import_module("deltaconv.convert").WHOLE_SUMS = False
+    if a.whole_products:
+        importlib.import_module("deltaconv.convert").WHOLE_PRODUCTS = True
     for name in a.models:
         n_acc, n, share, kinds = accumulator_share(name, tuple(a.size))
         print(f"{name}: {n_acc} of {n} truncating layers keep an accumulator, {share:.3f} of their output elements "

@@ -13,6 +13,7 @@ against the dense model of the same dtype, and the FLOPs density; "value_before_
 residual adds of whole operands (ResNet's third ReLU per block in delta mode, as before 2026-12-01);
 "value_on_row_lists" without those whose downsampling identity is off a row list (as before ``conv1x1_into``);
 "value_without_whole_sums" with ``deltaconv.convert.WHOLE_SUMS`` off (MobileNet's projections and adds in delta mode);
+"value_whole_products" with ``deltaconv.convert.WHOLE_PRODUCTS`` (squeeze-excite products without accumulators);
 "value_with_stem" lets the stems recompute too
 (3 input channels: their tensor-core kernel reads a copy of the frame padded to 8 channels, which value
 mode pads at every pixel; ``convert`` leaves them in delta mode, ``MIN_RECOMPUTE_CHANNELS``). ``--calibrated``: mobilenet_v2 also at its
@@ -46,17 +47,20 @@ def only_on_row_lists(dm):
 
 
 #: the variants: ``convert(recompute=)``, ``deltaconv.convert.MIN_RECOMPUTE_CHANNELS``, what is undone
-#: before the first frame (``None``: nothing) and ``deltaconv.convert.WHOLE_SUMS``; "value": the default
-#: (projections, adds and products keep whole values: MobileNet's expansions recompute);
+#: before the first frame (``None``: nothing), ``deltaconv.convert.WHOLE_SUMS`` and ``WHOLE_PRODUCTS``;
+#: "value": the default (projections and adds keep whole values: MobileNet's expansions recompute);
 #: "value_without_whole_sums": without that (``WHOLE_SUMS`` off, the default before 2026-12-01 23:00 UTC);
+#: "value_whole_products": the squeeze-excite products take whole values too (``WHOLE_PRODUCTS``);
 #: "value_with_stem": the stems (3 input channels) recompute too; "value_before_sums": value mode as it
 #: was before the residual adds took it (ResNet's first two ReLUs per block only,
 #: :func:`~helpers.without_kept_outputs`); "value_on_row_lists": the residual adds in value mode only
 #: where the kept outputs are on row lists (:func:`only_on_row_lists`)
-VARIANTS = {"delta": (False, 8, None, True), "value": (True, 8, None, True),
-            "value_without_whole_sums": (True, 8, None, False), "value_with_stem": (True, 1, None, True),
-            "value_before_sums": (True, 8, without_kept_outputs, True),
-            "value_on_row_lists": (True, 8, only_on_row_lists, True), "delta_again": (False, 8, None, True)}
+VARIANTS = {"delta": (False, 8, None, True, False), "value": (True, 8, None, True, False),
+            "value_without_whole_sums": (True, 8, None, False, False),
+            "value_whole_products": (True, 8, None, True, True), "value_with_stem": (True, 1, None, True, False),
+            "value_before_sums": (True, 8, without_kept_outputs, True, False),
+            "value_on_row_lists": (True, 8, only_on_row_lists, True, False),
+            "delta_again": (False, 8, None, True, False)}
 CALIBRATED = {"vtest.avi": "fidelity_thresholds_vtest_0.01_rms_float16.json",
               "one-by-one-person-detection.mp4": "fidelity_thresholds_one_0.01_rms_float16.json"}
 
@@ -85,6 +89,7 @@ def main(argv=None) -> None:
     from deltaconv.fidelity import flops_density, primary_output, relative_error
 
     default_min, default_sums = convert_module.MIN_RECOMPUTE_CHANNELS, convert_module.WHOLE_SUMS
+    default_products = convert_module.WHOLE_PRODUCTS
     info = run_info()
     print(f"# {info['device']}, {info['date']}, torch {torch.__version__}", flush=True)
     for video, name, model, frames in video_models(a.videos, a.models, a.start, a.frames, a.size, dtype):
@@ -98,11 +103,13 @@ def main(argv=None) -> None:
             runs = {}
             with torch.no_grad():
                 for v in a.order:
-                    recompute, min_channels, undo, whole_sums = VARIANTS[v]
+                    recompute, min_channels, undo, whole_sums, whole_products = VARIANTS[v]
                     convert_module.MIN_RECOMPUTE_CHANNELS, convert_module.WHOLE_SUMS = min_channels, whole_sums
+                    convert_module.WHOLE_PRODUCTS = whole_products
                     dm = deltaconv.convert(model, backend="cuda", example_input=frames[0], cuda_graph=True,
                                            check_finite=False, recompute=recompute, **kw)
                     convert_module.MIN_RECOMPUTE_CHANNELS, convert_module.WHOLE_SUMS = default_min, default_sums
+                    convert_module.WHOLE_PRODUCTS = default_products
                     if undo is not None:  # before the first frame: those adds then run in delta mode
                         undo(dm)
                     dm(frames[0]), dm(frames[1])  # key frame, then the captured frame

@@ -481,6 +481,15 @@ def _mul_fake(delta_a, mask_a, acc_a, delta_b, mask_b, acc_b, sent, threshold, k
     return _empty_value(delta_a, shape), _empty_mask(delta_a, n, h, w)
 
 
+def mul_values(a: Tensor, mask_a: Tensor, b: Tensor, mask_b: Tensor, sent: Tensor, threshold: float,
+               key: Optional[Tensor], measure: str = "max", rows: Optional[RowList] = None,
+               tf32: bool = False) -> tuple[Tensor, Tensor]:
+    """A product of two whole operands (value mode, the reference's
+    :func:`~deltaconv.backends.reference.mul_values`). No kernel of its own yet: it runs through the
+    reference on the device (``deltaconv.convert.WHOLE_PRODUCTS``, off by default, waits for one)."""
+    return _ref.mul_values(a, mask_a, b, mask_b, sent, threshold, key, measure, tf32=tf32)
+
+
 def concatenate(deltas: Sequence[Tensor], masks: Sequence[Tensor], dim: int) -> tuple[Tensor, Tensor]:
     """``torch.cat`` along ``dim``: along channels the masks are OR-ed, along other dims joined. More
     than ``_MAX_CONCAT`` deltas (DenseNet-169's and -201's later blocks) are joined in steps: the first

@@ -330,6 +330,21 @@ def mul(delta_a: Tensor, mask_a: Tensor, acc_a: Tensor, delta_b: Tensor, mask_b:
     return truncate(y, region, sent, threshold, key, delta_a.dtype, measure, tf32)
 
 
+def mul_values(a: Tensor, mask_a: Tensor, b: Tensor, mask_b: Tensor, sent: Tensor, threshold: float,
+               key: Optional[Tensor], measure: str = "max", rows: Optional[RowList] = None,
+               tf32: bool = False) -> tuple[Tensor, Tensor]:
+    """A product in value mode (``DCMul.takes_whole``): ``a`` and ``b`` hold the operands *whole* at
+    every pixel (layers' sent values, ``Delta.whole``; one may be ``[N, C, 1, 1]``, squeeze-excite), so
+    the new product on the region ``mask_a | mask_b`` is ``a * b`` as the dense product computes it, no
+    accumulator; then truncation against ``sent`` as in :func:`mul`. ``rows``: ignored, as in
+    :func:`activation`; ``tf32``: as there."""
+    work = _work_dtype(sent)
+    y = a.to(work) * b.to(work)
+    region = mask_a | mask_b
+    region = region.expand(list(y.shape[:1]) + [1] + list(y.shape[2:]))
+    return truncate(y, region, sent, threshold, key, a.dtype, measure, tf32)
+
+
 def concatenate(deltas: Sequence[Tensor], masks: Sequence[Tensor], dim: int) -> tuple[Tensor, Tensor]:
     """``torch.cat`` along ``dim``: along channels the masks are OR-ed, along other dims joined."""
     values = [_zero_inactive(d, m) for d, m in zip(deltas, masks)]
