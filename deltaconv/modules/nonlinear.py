@@ -151,31 +151,23 @@ class DCMul(DCModule):
     takes_whole = False
 
     def forward(self, a: Delta, b: Delta) -> Delta:
-        if self.takes_whole:
-            return self.mul_values(a, b)
-        acc_a = self.state("acc_a", a.shape, a.device, a.dtype)
-        acc_b = self.state("acc_b", b.shape, b.device, b.dtype)
-        out_shape = torch.broadcast_shapes(a.shape, b.shape)
-        sent = self.state("sent", out_shape, a.device, a.dtype, sent=True)
-        rows = self.row_list(out_shape, a.device)
-        tf32 = sends_tf32(a.value)
-        v, m = self.ops.mul(a.value, a.mask, acc_a, b.value, b.mask, acc_b, sent, self.threshold, self.key,
-                            self.measure, rows, tf32=tf32)
-        return self.observe(Delta(v, m, filled_rows(rows), tf32=tf32, whole=sent))
-
-    def mul_values(self, a: Delta, b: Delta) -> Delta:
-        """Value mode (``takes_whole``): the product of the operands' whole values on the union of their
-        masks, truncated against ``sent``; no accumulators."""
-        if a.whole is None or b.whole is None:
+        if self.takes_whole and (a.whole is None or b.whole is None):
             raise RuntimeError(f"{self.layer_name}: an operand gives no whole values this frame, which a product "
                                "in value mode needs (it keeps no accumulators); set "
                                "deltaconv.convert.WHOLE_PRODUCTS = False before convert")
+        if not self.takes_whole:
+            acc_a = self.state("acc_a", a.shape, a.device, a.dtype)
+            acc_b = self.state("acc_b", b.shape, b.device, b.dtype)
         out_shape = torch.broadcast_shapes(a.shape, b.shape)
         sent = self.state("sent", out_shape, a.device, a.dtype, sent=True)
         rows = self.row_list(out_shape, a.device)
         tf32 = sends_tf32(a.value)
-        v, m = self.ops.mul_values(a.whole, a.mask, b.whole, b.mask, sent, self.threshold, self.key, self.measure,
-                                   rows, tf32=tf32)
+        if self.takes_whole:  # value mode: the product of the whole operands, no accumulators
+            v, m = self.ops.mul_values(a.whole, a.mask, b.whole, b.mask, sent, self.threshold, self.key,
+                                       self.measure, rows, tf32=tf32)
+        else:
+            v, m = self.ops.mul(a.value, a.mask, acc_a, b.value, b.mask, acc_b, sent, self.threshold, self.key,
+                                self.measure, rows, tf32=tf32)
         return self.observe(Delta(v, m, filled_rows(rows), tf32=tf32, whole=sent))
 
     def flops_per_output_pixel(self, out: Delta) -> float:
