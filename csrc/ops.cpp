@@ -64,6 +64,10 @@ TORCH_LIBRARY(deltaconv, m) {
   m.def("mul(Tensor delta_a, Tensor mask_a, Tensor(a!) acc_a, Tensor delta_b, Tensor mask_b, Tensor(b!) acc_b, "
         "Tensor(c!) sent, float threshold, Tensor? key, bool rms=False, Tensor(d!)? rows=None, "
         "Tensor(e!)? rows_count=None, bool tf32=False) -> (Tensor, Tensor)");
+  // a product in value mode: a and b hold the operands whole at every pixel (one may be [N, C, 1, 1]); the
+  // product on mask_a | mask_b, truncated against sent as mul does, no accumulators
+  m.def("mul_values(Tensor a, Tensor mask_a, Tensor b, Tensor mask_b, Tensor(a!) sent, float threshold, Tensor? key, "
+        "bool rms=False, Tensor(b!)? rows=None, Tensor(c!)? rows_count=None, bool tf32=False) -> (Tensor, Tensor)");
   // per-pixel layer norm over the channels (ConvNeXt): weight / bias float32 [C] or None
   m.def("layer_norm(Tensor delta, Tensor mask, Tensor(a!) acc, Tensor(b!) sent, Tensor? weight, Tensor? bias, "
         "float eps, float threshold, Tensor? key, bool rms=False, Tensor(c!)? rows=None, "

@@ -455,14 +455,15 @@ std::tuple<Tensor, Tensor> affine_channel(const Tensor& delta, const Tensor& mas
   return {out, mask_out};
 }
 
-// Two deltas of one shape and dtype with their masks (add, interleave_channels).
+// Two deltas (add_values: whole values) of one shape and dtype with their masks, the first two arguments
+// named a_name and b_name (add, add_values, interleave_channels).
 void check_delta_pair(const char* op, const Tensor& delta_a, const Tensor& mask_a, const Tensor& delta_b,
-                      const Tensor& mask_b) {
-  check_value(op, "delta_a", delta_a, delta_a);
+                      const Tensor& mask_b, const char* a_name = "delta_a", const char* b_name = "delta_b") {
+  check_value(op, a_name, delta_a, delta_a);
   check_mask(op, "mask_a", mask_a, delta_a, delta_a.sizes());
-  check_value(op, "delta_b", delta_b, delta_a);
-  check_sizes(op, "delta_b", delta_b, delta_a.sizes());
-  check_dtype(op, "delta_b", delta_b, delta_a.scalar_type());
+  check_value(op, b_name, delta_b, delta_a);
+  check_sizes(op, b_name, delta_b, delta_a.sizes());
+  check_dtype(op, b_name, delta_b, delta_a.scalar_type());
   check_mask(op, "mask_b", mask_b, delta_a, delta_a.sizes());
 }
 
@@ -507,12 +508,7 @@ std::tuple<Tensor, Tensor> add(const Tensor& delta_a, const Tensor& mask_a, cons
 Tensor add_values(const Tensor& a, const Tensor& mask_a, const Tensor& b, const Tensor& mask_b, double alpha,
                   Tensor& out, const std::optional<Tensor>& rows, const std::optional<Tensor>& rows_count) {
   const char* op = "add_values";
-  check_value(op, "a", a, a);
-  check_mask(op, "mask_a", mask_a, a, a.sizes());
-  check_value(op, "b", b, a);
-  check_sizes(op, "b", b, a.sizes());
-  check_dtype(op, "b", b, a.scalar_type());
-  check_mask(op, "mask_b", mask_b, a, a.sizes());
+  check_delta_pair(op, a, mask_a, b, mask_b, "a", "b");
   check_state(op, "out", out, a, a.sizes(), a.scalar_type());
   const int64_t N = a.size(0), H = a.size(2), W = a.size(3);
   check_channels(op, a);
@@ -524,57 +520,101 @@ Tensor add_values(const Tensor& a, const Tensor& mask_a, const Tensor& b, const 
 }
 
 // ---------------------------------------------------------------- mul
+// The operands of mul (named delta_a / delta_b) or mul_values (a / b) and their masks: one dtype, equal
+// shapes or one [N, C, 1, 1] broadcast over the other's pixels (squeeze-excite).
+struct MulShape {
+  bool a_bcast, b_bcast;
+  at::IntArrayRef out;     // [N, C, H, W] of the output
+};
+
+MulShape check_mul_operands(const char* op, const Tensor& a, const Tensor& mask_a, const Tensor& b,
+                            const Tensor& mask_b, const char* a_name, const char* b_name) {
+  check_value(op, a_name, a, a);
+  check_value(op, b_name, b, a);
+  check_dtype(op, b_name, b, a.scalar_type());
+  const auto sa = a.sizes(), sb = b.sizes();
+  const bool a_small = sa[2] == 1 && sa[3] == 1, b_small = sb[2] == 1 && sb[3] == 1;
+  const bool same = sa == sb;
+  const bool a_bcast = !same && a_small, b_bcast = !same && b_small && !a_small;
+  TORCH_CHECK(sa[0] == sb[0] && sa[1] == sb[1] && (same || a_small || b_small), "deltaconv::", op, ": arguments '",
+              a_name, "' ", sa, " and '", b_name, "' ", sb,
+              " must have equal shapes, or one must be [N, C, 1, 1] (squeeze-excite)");
+  check_mask(op, "mask_a", mask_a, a, sa);
+  check_mask(op, "mask_b", mask_b, a, sb);
+  return {a_bcast, b_bcast, a_bcast ? sb : sa};
+}
+
+// mul and mul_values (VALUES: mul_values_kernel on whole operands; acc_a / acc_b nullptr): the product over
+// operands checked by check_mul_operands, truncated against `sent` (checked by the caller); returns
+// (out, mask_out).
+template <bool VALUES>
+std::tuple<Tensor, Tensor> launch_mul(const char* op, const Tensor& a, const Tensor& mask_a, Tensor* acc_a,
+                                      const Tensor& b, const Tensor& mask_b, Tensor* acc_b, const MulShape& shape,
+                                      Tensor& sent, double threshold, const std::optional<Tensor>& key, bool rms,
+                                      const std::optional<Tensor>& rows, const std::optional<Tensor>& rows_count,
+                                      bool tf32) {
+  const int64_t N = shape.out[0], H = shape.out[2], W = shape.out[3];
+  const int C = check_channels(op, a);
+  const bool* key_ptr = check_key(op, key, a, N);
+  const int64_t pixels = N * H * W;
+  const RowList row_list = check_rows(op, rows, rows_count, a, pixels);
+  c10::cuda::CUDAGuard guard(a.device());
+  Tensor out = empty_value(a, shape.out, a.scalar_type());
+  Tensor mask_out = empty_mask(a, N, H, W);
+  DC_DISPATCH_ACTIVATION_TYPES(a.scalar_type(), "deltaconv::mul", [&] {
+    // mul: the broadcast operand's acc first, every output pixel reads it
+    const Tensor* small_d = shape.a_bcast ? &a : (shape.b_bcast ? &b : nullptr);
+    if (!VALUES && small_d != nullptr && N * C > 0) {
+      const Tensor& small_m = shape.a_bcast ? mask_a : mask_b;
+      Tensor& small_acc = shape.a_bcast ? *acc_a : *acc_b;
+      const int64_t total = N * C;
+      launch_kernel(pw::accumulate_rows_kernel<scalar_t>,
+                    static_cast<unsigned>((total + pw::kThreads - 1) / pw::kThreads), pw::kThreads, 0, stream(),
+                    cptr<scalar_t>(*small_d), cptr<bool>(small_m), ptr<float>(small_acc), N, C);
+    }
+    pw::MulParams<scalar_t> p{cptr<scalar_t>(a), cptr<bool>(mask_a), VALUES ? nullptr : ptr<float>(*acc_a),
+                              cptr<scalar_t>(b), cptr<bool>(mask_b), VALUES ? nullptr : ptr<float>(*acc_b),
+                              ptr<scalar_t>(sent), key_ptr, ptr<scalar_t>(out), ptr<bool>(mask_out),
+                              static_cast<float>(threshold), rms_limit(rms, threshold, C), pixels, H * W, C, 0,
+                              shape.a_bcast, shape.b_bcast, row_list.rows, row_list.count, tf32};
+    const bool vec_ok = C % kVec<scalar_t> == 0 && all_aligned({p.a, p.acc_a, p.b, p.acc_b, p.sent, p.out});
+    if constexpr (VALUES) {
+      DC_LAUNCH_VEC(pw::mul_values_kernel, p, vec_ok, pixels, C, true);
+    } else {
+      DC_LAUNCH_VEC(pw::mul_kernel, p, vec_ok, pixels, C, true);
+    }
+  });
+  return {out, mask_out};
+}
+
 std::tuple<Tensor, Tensor> mul(const Tensor& delta_a, const Tensor& mask_a, Tensor& acc_a, const Tensor& delta_b,
                                const Tensor& mask_b, Tensor& acc_b, Tensor& sent, double threshold,
                                const std::optional<Tensor>& key, bool rms,
                                const std::optional<Tensor>& rows, const std::optional<Tensor>& rows_count,
                                bool tf32) {
   const char* op = "mul";
-  check_value(op, "delta_a", delta_a, delta_a);
+  const MulShape shape = check_mul_operands(op, delta_a, mask_a, delta_b, mask_b, "delta_a", "delta_b");
   DC_CHECK_TF32_FLAG(op, "tf32", tf32, delta_a);
-  check_value(op, "delta_b", delta_b, delta_a);
-  check_dtype(op, "delta_b", delta_b, delta_a.scalar_type());
-  // output shape: equal shapes, or one operand [N, C, 1, 1] broadcast over the other's pixels
-  const auto sa = delta_a.sizes(), sb = delta_b.sizes();
-  const bool a_small = sa[2] == 1 && sa[3] == 1, b_small = sb[2] == 1 && sb[3] == 1;
-  const bool same = sa == sb;
-  const bool a_bcast = !same && a_small, b_bcast = !same && b_small && !a_small;
-  TORCH_CHECK(sa[0] == sb[0] && sa[1] == sb[1] && (same || a_small || b_small), "deltaconv::mul: arguments 'delta_a' ",
-              sa, " and 'delta_b' ", sb, " must have equal shapes, or one must be [N, C, 1, 1] (squeeze-excite)");
-  const auto so = a_bcast ? sb : sa;
-  check_mask(op, "mask_a", mask_a, delta_a, sa);
-  check_mask(op, "mask_b", mask_b, delta_a, sb);
-  check_state(op, "acc_a", acc_a, delta_a, sa);
-  check_state(op, "acc_b", acc_b, delta_a, sb);
-  check_state(op, "sent", sent, delta_a, so, delta_a.scalar_type());
-  const int64_t N = so[0], H = so[2], W = so[3];
-  const int C = check_channels(op, delta_a);
-  const bool* key_ptr = check_key(op, key, delta_a, N);
-  c10::cuda::CUDAGuard guard(delta_a.device());
-  Tensor out = empty_value(delta_a, so, delta_a.scalar_type());
-  Tensor mask_out = empty_mask(delta_a, N, H, W);
-  const int64_t pixels = N * H * W;
-  const RowList row_list = check_rows(op, rows, rows_count, delta_a, pixels);
-  DC_DISPATCH_ACTIVATION_TYPES(delta_a.scalar_type(), "deltaconv::mul", [&] {
-    // the broadcast operand's acc first: every output pixel reads it
-    const Tensor* small_d = a_bcast ? &delta_a : (b_bcast ? &delta_b : nullptr);
-    if (small_d != nullptr && N * C > 0) {
-      const Tensor& small_m = a_bcast ? mask_a : mask_b;
-      Tensor& small_acc = a_bcast ? acc_a : acc_b;
-      const int64_t total = N * C;
-      launch_kernel(pw::accumulate_rows_kernel<scalar_t>,
-                    static_cast<unsigned>((total + pw::kThreads - 1) / pw::kThreads), pw::kThreads, 0, stream(),
-                    cptr<scalar_t>(*small_d), cptr<bool>(small_m), ptr<float>(small_acc), N, C);
-    }
-    pw::MulParams<scalar_t> p{cptr<scalar_t>(delta_a), cptr<bool>(mask_a), ptr<float>(acc_a),
-                              cptr<scalar_t>(delta_b), cptr<bool>(mask_b), ptr<float>(acc_b),
-                              ptr<scalar_t>(sent), key_ptr, ptr<scalar_t>(out), ptr<bool>(mask_out),
-                              static_cast<float>(threshold), rms_limit(rms, threshold, C), pixels, H * W, C, 0,
-                              a_bcast, b_bcast, row_list.rows, row_list.count, tf32};
-    const bool vec_ok = C % kVec<scalar_t> == 0 && all_aligned({p.a, p.acc_a, p.b, p.acc_b, p.sent, p.out});
-    DC_LAUNCH_VEC(pw::mul_kernel, p, vec_ok, pixels, C, true);
-  });
-  return {out, mask_out};
+  check_state(op, "acc_a", acc_a, delta_a, delta_a.sizes());
+  check_state(op, "acc_b", acc_b, delta_a, delta_b.sizes());
+  check_state(op, "sent", sent, delta_a, shape.out, delta_a.scalar_type());
+  return launch_mul<false>(op, delta_a, mask_a, &acc_a, delta_b, mask_b, &acc_b, shape, sent, threshold, key, rms,
+                           rows, rows_count, tf32);
+}
+
+// A product in value mode (DCMul.takes_whole): `a` and `b` hold the operands whole at every pixel (one may be
+// [N, C, 1, 1]), so the new product on mask_a | mask_b is a * b, truncated against `sent` as mul does; no
+// accumulators.
+std::tuple<Tensor, Tensor> mul_values(const Tensor& a, const Tensor& mask_a, const Tensor& b, const Tensor& mask_b,
+                                      Tensor& sent, double threshold, const std::optional<Tensor>& key, bool rms,
+                                      const std::optional<Tensor>& rows, const std::optional<Tensor>& rows_count,
+                                      bool tf32) {
+  const char* op = "mul_values";
+  const MulShape shape = check_mul_operands(op, a, mask_a, b, mask_b, "a", "b");
+  DC_CHECK_TF32_FLAG(op, "tf32", tf32, a);
+  check_state(op, "sent", sent, a, shape.out, a.scalar_type());
+  return launch_mul<true>(op, a, mask_a, nullptr, b, mask_b, nullptr, shape, sent, threshold, key, rms, rows,
+                          rows_count, tf32);
 }
 
 // ---------------------------------------------------------------- layer_norm
@@ -852,6 +892,7 @@ TORCH_LIBRARY_IMPL(deltaconv, CUDA, m) {
   m.impl("add", &add);
   m.impl("add_values", &add_values);
   m.impl("mul", &mul);
+  m.impl("mul_values", &mul_values);
   m.impl("layer_norm", &layer_norm);
   m.impl("concatenate", &concatenate);
   m.impl("interleave_channels", &interleave_channels);

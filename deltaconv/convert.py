@@ -44,11 +44,13 @@ MIN_RECOMPUTE_CHANNELS = 8
 #: convolution keeps its output only for the activation fused with a residual add after it.
 WHOLE_SUMS = True
 
-#: Value mode through products as well (an experiment, off by default: the CUDA backend has no kernel for
-#: it yet and runs it through the reference): a product whose operands both give whole values (MobileNetV3's
-#: and EfficientNet's squeeze-excite scaling: the scale and the feature map, activations' outputs) computes
-#: its new output from them and keeps no accumulators (``DCMul.takes_whole``).
-WHOLE_PRODUCTS = False
+#: Value mode through products as well ("whole products"): a product whose operands both give whole values
+#: (MobileNetV3's and EfficientNet's squeeze-excite scaling: the scale and the feature map, activations'
+#: outputs) computes its new output from them and keeps no accumulators (``DCMul.takes_whole``):
+#: mobilenet_v3_large, deeplabv3_mobilenet_v3_large and efficientnet_b0 2-8 % faster per frame on vtest.avi
+#: (1-7 % on one-by-one), their state 16-31 % smaller (H200, 2026-12-02, ``benchmarks/results/value_mode.txt``
+#: section 12). ``False`` (as before that day): the products keep accumulators and run in delta mode.
+WHOLE_PRODUCTS = True
 
 
 class ConversionError(RuntimeError):
@@ -693,7 +695,10 @@ def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
             (``DCConv2d.recomputes``). MobileNet's projections and the adds between its blocks keep
             whole values too, so that its expansions recompute (whole sums: mobilenet_v2 5-7 % faster
             on busy frames, its state 43 % smaller; ``deltaconv.convert.WHOLE_SUMS = False`` turns
-            them off). The report notes the pairs ("recomputes for"). ``False``: delta mode everywhere.
+            them off), and so do the squeeze-excite products of MobileNetV3 and EfficientNet, whose
+            operands are both whole (whole products: 2-8 % faster on busy frames, no accumulators;
+            ``deltaconv.convert.WHOLE_PRODUCTS = False`` turns them off). The report notes the pairs
+            ("recomputes for") and the products. ``False``: delta mode everywhere.
     """
     from .model import DeltaModel, read_thresholds
 

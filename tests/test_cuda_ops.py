@@ -698,21 +698,28 @@ def test_add_broadcast_falls_back():
 
 
 # ----------------------------------------------------------------------------- mul
-def _run_mul(dtype, c, frac, key, layout, tf32=False):
-    """One mul call on the kernel and on the reference from the same states (``layout``: equal
-    shapes, or operand a or b [N, C, 1, 1]); returns the kernel's output, mask and states."""
-    g = gen(11)
+def _mul_layout(c, frac, layout, g):
+    """The operands' shapes of a product (``layout``: "same", or operand a or b [N, C, 1, 1]: "se_a",
+    "se_b") and their masks (the second at the partner fraction when the shapes are equal)."""
     n, (h, w) = 2, spatial(c)
     big, small = (n, c, h, w), (n, c, 1, 1)
     shape_a = small if layout == "se_a" else big
     shape_b = small if layout == "se_b" else big
     ma = make_mask(n, shape_a[2], shape_a[3], frac, g)
     mb = make_mask(n, shape_b[2], shape_b[3], PARTNER[frac] if layout == "same" else frac, g)
+    return shape_a, shape_b, ma, mb
+
+
+def _run_mul(dtype, c, frac, key, layout, tf32=False):
+    """One mul call on the kernel and on the reference from the same states (``layout``: equal
+    shapes, or operand a or b [N, C, 1, 1]); returns the kernel's output, mask and states."""
+    g = gen(11)
+    shape_a, shape_b, ma, mb = _mul_layout(c, frac, layout, g)
     da, db = make_delta(shape_a, dtype, ma, g, 0.3), make_delta(shape_b, dtype, mb, g, 0.3)
     acc_a, acc_b = make_state(shape_a, g), make_state(shape_b, g)
     sent = (acc_a * acc_b).contiguous(memory_format=CL)
     sent = (sent + torch.randn(sent.shape, generator=g, device=DEV) * 0.02).to(dtype).contiguous(memory_format=CL)
-    k = make_key(key, n)
+    k = make_key(key, da.shape[0])
     st_c = clones(acc_a, acc_b, sent)
     st_r = clones(acc_a, acc_b, sent)
     out_c, m_c = dcc.mul(da, ma, st_c[0], db, mb, st_c[1], st_c[2], 0.05, k, tf32=tf32)
@@ -783,6 +790,88 @@ def test_mul_general_broadcast_falls_back():
     out_r, m_r = ref.mul(da, ma, st_r[0], db, mb, st_r[1], st_r[2], 0.0, None)
     assert_masks(m_c, m_r)
     assert_active(out_c, out_r, m_r, torch.float32)
+
+
+def _mul_values_case(dtype, c, frac, layout, seed):
+    """Operands whole at every pixel (no NaN: the kernel reads both on the whole region) with masks of
+    :func:`_mul_layout`, and a ``sent`` near their product."""
+    g = gen(seed)
+    shape_a, shape_b, ma, mb = _mul_layout(c, frac, layout, g)
+    a, b = make_state(shape_a, g).to(dtype), make_state(shape_b, g).to(dtype)
+    y = a.float() * b.float()
+    sent = (y + torch.randn(y.shape, generator=g, device=DEV) * 0.05).to(dtype).contiguous(memory_format=CL)
+    return a, ma, b, mb, sent, y
+
+
+@pytest.mark.parametrize("layout", ["same", "se_a", "se_b"])
+@pytest.mark.parametrize("key", KEYS)
+@pytest.mark.parametrize("frac", FRACS)
+@pytest.mark.parametrize("c", CHANNELS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_mul_values(dtype, c, frac, key, layout):
+    """A product of whole operands (value mode, no accumulators): the reference's mask, output and
+    ``sent`` bit for bit (one float32 multiply, as the reference computes it)."""
+    a, ma, b, mb, sent, _ = _mul_values_case(dtype, c, frac, layout, seed=27)
+    k = make_key(key, a.shape[0])
+    s_c, s_r = clones(sent, sent)
+    out_c, m_c = dcc.mul_values(a, ma, b, mb, s_c, 0.05, k)
+    out_r, m_r = ref.mul_values(a, ma, b, mb, s_r, 0.05, k)
+    assert out_c.shape == out_r.shape == sent.shape
+    assert torch.equal(m_c, m_r)
+    sel = m_r.expand_as(out_r)
+    assert torch.equal(out_c[sel], out_r[sel])
+    assert torch.equal(s_c, s_r)
+
+
+@pytest.mark.parametrize("layout", ["same", "se_b"])
+@pytest.mark.parametrize("frac", FRACS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_mul_values_rms_measure_and_tf32(dtype, frac, layout):
+    """The RMS measure (the kernel sums the squares in another order: pixels near the threshold may
+    go either way) and, in float32, TF32 sends bit for bit the reference's."""
+    a, ma, b, mb, sent, y = _mul_values_case(dtype, 64, frac, layout, seed=28)
+    s_c, s_r = clones(sent, sent)
+    out_c, m_c = dcc.mul_values(a, ma, b, mb, s_c, 0.04, None, "rms")
+    out_r, m_r = ref.mul_values(a, ma, b, mb, s_r, 0.04, None, "rms")
+    region = ma | mb
+    change = torch.where(region, y.to(dtype).float() - sent.float(), torch.zeros((), device=DEV))
+    amb = near_rms_threshold(change, 0.04, y, dtype) & region
+    assert_masks(m_c, m_r, amb)
+    assert_active(out_c, out_r, m_r & m_c, dtype)
+    assert_state(s_c, s_r, skip=amb)
+    if dtype == torch.float32:
+        s_c, s_r = clones(sent, sent)
+        out_c, m_c = dcc.mul_values(a, ma, b, mb, s_c, 0.05, None, tf32=True)
+        out_r, m_r = ref.mul_values(a, ma, b, mb, s_r, 0.05, None, tf32=True)
+        assert torch.equal(m_c, m_r) and torch.equal(s_c, s_r)
+        assert torch.equal(out_c[m_r.expand_as(out_r)], out_r[m_r.expand_as(out_r)])
+        assert_tf32_sends(out_c, m_c, y, s_c)
+
+
+def test_mul_values_errors_name_the_argument():
+    d, m, s = _err_inputs()
+    op = torch.ops.deltaconv.mul_values
+    with pytest.raises(RuntimeError, match=r"mul_values: arguments 'a' .* and 'b' .* must have equal shapes"):
+        op(d, m, d[:, :, :2].contiguous(memory_format=CL), m[:, :, :2].contiguous(), s, 0.0, None)
+    with pytest.raises(RuntimeError, match=r"mul_values: argument 'sent' must have dtype Half, got Float"):
+        op(d.half(), m, d.half(), m, s, 0.0, None)
+    with pytest.raises(RuntimeError, match=r"mul_values: argument 'b' must have dtype Float, got Half"):
+        op(d, m, d.half(), m, s, 0.0, None)
+    with pytest.raises(RuntimeError, match=r"mul_values: argument 'mask_b' must have shape \[2, 1, 1, 1\]"):
+        op(d, m, d[:, :, :1, :1].contiguous(memory_format=CL), m, s, 0.0, None)
+    with pytest.raises(RuntimeError, match="argument 'tf32' needs float32 deltas"):
+        op(d.half(), m, d.half(), m, s.half(), 0.0, None, tf32=True)
+
+
+def test_mul_values_general_broadcast_falls_back():
+    """Operands broadcast other than squeeze-excite's ``[N, C, 1, 1]``: the reference, on the device."""
+    g = gen(29)
+    ma, mb = make_mask(2, 5, 6, 0.5, g), make_mask(2, 5, 1, 0.5, g)
+    a, b = make_state((2, 3, 5, 6), g), make_state((2, 3, 5, 1), g)
+    s_c, s_r = torch.zeros((2, 3, 5, 6), device=DEV), torch.zeros((2, 3, 5, 6), device=DEV)
+    out_c, m_c = dcc.mul_values(a, ma, b, mb, s_c, 0.0, None)
+    out_r, m_r = ref.mul_values(a, ma, b, mb, s_r, 0.0, None)
+    assert torch.equal(m_c, m_r) and torch.equal(s_c, s_r)
 
 
 # ----------------------------------------------------------------------------- layer_norm
@@ -1184,6 +1273,8 @@ def _opcheck_cases():
         ("mul", ops.mul.default, (x, full, st(), st(), full, st(), st(), -1.0, key)),
         ("mul_rms", ops.mul.default, (x, full, st(), st(), full, st(), st(), -1.0, key, True)),
         ("mul_se", ops.mul.default, (small, small_m, st((n, c, 1, 1)), x, full, st(), st(), -1.0, None)),
+        ("mul_values", ops.mul_values.default, (x, full, st(), full, st(), -1.0, key)),
+        ("mul_values_se", ops.mul_values.default, (x, full, small, small_m, st(), 0.1, None, True)),
         ("layer_norm", ops.layer_norm.default,
          (x, full, st(), st(), torch.randn(c, device=DEV), torch.randn(c, device=DEV), 1e-6, -1.0, key)),
         ("layer_norm_rms", ops.layer_norm.default, (x.half(), full, st(), st().half(), None, None, 1e-5, -1.0, None,
@@ -1198,7 +1289,7 @@ def _opcheck_cases():
     ]
 
 
-@pytest.mark.parametrize("case", range(29))
+@pytest.mark.parametrize("case", range(31))
 def test_opcheck(case):
     name, op, args = _opcheck_cases()[case]
     torch.library.opcheck(op, args)

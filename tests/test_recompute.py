@@ -720,13 +720,10 @@ def test_whole_sums_equal_delta_mode_on_the_reference(name):
 
 # ----------------------------------------------------------------------------- whole products (WHOLE_PRODUCTS)
 def test_whole_products_mark_the_squeeze_excite_scalings(monkeypatch):
-    """Under ``WHOLE_PRODUCTS`` every squeeze-excite product (both operands activations' outputs) takes
-    whole values and keeps no accumulators after a frame; the report notes it; off by default."""
+    """By default (``WHOLE_PRODUCTS``) every squeeze-excite product (both operands activations' outputs)
+    takes whole values and keeps no accumulators after a frame; the report notes it; with the flag off
+    none does."""
     example = torch.zeros(1, 3, 64, 64)
-    assert not any(getattr(m, "takes_whole", False)
-                   for m in deltaconv.convert(build("mobilenet_v3_large"), backend="reference",
-                                              example_input=example).modules())
-    monkeypatch.setattr(importlib.import_module("deltaconv.convert"), "WHOLE_PRODUCTS", True)
     for name, products in (("mobilenet_v3_large", 8), ("efficientnet_b0", 16)):
         dm = deltaconv.convert(build(name), backend="reference", example_input=example)
         taking = [layer for layer in dm.delta_layers() if layer.kind == "mul"]
@@ -736,16 +733,18 @@ def test_whole_products_mark_the_squeeze_excite_scalings(monkeypatch):
         assert not any(layer.layer_name in accumulators(dm) for layer in taking)
         notes = {n.layer: n.note for n in dm.report.nodes}
         assert "takes its operands' whole values" in notes[taking[0].layer_name]
+    monkeypatch.setattr(importlib.import_module("deltaconv.convert"), "WHOLE_PRODUCTS", False)
+    dm = deltaconv.convert(build("mobilenet_v3_large"), backend="reference", example_input=example)
+    assert not any(getattr(m, "takes_whole", False) for m in dm.modules())
 
 
 @pytest.mark.parametrize("name", ["mobilenet_v3_large", "efficientnet_b0"])
-def test_whole_products_equal_delta_mode_on_the_reference(name, monkeypatch):
+def test_whole_products_equal_delta_mode_on_the_reference(name):
     """float64, reference backend: with whole products the outputs are delta mode's (to float64
     rounding) at threshold 0 and above, with the same densities, also after restarting one stream; at
     threshold 0 the dense model's."""
     model = build(name).double()
     frames = moving_frames(5, shape=(2, 3, 48, 64), seed=5)
-    monkeypatch.setattr(importlib.import_module("deltaconv.convert"), "WHOLE_PRODUCTS", True)
     for t in (0.0, 0.002):
         value, _ = value_against_delta_mode(model, frames, t)
         assert any(getattr(m, "takes_whole", False) for m in value.modules())
@@ -840,11 +839,10 @@ def test_cuda_add_values_errors_name_the_argument():
 
 @pytest.mark.gpu
 @requires_cuda
-def test_cuda_whole_products_mobilenet_v3_large(monkeypatch):
-    """mobilenet_v3_large in float16 on the CUDA backend with whole products (``ops.mul_values``
-    through the reference on the device until it has a kernel): against delta mode within far less
-    than the truncation error, the products without accumulators."""
-    monkeypatch.setattr(importlib.import_module("deltaconv.convert"), "WHOLE_PRODUCTS", True)
+def test_cuda_whole_products_mobilenet_v3_large():
+    """mobilenet_v3_large in float16 on the CUDA backend with whole products (``ops.mul_values``, the
+    default): against delta mode within far less than the truncation error, the products without
+    accumulators."""
     model = build("mobilenet_v3_large").cuda()
     low = build("mobilenet_v3_large").cuda().half()
     frames = [f.cuda() for f in video_frames(6, (96, 128))]

@@ -193,8 +193,8 @@ def _activation_case(dtype, c, frac, shape=(2, 13, 21), seed=0):
 
 
 def _run(ops, case, op, rows):
-    """op: "activation", "add_activation", "add" (the lists of the add: its active pixels), "mul" or
-    "layer_norm"; "..._pooled": with the pooled measure (whose second kernel lists the rows)."""
+    """op: "activation", "add_activation", "add" (the lists of the add: its active pixels), "mul",
+    "mul_values" or "layer_norm"; "..._pooled": with the pooled measure (whose second kernel lists the rows)."""
     d, m, db, mb, acc, sent = case
     extra = {} if rows is None else {"rows": rows}
     if op.endswith("_pooled"):
@@ -203,6 +203,8 @@ def _run(ops, case, op, rows):
         return ops.add(d, m, db, mb, -0.5, **extra)
     if op == "mul":  # the product (squeeze-excite's scaling when broadcast), truncated like an activation
         return ops.mul(d, m, acc, db, mb, acc.clone(), sent, 0.02, None, **extra)
+    if op == "mul_values":  # a product in value mode: the operands whole at every pixel
+        return ops.mul_values(d.nan_to_num(0.25), m, db.nan_to_num(-0.5), mb, sent, 0.02, None, **extra)
     if op == "layer_norm":  # ConvNeXt's per-pixel layer norm, before its first pointwise linear
         return ops.layer_norm(d, m, acc, sent, None, None, 1e-6, 0.02, None, **extra)
     if op == "add_activation":
@@ -214,8 +216,8 @@ def _run(ops, case, op, rows):
 
 @pytest.mark.gpu
 @needs_gpu
-@pytest.mark.parametrize("op", ["activation", "add_activation", "add", "mul", "layer_norm", "activation_pooled",
-                                "add_activation_pooled"])
+@pytest.mark.parametrize("op", ["activation", "add_activation", "add", "mul", "mul_values", "layer_norm",
+                                "activation_pooled", "add_activation_pooled"])
 @pytest.mark.parametrize("frac", [0.0, 0.01, 0.3, 1.0])
 @pytest.mark.parametrize("c", [1, 3, 17, 32, 64, 130, 256])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])

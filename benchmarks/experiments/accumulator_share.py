@@ -4,13 +4,13 @@ default value mode, and their share of those layers' output elements (the state 
 removes elsewhere). Random weights, the reference backend on the CPU, two frames.
 
     PYTHONPATH=. python benchmarks/experiments/accumulator_share.py [--models resnet50 mobilenet_v2] [--size 272 480] \
-        [--no-whole-sums] [--whole-products] [--state]
+        [--no-whole-sums] [--no-whole-products] [--state]
 
 ``--no-whole-sums``: with ``deltaconv.convert.WHOLE_SUMS`` off (projections, adds between blocks and
 products in delta mode, the default before 2026-12-01 23:00 UTC). ``--state``: also the state bytes of
 the model converted in float16 (on this CPU) and how many layers value mode marked.
-``--whole-products``: with ``deltaconv.convert.WHOLE_PRODUCTS`` (the squeeze-excite products keep no
-accumulators; an experiment, off by default).
+``--no-whole-products``: with ``deltaconv.convert.WHOLE_PRODUCTS`` off (the squeeze-excite products keep
+accumulators, the default before 2026-12-02 01:15 UTC).
 """
 from __future__ import annotations
 
@@ -62,15 +62,16 @@ def main(argv=None) -> None:
                                                    "deeplabv3_mobilenet_v3_large"])
     p.add_argument("--size", type=int, nargs=2, default=[272, 480])
     p.add_argument("--no-whole-sums", action="store_true", help="convert with deltaconv.convert.WHOLE_SUMS off")
-    p.add_argument("--whole-products", action="store_true", help="convert with deltaconv.convert.WHOLE_PRODUCTS")
+    p.add_argument("--no-whole-products", action="store_true",
+                   help="convert with deltaconv.convert.WHOLE_PRODUCTS off")
     p.add_argument("--state", action="store_true",
                    help="also the state of the model converted in float16 and how many layers value mode marked")
     a = p.parse_args(argv)
     import importlib
     if a.no_whole_sums:
         importlib.import_module("deltaconv.convert").WHOLE_SUMS = False
-    if a.whole_products:
-        importlib.import_module("deltaconv.convert").WHOLE_PRODUCTS = True
+    if a.no_whole_products:
+        importlib.import_module("deltaconv.convert").WHOLE_PRODUCTS = False
     for name in a.models:
         n_acc, n, share, kinds = accumulator_share(name, tuple(a.size))
         print(f"{name}: {n_acc} of {n} truncating layers keep an accumulator, {share:.3f} of their output elements "

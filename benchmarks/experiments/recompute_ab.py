@@ -13,7 +13,7 @@ against the dense model of the same dtype, and the FLOPs density; "value_before_
 residual adds of whole operands (ResNet's third ReLU per block in delta mode, as before 2026-12-01);
 "value_on_row_lists" without those whose downsampling identity is off a row list (as before ``conv1x1_into``);
 "value_without_whole_sums" with ``deltaconv.convert.WHOLE_SUMS`` off (MobileNet's projections and adds in delta mode);
-"value_whole_products" with ``deltaconv.convert.WHOLE_PRODUCTS`` (squeeze-excite products without accumulators);
+"value_without_whole_products" with ``deltaconv.convert.WHOLE_PRODUCTS`` off (squeeze-excite products in delta mode);
 "value_with_stem" lets the stems recompute too
 (3 input channels: their tensor-core kernel reads a copy of the frame padded to 8 channels, which value
 mode pads at every pixel; ``convert`` leaves them in delta mode, ``MIN_RECOMPUTE_CHANNELS``). ``--calibrated``: mobilenet_v2 also at its
@@ -48,19 +48,21 @@ def only_on_row_lists(dm):
 
 #: the variants: ``convert(recompute=)``, ``deltaconv.convert.MIN_RECOMPUTE_CHANNELS``, what is undone
 #: before the first frame (``None``: nothing), ``deltaconv.convert.WHOLE_SUMS`` and ``WHOLE_PRODUCTS``;
-#: "value": the default (projections and adds keep whole values: MobileNet's expansions recompute);
-#: "value_without_whole_sums": without that (``WHOLE_SUMS`` off, the default before 2026-12-01 23:00 UTC);
-#: "value_whole_products": the squeeze-excite products take whole values too (``WHOLE_PRODUCTS``);
+#: "value": the default (projections and adds keep whole values: MobileNet's expansions recompute; the
+#: squeeze-excite products take whole values); "value_without_whole_sums": without the first (``WHOLE_SUMS``
+#: off, the default before 2026-12-01 23:00 UTC); "value_without_whole_products": without the second
+#: (``WHOLE_PRODUCTS`` off, the default before 2026-12-02 01:15 UTC);
 #: "value_with_stem": the stems (3 input channels) recompute too; "value_before_sums": value mode as it
 #: was before the residual adds took it (ResNet's first two ReLUs per block only,
 #: :func:`~helpers.without_kept_outputs`); "value_on_row_lists": the residual adds in value mode only
 #: where the kept outputs are on row lists (:func:`only_on_row_lists`)
-VARIANTS = {"delta": (False, 8, None, True, False), "value": (True, 8, None, True, False),
-            "value_without_whole_sums": (True, 8, None, False, False),
-            "value_whole_products": (True, 8, None, True, True), "value_with_stem": (True, 1, None, True, False),
-            "value_before_sums": (True, 8, without_kept_outputs, True, False),
-            "value_on_row_lists": (True, 8, only_on_row_lists, True, False),
-            "delta_again": (False, 8, None, True, False)}
+VARIANTS = {"delta": (False, 8, None, True, True), "value": (True, 8, None, True, True),
+            "value_without_whole_sums": (True, 8, None, False, True),
+            "value_without_whole_products": (True, 8, None, True, False),
+            "value_with_stem": (True, 1, None, True, True),
+            "value_before_sums": (True, 8, without_kept_outputs, True, True),
+            "value_on_row_lists": (True, 8, only_on_row_lists, True, True),
+            "delta_again": (False, 8, None, True, True)}
 CALIBRATED = {"vtest.avi": "fidelity_thresholds_vtest_0.01_rms_float16.json",
               "one-by-one-person-detection.mp4": "fidelity_thresholds_one_0.01_rms_float16.json"}
 

@@ -1,5 +1,5 @@
-// Pointwise delta kernels (ATen-free): sparsify, densify, activation, affine_channel, add (add_values), mul,
-// concatenate. Semantics: deltaconv/backends/reference.py (the oracle). Thread mapping and packs:
+// Pointwise delta kernels (ATen-free): sparsify, densify, activation, affine_channel, add (add_values),
+// mul (mul_values), concatenate. Semantics: deltaconv/backends/reference.py (the oracle). Thread mapping and packs:
 // pixel_group.cuh. Launchers: csrc/pointwise_ops.cu.
 //
 // Shapes and layouts at every kernel boundary
@@ -451,11 +451,14 @@ __global__ void __launch_bounds__(kThreads) add_values_kernel(const AddParams<T>
 // broadcast ([N, C, 1, 1] against an [N, C, H, W] output, squeeze-excite): its acc is updated
 // beforehand by accumulate_rows_kernel and its flag/row is that of pixel n. With p.tf32 (float32) the
 // changes are sent rounded to TF32, as in activation.
+// mul_values_kernel (the mul_values op, a product in value mode): `a` and `b` hold the operands whole
+// at every pixel (layers' sent values), so y = a * b on the region, no accumulators (acc_a / acc_b
+// unused, no accumulate_rows_kernel).
 template <typename T>
 struct MulParams {
   const T* a;              // [N, C, H, W] or [N, C, 1, 1] (a_bcast)
   const bool* mask_a;      // [N, 1, H, W] or [N, 1, 1, 1]
-  float* acc_a;            // like a, updated in place
+  float* acc_a;            // like a, updated in place (nullptr in mul_values_kernel)
   const T* b;              // like a, with b_bcast
   const bool* mask_b;
   float* acc_b;
@@ -485,9 +488,16 @@ __global__ void __launch_bounds__(kThreads) accumulate_rows_kernel(const T* __re
   if (mask[i / channels]) acc[i] += to_f<T>(delta[i]);
 }
 
-template <typename T, int VEC>
+// An operand's value at channels [c, c + VEC) of output row `row` (of row `brow`, its stream's, when
+// broadcast): VALUES, its whole value in d; otherwise its accumulator, to which d is added first where
+// `active` (not broadcast: accumulate_rows_kernel did that).
+template <typename T, int VEC, bool VALUES>
 __device__ __forceinline__ void mul_operand(const T* d, float* acc, bool bcast, bool active, int64_t row,
                                             int64_t brow, int c, float (&v)[VEC]) {
+  if constexpr (VALUES) {
+    load_f<VEC>(d + (bcast ? brow : row) + c, v);
+    return;
+  }
   if (bcast) {
     load_f<VEC>(acc + brow + c, v);
     return;
@@ -502,9 +512,9 @@ __device__ __forceinline__ void mul_operand(const T* d, float* acc, bool bcast, 
   }
 }
 
-template <typename T, int VEC>
-__global__ void __launch_bounds__(kThreads) mul_kernel(const MulParams<T> p) {
-  grid_dependency_sync();
+// The body of mul_kernel / mul_values_kernel (after their grid_dependency_sync()).
+template <typename T, int VEC, bool VALUES>
+__device__ __forceinline__ void mul_pixels(const MulParams<T>& p) {
   const auto mask_a = [&](int64_t pixel) { return p.mask_a[p.a_bcast ? pixel / p.hw : pixel]; };
   const auto mask_b = [&](int64_t pixel) { return p.mask_b[p.b_bcast ? pixel / p.hw : pixel]; };
   const auto settle = [&](int64_t pixel) {
@@ -522,8 +532,8 @@ __global__ void __launch_bounds__(kThreads) mul_kernel(const MulParams<T> p) {
     PendingSize size;
     for (int c = g.lane * VEC; c < C; c += step) {
       float va[VEC], vb[VEC], s[VEC];
-      mul_operand<T, VEC>(p.a, p.acc_a, p.a_bcast, ma, row, brow, c, va);
-      mul_operand<T, VEC>(p.b, p.acc_b, p.b_bcast, mb, row, brow, c, vb);
+      mul_operand<T, VEC, VALUES>(p.a, p.acc_a, p.a_bcast, ma, row, brow, c, va);
+      mul_operand<T, VEC, VALUES>(p.b, p.acc_b, p.b_bcast, mb, row, brow, c, vb);
       load_f<VEC>(p.sent + row + c, s);
 #pragma unroll
       for (int i = 0; i < VEC; ++i) size.add(pending_change<T>(__fmul_rn(va[i], vb[i]), s[i]), p.threshold);
@@ -533,8 +543,8 @@ __global__ void __launch_bounds__(kThreads) mul_kernel(const MulParams<T> p) {
     if (!send) return false;
     for (int c = g.lane * VEC; c < C; c += step) {
       float va[VEC], vb[VEC], s[VEC];
-      load_f<VEC>(p.acc_a + (p.a_bcast ? brow : row) + c, va);
-      load_f<VEC>(p.acc_b + (p.b_bcast ? brow : row) + c, vb);
+      mul_operand<T, VEC, VALUES>(p.a, p.acc_a, p.a_bcast, false, row, brow, c, va);
+      mul_operand<T, VEC, VALUES>(p.b, p.acc_b, p.b_bcast, false, row, brow, c, vb);
       load_f<VEC>(p.sent + row + c, s);
 #pragma unroll
       for (int i = 0; i < VEC; ++i) va[i] = send_element<T>(__fmul_rn(va[i], vb[i]), s[i], p.tf32);
@@ -543,6 +553,18 @@ __global__ void __launch_bounds__(kThreads) mul_kernel(const MulParams<T> p) {
     }
     return true;
   }, SentRows{p.rows, p.rows_count, p.pixels});
+}
+
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kThreads) mul_kernel(const MulParams<T> p) {
+  grid_dependency_sync();
+  mul_pixels<T, VEC, false>(p);
+}
+
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kThreads) mul_values_kernel(const MulParams<T> p) {
+  grid_dependency_sync();
+  mul_pixels<T, VEC, true>(p);
 }
 
 // ================================================================ concatenate (channels)

@@ -32,7 +32,7 @@ _LOADED = _extension.load()
 _OPS = ("sparsify", "densify", "activation", "activation_values", "add_activation", "affine_channel", "add", "mul",
         "concatenate", "interleave_channels", "interpolate", "resample", "conv2d", "conv_transpose2d", "max_pool2d",
         "avg_pool2d", "adaptive_avg_pool2d", "linear", "count_active", "conv1x1_rows", "layer_norm",
-        "add_activation_values", "conv1x1_rows_into", "conv1x1_into", "add_values")
+        "add_activation_values", "conv1x1_rows_into", "conv1x1_into", "add_values", "mul_values")
 
 
 def _registered_cuda_kernels() -> frozenset:
@@ -485,9 +485,22 @@ def mul_values(a: Tensor, mask_a: Tensor, b: Tensor, mask_b: Tensor, sent: Tenso
                key: Optional[Tensor], measure: str = "max", rows: Optional[RowList] = None,
                tf32: bool = False) -> tuple[Tensor, Tensor]:
     """A product of two whole operands (value mode, the reference's
-    :func:`~deltaconv.backends.reference.mul_values`). No kernel of its own yet: it runs through the
-    reference on the device (``deltaconv.convert.WHOLE_PRODUCTS``, off by default, waits for one)."""
-    return _ref.mul_values(a, mask_a, b, mask_b, sent, threshold, key, measure, tf32=tf32)
+    :func:`~deltaconv.backends.reference.mul_values`), on the device: the mul kernel reading both
+    operands whole, no accumulators. ``rows`` and ``tf32``: as in :func:`activation`."""
+    shape = _mul_shape(a, b) if a.dim() == b.dim() else None
+    if _pooled(measure) or not (shape is not None and _pointwise_ok("mul_values", a, mask_a, b, mask_b, sent)
+                                and a.dtype == b.dtype and _sent_ok(sent, a, shape)):
+        return _ref.mul_values(a, mask_a, b, mask_b, sent, threshold, key, measure, tf32=tf32)
+    with _states4(sent) as (s4,):
+        out, m = torch.ops.deltaconv.mul_values(_value4(a), _mask4(mask_a), _value4(b), _mask4(mask_b), s4,
+                                                float(threshold), _key(key), _rms(measure), *_row_args(rows, sent),
+                                                tf32=bool(tf32))
+    return _like(out, m, a)
+
+
+@_fake("mul_values")
+def _mul_values_fake(a, mask_a, b, mask_b, sent, threshold, key, rms=False, rows=None, rows_count=None, tf32=False):
+    return _mul_fake(a, mask_a, None, b, mask_b, None, sent, threshold, key)
 
 
 def concatenate(deltas: Sequence[Tensor], masks: Sequence[Tensor], dim: int) -> tuple[Tensor, Tensor]:

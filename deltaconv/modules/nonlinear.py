@@ -143,8 +143,8 @@ class DCMul(DCModule):
 
     kind = "mul"
     truncates = True
-    #: value mode (set by ``convert`` under ``deltaconv.convert.WHOLE_PRODUCTS``, an experiment off by
-    #: default): both operands give their whole values (``Delta.whole``: the squeeze-excite scale and the
+    #: value mode (set by ``convert`` under ``deltaconv.convert.WHOLE_PRODUCTS``, on by default): both
+    #: operands give their whole values (``Delta.whole``: the squeeze-excite scale and the
     #: feature map, activations' sent values), so the new product on the union of the masks is their
     #: product, and the layer keeps no accumulators (``ops.mul_values``). An operand without whole
     #: values then is an error (the accumulators were never kept).
