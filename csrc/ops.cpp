@@ -36,14 +36,16 @@ TORCH_LIBRARY(deltaconv, m) {
   // (conv1x1_rows)
   // tf32 (float32 only; here, mul, layer_norm and max_pool2d): the changes sent rounded to TF32, for
   // convolutions that read them in TF32 (conv2d / conv1x1_rows with input_tf32)
+  // write_out=False (activation, activation_values): the changes `out` are returned unwritten, only `sent`
+  // stored, for a layer whose readers all take its whole values (`sent`); not with pooled
   m.def("activation(Tensor delta, Tensor mask, Tensor(a!) acc, Tensor(b!) sent, str kind, float param, "
         "float threshold, Tensor? key, bool rms=False, Tensor(c!)? rows=None, Tensor(d!)? rows_count=None, "
-        "bool tf32=False, bool pooled=False) -> (Tensor, Tensor)");
+        "bool tf32=False, bool pooled=False, bool write_out=True) -> (Tensor, Tensor)");
   // the activation of a recomputed input (a convolution in value mode before it): x holds the whole new
   // input on the active pixels, so no accumulator
   m.def("activation_values(Tensor x, Tensor mask, Tensor(a!) sent, str kind, float param, float threshold, "
         "Tensor? key, bool rms=False, Tensor(b!)? rows=None, Tensor(c!)? rows_count=None, bool tf32=False, "
-        "bool pooled=False) -> (Tensor, Tensor)");
+        "bool pooled=False, bool write_out=True) -> (Tensor, Tensor)");
   // activation(add(delta_a, delta_b, alpha)) in one pass; returns (out, mask_out, mask_a | mask_b)
   m.def("add_activation(Tensor delta_a, Tensor mask_a, Tensor delta_b, Tensor mask_b, float alpha, Tensor(a!) acc, "
         "Tensor(b!) sent, str kind, float param, float threshold, Tensor? key, bool rms=False, "

@@ -283,17 +283,22 @@ struct activation_kernel_of {
 // scratch map, `out` must then hold TF32 values) and sends nothing, then pooled_send_kernel
 // decides from each pixel's 3x3 window and sends. `acc` nullptr (activation_values): `delta` holds
 // the whole new input on the active pixels, no accumulator; with delta_b too (add_activation_values):
-// both operands whole at every pixel, their sum the input (not with `pooled`).
+// both operands whole at every pixel, their sum the input (not with `pooled`). `write_out` false: `out`
+// is returned unwritten, the kernel stores only `sent` (every reader of the layer takes its whole values,
+// `sent`; not with `pooled`).
 std::tuple<Tensor, Tensor, Tensor> run_activation(const char* op, const Tensor& delta, const Tensor& mask,
                                                   const Tensor* delta_b, const Tensor* mask_b, double alpha,
                                                   Tensor* acc, Tensor& sent, c10::string_view kind, double param,
                                                   double threshold, const std::optional<Tensor>& key, bool rms,
                                                   const std::optional<Tensor>& rows,
-                                                  const std::optional<Tensor>& rows_count, bool tf32, bool pooled) {
+                                                  const std::optional<Tensor>& rows_count, bool tf32, bool pooled,
+                                                  bool write_out = true) {
   const bool residual = delta_b != nullptr;
   DC_CHECK_TF32_FLAG(op, "tf32", tf32, delta);
   TORCH_CHECK(!pooled || rms, "deltaconv::", op, ": argument 'pooled' (the pooled measure, rms-based) needs rms=True, "
               "got rms=False");
+  TORCH_CHECK(write_out || !pooled, "deltaconv::", op, ": argument 'write_out' must be True with the pooled measure "
+              "(its first pass writes the pending changes into the output), got write_out=False");
   const int kind_id = activation_kind(op, std::string(kind));
   const bool values = acc == nullptr;
   // the operands' names in the schemas (whole operands: a, b; activation_values: x)
@@ -330,6 +335,7 @@ std::tuple<Tensor, Tensor, Tensor> run_activation(const char* op, const Tensor& 
                                      residual ? cptr<bool>(*mask_b) : nullptr,
                                      residual ? ptr<bool>(mask_sum) : nullptr, static_cast<float>(alpha),
                                      row_list.rows, row_list.count, tf32, nullptr};
+    if (!write_out) p.out = nullptr;
     Tensor scratch;
     if (pooled) {  // the first pass only writes the pending changes; the send pass lists the rows
       if (tf32) scratch = at::empty_like(out, at::MemoryFormat::ChannelsLast);
@@ -390,9 +396,10 @@ std::tuple<Tensor, Tensor, Tensor> run_activation(const char* op, const Tensor& 
 std::tuple<Tensor, Tensor> activation(const Tensor& delta, const Tensor& mask, Tensor& acc, Tensor& sent,
                                       c10::string_view kind, double param, double threshold,
                                       const std::optional<Tensor>& key, bool rms, const std::optional<Tensor>& rows,
-                                      const std::optional<Tensor>& rows_count, bool tf32, bool pooled) {
+                                      const std::optional<Tensor>& rows_count, bool tf32, bool pooled,
+                                      bool write_out) {
   auto [out, mask_out, unused] = run_activation("activation", delta, mask, nullptr, nullptr, 1.0, &acc, sent, kind,
-                                                param, threshold, key, rms, rows, rows_count, tf32, pooled);
+                                                param, threshold, key, rms, rows, rows_count, tf32, pooled, write_out);
   return {out, mask_out};
 }
 
@@ -401,9 +408,11 @@ std::tuple<Tensor, Tensor> activation(const Tensor& delta, const Tensor& mask, T
 std::tuple<Tensor, Tensor> activation_values(const Tensor& x, const Tensor& mask, Tensor& sent, c10::string_view kind,
                                              double param, double threshold, const std::optional<Tensor>& key,
                                              bool rms, const std::optional<Tensor>& rows,
-                                             const std::optional<Tensor>& rows_count, bool tf32, bool pooled) {
+                                             const std::optional<Tensor>& rows_count, bool tf32, bool pooled,
+                                             bool write_out) {
   auto [out, mask_out, unused] = run_activation("activation_values", x, mask, nullptr, nullptr, 1.0, nullptr, sent,
-                                                kind, param, threshold, key, rms, rows, rows_count, tf32, pooled);
+                                                kind, param, threshold, key, rms, rows, rows_count, tf32, pooled,
+                                                write_out);
   return {out, mask_out};
 }
 

@@ -52,6 +52,11 @@ WHOLE_SUMS = True
 #: section 12). ``False`` (as before that day): the products keep accumulators and run in delta mode.
 WHOLE_PRODUCTS = True
 
+#: An activation whose readers all take its whole values (convolutions in value mode, adds keeping whole
+#: sums, products taking whole operands: 34 of mobilenet_v2's 35) does not write its changes, only its
+#: ``sent`` (``DCActivation.changes_unread``; on the CUDA kernels, on frames without TF32 sends).
+SKIP_UNREAD_CHANGES = True
+
 
 class ConversionError(RuntimeError):
     """Raised by ``convert()`` when torch.fx cannot trace the model, and by ``convert(...,
@@ -523,6 +528,26 @@ class _Converter:
                                 f"reads the kept sum of {node.target}")
         if WHOLE_PRODUCTS:
             self._mark_whole_products(sites, whole)
+        if SKIP_UNREAD_CHANGES:
+            self._mark_unread_changes(sites)
+
+    def _mark_unread_changes(self, sites: dict) -> None:
+        """``SKIP_UNREAD_CHANGES``: mark the activations (called at one site, not fused with an add) whose
+        readers are all layers taking whole values (``DCActivation.changes_unread``)."""
+        def reads_whole(user: fx.Node) -> bool:
+            if user.op != "call_module" or sites[user.target] != 1:
+                return False
+            layer = self.root.get_submodule(user.target)
+            return ((type(layer) is DCConv2d and (layer.recomputes or layer.keeps_output))
+                    or (isinstance(layer, DCAdd) and layer.keeps_sum)
+                    or (isinstance(layer, DCMul) and layer.takes_whole))
+        for node in self.graph.nodes:
+            if node.op != "call_module" or sites[node.target] != 1 or not node.users:
+                continue
+            layer = self.root.get_submodule(node.target)
+            fused = bool(node.args) and isinstance(node.args[0], fx.Node) and self._fused_add(node.args[0])
+            if isinstance(layer, DCActivation) and not fused and all(reads_whole(u) for u in node.users):
+                layer.changes_unread = True
 
     def _mark_whole_products(self, sites: dict, whole: Callable[[fx.Node], bool]) -> None:
         """``WHOLE_PRODUCTS``: mark the products (``DCMul``, called at one site) whose two operands are
@@ -697,7 +722,8 @@ def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
             on busy frames, its state 43 % smaller; ``deltaconv.convert.WHOLE_SUMS = False`` turns
             them off), and so do the squeeze-excite products of MobileNetV3 and EfficientNet, whose
             operands are both whole (whole products: 2-8 % faster on busy frames, no accumulators;
-            ``deltaconv.convert.WHOLE_PRODUCTS = False`` turns them off). The report notes the pairs
+            ``deltaconv.convert.WHOLE_PRODUCTS = False`` turns them off). An activation read only as
+            whole values then writes no changes (``deltaconv.convert.SKIP_UNREAD_CHANGES``). The report notes the pairs
             ("recomputes for") and the products. ``False``: delta mode everywhere.
     """
     from .model import DeltaModel, read_thresholds

@@ -866,3 +866,41 @@ def test_cuda_whole_sums_mobilenet_v2(dtype):
     than the truncation error, replayed from a CUDA graph bit-equal to eager, with one accumulator."""
     cuda, _, _, _ = run_cuda_value_mode("mobilenet_v2", dtype)
     assert accumulators(cuda) == ["features.0.2"]
+
+
+# ----------------------------------------------------------------------------- unread changes (SKIP_UNREAD_CHANGES)
+def test_unread_changes_mark_the_activations_read_only_whole(monkeypatch):
+    """By default an activation whose readers all take whole values (convolutions in value mode, kept
+    sums, whole products) is marked not to write its changes: 34 of mobilenet_v2's 35 (not the last,
+    read by the classifier's pooling); none in delta mode or with the flag off."""
+    example = torch.zeros(1, 3, 64, 64)
+    model = build("mobilenet_v2")
+    dm = deltaconv.convert(model, backend="reference", example_input=example)
+    acts = [m for m in dm.delta_layers() if isinstance(m, DCActivation)]
+    unread = [m.layer_name for m in acts if m.changes_unread]
+    assert len(acts) == 35 and len(unread) == 34 and "features.18.2" not in unread
+    delta = deltaconv.convert(model, backend="reference", example_input=example, recompute=False)
+    assert not any(getattr(m, "changes_unread", False) for m in delta.modules())
+    monkeypatch.setattr(importlib.import_module("deltaconv.convert"), "SKIP_UNREAD_CHANGES", False)
+    off = deltaconv.convert(model, backend="reference", example_input=example)
+    assert not any(getattr(m, "changes_unread", False) for m in off.modules())
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("name", ["mobilenet_v2", "mobilenet_v3_large", "resnet50"])
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "cuda_graph"])
+def test_cuda_unread_changes_equal_written_ones(name, graph, monkeypatch):
+    """On the CUDA kernels the activations marked ``changes_unread`` leave their changes unwritten: the
+    outputs equal, bit for bit, those of the same model writing them, eager and replayed from CUDA graphs."""
+    model = build(name).cuda().half()
+    frames = [f.cuda().half() for f in video_frames(6, (96, 128))]
+    kw = dict(threshold=0.01, backend="cuda", example_input=frames[0], cuda_graph=graph)
+    skipping = deltaconv.convert(model, **kw)
+    assert any(getattr(m, "changes_unread", False) for m in skipping.modules())
+    monkeypatch.setattr(importlib.import_module("deltaconv.convert"), "SKIP_UNREAD_CHANGES", False)
+    writing = deltaconv.convert(model, **kw)
+    with torch.no_grad():
+        for f in frames:
+            a, b = main_output(skipping(f)), main_output(writing(f))
+            assert torch.equal(a, b)

@@ -14,6 +14,7 @@ residual adds of whole operands (ResNet's third ReLU per block in delta mode, as
 "value_on_row_lists" without those whose downsampling identity is off a row list (as before ``conv1x1_into``);
 "value_without_whole_sums" with ``deltaconv.convert.WHOLE_SUMS`` off (MobileNet's projections and adds in delta mode);
 "value_without_whole_products" with ``deltaconv.convert.WHOLE_PRODUCTS`` off (squeeze-excite products in delta mode);
+"value_writing_changes" with ``deltaconv.convert.SKIP_UNREAD_CHANGES`` off;
 "value_with_stem" lets the stems recompute too
 (3 input channels: their tensor-core kernel reads a copy of the frame padded to 8 channels, which value
 mode pads at every pixel; ``convert`` leaves them in delta mode, ``MIN_RECOMPUTE_CHANNELS``). ``--calibrated``: mobilenet_v2 also at its
@@ -47,22 +48,25 @@ def only_on_row_lists(dm):
 
 
 #: the variants: ``convert(recompute=)``, ``deltaconv.convert.MIN_RECOMPUTE_CHANNELS``, what is undone
-#: before the first frame (``None``: nothing), ``deltaconv.convert.WHOLE_SUMS`` and ``WHOLE_PRODUCTS``;
+#: before the first frame (``None``: nothing), ``deltaconv.convert.WHOLE_SUMS``, ``WHOLE_PRODUCTS`` and
+#: ``SKIP_UNREAD_CHANGES``;
 #: "value": the default (projections and adds keep whole values: MobileNet's expansions recompute; the
 #: squeeze-excite products take whole values); "value_without_whole_sums": without the first (``WHOLE_SUMS``
 #: off, the default before 2026-12-01 23:00 UTC); "value_without_whole_products": without the second
-#: (``WHOLE_PRODUCTS`` off, the default before 2026-12-02 01:15 UTC);
+#: (``WHOLE_PRODUCTS`` off, the default before 2026-12-02 01:15 UTC); "value_writing_changes": the
+#: activations write their changes also where no reader reads them (``SKIP_UNREAD_CHANGES`` off);
 #: "value_with_stem": the stems (3 input channels) recompute too; "value_before_sums": value mode as it
 #: was before the residual adds took it (ResNet's first two ReLUs per block only,
 #: :func:`~helpers.without_kept_outputs`); "value_on_row_lists": the residual adds in value mode only
 #: where the kept outputs are on row lists (:func:`only_on_row_lists`)
-VARIANTS = {"delta": (False, 8, None, True, True), "value": (True, 8, None, True, True),
-            "value_without_whole_sums": (True, 8, None, False, True),
-            "value_without_whole_products": (True, 8, None, True, False),
-            "value_with_stem": (True, 1, None, True, True),
-            "value_before_sums": (True, 8, without_kept_outputs, True, True),
-            "value_on_row_lists": (True, 8, only_on_row_lists, True, True),
-            "delta_again": (False, 8, None, True, True)}
+VARIANTS = {"delta": (False, 8, None, True, True, True), "value": (True, 8, None, True, True, True),
+            "value_without_whole_sums": (True, 8, None, False, True, True),
+            "value_without_whole_products": (True, 8, None, True, False, True),
+            "value_writing_changes": (True, 8, None, True, True, False),
+            "value_with_stem": (True, 1, None, True, True, True),
+            "value_before_sums": (True, 8, without_kept_outputs, True, True, True),
+            "value_on_row_lists": (True, 8, only_on_row_lists, True, True, True),
+            "delta_again": (False, 8, None, True, True, True)}
 CALIBRATED = {"vtest.avi": "fidelity_thresholds_vtest_0.01_rms_float16.json",
               "one-by-one-person-detection.mp4": "fidelity_thresholds_one_0.01_rms_float16.json"}
 
@@ -91,7 +95,7 @@ def main(argv=None) -> None:
     from deltaconv.fidelity import flops_density, primary_output, relative_error
 
     default_min, default_sums = convert_module.MIN_RECOMPUTE_CHANNELS, convert_module.WHOLE_SUMS
-    default_products = convert_module.WHOLE_PRODUCTS
+    default_products, default_skip = convert_module.WHOLE_PRODUCTS, convert_module.SKIP_UNREAD_CHANGES
     info = run_info()
     print(f"# {info['device']}, {info['date']}, torch {torch.__version__}", flush=True)
     for video, name, model, frames in video_models(a.videos, a.models, a.start, a.frames, a.size, dtype):
@@ -105,13 +109,13 @@ def main(argv=None) -> None:
             runs = {}
             with torch.no_grad():
                 for v in a.order:
-                    recompute, min_channels, undo, whole_sums, whole_products = VARIANTS[v]
+                    recompute, min_channels, undo, whole_sums, whole_products, skip_unread = VARIANTS[v]
                     convert_module.MIN_RECOMPUTE_CHANNELS, convert_module.WHOLE_SUMS = min_channels, whole_sums
-                    convert_module.WHOLE_PRODUCTS = whole_products
+                    convert_module.WHOLE_PRODUCTS, convert_module.SKIP_UNREAD_CHANGES = whole_products, skip_unread
                     dm = deltaconv.convert(model, backend="cuda", example_input=frames[0], cuda_graph=True,
                                            check_finite=False, recompute=recompute, **kw)
                     convert_module.MIN_RECOMPUTE_CHANNELS, convert_module.WHOLE_SUMS = default_min, default_sums
-                    convert_module.WHOLE_PRODUCTS = default_products
+                    convert_module.WHOLE_PRODUCTS, convert_module.SKIP_UNREAD_CHANGES = default_products, default_skip
                     if undo is not None:  # before the first frame: those adds then run in delta mode
                         undo(dm)
                     dm(frames[0]), dm(frames[1])  # key frame, then the captured frame

@@ -124,7 +124,7 @@ struct ActivationParams {
   float* acc;              // [N, C, H, W] updated in place
   T* sent;                 // [N, C, H, W] updated in place
   const bool* key;         // [N] or nullptr
-  T* out;                  // [N, C, H, W]
+  T* out;                  // [N, C, H, W]; nullptr: the changes are not written (every reader takes `sent`)
   bool* mask_out;          // [N, 1, H, W]
   int kind;                // ActKind
   float param, threshold;
@@ -224,11 +224,11 @@ __global__ void __launch_bounds__(kThreads) activation_kernel(const ActivationPa
 #pragma unroll
         for (int k = 0; k < VEC; ++k) v[k] = residual_sum<T>(v[k], b[k], p.alpha);
       };
-      send_row_loaded<T, VEC>(g, C, row, sum, p.sent, p.out, f, p.tf32);
+      send_row_loaded<T, VEC>(g, C, row, sum, p.sent, p.out, f, p.tf32, p.out != nullptr);
     } else if constexpr (VALUES) {
-      send_row<T, VEC>(g, C, row, p.delta, p.sent, p.out, f, p.tf32);
+      send_row<T, VEC>(g, C, row, p.delta, p.sent, p.out, f, p.tf32, p.out != nullptr);
     } else {
-      send_row<T, VEC>(g, C, row, p.acc, p.sent, p.out, f, p.tf32);
+      send_row<T, VEC>(g, C, row, p.acc, p.sent, p.out, f, p.tf32, p.out != nullptr);
     }
     return true;
   }, SentRows{p.rows, p.rows_count, p.pixels});

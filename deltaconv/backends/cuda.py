@@ -248,12 +248,15 @@ def _row_args(rows: Optional[RowList], delta: Tensor) -> tuple[Optional[Tensor],
 
 def activation(delta: Tensor, mask: Tensor, acc: Tensor, sent: Tensor, fn: Callable[[Tensor], Tensor],
                threshold: float, key: Optional[Tensor], measure: str = "max",
-               rows: Optional[RowList] = None, tf32: bool = False) -> tuple[Tensor, Tensor]:
+               rows: Optional[RowList] = None, tf32: bool = False, write_out: bool = True) -> tuple[Tensor, Tensor]:
     """Pointwise non-linearity ``fn``: ``fn(acc + d) - sent`` on active pixels, then truncation.
     ``rows``: a :class:`~deltaconv.delta.RowList` where the kernel also lists the sent pixels
     (``rows.filled`` tells whether it ran; the reference path leaves it untouched). ``tf32``
     (float32 only): the changes sent rounded to TF32, for convolutions that read them in TF32
-    (:func:`conv2d` with ``input_tf32``); what the rounding left stays pending."""
+    (:func:`conv2d` with ``input_tf32``); what the rounding left stays pending. ``write_out=False``:
+    the kernel leaves the returned changes unwritten and stores only ``sent``, for a layer whose
+    readers all take its whole values (``DCActivation.changes_unread``); the pooled measure and the
+    reference path write them anyway."""
     kind = getattr(fn, "kind", None)
     rms = _rms(measure)
     if not (kind in NATIVE_KINDS and _pointwise_ok("activation", delta, mask, acc, sent)
@@ -262,22 +265,23 @@ def activation(delta: Tensor, mask: Tensor, acc: Tensor, sent: Tensor, fn: Calla
     with _states4(acc, sent) as (a4, s4):
         out, m = torch.ops.deltaconv.activation(_value4(delta), _mask4(mask), a4, s4, kind,
                                                 float(getattr(fn, "param", 0.0)), float(threshold), _key(key), rms,
-                                                *_row_args(rows, delta), tf32=bool(tf32), pooled=_pooled(measure))
+                                                *_row_args(rows, delta), tf32=bool(tf32), pooled=_pooled(measure),
+                                                write_out=bool(write_out) or _pooled(measure))
     return _like(out, m, delta)
 
 
 @_fake("activation")
 def _activation_fake(delta, mask, acc, sent, kind, param, threshold, key, rms=False, rows=None, rows_count=None,
-                     tf32=False, pooled=False):
+                     tf32=False, pooled=False, write_out=True):
     return _empty_like_delta(delta)
 
 
 def activation_values(x: Tensor, mask: Tensor, sent: Tensor, fn: Callable[[Tensor], Tensor], threshold: float,
                       key: Optional[Tensor], measure: str = "max", rows: Optional[RowList] = None,
-                      tf32: bool = False) -> tuple[Tensor, Tensor]:
+                      tf32: bool = False, write_out: bool = True) -> tuple[Tensor, Tensor]:
     """Pointwise non-linearity ``fn`` of a recomputed input (``x``: the whole new input on the active
-    pixels, no accumulator): ``fn(x) - sent`` on active pixels, then truncation. ``rows`` and
-    ``tf32``: as in :func:`activation`."""
+    pixels, no accumulator): ``fn(x) - sent`` on active pixels, then truncation. ``rows``, ``tf32``
+    and ``write_out``: as in :func:`activation`."""
     kind = getattr(fn, "kind", None)
     if not (kind in NATIVE_KINDS and _pointwise_ok("activation_values", x, mask, sent) and _sent_ok(sent, x, x.shape)):
         return _ref.activation_values(x, mask, sent, fn, threshold, key, measure, tf32=tf32)
@@ -285,13 +289,14 @@ def activation_values(x: Tensor, mask: Tensor, sent: Tensor, fn: Callable[[Tenso
         out, m = torch.ops.deltaconv.activation_values(_value4(x), _mask4(mask), s4, kind,
                                                        float(getattr(fn, "param", 0.0)), float(threshold),
                                                        _key(key), _rms(measure), *_row_args(rows, x), tf32=bool(tf32),
-                                                       pooled=_pooled(measure))
+                                                       pooled=_pooled(measure),
+                                                       write_out=bool(write_out) or _pooled(measure))
     return _like(out, m, x)
 
 
 @_fake("activation_values")
 def _activation_values_fake(x, mask, sent, kind, param, threshold, key, rms=False, rows=None, rows_count=None,
-                            tf32=False, pooled=False):
+                            tf32=False, pooled=False, write_out=True):
     return _empty_like_delta(x)
 
 

@@ -220,21 +220,22 @@ def densify(delta: Tensor, mask: Tensor, acc: Tensor, out_dtype: torch.dtype) ->
 # ----------------------------------------------------------------------------- pointwise
 def activation(delta: Tensor, mask: Tensor, acc: Tensor, sent: Tensor, fn: Callable[[Tensor], Tensor],
                threshold: float, key: Optional[Tensor], measure: str = "max",
-               rows: Optional[RowList] = None, tf32: bool = False) -> tuple[Tensor, Tensor]:
+               rows: Optional[RowList] = None, tf32: bool = False, write_out: bool = True) -> tuple[Tensor, Tensor]:
     """Pointwise non-linearity ``fn``: ``fn(acc + d) - sent`` on active pixels, then truncation.
     ``rows``: ignored (the CUDA backend lists the sent pixels there; here ``rows.filled`` stays false).
-    ``tf32`` (float32 only): the changes sent rounded to TF32 (see :func:`truncate`)."""
+    ``tf32`` (float32 only): the changes sent rounded to TF32 (see :func:`truncate`). ``write_out``:
+    ignored (the CUDA kernel may leave the changes unwritten; here they are always returned)."""
     acc += _zero_inactive(delta, mask).to(acc.dtype)
     return truncate(fn(acc), mask, sent, threshold, key, delta.dtype, measure, tf32)
 
 
 def activation_values(x: Tensor, mask: Tensor, sent: Tensor, fn: Callable[[Tensor], Tensor], threshold: float,
                       key: Optional[Tensor], measure: str = "max", rows: Optional[RowList] = None,
-                      tf32: bool = False) -> tuple[Tensor, Tensor]:
+                      tf32: bool = False, write_out: bool = True) -> tuple[Tensor, Tensor]:
     """Pointwise non-linearity ``fn`` of a recomputed input: ``x`` holds the layer's whole new input
     on the active pixels (a convolution in value mode recomputed it from its input's whole values, see
     :func:`conv2d`'s ``load_mask``), so there is no accumulator: ``fn(x) - sent`` on active pixels,
-    then truncation. ``rows`` and ``tf32``: as in :func:`activation`."""
+    then truncation. ``rows``, ``tf32`` and ``write_out``: as in :func:`activation`."""
     y = fn(x.to(torch.promote_types(x.dtype, torch.float32)))
     return truncate(y, mask, sent, threshold, key, x.dtype, measure, tf32)
 

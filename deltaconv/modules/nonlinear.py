@@ -27,6 +27,11 @@ class DCActivation(DCModule):
 
     kind = "activation"
     truncates = True
+    #: every reader takes this layer's whole values (``Delta.whole``, its ``sent``): convolutions in value
+    #: mode, adds keeping whole sums, products taking whole operands (set by ``convert`` under
+    #: ``deltaconv.convert.SKIP_UNREAD_CHANGES``). The CUDA kernel then does not write the changes (the
+    #: delta's ``value`` is left unwritten) on frames that do not send TF32 (whose readers read the changes).
+    changes_unread = False
 
     def __init__(self, fn: activations.Activation, threshold: float = 0.0) -> None:
         super().__init__()
@@ -45,9 +50,10 @@ class DCActivation(DCModule):
         sent = self.state("sent", x.shape, like.device, like.dtype, sent=True)
         rows = self.row_list(x.shape, like.device)
         tf32 = sends_tf32(like)
+        write_out = not (self.changes_unread and not tf32)
         if x.recomputed:  # value mode: the convolution before it recomputed the whole input, no accumulator
             v, m = self.ops.activation_values(x.value, x.mask, sent, self.fn, self.threshold, self.key, self.measure,
-                                              rows, tf32=tf32)
+                                              rows, tf32=tf32, write_out=write_out)
             return self.observe(Delta(v, m, filled_rows(rows), tf32=tf32, whole=sent))
         if fused and (x.a.recomputed or x.b.recomputed):
             # value mode after a residual add: an operand is a convolution's kept whole output
@@ -72,7 +78,7 @@ class DCActivation(DCModule):
             x.layer.observe(Delta(a.value, union))  # the add's statistics: its output mask (a's value: its shape)
         else:
             v, m = self.ops.activation(x.value, x.mask, acc, sent, self.fn, self.threshold, self.key, self.measure,
-                                       rows, tf32=tf32)
+                                       rows, tf32=tf32, write_out=write_out)
         return self.observe(Delta(v, m, filled_rows(rows), tf32=tf32, whole=sent))
 
     def flops_per_output_pixel(self, out: Delta) -> float:
