@@ -723,8 +723,8 @@ def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
             them off), and so do the squeeze-excite products of MobileNetV3 and EfficientNet, whose
             operands are both whole (whole products: 2-8 % faster on busy frames, no accumulators;
             ``deltaconv.convert.WHOLE_PRODUCTS = False`` turns them off). An activation read only as
-            whole values then writes no changes (``deltaconv.convert.SKIP_UNREAD_CHANGES``). The report notes the pairs
-            ("recomputes for") and the products. ``False``: delta mode everywhere.
+            whole values then writes no changes (``deltaconv.convert.SKIP_UNREAD_CHANGES``). The report
+            notes the pairs ("recomputes for") and the products. ``False``: delta mode everywhere.
     """
     from .model import DeltaModel, read_thresholds
 

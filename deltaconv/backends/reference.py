@@ -325,10 +325,7 @@ def mul(delta_a: Tensor, mask_a: Tensor, acc_a: Tensor, delta_b: Tensor, mask_b:
     ``rows``: ignored, as in :func:`activation`; ``tf32``: as there."""
     acc_a += _zero_inactive(delta_a, mask_a).to(acc_a.dtype)
     acc_b += _zero_inactive(delta_b, mask_b).to(acc_b.dtype)
-    region = mask_a | mask_b
-    y = acc_a * acc_b
-    region = region.expand(list(y.shape[:1]) + [1] + list(y.shape[2:]))
-    return truncate(y, region, sent, threshold, key, delta_a.dtype, measure, tf32)
+    return _send_product(acc_a * acc_b, mask_a, mask_b, sent, threshold, key, delta_a.dtype, measure, tf32)
 
 
 def mul_values(a: Tensor, mask_a: Tensor, b: Tensor, mask_b: Tensor, sent: Tensor, threshold: float,
@@ -340,10 +337,15 @@ def mul_values(a: Tensor, mask_a: Tensor, b: Tensor, mask_b: Tensor, sent: Tenso
     accumulator; then truncation against ``sent`` as in :func:`mul`. ``rows``: ignored, as in
     :func:`activation`; ``tf32``: as there."""
     work = _work_dtype(sent)
-    y = a.to(work) * b.to(work)
-    region = mask_a | mask_b
-    region = region.expand(list(y.shape[:1]) + [1] + list(y.shape[2:]))
-    return truncate(y, region, sent, threshold, key, a.dtype, measure, tf32)
+    return _send_product(a.to(work) * b.to(work), mask_a, mask_b, sent, threshold, key, a.dtype, measure, tf32)
+
+
+def _send_product(y: Tensor, mask_a: Tensor, mask_b: Tensor, sent: Tensor, threshold: float, key: Optional[Tensor],
+                  dtype: torch.dtype, measure: str, tf32: bool) -> tuple[Tensor, Tensor]:
+    """:func:`truncate` of a product's new value ``y`` on the region ``mask_a | mask_b`` (of :func:`mul`
+    and :func:`mul_values`; a broadcast operand's ``[N, 1, 1, 1]`` mask covers its stream's every pixel)."""
+    region = (mask_a | mask_b).expand(list(y.shape[:1]) + [1] + list(y.shape[2:]))
+    return truncate(y, region, sent, threshold, key, dtype, measure, tf32)
 
 
 def concatenate(deltas: Sequence[Tensor], masks: Sequence[Tensor], dim: int) -> tuple[Tensor, Tensor]:

@@ -50,7 +50,7 @@ class DCActivation(DCModule):
         sent = self.state("sent", x.shape, like.device, like.dtype, sent=True)
         rows = self.row_list(x.shape, like.device)
         tf32 = sends_tf32(like)
-        write_out = not (self.changes_unread and not tf32)
+        write_out = tf32 or not self.changes_unread  # TF32 frames: the convolutions read the changes
         if x.recomputed:  # value mode: the convolution before it recomputed the whole input, no accumulator
             v, m = self.ops.activation_values(x.value, x.mask, sent, self.fn, self.threshold, self.key, self.measure,
                                               rows, tf32=tf32, write_out=write_out)
