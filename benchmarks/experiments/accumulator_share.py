@@ -36,9 +36,9 @@ def converted(name: str, size: tuple[int, int], dtype: torch.dtype = torch.float
 
 def marks(dm) -> dict:
     """How many layers value mode marked: recomputing and output-keeping convolutions, sum-keeping adds,
-    products taking whole values."""
+    products taking whole values, activations not writing their changes (read only as whole values)."""
     return {flag: sum(bool(getattr(m, flag, False)) for m in dm.modules())
-            for flag in ("recomputes", "keeps_output", "keeps_sum", "takes_whole")}
+            for flag in ("recomputes", "keeps_output", "keeps_sum", "takes_whole", "changes_unread")}
 
 
 def accumulator_share(name: str, size: tuple[int, int]) -> tuple[int, int, float, dict]:
