@@ -1,11 +1,12 @@
 """Where the GPU time of a converted model goes: kernels per frame, GPU busy time per frame by
 kernel family, and the CUDA-graph replay time per frame, for real video frames.
 
-For each model it converts (CUDA backend, ``--dtype``, ``--threshold``) and reads ``--frames``
-frames: a key frame and ``--warmup`` frames run unprofiled, the rest are profiled eagerly with
-``torch.profiler``, summing the device time of every kernel, grouped by kernel name. It also times the same frames
-replayed as one CUDA graph per frame (CUDA events, median) and the dense model replayed as a CUDA
-graph. ``graph_ms - busy_ms`` is the time the GPU spends between kernels (launch gaps, tails).
+For each model (built as the video sweep builds it: :func:`load_model`) it converts (CUDA backend,
+``--dtype``, ``--threshold``) and reads ``--frames`` frames: a key frame and ``--warmup`` frames run
+unprofiled, the rest are profiled eagerly with ``torch.profiler``, summing the device time of every
+kernel, grouped by kernel name. It also times the same frames replayed as one CUDA graph per frame
+(CUDA events, median) and the dense model replayed as a CUDA graph. ``graph_ms - busy_ms`` is the
+time the GPU spends between kernels (launch gaps, tails).
 
 Writes ``<out>/profile_<model>_<H>x<W>.csv`` (kernel, calls_per_frame, us_per_frame, share) and
 prints a summary. Run on a CUDA machine::
@@ -25,13 +26,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, graphed_model, kernel_family, run_info, time_frames, write_csv  # noqa: E402
 
 
+def load_model(name: str, frames: list) -> torch.nn.Module:
+    """The dense model as the video sweep builds it for torchvision classification and segmentation names
+    (``video_sweep.build``: real weights where shipped, else random weights with BatchNorm statistics
+    re-estimated on the first 4 ``frames``), so that the densities match the sweep's; any other zoo name
+    (``deltaconv.zoo.load``) as the zoo gives it."""
+    from deltaconv import zoo
+    if zoo.torchvision_names().get(name) in ("classification", "segmentation"):
+        from video_sweep import build
+        return build(name, frames[:4])
+    return zoo.load(name).model
+
+
 def profile_model(name: str, size: tuple, dtype: torch.dtype, threshold: float, frames: list, warmup: int,
                   out: Path) -> dict:
     import deltaconv
-    from deltaconv import zoo
     from torch.profiler import ProfilerActivity, profile
 
-    model = zoo.load(name).model.cuda().to(dtype).to(memory_format=torch.channels_last)
+    model = load_model(name, frames).cuda().to(dtype).to(memory_format=torch.channels_last)
     xs = [f.cuda().to(dtype) for f in frames]
     dm = deltaconv.convert(model, threshold=threshold, backend="cuda", example_input=xs[0], check_finite=False)
     n_prof = len(xs) - 1 - warmup
