@@ -107,8 +107,8 @@ int check_channels(const char* op, const Tensor& t) {
   return static_cast<int>(t.size(1));
 }
 
-// The optional row list of the activations, the add and the product (pw::append_sent_rows): `rows` int32 [>= 1 + 2 * pixels]
-// and `rows_count` int32 [>= 1], both contiguous and 1-D on the device of `ref`, given together.
+// The optional row list of the activations, the add and the product (pw::append_sent_rows): `rows` int32
+// [>= 1 + 2 * pixels] and `rows_count` int32 [>= 1], both contiguous and 1-D on the device of `ref`, given together.
 struct RowList {
   int* rows = nullptr;
   int* count = nullptr;
@@ -292,7 +292,7 @@ std::tuple<Tensor, Tensor, Tensor> run_activation(const char* op, const Tensor& 
                                                   double threshold, const std::optional<Tensor>& key, bool rms,
                                                   const std::optional<Tensor>& rows,
                                                   const std::optional<Tensor>& rows_count, bool tf32, bool pooled,
-                                                  bool write_out = true) {
+                                                  bool write_out) {
   const bool residual = delta_b != nullptr;
   DC_CHECK_TF32_FLAG(op, "tf32", tf32, delta);
   TORCH_CHECK(!pooled || rms, "deltaconv::", op, ": argument 'pooled' (the pooled measure, rms-based) needs rms=True, "
@@ -422,9 +422,10 @@ std::tuple<Tensor, Tensor, Tensor> add_activation(const Tensor& delta_a, const T
                                                   c10::string_view kind, double param, double threshold,
                                                   const std::optional<Tensor>& key, bool rms,
                                                   const std::optional<Tensor>& rows,
-                                                  const std::optional<Tensor>& rows_count, bool tf32, bool pooled) {
+                                                  const std::optional<Tensor>& rows_count, bool tf32, bool pooled,
+                                                  bool write_out) {
   return run_activation("add_activation", delta_a, mask_a, &delta_b, &mask_b, alpha, &acc, sent, kind, param,
-                        threshold, key, rms, rows, rows_count, tf32, pooled);
+                        threshold, key, rms, rows, rows_count, tf32, pooled, write_out);
 }
 
 // activation_values(add(a, b, alpha)) in one kernel: `a` and `b` hold the add's operands whole at
@@ -435,9 +436,10 @@ std::tuple<Tensor, Tensor, Tensor> add_activation_values(const Tensor& a, const 
                                                          c10::string_view kind, double param, double threshold,
                                                          const std::optional<Tensor>& key, bool rms,
                                                          const std::optional<Tensor>& rows,
-                                                         const std::optional<Tensor>& rows_count, bool tf32) {
+                                                         const std::optional<Tensor>& rows_count, bool tf32,
+                                                         bool write_out) {
   return run_activation("add_activation_values", a, mask_a, &b, &mask_b, alpha, nullptr, sent, kind, param,
-                        threshold, key, rms, rows, rows_count, tf32, false);
+                        threshold, key, rms, rows, rows_count, tf32, false, write_out);
 }
 
 // ---------------------------------------------------------------- affine_channel

@@ -53,8 +53,11 @@ WHOLE_SUMS = True
 WHOLE_PRODUCTS = True
 
 #: An activation whose readers all take its whole values (convolutions in value mode, adds keeping whole
-#: sums, products taking whole operands: 34 of mobilenet_v2's 35) does not write its changes, only its
-#: ``sent`` (``DCActivation.changes_unread``; on the CUDA kernels, on frames without TF32 sends).
+#: sums, products taking whole operands, adds fused with their activation that sum whole operands: 34 of
+#: mobilenet_v2's 35, 47 of resnet50's 49) does not write its changes, only its ``sent``
+#: (``DCActivation.changes_unread``; on the CUDA kernels, on frames without TF32 sends): vtest's busy
+#: frames 1.2-1.7 % (mobilenet_v2) to 5.9-7.5 % (fcn_resnet50) faster (H200, 2026-12-02,
+#: ``benchmarks/results/value_mode.txt`` sections 13 and 14).
 SKIP_UNREAD_CHANGES = True
 
 
@@ -532,21 +535,30 @@ class _Converter:
             self._mark_unread_changes(sites)
 
     def _mark_unread_changes(self, sites: dict) -> None:
-        """``SKIP_UNREAD_CHANGES``: mark the activations (called at one site, not fused with an add) whose
-        readers are all layers taking whole values (``DCActivation.changes_unread``)."""
+        """``SKIP_UNREAD_CHANGES``: mark the activations (called at one site, fused with an add or not)
+        whose readers are all layers taking whole values (``DCActivation.changes_unread``): convolutions
+        in value mode, adds keeping whole sums, products taking whole operands, and adds fused with
+        their activation that sum whole operands (an operand is a convolution keeping its output or a
+        kept sum: ``ops.add_activation_values``, a ResNet bottleneck's identity)."""
+        def keeps(node) -> bool:  # a layer whose output is kept whole (Delta.recomputed)
+            if not isinstance(node, fx.Node) or node.op != "call_module":
+                return False
+            layer = self.root.get_submodule(node.target)
+            return (type(layer) is DCConv2d and layer.keeps_output) or (isinstance(layer, DCAdd) and layer.keeps_sum)
+
         def reads_whole(user: fx.Node) -> bool:
             if user.op != "call_module" or sites[user.target] != 1:
                 return False
             layer = self.root.get_submodule(user.target)
             return ((type(layer) is DCConv2d and (layer.recomputes or layer.keeps_output))
                     or (isinstance(layer, DCAdd) and layer.keeps_sum)
-                    or (isinstance(layer, DCMul) and layer.takes_whole))
+                    or (isinstance(layer, DCMul) and layer.takes_whole)
+                    or (self._fused_add(user) and any(keeps(a) for a in user.args)))
         for node in self.graph.nodes:
             if node.op != "call_module" or sites[node.target] != 1 or not node.users:
                 continue
             layer = self.root.get_submodule(node.target)
-            fused = bool(node.args) and isinstance(node.args[0], fx.Node) and self._fused_add(node.args[0])
-            if isinstance(layer, DCActivation) and not fused and all(reads_whole(u) for u in node.users):
+            if isinstance(layer, DCActivation) and all(reads_whole(u) for u in node.users):
                 layer.changes_unread = True
 
     def _mark_whole_products(self, sites: dict, whole: Callable[[fx.Node], bool]) -> None:
@@ -723,7 +735,8 @@ def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
             them off), and so do the squeeze-excite products of MobileNetV3 and EfficientNet, whose
             operands are both whole (whole products: 2-8 % faster on busy frames, no accumulators;
             ``deltaconv.convert.WHOLE_PRODUCTS = False`` turns them off). An activation read only as
-            whole values then writes no changes (``deltaconv.convert.SKIP_UNREAD_CHANGES``). The report
+            whole values, fused with a residual add or not, then writes no changes
+            (``deltaconv.convert.SKIP_UNREAD_CHANGES``). The report
             notes the pairs ("recomputes for") and the products. ``False``: delta mode everywhere.
     """
     from .model import DeltaModel, read_thresholds

@@ -52,6 +52,17 @@ class RowList:
     filled: bool = False
 
 
+def require_changes(layer: str, *deltas: "Delta") -> None:
+    """Raise unless every one of ``deltas`` holds its changes in ``value``: a layer reading changes got the
+    output of an activation that did not write them (``DCActivation.changes_unread``, set by ``convert``
+    where every reader takes whole values), because a reader's value mode was undone after ``convert``."""
+    if any(getattr(d, "unwritten", False) for d in deltas):
+        raise RuntimeError(f"{layer}: its input's changes were not written (the activation before it is marked "
+                           "changes_unread, for readers that take whole values), and this layer reads the changes; "
+                           "a value-mode mark was cleared after convert: clear changes_unread on the activations "
+                           "before it too, or set deltaconv.convert.SKIP_UNREAD_CHANGES = False before convert")
+
+
 def filled_rows(rows: Optional[RowList]) -> Optional[RowList]:
     """``rows`` when a backend kernel wrote it, else ``None`` (what a layer hands on with its output)."""
     return rows if rows is not None and rows.filled else None
@@ -81,6 +92,9 @@ class Delta:
     #: ``value`` holds the layer's whole new output on the active pixels, not a change: a recomputing
     #: convolution's output, read only by the activation after it (``ops.activation_values``)
     recomputed: bool = False
+    #: ``value`` was left unwritten (``DCActivation.changes_unread``: every reader takes ``whole``); a
+    #: reader of the changes refuses it (:func:`require_changes`)
+    unwritten: bool = False
 
     # --- shape queries, so traced shape arithmetic runs on deltas unchanged ---
     @property

@@ -279,12 +279,26 @@ def cuda_kernel_names(fn) -> list[str]:
     return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
 
 
+def writing_changes(dm, fused_only: bool = False):
+    """``dm`` with its activations writing their changes (``DCActivation.changes_unread`` cleared, before
+    the first frame): every one, or with ``fused_only`` those fused with a residual add (unread changes as
+    they were before 2026-12-02 03:20 UTC). Needed wherever a reader's value mode is undone after
+    ``convert``: the reader then reads the changes. Returns ``dm``."""
+    from deltaconv.modules import DCActivation
+    fused = {e.layer for e in dm.report.nodes if e.layer and "fused with" in e.note}
+    for name, layer in dm.named_modules():
+        if isinstance(layer, DCActivation) and (not fused_only or name in fused):
+            layer.changes_unread = False
+    return dm
+
+
 def without_kept_outputs(dm):
     """``dm`` with its adds in delta mode (every ``DCConv2d.keeps_output`` and ``DCAdd.keeps_sum``
-    cleared, before the first frame): value mode as it was before the bottleneck adds took it. Returns
-    ``dm``."""
+    cleared, before the first frame): value mode as it was before the bottleneck adds took it; the
+    activations write their changes (:func:`writing_changes`), which the convolutions and adds read now.
+    Returns ``dm``."""
     for layer in dm.modules():
         for flag in ("keeps_output", "keeps_sum"):
             if getattr(layer, flag, False):
                 setattr(layer, flag, False)
-    return dm
+    return writing_changes(dm)

@@ -606,38 +606,53 @@ def test_activation_tf32_sends_converge_at_threshold_zero():
         torch.ops.deltaconv.activation(delta.half(), mask, acc, sent.half(), "relu", 0.0, 0.0, None, tf32=True)
 
 
-@pytest.mark.parametrize("values", [False, True], ids=["activation", "activation_values"])
+@pytest.mark.parametrize("op", ["activation", "activation_values", "add_activation", "add_activation_values"])
 @pytest.mark.parametrize("frac", FRACS)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_activation_without_writing_changes(dtype, frac, values):
-    """``write_out=False`` (a layer whose readers all take its whole values): the same mask, states and
-    row list as with the changes written; refused with the pooled measure."""
+def test_activation_without_writing_changes(dtype, frac, op):
+    """``write_out=False`` (a layer whose readers all take its whole values), alone or fused with a residual
+    add: the same masks, states and row list as with the changes written; refused with the pooled measure."""
     from deltaconv.delta import RowList
     g = gen(31)
     n, c, (h, w) = 2, 64, spatial(64)
-    mask = make_mask(n, h, w, frac, g)
-    x = make_state((n, c, h, w), g).to(dtype) if values else make_delta((n, c, h, w), dtype, mask, g)
+    mask, mask_b = make_mask(n, h, w, frac, g), make_mask(n, h, w, frac / 2, g)
+    values = op.endswith("_values")
+    operand = (lambda m: make_state((n, c, h, w), g).to(dtype)) if values else (
+        lambda m: make_delta((n, c, h, w), dtype, m, g))
+    x, b = operand(mask), operand(mask_b)
     acc, sent = make_state((n, c, h, w), g), make_state((n, c, h, w), g, 3.0).to(dtype)
     pixels = n * h * w
+    ops = torch.ops.deltaconv
     results = []
     for write_out in (True, False):
         a, s = clones(acc, sent)
         rows = RowList(torch.empty(1 + 2 * pixels, dtype=torch.int32, device=DEV),
                        torch.zeros(16, dtype=torch.int32, device=DEV))
-        if values:
-            out, m = torch.ops.deltaconv.activation_values(x, mask, s, "relu6", 0.0, 0.05, None, False, rows.rows,
-                                                           rows.counters, write_out=write_out)
+        tail = ("relu", 0.0, 0.05, None, False, rows.rows, rows.counters)
+        union = None
+        if op == "activation":
+            out, m = ops.activation(x, mask, a, s, *tail, write_out=write_out)
+        elif op == "activation_values":
+            out, m = ops.activation_values(x, mask, s, *tail, write_out=write_out)
+        elif op == "add_activation":
+            out, m, union = ops.add_activation(x, mask, b, mask_b, -0.5, a, s, *tail, write_out=write_out)
         else:
-            out, m = torch.ops.deltaconv.activation(x, mask, a, s, "relu6", 0.0, 0.05, None, False, rows.rows,
-                                                    rows.counters, write_out=write_out)
+            out, m, union = ops.add_activation_values(x, mask, b, mask_b, -0.5, s, *tail, write_out=write_out)
         count = int(rows.counters[0])
-        results.append((m, a, s, count, torch.sort(rows.rows[1:1 + count]).values))
-    (m1, a1, s1, n1, r1), (m2, a2, s2, n2, r2) = results
+        results.append((m, union, a, s, count, torch.sort(rows.rows[1:1 + count]).values))
+    (m1, u1, a1, s1, n1, r1), (m2, u2, a2, s2, n2, r2) = results
     assert torch.equal(m1, m2) and torch.equal(a1, a2) and torch.equal(s1, s2)
+    assert u1 is None or torch.equal(u1, u2)
     assert n1 == n2 == int(m1.sum()) and torch.equal(r1, r2)
+    if frac > 0:
+        assert not torch.equal(s1, sent)  # something was sent
     with pytest.raises(RuntimeError, match="argument 'write_out' must be True with the pooled measure"):
-        torch.ops.deltaconv.activation(x, mask, acc.clone(), sent.clone(), "relu6", 0.0, 0.05, None, True,
-                                       pooled=True, write_out=False)
+        if op.startswith("add_activation"):
+            ops.add_activation(x, mask, b, mask_b, 1.0, acc.clone(), sent.clone(), "relu", 0.0, 0.05, None, True,
+                               pooled=True, write_out=False)
+        else:
+            ops.activation(x, mask, acc.clone(), sent.clone(), "relu", 0.0, 0.05, None, True, pooled=True,
+                           write_out=False)
 
 
 def test_add_activation_falls_back_where_the_kernel_does_not_apply():

@@ -16,7 +16,7 @@ from deltaconv.backends import reference as R
 from deltaconv.delta import Delta
 from deltaconv.modules import DCActivation, DCConv2d
 from helpers import (cuda_backend_reason, cuda_kernel_names, main_output, torchvision_model as build, video_frames,
-                     without_kept_outputs)
+                     without_kept_outputs, writing_changes)
 
 
 def rel(a, b) -> float:
@@ -871,19 +871,50 @@ def test_cuda_whole_sums_mobilenet_v2(dtype):
 # ----------------------------------------------------------------------------- unread changes (SKIP_UNREAD_CHANGES)
 def test_unread_changes_mark_the_activations_read_only_whole(monkeypatch):
     """By default an activation whose readers all take whole values (convolutions in value mode, kept
-    sums, whole products) is marked not to write its changes: 34 of mobilenet_v2's 35 (not the last,
-    read by the classifier's pooling); none in delta mode or with the flag off."""
+    sums, whole products, adds fused with their activation that sum whole operands) is marked not to write
+    its changes: 34 of mobilenet_v2's 35 (not the last, read by the classifier's pooling); 47 of resnet50's 49
+    (not the stem's, read by the max pooling, nor the last block's), among them the blocks' third ReLUs, fused
+    with the residual add and read by the next block's first convolution and add; none in delta mode or
+    with the flag off."""
     example = torch.zeros(1, 3, 64, 64)
     model = build("mobilenet_v2")
     dm = deltaconv.convert(model, backend="reference", example_input=example)
     acts = [m for m in dm.delta_layers() if isinstance(m, DCActivation)]
     unread = [m.layer_name for m in acts if m.changes_unread]
     assert len(acts) == 35 and len(unread) == 34 and "features.18.2" not in unread
+    resnet = deltaconv.convert(build("resnet50"), backend="reference", example_input=example)
+    acts = [m for m in resnet.delta_layers() if isinstance(m, DCActivation)]
+    written = [m.layer_name for m in acts if not m.changes_unread]
+    assert len(acts) == 49 and written == ["relu", "layer4.2.relu_2"]
+    assert resnet.get_submodule("layer1.0.relu_2").changes_unread  # fused with layer1.0's add
     delta = deltaconv.convert(model, backend="reference", example_input=example, recompute=False)
     assert not any(getattr(m, "changes_unread", False) for m in delta.modules())
     monkeypatch.setattr(importlib.import_module("deltaconv.convert"), "SKIP_UNREAD_CHANGES", False)
     off = deltaconv.convert(model, backend="reference", example_input=example)
     assert not any(getattr(m, "changes_unread", False) for m in off.modules())
+
+
+def test_reading_unwritten_changes_is_an_error():
+    """A reader's value mode cleared after ``convert`` (here resnet50's first bottleneck's conv3 and
+    downsampling convolution, no longer keeping their outputs) would read the changes that a marked
+    activation left unwritten: the layer raises, naming itself; with the activations writing their changes
+    again (``helpers.writing_changes``) the model runs and equals delta mode's (float64)."""
+    model = build("resnet50").double()
+    frames = [f.double() for f in video_frames(3, (64, 64))]
+    kw = dict(threshold=0.03, backend="reference", example_input=frames[0])
+    dm = deltaconv.convert(model, **kw)
+    for name in ("layer1.0.conv3", "layer1.0.downsample.0"):
+        dm.get_submodule(name).keeps_output = False
+    with torch.no_grad(), pytest.raises(RuntimeError, match=r"layer1\.0\.conv3: its input's changes were not "
+                                                            r"written .* changes_unread"):
+        dm(frames[0])
+    dm = writing_changes(deltaconv.convert(model, **kw))
+    for name in ("layer1.0.conv3", "layer1.0.downsample.0"):
+        dm.get_submodule(name).keeps_output = False
+    delta = deltaconv.convert(model, recompute=False, **kw)
+    with torch.no_grad():
+        for f in frames:
+            torch.testing.assert_close(dm(f), delta(f), rtol=1e-9, atol=1e-9)
 
 
 @pytest.mark.gpu

@@ -15,6 +15,7 @@ residual adds of whole operands (ResNet's third ReLU per block in delta mode, as
 "value_without_whole_sums" with ``deltaconv.convert.WHOLE_SUMS`` off (MobileNet's projections and adds in delta mode);
 "value_without_whole_products" with ``deltaconv.convert.WHOLE_PRODUCTS`` off (squeeze-excite products in delta mode);
 "value_writing_changes" with ``deltaconv.convert.SKIP_UNREAD_CHANGES`` off;
+"value_writing_fused_changes" with only the activations fused with a residual add writing their changes;
 "value_with_stem" lets the stems recompute too
 (3 input channels: their tensor-core kernel reads a copy of the frame padded to 8 channels, which value
 mode pads at every pixel; ``convert`` leaves them in delta mode, ``MIN_RECOMPUTE_CHANNELS``). ``--calibrated``: mobilenet_v2 also at its
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -33,18 +35,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import alternate_frames, run_info, video_models  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
-from helpers import without_kept_outputs  # noqa: E402
+from helpers import without_kept_outputs, writing_changes  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 def only_on_row_lists(dm):
     """``dm`` (a torchvision ResNet) with the adds of a downsampling identity off any row list in delta
     mode (both convolutions' ``keeps_output`` cleared, before the first frame): value mode through the
-    residual adds as it was before ``conv1x1_into`` (2026-12-01, 12 of resnet50's 16 blocks). Returns ``dm``."""
+    residual adds as it was before ``conv1x1_into`` (2026-12-01, 12 of resnet50's 16 blocks); the activations
+    write their changes (:func:`~helpers.writing_changes`: those convolutions read them now). Returns ``dm``."""
     for name, layer in dm.named_modules():
         if getattr(layer, "keeps_output", False) and not layer.takes_rows and name.endswith(".downsample.0"):
             layer.keeps_output = False
             dm.get_submodule(name[:-len("downsample.0")] + "conv3").keeps_output = False
-    return dm
+    return writing_changes(dm)
 
 
 #: the variants: ``convert(recompute=)``, ``deltaconv.convert.MIN_RECOMPUTE_CHANNELS``, what is undone
@@ -55,14 +58,17 @@ def only_on_row_lists(dm):
 #: off, the default before 2026-12-01 23:00 UTC); "value_without_whole_products": without the second
 #: (``WHOLE_PRODUCTS`` off, the default before 2026-12-02 01:15 UTC); "value_writing_changes": the
 #: activations write their changes also where no reader reads them (``SKIP_UNREAD_CHANGES`` off);
-#: "value_with_stem": the stems (3 input channels) recompute too; "value_before_sums": value mode as it
-#: was before the residual adds took it (ResNet's first two ReLUs per block only,
-#: :func:`~helpers.without_kept_outputs`); "value_on_row_lists": the residual adds in value mode only
+#: "value_writing_fused_changes": only those fused with a residual add do (as before 2026-12-02 03:20 UTC,
+#: :func:`~helpers.writing_changes`); "value_with_stem": the stems (3 input channels) recompute too;
+#: "value_before_sums": value mode as it was before the residual adds took it (ResNet's first two ReLUs per
+#: block only, every activation writing its changes, :func:`~helpers.without_kept_outputs`);
+#: "value_on_row_lists": the residual adds in value mode only
 #: where the kept outputs are on row lists (:func:`only_on_row_lists`)
 VARIANTS = {"delta": (False, 8, None, True, True, True), "value": (True, 8, None, True, True, True),
             "value_without_whole_sums": (True, 8, None, False, True, True),
             "value_without_whole_products": (True, 8, None, True, False, True),
             "value_writing_changes": (True, 8, None, True, True, False),
+            "value_writing_fused_changes": (True, 8, partial(writing_changes, fused_only=True), True, True, True),
             "value_with_stem": (True, 1, None, True, True, True),
             "value_before_sums": (True, 8, without_kept_outputs, True, True, True),
             "value_on_row_lists": (True, 8, only_on_row_lists, True, True, True),

@@ -368,41 +368,42 @@ def _add_fake(delta_a, mask_a, delta_b, mask_b, alpha, rows=None, rows_count=Non
 
 def add_activation(delta_a: Tensor, mask_a: Tensor, delta_b: Tensor, mask_b: Tensor, alpha: float, acc: Tensor,
                    sent: Tensor, fn: Callable[[Tensor], Tensor], threshold: float, key: Optional[Tensor],
-                   measure: str = "max", rows: Optional[RowList] = None,
-                   tf32: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+                   measure: str = "max", rows: Optional[RowList] = None, tf32: bool = False,
+                   write_out: bool = True) -> tuple[Tensor, Tensor, Tensor]:
     """A residual add and the activation after it (``activation(add(a, b, alpha))``), the add's mask
     returned too: ``(out, out_mask, mask_a | mask_b)``. The CUDA backend runs it in one kernel.
-    ``rows`` and ``tf32``: as in :func:`activation`."""
+    ``rows``, ``tf32`` and ``write_out``: as in :func:`activation`."""
     kind = getattr(fn, "kind", None)
     if not (kind in NATIVE_KINDS and _pointwise_ok("add_activation", delta_a, mask_a, delta_b, mask_b, acc, sent)
             and delta_a.shape == delta_b.shape and delta_a.dtype == delta_b.dtype and mask_a.shape == mask_b.shape
             and _state_ok(acc, delta_a.shape) and _sent_ok(sent, delta_a, delta_a.shape)):
         d, union = add(delta_a, mask_a, delta_b, mask_b, alpha)
-        out, out_mask = activation(d, union, acc, sent, fn, threshold, key, measure, rows, tf32)
+        out, out_mask = activation(d, union, acc, sent, fn, threshold, key, measure, rows, tf32, write_out)
         return out, out_mask, union
     with _states4(acc, sent) as (a4, s4):
         out, m, union = torch.ops.deltaconv.add_activation(
             _value4(delta_a), _mask4(mask_a), _value4(delta_b), _mask4(mask_b), float(alpha), a4, s4, kind,
             float(getattr(fn, "param", 0.0)), float(threshold), _key(key), _rms(measure), *_row_args(rows, delta_a),
-            tf32=bool(tf32), pooled=_pooled(measure))
+            tf32=bool(tf32), pooled=_pooled(measure), write_out=bool(write_out) or _pooled(measure))
     out, m = _like(out, m, delta_a)
     return out, m, union.view(m.shape)
 
 
 @_fake("add_activation")
 def _add_activation_fake(delta_a, mask_a, delta_b, mask_b, alpha, acc, sent, kind, param, threshold, key, rms=False,
-                         rows=None, rows_count=None, tf32=False, pooled=False):
+                         rows=None, rows_count=None, tf32=False, pooled=False, write_out=True):
     out, mask = _empty_like_delta(delta_a)
     return out, mask, torch.empty_like(mask)
 
 
 def add_activation_values(a: Tensor, mask_a: Tensor, b: Tensor, mask_b: Tensor, alpha: float, sent: Tensor,
                           fn: Callable[[Tensor], Tensor], threshold: float, key: Optional[Tensor], measure: str = "max",
-                          rows: Optional[RowList] = None, tf32: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+                          rows: Optional[RowList] = None, tf32: bool = False,
+                          write_out: bool = True) -> tuple[Tensor, Tensor, Tensor]:
     """A residual add and the activation after it in value mode (``a``, ``b``: the operands whole at
     every pixel): one kernel, as :func:`add_activation`, with no accumulator. The pooled measure runs
-    through the reference (its send pass reads one source map). ``rows`` and ``tf32``: as in
-    :func:`activation`."""
+    through the reference (its send pass reads one source map). ``rows``, ``tf32`` and ``write_out``:
+    as in :func:`activation`."""
     kind = getattr(fn, "kind", None)
     if not (kind in NATIVE_KINDS and not _pooled(measure)
             and _pointwise_ok("add_activation_values", a, mask_a, b, mask_b, sent)
@@ -413,14 +414,14 @@ def add_activation_values(a: Tensor, mask_a: Tensor, b: Tensor, mask_b: Tensor, 
         out, m, union = torch.ops.deltaconv.add_activation_values(
             _value4(a), _mask4(mask_a), _value4(b), _mask4(mask_b), float(alpha), s4, kind,
             float(getattr(fn, "param", 0.0)), float(threshold), _key(key), _rms(measure), *_row_args(rows, a),
-            tf32=bool(tf32))
+            tf32=bool(tf32), write_out=bool(write_out))
     out, m = _like(out, m, a)
     return out, m, union.view(m.shape)
 
 
 @_fake("add_activation_values")
 def _add_activation_values_fake(a, mask_a, b, mask_b, alpha, sent, kind, param, threshold, key, rms=False, rows=None,
-                                rows_count=None, tf32=False):
+                                rows_count=None, tf32=False, write_out=True):
     out, mask = _empty_like_delta(a)
     return out, mask, torch.empty_like(mask)
 

@@ -283,11 +283,11 @@ def add(delta_a: Tensor, mask_a: Tensor, delta_b: Tensor, mask_b: Tensor,
 
 def add_activation(delta_a: Tensor, mask_a: Tensor, delta_b: Tensor, mask_b: Tensor, alpha: float, acc: Tensor,
                    sent: Tensor, fn: Callable[[Tensor], Tensor], threshold: float, key: Optional[Tensor],
-                   measure: str = "max", rows: Optional[RowList] = None,
-                   tf32: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+                   measure: str = "max", rows: Optional[RowList] = None, tf32: bool = False,
+                   write_out: bool = True) -> tuple[Tensor, Tensor, Tensor]:
     """A residual add and the activation after it (``activation(add(a, b, alpha))``), the add's mask
     returned too: ``(out, out_mask, mask_a | mask_b)``. The CUDA backend runs it in one kernel.
-    ``tf32``: as in :func:`activation`."""
+    ``tf32`` and ``write_out``: as in :func:`activation`."""
     d, union = add(delta_a, mask_a, delta_b, mask_b, alpha)
     out, out_mask = activation(d, union, acc, sent, fn, threshold, key, measure, tf32=tf32)
     return out, out_mask, union
@@ -295,13 +295,14 @@ def add_activation(delta_a: Tensor, mask_a: Tensor, delta_b: Tensor, mask_b: Ten
 
 def add_activation_values(a: Tensor, mask_a: Tensor, b: Tensor, mask_b: Tensor, alpha: float, sent: Tensor,
                           fn: Callable[[Tensor], Tensor], threshold: float, key: Optional[Tensor], measure: str = "max",
-                          rows: Optional[RowList] = None, tf32: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+                          rows: Optional[RowList] = None, tf32: bool = False,
+                          write_out: bool = True) -> tuple[Tensor, Tensor, Tensor]:
     """A residual add and the activation after it in value mode: ``a`` and ``b`` hold the add's
     operands *whole* at every pixel (a convolution's kept output, ``DCConv2d.keeps_output``; a layer's
     sent values, ``Delta.whole``), so the add's new output on the active pixels ``mask_a | mask_b``
     is ``a + alpha * b`` as the dense add computes it, and :func:`activation_values` of it needs no
-    accumulator. Returns ``(out, out_mask, mask_a | mask_b)`` as :func:`add_activation`. ``rows``
-    and ``tf32``: as in :func:`activation`."""
+    accumulator. Returns ``(out, out_mask, mask_a | mask_b)`` as :func:`add_activation`. ``rows``,
+    ``tf32`` and ``write_out``: as in :func:`activation`."""
     union = mask_a | mask_b
     out, out_mask = activation_values(a + alpha * b, union, sent, fn, threshold, key, measure, tf32=tf32)
     return out, out_mask, union

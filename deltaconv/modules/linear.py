@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 from torch.nn.modules.utils import _pair
 
-from ..delta import Delta, filled_rows, mask_shape, reduce_mask
+from ..delta import Delta, filled_rows, mask_shape, reduce_mask, require_changes
 from .base import DCModule
 from .folding import FoldedWeights, bn_scale_shift, round_to_tf32
 
@@ -265,6 +265,8 @@ class DCConv2d(DCModule):
         if x.recomputed and not values:
             raise RuntimeError(f"{self.layer_name}: the input holds whole values (a layer keeping its output), "
                                "which only a convolution in value mode can read; convert with recompute=False")
+        if not values:
+            require_changes(self.layer_name, x)
         source, input_tf32 = (x.whole, False) if values else (x.value, x.tf32)
         load_mask, bias_key = self._all_set(x.mask) if values else (None, None)
         keep = values and self.keeps_output
@@ -611,6 +613,7 @@ class DCAdd(DCModule):
         if a.recomputed or b.recomputed:
             raise RuntimeError(f"{self.layer_name}: an operand holds whole values (a layer keeping its output), "
                                "which an add of changes cannot sum; convert with recompute=False")
+        require_changes(self.layer_name, a, b)
         rows = None if getattr(self, "fuse_with_next", False) else self.row_list(a.shape, a.device)
         v, m = self.ops.add(a.value, a.mask, b.value, b.mask, self.alpha, rows)
         return self.observe(Delta(v, m, filled_rows(rows)))

@@ -12,7 +12,7 @@ import torch.nn as nn
 from torch.nn.modules.utils import _pair
 
 from .. import activations
-from ..delta import Delta, filled_rows, mask_shape
+from ..delta import Delta, filled_rows, mask_shape, require_changes
 from .base import DCModule
 from .linear import DeferredSum, _map_deltas, _rebuild, sends_tf32
 
@@ -28,9 +28,10 @@ class DCActivation(DCModule):
     kind = "activation"
     truncates = True
     #: every reader takes this layer's whole values (``Delta.whole``, its ``sent``): convolutions in value
-    #: mode, adds keeping whole sums, products taking whole operands (set by ``convert`` under
-    #: ``deltaconv.convert.SKIP_UNREAD_CHANGES``). The CUDA kernel then does not write the changes (the
-    #: delta's ``value`` is left unwritten) on frames that do not send TF32 (whose readers read the changes).
+    #: mode, adds keeping whole sums, products taking whole operands, adds fused with their activation that
+    #: sum whole operands (set by ``convert`` under ``deltaconv.convert.SKIP_UNREAD_CHANGES``, also on an
+    #: activation fused with an add). The CUDA kernel then does not write the changes (the delta's ``value``
+    #: is left unwritten, ``Delta.unwritten``) on frames that do not send TF32 (whose readers read the changes).
     changes_unread = False
 
     def __init__(self, fn: activations.Activation, threshold: float = 0.0) -> None:
@@ -54,7 +55,7 @@ class DCActivation(DCModule):
         if x.recomputed:  # value mode: the convolution before it recomputed the whole input, no accumulator
             v, m = self.ops.activation_values(x.value, x.mask, sent, self.fn, self.threshold, self.key, self.measure,
                                               rows, tf32=tf32, write_out=write_out)
-            return self.observe(Delta(v, m, filled_rows(rows), tf32=tf32, whole=sent))
+            return self.observe(self._output(v, m, rows, tf32, sent, write_out))
         if fused and (x.a.recomputed or x.b.recomputed):
             # value mode after a residual add: an operand is a convolution's kept whole output
             # (DCConv2d.keeps_output) and the other whole too, so their sum on the active pixels is the
@@ -67,19 +68,26 @@ class DCActivation(DCModule):
                                    "give; convert with recompute=False")
             v, m, union = self.ops.add_activation_values(a.whole, a.mask, b.whole, b.mask, x.layer.alpha, sent,
                                                          self.fn, self.threshold, self.key, self.measure, rows,
-                                                         tf32=tf32)
+                                                         tf32=tf32, write_out=write_out)
             x.layer.observe(Delta(a.whole, union))  # the add's statistics: its output mask
-            return self.observe(Delta(v, m, filled_rows(rows), tf32=tf32, whole=sent))
+            return self.observe(self._output(v, m, rows, tf32, sent, write_out))
         acc = self.state("acc", x.shape, like.device, like.dtype)
         if fused:
             a, b = x.a, x.b
+            require_changes(x.layer.layer_name, a, b)
             v, m, union = self.ops.add_activation(a.value, a.mask, b.value, b.mask, x.layer.alpha, acc, sent, self.fn,
-                                                  self.threshold, self.key, self.measure, rows, tf32=tf32)
+                                                  self.threshold, self.key, self.measure, rows, tf32=tf32,
+                                                  write_out=write_out)
             x.layer.observe(Delta(a.value, union))  # the add's statistics: its output mask (a's value: its shape)
         else:
             v, m = self.ops.activation(x.value, x.mask, acc, sent, self.fn, self.threshold, self.key, self.measure,
                                        rows, tf32=tf32, write_out=write_out)
-        return self.observe(Delta(v, m, filled_rows(rows), tf32=tf32, whole=sent))
+        return self.observe(self._output(v, m, rows, tf32, sent, write_out))
+
+    @staticmethod
+    def _output(v, m, rows, tf32: bool, sent, write_out: bool) -> Delta:
+        """The output delta: the changes ``v`` on ``m`` (``unwritten`` without ``write_out``), ``sent`` whole."""
+        return Delta(v, m, filled_rows(rows), tf32=tf32, whole=sent, unwritten=not write_out)
 
     def flops_per_output_pixel(self, out: Delta) -> float:
         return float(out.value.shape[1]) if out.value.dim() > 1 else 1.0
@@ -162,6 +170,7 @@ class DCMul(DCModule):
                                "in value mode needs (it keeps no accumulators); set "
                                "deltaconv.convert.WHOLE_PRODUCTS = False before convert")
         if not self.takes_whole:
+            require_changes(self.layer_name, a, b)
             acc_a = self.state("acc_a", a.shape, a.device, a.dtype)
             acc_b = self.state("acc_b", b.shape, b.device, b.dtype)
         out_shape = torch.broadcast_shapes(a.shape, b.shape)
