@@ -45,11 +45,13 @@ using conv::Strides4;
   } while (0)
 
 // delta [N,C,H,W] activation dtype on CUDA, mask [N,1,H,W] bool on the same device.
-#define DC_CHECK_DELTA_MASK(OP, delta, mask)                                                          \
+#define DC_CHECK_DELTA_MASK(OP, delta, mask) DC_CHECK_INPUT_MASK(OP, "delta", delta, mask)
+// the same for an input argument named NAME (a whole-values input: "x")
+#define DC_CHECK_INPUT_MASK(OP, NAME, delta, mask)                                                    \
   do {                                                                                                \
-    DC_CHECK_CUDA(OP, "delta", delta);                                                               \
-    DC_CHECK_ACTIVATION_DTYPE(OP, "delta", delta);                                                   \
-    DC_CHECK_DIM(OP, "delta", delta, 4);                                                             \
+    DC_CHECK_CUDA(OP, NAME, delta);                                                                  \
+    DC_CHECK_ACTIVATION_DTYPE(OP, NAME, delta);                                                      \
+    DC_CHECK_DIM(OP, NAME, delta, 4);                                                                \
     DC_CHECK_BESIDE_DELTA(OP, "mask", mask, delta, at::kBool);                                       \
     DC_CHECK_DIM(OP, "mask", mask, 4);                                                               \
     TORCH_CHECK(mask.size(0) == delta.size(0) && mask.size(1) == 1 && mask.size(2) == delta.size(2) && \
@@ -57,7 +59,7 @@ using conv::Strides4;
                 "deltaconv::" OP ": argument 'mask' must have shape [N, 1, H, W] = [", delta.size(0), ", 1, ", \
                 delta.size(2), ", ", delta.size(3), "], got ", mask.sizes());                         \
     TORCH_CHECK(delta.size(0) * delta.size(2) * delta.size(3) <= kIntMax,                             \
-                "deltaconv::" OP ": argument 'delta' is too large, got shape ", delta.sizes());       \
+                "deltaconv::" OP ": argument '" NAME "' is too large, got shape ", delta.sizes());    \
   } while (0)
 
 // input_tf32 (the deltas arrive rounded to TF32: ConvGeom::input_tf32) only with float32 deltas
@@ -1400,36 +1402,28 @@ int64_t pool_out_size(int64_t in, int64_t k, int64_t pad, int64_t stride, int64_
 
 Strides4 strides_of(const Tensor& t) { return Strides4{t.stride(0), t.stride(1), t.stride(2), t.stride(3)}; }
 
-std::tuple<Tensor, Tensor> max_pool2d_cuda(const Tensor& delta, const Tensor& mask, const Tensor& acc,
-                                           const Tensor& sent, IntArrayRef kernel_size, IntArrayRef stride,
-                                           IntArrayRef padding, IntArrayRef dilation, bool ceil_mode,
-                                           double threshold, const c10::optional<Tensor>& key_in, bool rms,
-                                           bool tf32) {
-  const c10::optional<Tensor> key = contiguous_key(key_in);
-  DC_CHECK_DELTA_MASK("max_pool2d", delta, mask);
-  DC_CHECK_TF32_FLAG("max_pool2d", "tf32", tf32, delta);
-  DC_CHECK_KEY("max_pool2d", key, delta);
+// Max pooling of the accumulated input (max_pool2d: `acc` float32, += delta on the active pixels first)
+// or of the input's whole values (max_pool2d_values: acc nullptr, `delta` holds them at every pixel);
+// then truncation against `sent` [N, C, Ho, Wo] on the output pixels whose window holds an active pixel.
+// The callers checked the input, mask, key, tf32, acc and sent's device and dtype. Returns (the changes
+// y [N, C, Ho, Wo] channels_last, mask_out [N, 1, Ho, Wo]).
+std::tuple<Tensor, Tensor> run_max_pool2d(const char* op, const Tensor& delta, const Tensor& mask, const Tensor* acc,
+                                          const Tensor& sent, IntArrayRef kernel_size, IntArrayRef stride,
+                                          IntArrayRef padding, IntArrayRef dilation, bool ceil_mode, double threshold,
+                                          const c10::optional<Tensor>& key, bool rms, bool tf32) {
   const int64_t N = delta.size(0), C = delta.size(1), H = delta.size(2), W = delta.size(3);
-  const auto [kh, kw] = pair_arg(kernel_size, "max_pool2d", "kernel_size", 1);
-  const auto [sh, sw] = stride.empty() ? std::pair<int, int>{kh, kw} : pair_arg(stride, "max_pool2d", "stride", 1);
-  const auto [ph, pw] = pair_arg(padding, "max_pool2d", "padding", 0);
-  const auto [dh, dw] = pair_arg(dilation, "max_pool2d", "dilation", 1);
-  TORCH_CHECK(ph <= kh / 2 && pw <= kw / 2, "deltaconv::max_pool2d: argument 'padding' must be at most half of "
+  const auto [kh, kw] = pair_arg(kernel_size, op, "kernel_size", 1);
+  const auto [sh, sw] = stride.empty() ? std::pair<int, int>{kh, kw} : pair_arg(stride, op, "stride", 1);
+  const auto [ph, pw] = pair_arg(padding, op, "padding", 0);
+  const auto [dh, dw] = pair_arg(dilation, op, "dilation", 1);
+  TORCH_CHECK(ph <= kh / 2 && pw <= kw / 2, "deltaconv::", op, ": argument 'padding' must be at most half of "
               "kernel_size, got padding ", padding, " and kernel_size ", kernel_size);
   const int64_t Ho = pool_out_size(H, kh, ph, sh, dh, ceil_mode);
   const int64_t Wo = pool_out_size(W, kw, pw, sw, dw, ceil_mode);
-  TORCH_CHECK(Ho >= 1 && Wo >= 1, "deltaconv::max_pool2d: output size ", Ho, "x", Wo, " is too small for input ", H,
+  TORCH_CHECK(Ho >= 1 && Wo >= 1, "deltaconv::", op, ": output size ", Ho, "x", Wo, " is too small for input ", H,
               "x", W);
-  DC_CHECK_CUDA("max_pool2d", "acc", acc);
-  DC_CHECK_SAME_DEVICE("max_pool2d", "acc", acc, delta);
-  DC_CHECK_DTYPE("max_pool2d", "acc", acc, at::kFloat);
-  TORCH_CHECK(acc.sizes() == delta.sizes(), "deltaconv::max_pool2d: argument 'acc' must have the delta's shape ",
-              delta.sizes(), ", got ", acc.sizes());
-  DC_CHECK_CUDA("max_pool2d", "sent", sent);
-  DC_CHECK_SAME_DEVICE("max_pool2d", "sent", sent, delta);
-  DC_CHECK_DTYPE("max_pool2d", "sent", sent, delta.scalar_type());
   TORCH_CHECK(sent.dim() == 4 && sent.size(0) == N && sent.size(1) == C && sent.size(2) == Ho && sent.size(3) == Wo,
-              "deltaconv::max_pool2d: argument 'sent' must have shape [", N, ", ", C, ", ", Ho, ", ", Wo, "], got ",
+              "deltaconv::", op, ": argument 'sent' must have shape [", N, ", ", C, ", ", Ho, ", ", Wo, "], got ",
               sent.sizes());
 
   c10::cuda::CUDAGuard guard(delta.device());
@@ -1441,38 +1435,78 @@ std::tuple<Tensor, Tensor> max_pool2d_cuda(const Tensor& delta, const Tensor& ma
   const Tensor x = delta.contiguous(at::MemoryFormat::ChannelsLast);
   const Tensor m = mask.contiguous();
   PoolGeom g{(int)N, (int)C, (int)H, (int)W, (int)Ho, (int)Wo, kh, kw, sh, sw, ph, pw, dh, dw};
-  const Strides4 as = strides_of(acc), ss = strides_of(sent);
+  const Tensor& src = acc != nullptr ? *acc : x;  // the pooled map: acc, or the whole values (channels_last)
+  const Strides4 as = strides_of(src), ss = strides_of(sent);
   DC_DISPATCH_ACTIVATION_TYPES(x.scalar_type(), "deltaconv::max_pool2d", [&] {
     const int64_t in_pix = N * H * W;
-    if (in_pix > 0 && C > 0) {
+    if (acc != nullptr && in_pix > 0 && C > 0) {
       launch_kernel(conv::maxpool_acc_kernel<scalar_t>,
                     persistent_grid(conv::maxpool_acc_kernel<scalar_t>, 256, group_blocks(in_pix, 5, 256)), 256, 0,
                     stream,
-                    reinterpret_cast<const scalar_t*>(x.const_data_ptr()), m.data_ptr<bool>(), acc.data_ptr<float>(),
+                    reinterpret_cast<const scalar_t*>(x.const_data_ptr()), m.data_ptr<bool>(), acc->data_ptr<float>(),
                     as, (int)C, (int)H, (int)W, in_pix);
     }
-    // channels_last states, C % 4 == 0 and C <= 512: the vectorised kernel (y is channels_last)
-    const bool cl = acc.is_contiguous(at::MemoryFormat::ChannelsLast) &&
+    // channels_last source and states, C % 4 == 0 and C <= 512: the vectorised kernel (y is channels_last)
+    const bool cl = src.is_contiguous(at::MemoryFormat::ChannelsLast) &&
                     sent.is_contiguous(at::MemoryFormat::ChannelsLast) && C % conv::kMaxpoolVec == 0 &&
-                    C <= 32 * conv::kMaxpoolVec * conv::kMaxpoolChunks && aligned16(acc.data_ptr()) &&
+                    C <= 32 * conv::kMaxpoolVec * conv::kMaxpoolChunks && aligned16(src.const_data_ptr()) &&
                     aligned16(sent.data_ptr()) && aligned16(y.data_ptr());
-    if (cl) {
-      const int log2_lanes = log2_lanes_for(C, conv::kMaxpoolVec);
-      const auto kernel = conv::maxpool_out_cl_kernel<scalar_t>;
-      launch_kernel(kernel, persistent_grid(kernel, 256, group_blocks(total_pix, log2_lanes, 256)), 256, 0, stream,
-                    m.data_ptr<bool>(), acc.data_ptr<float>(), reinterpret_cast<scalar_t*>(sent.data_ptr()),
+    const auto launch = [&](auto source) {  // source: the pooled map's elements (const float* or const scalar_t*)
+      using S = std::remove_const_t<std::remove_pointer_t<decltype(source)>>;
+      if (cl) {
+        const int log2_lanes = log2_lanes_for(C, conv::kMaxpoolVec);
+        const auto kernel = conv::maxpool_out_cl_kernel<scalar_t, S>;
+        launch_kernel(kernel, persistent_grid(kernel, 256, group_blocks(total_pix, log2_lanes, 256)), 256, 0, stream,
+                      m.data_ptr<bool>(), source, reinterpret_cast<scalar_t*>(sent.data_ptr()), key_ptr(key),
+                      reinterpret_cast<scalar_t*>(y.data_ptr()), mask_out.data_ptr<bool>(), g,
+                      static_cast<float>(threshold), rms_limit(rms, threshold, C), total_pix, log2_lanes, tf32);
+        return;
+      }
+      const auto kernel = conv::maxpool_out_kernel<scalar_t, S>;
+      launch_kernel(kernel, persistent_grid(kernel, 256, group_blocks(total_pix, 5, 256)), 256, 0, stream,
+                    m.data_ptr<bool>(), source, as, reinterpret_cast<scalar_t*>(sent.data_ptr()), ss,
                     key_ptr(key), reinterpret_cast<scalar_t*>(y.data_ptr()), mask_out.data_ptr<bool>(), g,
-                    static_cast<float>(threshold), rms_limit(rms, threshold, C), total_pix, log2_lanes, tf32);
-      return;
+                    static_cast<float>(threshold), rms_limit(rms, threshold, C), total_pix, tf32);
+    };
+    if (acc != nullptr) {
+      launch(acc->const_data_ptr<float>());
+    } else {
+      launch(reinterpret_cast<const scalar_t*>(x.const_data_ptr()));
     }
-    launch_kernel(conv::maxpool_out_kernel<scalar_t>,
-                  persistent_grid(conv::maxpool_out_kernel<scalar_t>, 256, group_blocks(total_pix, 5, 256)), 256, 0,
-                  stream,
-                  m.data_ptr<bool>(), acc.data_ptr<float>(), as, reinterpret_cast<scalar_t*>(sent.data_ptr()), ss,
-                  key_ptr(key), reinterpret_cast<scalar_t*>(y.data_ptr()), mask_out.data_ptr<bool>(), g,
-                  static_cast<float>(threshold), rms_limit(rms, threshold, C), total_pix, tf32);
   });
   return {y, mask_out};
+}
+
+std::tuple<Tensor, Tensor> max_pool2d_cuda(const Tensor& delta, const Tensor& mask, const Tensor& acc,
+                                           const Tensor& sent, IntArrayRef kernel_size, IntArrayRef stride,
+                                           IntArrayRef padding, IntArrayRef dilation, bool ceil_mode,
+                                           double threshold, const c10::optional<Tensor>& key_in, bool rms,
+                                           bool tf32) {
+  const c10::optional<Tensor> key = contiguous_key(key_in);
+  DC_CHECK_DELTA_MASK("max_pool2d", delta, mask);
+  DC_CHECK_TF32_FLAG("max_pool2d", "tf32", tf32, delta);
+  DC_CHECK_KEY("max_pool2d", key, delta);
+  DC_CHECK_BESIDE_DELTA("max_pool2d", "acc", acc, delta, at::kFloat);
+  TORCH_CHECK(acc.sizes() == delta.sizes(), "deltaconv::max_pool2d: argument 'acc' must have the delta's shape ",
+              delta.sizes(), ", got ", acc.sizes());
+  DC_CHECK_BESIDE_DELTA("max_pool2d", "sent", sent, delta, delta.scalar_type());
+  return run_max_pool2d("max_pool2d", delta, mask, &acc, sent, kernel_size, stride, padding, dilation, ceil_mode,
+                        threshold, key, rms, tf32);
+}
+
+// Max pooling in value mode: `x` holds the input's whole values at every pixel (the activation before it
+// keeps them, its `sent`), so there is no accumulator; otherwise as max_pool2d.
+std::tuple<Tensor, Tensor> max_pool2d_values_cuda(const Tensor& x, const Tensor& mask, const Tensor& sent,
+                                                  IntArrayRef kernel_size, IntArrayRef stride, IntArrayRef padding,
+                                                  IntArrayRef dilation, bool ceil_mode, double threshold,
+                                                  const c10::optional<Tensor>& key_in, bool rms, bool tf32) {
+  const c10::optional<Tensor> key = contiguous_key(key_in);
+  DC_CHECK_INPUT_MASK("max_pool2d_values", "x", x, mask);
+  DC_CHECK_TF32_FLAG("max_pool2d_values", "tf32", tf32, x);
+  DC_CHECK_KEY("max_pool2d_values", key, x);
+  DC_CHECK_BESIDE_DELTA("max_pool2d_values", "sent", sent, x, x.scalar_type());
+  return run_max_pool2d("max_pool2d_values", x, mask, nullptr, sent, kernel_size, stride, padding, dilation,
+                        ceil_mode, threshold, key, rms, tf32);
 }
 
 std::tuple<Tensor, Tensor> avg_pool2d_cuda(const Tensor& delta, const Tensor& mask, IntArrayRef kernel_size,
@@ -1632,6 +1666,7 @@ TORCH_LIBRARY_IMPL(deltaconv, CUDA, m) {
   m.impl("conv1x1_into", &deltaconv::conv1x1_into_cuda);
   m.impl("conv_transpose2d", &deltaconv::conv_transpose2d_cuda);
   m.impl("max_pool2d", &deltaconv::max_pool2d_cuda);
+  m.impl("max_pool2d_values", &deltaconv::max_pool2d_values_cuda);
   m.impl("avg_pool2d", &deltaconv::avg_pool2d_cuda);
   m.impl("adaptive_avg_pool2d", &deltaconv::adaptive_avg_pool2d_cuda);
   m.impl("linear", &deltaconv::linear_cuda);

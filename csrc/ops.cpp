@@ -116,6 +116,11 @@ TORCH_LIBRARY(deltaconv, m) {
   m.def("max_pool2d(Tensor delta, Tensor mask, Tensor(a!) acc, Tensor(b!) sent, int[2] kernel_size, int[2] stride, "
         "int[2] padding, int[2] dilation, bool ceil_mode, float threshold, Tensor? key, bool rms=False, "
         "bool tf32=False) -> (Tensor, Tensor)");
+  // max pooling in value mode: x holds the input's whole values at every pixel (the activation's sent before
+  // it), so no accumulator; as max_pool2d otherwise
+  m.def("max_pool2d_values(Tensor x, Tensor mask, Tensor(a!) sent, int[2] kernel_size, int[2] stride, "
+        "int[2] padding, int[2] dilation, bool ceil_mode, float threshold, Tensor? key, bool rms=False, "
+        "bool tf32=False) -> (Tensor, Tensor)");
   m.def("avg_pool2d(Tensor delta, Tensor mask, int[2] kernel_size, int[2] stride, int[2] padding, bool ceil_mode, "
         "bool count_include_pad, int? divisor_override) -> (Tensor, Tensor)");
   m.def("adaptive_avg_pool2d(Tensor delta, Tensor mask, int[2] output_size) -> (Tensor, Tensor)");

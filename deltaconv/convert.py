@@ -52,6 +52,14 @@ WHOLE_SUMS = True
 #: section 12). ``False`` (as before that day): the products keep accumulators and run in delta mode.
 WHOLE_PRODUCTS = True
 
+#: Value mode through max pooling ("whole max pooling"): a max pooling whose input gives whole values (an
+#: activation's sent values: ResNet's stem ReLU) pools them and keeps no accumulator
+#: (``DCMaxPool2d.takes_whole``); its input activation is then read only as whole values too (see
+#: ``SKIP_UNREAD_CHANGES``): resnet50 3.0-3.3 % faster per frame on vtest.avi, its state 127 MiB smaller at
+#: 1080x1920 (H200, 2026-12-02, ``benchmarks/results/value_mode.txt`` section 15). ``False``: the max
+#: poolings keep float32 accumulators of their inputs.
+WHOLE_MAX_POOLING = True
+
 #: An activation whose readers all take its whole values (convolutions in value mode, adds keeping whole
 #: sums, products taking whole operands, adds fused with their activation that sum whole operands: 34 of
 #: mobilenet_v2's 35, 47 of resnet50's 49) does not write its changes, only its ``sent``
@@ -531,13 +539,15 @@ class _Converter:
                                 f"reads the kept sum of {node.target}")
         if WHOLE_PRODUCTS:
             self._mark_whole_products(sites, whole)
+        if WHOLE_MAX_POOLING:
+            self._mark_whole_max_pooling(sites)
         if SKIP_UNREAD_CHANGES:
             self._mark_unread_changes(sites)
 
     def _mark_unread_changes(self, sites: dict) -> None:
         """``SKIP_UNREAD_CHANGES``: mark the activations (called at one site, fused with an add or not)
         whose readers are all layers taking whole values (``DCActivation.changes_unread``): convolutions
-        in value mode, adds keeping whole sums, products taking whole operands, and adds fused with
+        in value mode, adds keeping whole sums, products and max poolings taking whole values, and adds fused with
         their activation that sum whole operands (an operand is a convolution keeping its output or a
         kept sum: ``ops.add_activation_values``, a ResNet bottleneck's identity)."""
         def keeps(node) -> bool:  # a layer whose output is kept whole (Delta.recomputed)
@@ -552,7 +562,7 @@ class _Converter:
             layer = self.root.get_submodule(user.target)
             return ((type(layer) is DCConv2d and (layer.recomputes or layer.keeps_output))
                     or (isinstance(layer, DCAdd) and layer.keeps_sum)
-                    or (isinstance(layer, DCMul) and layer.takes_whole)
+                    or (isinstance(layer, (DCMul, DCMaxPool2d)) and layer.takes_whole)
                     or (self._fused_add(user) and any(keeps(a) for a in user.args)))
         for node in self.graph.nodes:
             if node.op != "call_module" or sites[node.target] != 1 or not node.users:
@@ -572,6 +582,19 @@ class _Converter:
             if isinstance(layer, DCMul) and all(a in self.delta_nodes and whole(a) for a in node.args):
                 layer.takes_whole = True
                 self._append_note(node.target, "takes its operands' whole values (no accumulators)")
+
+    def _mark_whole_max_pooling(self, sites: dict) -> None:
+        """``WHOLE_MAX_POOLING``: mark the max poolings (called at one site) whose input is a changing
+        tensor that a layer keeping whole values gives (``_keeps_whole``) as pooling them
+        (``DCMaxPool2d.takes_whole``); the report notes it."""
+        for node in self.graph.nodes:
+            if node.op != "call_module" or sites[node.target] != 1 or len(node.args) != 1 or node.kwargs:
+                continue
+            layer = self.root.get_submodule(node.target)
+            arg = node.args[0]
+            if isinstance(layer, DCMaxPool2d) and arg in self.delta_nodes and self._keeps_whole(arg):
+                layer.takes_whole = True
+                self._append_note(node.target, "pools its input's whole values (no accumulator)")
 
     def _equal_delta_operands(self, node: fx.Node) -> bool:
         """Whether ``node``'s arguments are changing tensors (deltas) of one shape and dtype."""
@@ -734,7 +757,8 @@ def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
             on busy frames, its state 43 % smaller; ``deltaconv.convert.WHOLE_SUMS = False`` turns
             them off), and so do the squeeze-excite products of MobileNetV3 and EfficientNet, whose
             operands are both whole (whole products: 2-8 % faster on busy frames, no accumulators;
-            ``deltaconv.convert.WHOLE_PRODUCTS = False`` turns them off). An activation read only as
+            ``deltaconv.convert.WHOLE_PRODUCTS = False`` turns them off), and a max pooling after an
+            activation (``deltaconv.convert.WHOLE_MAX_POOLING``). An activation read only as
             whole values, fused with a residual add or not, then writes no changes
             (``deltaconv.convert.SKIP_UNREAD_CHANGES``). The report
             notes the pairs ("recomputes for") and the products. ``False``: delta mode everywhere.

@@ -1293,16 +1293,45 @@ def test_max_pool2d_tf32_sends(case, state_format):
                          False, True)
 
 
-def run_max_pool2d_frames(case, dtype, state_format, tf32=False):
+@pytest.mark.gpu
+@pytest.mark.parametrize("tf32", [False, True], ids=["", "tf32"])
+@pytest.mark.parametrize("state_format", [torch.channels_last, torch.contiguous_format], ids=["cl", "nchw"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", MAXPOOL_CASES, ids=_pool_id)
+def test_max_pool2d_values(case, dtype, state_format, tf32):
+    """max_pool2d_values (value mode: the input's whole values, no accumulator) over a sequence of frames:
+    outputs, masks and ``sent`` bit-identical to the reference's, both kernels, any input layout."""
+    if tf32 and dtype != torch.float32:
+        pytest.skip("tf32 sends: float32 only")
+    run_max_pool2d_frames(case, dtype, state_format, tf32=tf32, values=True)
+
+
+def test_max_pool2d_values_errors_name_the_argument():
+    """max_pool2d_values' argument checks name the argument and the value received."""
+    x = torch.zeros(1, 4, 5, 5, device="cuda").contiguous(memory_format=torch.channels_last)
+    m = torch.ones(1, 1, 5, 5, dtype=torch.bool, device="cuda")
+    sent = torch.zeros(1, 4, 3, 3, device="cuda")
+    with pytest.raises(RuntimeError, match="max_pool2d_values: argument 'x' must be float32, float16 or bfloat16, "
+                                           "got Int"):
+        ops().max_pool2d_values(x.int(), m, sent, [3, 3], [2, 2], [1, 1], [1, 1], False, 0.0, None)
+    with pytest.raises(RuntimeError, match=r"max_pool2d_values: argument 'sent' must have shape \[1, 4, 3, 3\]"):
+        ops().max_pool2d_values(x, m, sent[:, :, :2], [3, 3], [2, 2], [1, 1], [1, 1], False, 0.0, None)
+    with pytest.raises(RuntimeError, match="max_pool2d_values: argument 'sent' must have dtype Float, got Half"):
+        ops().max_pool2d_values(x, m, sent.half(), [3, 3], [2, 2], [1, 1], [1, 1], False, 0.0, None)
+
+
+def run_max_pool2d_frames(case, dtype, state_format, tf32=False, values=False):
     """max_pool2d over a sequence of frames on the kernel and on the reference (``ref``), at
     thresholds 0 and 0.7: masks, values at the sent pixels and both states bit-identical; with
     ``tf32`` the values sent are TF32 and ``sent`` is the window maximum less under one TF32
-    step of the change (and its own float32 rounding)."""
+    step of the change (and its own float32 rounding). ``values``: max_pool2d_values of the input's
+    whole values (``acc`` then holds them, in the delta dtype, updated on the active pixels)."""
     C, k, s, p, d, ceil, (H, W) = case
     k, s, p, d = _pair(k), _pair(s), _pair(p), _pair(d)
     for thr in (0.0, 0.7):
         gen = torch.Generator().manual_seed(int(thr * 10))
-        acc = torch.zeros(2, C, H, W).contiguous(memory_format=state_format)
+        acc = torch.zeros(2, C, H, W, dtype=dtype if values else torch.float32).contiguous(
+            memory_format=state_format)
         Ho, Wo = torch.nn.functional.max_pool2d(torch.empty(1, 1, H, W), k, s, p, d, ceil).shape[2:]
         sent = torch.zeros(2, C, Ho, Wo, dtype=dtype).contiguous(memory_format=state_format)  # the delta dtype
         g_acc, g_sent = acc.cuda(), sent.cuda()
@@ -1311,10 +1340,17 @@ def run_max_pool2d_frames(case, dtype, state_format, tf32=False):
             mask = make_mask(fracs, H, W, gen)
             delta = make_delta(2, C, H, W, mask, dtype, gen)
             kt = make_key(key, 2)
-            out, mo = ops().max_pool2d(delta, mask.cuda(), g_acc, g_sent, list(k), list(s), list(p), list(d), ceil,
-                                       thr, cuda_or_none(kt), False, tf32)
-            r_out, r_mask = ref.max_pool2d(delta.cpu(), mask, acc, sent, k, s, p, d, ceil, thr, kt, tf32=tf32)
-            what = f"max_pool2d frame {t} (fracs {fracs}, key {key}, thr {thr})"
+            if values:  # the whole values change on the active pixels
+                acc.copy_(torch.where(mask, acc + delta.cpu(), acc))
+                g_acc.copy_(acc)
+                out, mo = ops().max_pool2d_values(g_acc, mask.cuda(), g_sent, list(k), list(s), list(p), list(d),
+                                                  ceil, thr, cuda_or_none(kt), False, tf32)
+                r_out, r_mask = ref.max_pool2d_values(acc, mask, sent, k, s, p, d, ceil, thr, kt, tf32=tf32)
+            else:
+                out, mo = ops().max_pool2d(delta, mask.cuda(), g_acc, g_sent, list(k), list(s), list(p), list(d),
+                                           ceil, thr, cuda_or_none(kt), False, tf32)
+                r_out, r_mask = ref.max_pool2d(delta.cpu(), mask, acc, sent, k, s, p, d, ceil, thr, kt, tf32=tf32)
+            what = f"max_pool2d{'_values' if values else ''} frame {t} (fracs {fracs}, key {key}, thr {thr})"
             check_layout(out, mo, 2, C, Ho, Wo, dtype)
             assert torch.equal(mo.cpu(), r_mask), f"{what}: mask differs"
             active = r_mask.expand_as(r_out)
@@ -1324,7 +1360,7 @@ def run_max_pool2d_frames(case, dtype, state_format, tf32=False):
             assert g_acc.stride() == acc.stride() and g_sent.stride() == sent.stride()
             if tf32:
                 assert is_tf32(out.cpu()[active]), f"{what}: values sent are not TF32"
-                y = torch.nn.functional.max_pool2d(acc, k, s, p, d, ceil)
+                y = torch.nn.functional.max_pool2d(acc.float(), k, s, p, d, ceil)
                 residual = (y - sent)[active]
                 bound = r_out[active].abs() * 2.0 ** -11 + y[active].abs() * 2.0 ** -22  # sent: rounded to float32
                 assert (residual.abs() <= bound).all(), what
@@ -1627,6 +1663,11 @@ def _fake_max_pool2d(delta, mask, acc, sent, kernel_size, stride, padding, dilat
                       _pool_out(W, kernel_size[1], stride[1], padding[1], dilation[1], ceil_mode))
 
 
+def _fake_max_pool2d_values(x, mask, sent, kernel_size, stride, padding, dilation, ceil_mode, threshold, key,
+                            rms=False, tf32=False):
+    return _fake_max_pool2d(x, mask, None, sent, kernel_size, stride, padding, dilation, ceil_mode, threshold, key)
+
+
 def _fake_avg_pool2d(delta, mask, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
     H, W = delta.shape[2:]
     return _fake_pair(delta, delta.shape[1], _pool_out(H, kernel_size[0], stride[0], padding[0], 1, ceil_mode),
@@ -1644,7 +1685,8 @@ def _fake_linear(delta, mask, weight, bias, key):
 
 
 FAKES = {"conv2d": _fake_conv2d, "conv_transpose2d": _fake_conv_transpose2d, "max_pool2d": _fake_max_pool2d,
-         "avg_pool2d": _fake_avg_pool2d, "adaptive_avg_pool2d": _fake_adaptive_avg_pool2d, "linear": _fake_linear}
+         "max_pool2d_values": _fake_max_pool2d_values, "avg_pool2d": _fake_avg_pool2d,
+         "adaptive_avg_pool2d": _fake_adaptive_avg_pool2d, "linear": _fake_linear}
 
 
 @pytest.fixture(scope="module")
@@ -1679,6 +1721,7 @@ def _opcheck_args():
         "conv2d": (d, m, w, b, [2, 1], [1, 1], [1, 1], 1, key),
         "conv_transpose2d": (d, m, wt, None, [2, 2], [1, 1], [1, 1], 1, [1, 1], key),
         "max_pool2d": (d, m, acc, sent, [3, 3], [2, 2], [1, 1], [1, 1], False, 0.0, key),
+        "max_pool2d_values": (acc, m, sent.clone(), [3, 3], [2, 2], [1, 1], [1, 1], False, 0.0, key),
         "avg_pool2d": (d, m, [3, 3], [2, 2], [1, 1], True, False, None),
         "adaptive_avg_pool2d": (d, m, [3, 4]),
         "linear": (torch.randn(N, 40, generator=gen).cuda(), torch.ones(N, 1, dtype=torch.bool, device="cuda"),
@@ -1691,8 +1734,8 @@ def _opcheck_args():
 def test_opcheck(name, fakes):
     args = _opcheck_args()[name]
     torch.library.opcheck(getattr(ops(), name).default, args)
-    if name == "max_pool2d":  # also with the rms measure
-        torch.library.opcheck(ops().max_pool2d.default, tuple(args) + (True,))
+    if name in ("max_pool2d", "max_pool2d_values"):  # also with the rms measure
+        torch.library.opcheck(getattr(ops(), name).default, tuple(args) + (True,))
     if name == "conv2d":  # also without key and bias (None arguments)
         a = list(args)
         a[3], a[8] = None, None

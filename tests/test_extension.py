@@ -18,7 +18,7 @@ def test_extension_is_built_and_registers_every_op():
     assert _extension.load(), _extension.unavailable_reason()
     for op in ("sparsify", "densify", "activation", "add_activation", "affine_channel", "add", "mul", "concatenate",
                "interleave_channels", "interpolate", "resample", "conv2d", "conv_transpose2d", "max_pool2d", "avg_pool2d",
-               "adaptive_avg_pool2d", "linear", "layer_norm"):
+               "adaptive_avg_pool2d", "linear", "layer_norm", "max_pool2d_values"):
         assert hasattr(torch.ops.deltaconv, op), op
         assert torch._C._dispatch_has_kernel_for_dispatch_key(f"deltaconv::{op}", "CUDA"), op
 

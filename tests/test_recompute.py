@@ -630,9 +630,9 @@ def test_an_add_of_two_kept_outputs():
 
 
 def test_accumulator_share_counts_the_layers_left_in_delta_mode():
-    """benchmarks/experiments/accumulator_share.py (README, What remains): resnet50 keeps accumulators
-    in its stem's ReLU and max pooling only; resnet18 in its stem's two and its 8 blocks' fused adds
-    (no bottleneck)."""
+    """benchmarks/experiments/accumulator_share.py (README, What remains): resnet50 keeps an accumulator
+    in its stem's ReLU only (the max pooling after it takes its whole values, ``WHOLE_MAX_POOLING``);
+    resnet18 in its stem's ReLU and its 8 blocks' fused adds (no bottleneck)."""
     import importlib.util
     from pathlib import Path
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "experiments" / "accumulator_share.py"
@@ -640,9 +640,9 @@ def test_accumulator_share_counts_the_layers_left_in_delta_mode():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     n_acc, n, share, kinds = module.accumulator_share("resnet50", (64, 64))
-    assert (n_acc, n) == (2, 50) and 0 < share < 0.5 and set(kinds) == {"activation", "max_pool2d"}
+    assert (n_acc, n) == (1, 50) and 0 < share < 0.5 and set(kinds) == {"activation"}
     n_acc, n, _, _ = module.accumulator_share("resnet18", (64, 64))
-    assert (n_acc, n) == (10, 18)
+    assert (n_acc, n) == (9, 18)
 
 
 # ----------------------------------------------------------------------------- whole sums (WHOLE_SUMS)
@@ -872,10 +872,10 @@ def test_cuda_whole_sums_mobilenet_v2(dtype):
 def test_unread_changes_mark_the_activations_read_only_whole(monkeypatch):
     """By default an activation whose readers all take whole values (convolutions in value mode, kept
     sums, whole products, adds fused with their activation that sum whole operands) is marked not to write
-    its changes: 34 of mobilenet_v2's 35 (not the last, read by the classifier's pooling); 47 of resnet50's 49
-    (not the stem's, read by the max pooling, nor the last block's), among them the blocks' third ReLUs, fused
-    with the residual add and read by the next block's first convolution and add; none in delta mode or
-    with the flag off."""
+    its changes: 34 of mobilenet_v2's 35 (not the last, read by the classifier's pooling); 48 of resnet50's 49
+    (not the last block's), among them the blocks' third ReLUs, fused with the residual add and read by the
+    next block's first convolution and add, and the stem's, read by the max pooling in value mode
+    (``WHOLE_MAX_POOLING``); none in delta mode or with the flag off."""
     example = torch.zeros(1, 3, 64, 64)
     model = build("mobilenet_v2")
     dm = deltaconv.convert(model, backend="reference", example_input=example)
@@ -885,8 +885,14 @@ def test_unread_changes_mark_the_activations_read_only_whole(monkeypatch):
     resnet = deltaconv.convert(build("resnet50"), backend="reference", example_input=example)
     acts = [m for m in resnet.delta_layers() if isinstance(m, DCActivation)]
     written = [m.layer_name for m in acts if not m.changes_unread]
-    assert len(acts) == 49 and written == ["relu", "layer4.2.relu_2"]
+    assert len(acts) == 49 and written == ["layer4.2.relu_2"]
     assert resnet.get_submodule("layer1.0.relu_2").changes_unread  # fused with layer1.0's add
+    assert resnet.get_submodule("maxpool").takes_whole
+    monkeypatch.setattr(importlib.import_module("deltaconv.convert"), "WHOLE_MAX_POOLING", False)
+    pooling_changes = deltaconv.convert(build("resnet50"), backend="reference", example_input=example)
+    assert not pooling_changes.get_submodule("maxpool").takes_whole
+    assert not pooling_changes.get_submodule("relu").changes_unread
+    monkeypatch.undo()
     delta = deltaconv.convert(model, backend="reference", example_input=example, recompute=False)
     assert not any(getattr(m, "changes_unread", False) for m in delta.modules())
     monkeypatch.setattr(importlib.import_module("deltaconv.convert"), "SKIP_UNREAD_CHANGES", False)

@@ -134,6 +134,26 @@ def test_pool_masks_are_window_footprints(k, s, p, d, ceil):
             assert torch.equal(amask[0, 0], truth), pixel
 
 
+def test_max_pool2d_of_whole_values_equals_the_accumulating_one():
+    """max_pool2d_values (value mode: the input's whole values, no accumulator) sends what max_pool2d does
+    from the accumulated changes, frame after frame, when the whole values are the accumulated ones
+    (float64, where the changes are exact; in float16 they differ by the changes' rounding)."""
+    g = torch.Generator().manual_seed(4)
+    dtype = torch.float64
+    acc = torch.zeros(2, 5, 9, 11, dtype=dtype)
+    sent_a, sent_w = torch.zeros(2, 5, 5, 6, dtype=dtype), torch.zeros(2, 5, 5, 6, dtype=dtype)
+    for t, frac in enumerate([1.0, 0.2, 0.0, 0.5]):
+        mask = torch.rand(2, 1, 9, 11, generator=g) < frac
+        delta = torch.where(mask, torch.randn(2, 5, 9, 11, generator=g, dtype=dtype) - acc, 0)
+        whole = acc + delta  # what max_pool2d's accumulator holds after this frame, bit for bit
+        key = torch.ones(2, dtype=torch.bool) if t == 0 else None
+        out_a, m_a = ref.max_pool2d(delta, mask, acc, sent_a, 3, 2, 1, 1, True, 0.1, key, "rms")
+        out_w, m_w = ref.max_pool2d_values(whole, mask, sent_w, 3, 2, 1, 1, True, 0.1, key, "rms")
+        assert torch.equal(m_a, m_w) and torch.equal(sent_a, sent_w), t
+        assert torch.equal(torch.where(m_w, out_w, 0), torch.where(m_a, out_a, 0)), t
+        assert t < 2 or frac == 0.0 or m_w.any()
+
+
 def test_max_pool2d_values_and_truncation():
     """max of the accumulated input over the footprint; changes that do not alter the max are
     not sent at threshold 0."""

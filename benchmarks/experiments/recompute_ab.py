@@ -15,6 +15,7 @@ residual adds of whole operands (ResNet's third ReLU per block in delta mode, as
 "value_without_whole_sums" with ``deltaconv.convert.WHOLE_SUMS`` off (MobileNet's projections and adds in delta mode);
 "value_without_whole_products" with ``deltaconv.convert.WHOLE_PRODUCTS`` off (squeeze-excite products in delta mode);
 "value_writing_changes" with ``deltaconv.convert.SKIP_UNREAD_CHANGES`` off;
+"value_pooling_changes" with ``deltaconv.convert.WHOLE_MAX_POOLING`` off (max poolings keep accumulators);
 "value_writing_fused_changes" with only the activations fused with a residual add writing their changes;
 "value_with_stem" lets the stems recompute too
 (3 input channels: their tensor-core kernel reads a copy of the frame padded to 8 channels, which value
@@ -50,29 +51,30 @@ def only_on_row_lists(dm):
     return writing_changes(dm)
 
 
-#: the variants: ``convert(recompute=)``, ``deltaconv.convert.MIN_RECOMPUTE_CHANNELS``, what is undone
-#: before the first frame (``None``: nothing), ``deltaconv.convert.WHOLE_SUMS``, ``WHOLE_PRODUCTS`` and
-#: ``SKIP_UNREAD_CHANGES``;
+#: the variants: ``convert(recompute=)``, what is undone before the first frame (``None``: nothing), and the
+#: ``deltaconv.convert`` flags set for the conversion (the others at their defaults);
 #: "value": the default (projections and adds keep whole values: MobileNet's expansions recompute; the
-#: squeeze-excite products take whole values); "value_without_whole_sums": without the first (``WHOLE_SUMS``
-#: off, the default before 2026-12-01 23:00 UTC); "value_without_whole_products": without the second
-#: (``WHOLE_PRODUCTS`` off, the default before 2026-12-02 01:15 UTC); "value_writing_changes": the
-#: activations write their changes also where no reader reads them (``SKIP_UNREAD_CHANGES`` off);
-#: "value_writing_fused_changes": only those fused with a residual add do (as before 2026-12-02 03:20 UTC,
-#: :func:`~helpers.writing_changes`); "value_with_stem": the stems (3 input channels) recompute too;
-#: "value_before_sums": value mode as it was before the residual adds took it (ResNet's first two ReLUs per
-#: block only, every activation writing its changes, :func:`~helpers.without_kept_outputs`);
-#: "value_on_row_lists": the residual adds in value mode only
-#: where the kept outputs are on row lists (:func:`only_on_row_lists`)
-VARIANTS = {"delta": (False, 8, None, True, True, True), "value": (True, 8, None, True, True, True),
-            "value_without_whole_sums": (True, 8, None, False, True, True),
-            "value_without_whole_products": (True, 8, None, True, False, True),
-            "value_writing_changes": (True, 8, None, True, True, False),
-            "value_writing_fused_changes": (True, 8, partial(writing_changes, fused_only=True), True, True, True),
-            "value_with_stem": (True, 1, None, True, True, True),
-            "value_before_sums": (True, 8, without_kept_outputs, True, True, True),
-            "value_on_row_lists": (True, 8, only_on_row_lists, True, True, True),
-            "delta_again": (False, 8, None, True, True, True)}
+#: squeeze-excite products and the max poolings take whole values); "value_without_whole_sums": without the
+#: first (``WHOLE_SUMS`` off, the default before 2026-12-01 23:00 UTC); "value_without_whole_products": without
+#: the second (``WHOLE_PRODUCTS`` off, the default before 2026-12-02 01:15 UTC); "value_pooling_changes": the
+#: max poolings keep accumulators (``WHOLE_MAX_POOLING`` off, the default before 2026-12-02 04:30 UTC);
+#: "value_writing_changes": the activations write their changes also where no reader reads them
+#: (``SKIP_UNREAD_CHANGES`` off); "value_writing_fused_changes": only those fused with a residual add do (as
+#: before 2026-12-02 03:20 UTC, :func:`~helpers.writing_changes`); "value_with_stem": the stems (3 input
+#: channels) recompute too (``MIN_RECOMPUTE_CHANNELS`` 1); "value_before_sums": value mode as it was before the
+#: residual adds took it (ResNet's first two ReLUs per block only, every activation writing its changes,
+#: :func:`~helpers.without_kept_outputs`); "value_on_row_lists": the residual adds in value mode only where the
+#: kept outputs are on row lists (:func:`only_on_row_lists`)
+VARIANTS = {"delta": (False, None, {}), "value": (True, None, {}),
+            "value_without_whole_sums": (True, None, {"WHOLE_SUMS": False}),
+            "value_without_whole_products": (True, None, {"WHOLE_PRODUCTS": False}),
+            "value_pooling_changes": (True, None, {"WHOLE_MAX_POOLING": False}),
+            "value_writing_changes": (True, None, {"SKIP_UNREAD_CHANGES": False}),
+            "value_writing_fused_changes": (True, partial(writing_changes, fused_only=True), {}),
+            "value_with_stem": (True, None, {"MIN_RECOMPUTE_CHANNELS": 1}),
+            "value_before_sums": (True, without_kept_outputs, {}),
+            "value_on_row_lists": (True, only_on_row_lists, {}),
+            "delta_again": (False, None, {})}
 CALIBRATED = {"vtest.avi": "fidelity_thresholds_vtest_0.01_rms_float16.json",
               "one-by-one-person-detection.mp4": "fidelity_thresholds_one_0.01_rms_float16.json"}
 
@@ -100,8 +102,6 @@ def main(argv=None) -> None:
     from deltaconv.cuda_graphs import graphed_model
     from deltaconv.fidelity import flops_density, primary_output, relative_error
 
-    default_min, default_sums = convert_module.MIN_RECOMPUTE_CHANNELS, convert_module.WHOLE_SUMS
-    default_products, default_skip = convert_module.WHOLE_PRODUCTS, convert_module.SKIP_UNREAD_CHANGES
     info = run_info()
     print(f"# {info['device']}, {info['date']}, torch {torch.__version__}", flush=True)
     for video, name, model, frames in video_models(a.videos, a.models, a.start, a.frames, a.size, dtype):
@@ -115,13 +115,16 @@ def main(argv=None) -> None:
             runs = {}
             with torch.no_grad():
                 for v in a.order:
-                    recompute, min_channels, undo, whole_sums, whole_products, skip_unread = VARIANTS[v]
-                    convert_module.MIN_RECOMPUTE_CHANNELS, convert_module.WHOLE_SUMS = min_channels, whole_sums
-                    convert_module.WHOLE_PRODUCTS, convert_module.SKIP_UNREAD_CHANGES = whole_products, skip_unread
-                    dm = deltaconv.convert(model, backend="cuda", example_input=frames[0], cuda_graph=True,
-                                           check_finite=False, recompute=recompute, **kw)
-                    convert_module.MIN_RECOMPUTE_CHANNELS, convert_module.WHOLE_SUMS = default_min, default_sums
-                    convert_module.WHOLE_PRODUCTS, convert_module.SKIP_UNREAD_CHANGES = default_products, default_skip
+                    recompute, undo, flags = VARIANTS[v]
+                    defaults = {k: getattr(convert_module, k) for k in flags}
+                    for k, value in flags.items():
+                        setattr(convert_module, k, value)
+                    try:
+                        dm = deltaconv.convert(model, backend="cuda", example_input=frames[0], cuda_graph=True,
+                                               check_finite=False, recompute=recompute, **kw)
+                    finally:
+                        for k, value in defaults.items():
+                            setattr(convert_module, k, value)
                     if undo is not None:  # before the first frame: those adds then run in delta mode
                         undo(dm)
                     dm(frames[0]), dm(frames[1])  # key frame, then the captured frame

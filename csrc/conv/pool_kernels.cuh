@@ -1,9 +1,10 @@
 // Pooling and linear kernels of the delta runtime (ATen-free). Semantics: deltaconv/backends/reference.py.
 //
 //   maxpool_acc_kernel     acc += delta on active input pixels (first of two launches: the pooling
-//                          pass reads neighbours' acc, so the update must be complete before it)
+//                          pass reads neighbours' acc, so the update must be complete before it;
+//                          max_pool2d_values has no accumulator and skips it)
 //   maxpool_out_kernel     a warp per output pixel: region = window holds an active pixel;
-//                          y = max(acc) over the window; send y - sent when its size (max or rms
+//                          y = max(src) over the window (src: acc, or the input's whole values); send y - sent when its size (max or rms
 //                          over the channels, pw::PendingSize) > thr (or key): pw::send_element
 //                          (tf32, float32: the changes rounded to TF32, as the activation sends them)
 //   maxpool_out_cl_kernel  the same for channels_last acc and sent with C % 4 == 0, C <= 512: a
@@ -73,12 +74,14 @@ __device__ __forceinline__ void max_into(float& y, float v) {
   if (v > y || isnan(v)) y = v;
 }
 
-__device__ __forceinline__ float maxpool_window(const float* __restrict__ acc, const Strides4& as, const PoolGeom& g,
+// The maximum of channel c of `src` (float32 acc, or T whole values; strides `as`) over the window.
+template <typename S>
+__device__ __forceinline__ float maxpool_window(const S* __restrict__ src, const Strides4& as, const PoolGeom& g,
                                                 long long n, int c, int hs, int ws) {
   float y = -INFINITY;
-  const float* ap = acc + n * as.n + c * as.c;
+  const S* ap = src + n * as.n + c * as.c;
   for_each_window_pixel(g, hs, ws, [&](int ih, int iw) {
-    max_into(y, ap[ih * as.h + iw * as.w]);
+    max_into(y, to_f(ap[ih * as.h + iw * as.w]));
     return false;
   });
   return y;
@@ -100,10 +103,11 @@ __device__ __forceinline__ bool maxpool_window_active(const bool* __restrict__ m
 
 // Persistent warps (pw::for_each_active_pixel): one lane tests an output pixel's window for an
 // active input pixel; a warp per output pixel whose window has one, its 32 lanes striding over the
-// channels.
-template <typename T>
+// channels. S: the pooled source's type, float (acc, the accumulated input: max_pool2d) or T (the
+// input's whole values, max_pool2d_values).
+template <typename T, typename S = float>
 __global__ void __launch_bounds__(256)
-    maxpool_out_kernel(const bool* __restrict__ mask, const float* __restrict__ acc, Strides4 as,
+    maxpool_out_kernel(const bool* __restrict__ mask, const S* __restrict__ acc, Strides4 as,
                        T* __restrict__ sent, Strides4 ss, const bool* __restrict__ key, T* __restrict__ y,
                        bool* __restrict__ mask_out, PoolGeom g, float threshold, float rms_limit,
                        long long total_pix, bool tf32) {
@@ -138,12 +142,13 @@ __global__ void __launch_bounds__(256)
 constexpr int kMaxpoolVec = 4;     // channels per lane and load (a float4 of acc)
 constexpr int kMaxpoolChunks = 4;  // channel chunks of 32 lanes x 4 a lane holds: C <= 512
 
-// acc [N, C, H, W] and sent [N, C, Ho, Wo] channels_last (C % 4 == 0, C <= 512, 16-byte aligned);
-// y [N, C, Ho, Wo] channels_last. log2_lanes: lanes per output pixel, C / 4 rounded up to a power of
-// two (at most 32). Same results as maxpool_out_kernel (the same window order and NaN rule).
-template <typename T>
+// acc [N, C, H, W] (S: float32, or T whole values as in maxpool_out_kernel) and sent [N, C, Ho, Wo]
+// channels_last (C % 4 == 0, C <= 512, 16-byte aligned); y [N, C, Ho, Wo] channels_last. log2_lanes:
+// lanes per output pixel, C / 4 rounded up to a power of two (at most 32). Same results as
+// maxpool_out_kernel (the same window order and NaN rule).
+template <typename T, typename S = float>
 __global__ void __launch_bounds__(256)
-    maxpool_out_cl_kernel(const bool* __restrict__ mask, const float* __restrict__ acc, T* __restrict__ sent,
+    maxpool_out_cl_kernel(const bool* __restrict__ mask, const S* __restrict__ acc, T* __restrict__ sent,
                           const bool* __restrict__ key, T* __restrict__ y, bool* __restrict__ mask_out, PoolGeom g,
                           float threshold, float rms_limit, long long total_pix, int log2_lanes, bool tf32) {
   grid_dependency_sync();
@@ -155,7 +160,7 @@ __global__ void __launch_bounds__(256)
     const int oh = (int)(t % g.Ho);
     const long long n = t / g.Ho;
     const int hs = oh * g.sh - g.ph, ws = ow * g.sw - g.pw;
-    const float* an = acc + n * g.H * g.W * (long long)g.C;
+    const S* an = acc + n * g.H * g.W * (long long)g.C;
     const int step = grp.lanes * kMaxpoolVec;
     float mx[kMaxpoolChunks][kMaxpoolVec];
     pw::PendingSize size;

@@ -32,7 +32,8 @@ _LOADED = _extension.load()
 _OPS = ("sparsify", "densify", "activation", "activation_values", "add_activation", "affine_channel", "add", "mul",
         "concatenate", "interleave_channels", "interpolate", "resample", "conv2d", "conv_transpose2d", "max_pool2d",
         "avg_pool2d", "adaptive_avg_pool2d", "linear", "count_active", "conv1x1_rows", "layer_norm",
-        "add_activation_values", "conv1x1_rows_into", "conv1x1_into", "add_values", "mul_values")
+        "add_activation_values", "conv1x1_rows_into", "conv1x1_into", "add_values", "mul_values",
+        "max_pool2d_values")
 
 
 def _registered_cuda_kernels() -> frozenset:
@@ -842,6 +843,27 @@ def _max_pool2d_fake(delta, mask, acc, sent, kernel_size, stride, padding, dilat
     (ph, pw), (dh, dw) = _pair(padding), _pair(dilation)
     ho, wo = _pool_out(h, kh, ph, sh, dh, ceil_mode), _pool_out(w, kw, pw, sw, dw, ceil_mode)
     return _empty_value(delta, (n, c, ho, wo)), _empty_mask(delta, n, ho, wo)
+
+
+def max_pool2d_values(x: Tensor, mask: Tensor, sent: Tensor, kernel_size, stride, padding, dilation,
+                      ceil_mode: bool, threshold: float, key: Optional[Tensor],
+                      measure: str = "max", tf32: bool = False) -> tuple[Tensor, Tensor]:
+    """Max pooling in value mode (``x``: the input's whole values at every pixel, no accumulator):
+    :func:`max_pool2d` without its accumulator pass. ``tf32``: as in :func:`activation`."""
+    if _pooled(measure) or not (_native("max_pool2d_values", x, mask, sent) and x.dim() == 4
+                                and x.dtype in _ACT_DTYPES and sent.dtype == x.dtype):
+        return _ref.max_pool2d_values(x, mask, sent, kernel_size, stride, padding, dilation, ceil_mode, threshold,
+                                      key, measure, tf32=tf32)
+    return torch.ops.deltaconv.max_pool2d_values(_value4(x), _mask4(mask), sent, _pair(kernel_size),
+                                                 _pool_stride(stride, kernel_size), _pair(padding), _pair(dilation),
+                                                 bool(ceil_mode), float(threshold), _key(key), _rms(measure),
+                                                 tf32=bool(tf32))
+
+
+@_fake("max_pool2d_values")
+def _max_pool2d_values_fake(x, mask, sent, kernel_size, stride, padding, dilation, ceil_mode, threshold, key,
+                            rms=False, tf32=False):
+    return _max_pool2d_fake(x, mask, None, sent, kernel_size, stride, padding, dilation, ceil_mode, threshold, key)
 
 
 # ----------------------------------------------------------------------------- statistics

@@ -535,6 +535,18 @@ def max_pool2d(delta: Tensor, mask: Tensor, acc: Tensor, sent: Tensor, kernel_si
     return pool_nonlinear(delta, mask, acc, sent, op, threshold, key, measure, tf32)
 
 
+def max_pool2d_values(x: Tensor, mask: Tensor, sent: Tensor, kernel_size, stride, padding, dilation,
+                      ceil_mode: bool, threshold: float, key: Optional[Tensor],
+                      measure: str = "max", tf32: bool = False) -> tuple[Tensor, Tensor]:
+    """Max pooling in value mode: ``x`` holds the input's whole values at every pixel (the activation
+    before it keeps them, ``Delta.whole``), so there is no accumulator: the maximum of ``x`` over the
+    footprint of the active pixels ``mask``, then truncation. ``tf32``: as in :func:`activation`."""
+    def op(t):
+        return F.max_pool2d(t, kernel_size, stride, padding, dilation, ceil_mode)
+    y = op(x.to(torch.promote_types(x.dtype, torch.float32)))
+    return truncate(y, _footprint(mask, op), sent, threshold, key, x.dtype, measure, tf32)
+
+
 # ----------------------------------------------------------------------------- statistics
 def count_active(masks: Sequence[Tensor], stats: Sequence[Tensor]) -> None:
     """Per-layer statistics: for each mask, its ``stats`` (float64 ``[4]``) gets ``[0] = active

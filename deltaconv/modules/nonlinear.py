@@ -196,6 +196,12 @@ class DCMaxPool2d(DCModule):
 
     kind = "max_pool2d"
     truncates = True
+    #: value mode (set by ``convert`` under ``deltaconv.convert.WHOLE_MAX_POOLING``, on by default): the
+    #: input gives its whole values (``Delta.whole``: an activation's sent values, ResNet's stem ReLU), so
+    #: the layer pools them and keeps no accumulator (``ops.max_pool2d_values``); delta mode on frames
+    #: where the input has none or sends TF32 (which change only with a key frame)
+    takes_whole = False
+    lazy_states = ("acc",)
 
     def __init__(self, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False) -> None:
         super().__init__()
@@ -211,13 +217,19 @@ class DCMaxPool2d(DCModule):
         return cls(pool.kernel_size, pool.stride, pool.padding, pool.dilation, pool.ceil_mode)
 
     def forward(self, x: Delta) -> Delta:
-        acc = self.state("acc", x.shape, x.device, x.dtype)
         n, c = x.shape[:2]
         out_hw = torch.nn.functional.max_pool2d(torch.empty((1, 1) + tuple(x.shape[2:]), device="meta"),
                                                 self.kernel_size, self.stride, self.padding, self.dilation,
                                                 self.ceil_mode).shape[2:]
         sent = self.state("sent", (n, c) + tuple(out_hw), x.device, x.dtype, sent=True)
         tf32 = sends_tf32(x.value)
+        if self.takes_whole and x.whole is not None and not x.tf32:  # value mode: the pooled whole input
+            v, m = self.ops.max_pool2d_values(x.whole, x.mask, sent, self.kernel_size, self.stride, self.padding,
+                                              self.dilation, self.ceil_mode, self.threshold, self.key, self.measure,
+                                              tf32=tf32)
+            return self.observe(Delta(v, m, tf32=tf32, whole=sent))
+        require_changes(self.layer_name, x)
+        acc = self.state("acc", x.shape, x.device, x.dtype)
         v, m = self.ops.max_pool2d(x.value, x.mask, acc, sent, self.kernel_size, self.stride, self.padding,
                                    self.dilation, self.ceil_mode, self.threshold, self.key, self.measure, tf32=tf32)
         return self.observe(Delta(v, m, tf32=tf32, whole=sent))
