@@ -247,6 +247,13 @@ def _row_args(rows: Optional[RowList], delta: Tensor) -> tuple[Optional[Tensor],
     return rows.rows, rows.counters
 
 
+def _pooled_and_write_out(measure: str, write_out: bool) -> dict:
+    """The activation ops' ``pooled`` and ``write_out`` arguments: the pooled measure's first pass writes the
+    pending changes into the output, so it always writes them."""
+    pooled = _pooled(measure)
+    return {"pooled": pooled, "write_out": bool(write_out) or pooled}
+
+
 def activation(delta: Tensor, mask: Tensor, acc: Tensor, sent: Tensor, fn: Callable[[Tensor], Tensor],
                threshold: float, key: Optional[Tensor], measure: str = "max",
                rows: Optional[RowList] = None, tf32: bool = False, write_out: bool = True) -> tuple[Tensor, Tensor]:
@@ -266,8 +273,8 @@ def activation(delta: Tensor, mask: Tensor, acc: Tensor, sent: Tensor, fn: Calla
     with _states4(acc, sent) as (a4, s4):
         out, m = torch.ops.deltaconv.activation(_value4(delta), _mask4(mask), a4, s4, kind,
                                                 float(getattr(fn, "param", 0.0)), float(threshold), _key(key), rms,
-                                                *_row_args(rows, delta), tf32=bool(tf32), pooled=_pooled(measure),
-                                                write_out=bool(write_out) or _pooled(measure))
+                                                *_row_args(rows, delta), tf32=bool(tf32),
+                                                **_pooled_and_write_out(measure, write_out))
     return _like(out, m, delta)
 
 
@@ -290,8 +297,7 @@ def activation_values(x: Tensor, mask: Tensor, sent: Tensor, fn: Callable[[Tenso
         out, m = torch.ops.deltaconv.activation_values(_value4(x), _mask4(mask), s4, kind,
                                                        float(getattr(fn, "param", 0.0)), float(threshold),
                                                        _key(key), _rms(measure), *_row_args(rows, x), tf32=bool(tf32),
-                                                       pooled=_pooled(measure),
-                                                       write_out=bool(write_out) or _pooled(measure))
+                                                       **_pooled_and_write_out(measure, write_out))
     return _like(out, m, x)
 
 
@@ -385,7 +391,7 @@ def add_activation(delta_a: Tensor, mask_a: Tensor, delta_b: Tensor, mask_b: Ten
         out, m, union = torch.ops.deltaconv.add_activation(
             _value4(delta_a), _mask4(mask_a), _value4(delta_b), _mask4(mask_b), float(alpha), a4, s4, kind,
             float(getattr(fn, "param", 0.0)), float(threshold), _key(key), _rms(measure), *_row_args(rows, delta_a),
-            tf32=bool(tf32), pooled=_pooled(measure), write_out=bool(write_out) or _pooled(measure))
+            tf32=bool(tf32), **_pooled_and_write_out(measure, write_out))
     out, m = _like(out, m, delta_a)
     return out, m, union.view(m.shape)
 

@@ -525,13 +525,19 @@ def resample(x: Tensor, size, scale_factor, mode: str, align_corners: Optional[b
     return _interpolate(x.contiguous(), size, scale_factor, mode, align_corners)
 
 
+def _max_pool(kernel_size, stride, padding, dilation, ceil_mode: bool) -> Callable[[Tensor], Tensor]:
+    """``F.max_pool2d`` with these arguments, as a function of the map alone (the op of both max poolings)."""
+    def op(t: Tensor) -> Tensor:
+        return F.max_pool2d(t, kernel_size, stride, padding, dilation, ceil_mode)
+    return op
+
+
 def max_pool2d(delta: Tensor, mask: Tensor, acc: Tensor, sent: Tensor, kernel_size, stride, padding, dilation,
                ceil_mode: bool, threshold: float, key: Optional[Tensor],
                measure: str = "max", tf32: bool = False) -> tuple[Tensor, Tensor]:
     """Max pooling (``F.max_pool2d`` arguments): non-linear, over the footprint of active pixels.
     ``tf32``: as in :func:`activation`."""
-    def op(t):
-        return F.max_pool2d(t, kernel_size, stride, padding, dilation, ceil_mode)
+    op = _max_pool(kernel_size, stride, padding, dilation, ceil_mode)
     return pool_nonlinear(delta, mask, acc, sent, op, threshold, key, measure, tf32)
 
 
@@ -541,8 +547,7 @@ def max_pool2d_values(x: Tensor, mask: Tensor, sent: Tensor, kernel_size, stride
     """Max pooling in value mode: ``x`` holds the input's whole values at every pixel (the activation
     before it keeps them, ``Delta.whole``), so there is no accumulator: the maximum of ``x`` over the
     footprint of the active pixels ``mask``, then truncation. ``tf32``: as in :func:`activation`."""
-    def op(t):
-        return F.max_pool2d(t, kernel_size, stride, padding, dilation, ceil_mode)
+    op = _max_pool(kernel_size, stride, padding, dilation, ceil_mode)
     y = op(x.to(torch.promote_types(x.dtype, torch.float32)))
     return truncate(y, _footprint(mask, op), sent, threshold, key, x.dtype, measure, tf32)
 
