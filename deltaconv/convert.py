@@ -32,7 +32,9 @@ _ADOPTING = (DCConv2d, DCConvTranspose2d, DCLinear, DCBatchNorm2d, DCLayerNorm)
 #: ``recompute``: their tensor-core kernel reads a copy of the input padded to 8 channels, which value
 #: mode has to pad at every pixel of every frame; that cost what the stem's activation saved on busy
 #: frames, and frames with nothing changed were up to 8 % slower (H200, 2026-11-29,
-#: ``benchmarks/results/value_mode.txt`` section 3).
+#: ``benchmarks/results/value_mode.txt`` section 3). Measured again once the ResNets' stem activation had
+#: readers taking whole values (whole max pooling): busy frames within 1-2 %, frames with nothing changed
+#: up to 5 % slower (2026-12-02, section 17).
 MIN_RECOMPUTE_CHANNELS = 8
 
 #: Value mode through linear layers' outputs as well ("whole sums"): a 1x1 convolution whose readers all
