@@ -1257,9 +1257,12 @@ MAXPOOL_CASES = [
     (33, (3, 2), (2, 1), (1, 0), (1, 2), True, (13, 17)),
     (8, 3, 1, 1, 1, False, (600, 640)),  # more pixels than the persistent kernels' resident threads
     # channels_last states with C % 4 == 0 and C <= 512 take maxpool_out_cl_kernel: one lane, several
-    # chunks of 128 channels per lane group; 516 channels take maxpool_out_kernel
+    # chunks of 128 channels per lane group (float32 acc; 256 channels of 2-byte whole values); 4 and 12
+    # whole values of 2 bytes load 4 per lane (C % 8 != 0); 516 channels take maxpool_out_kernel
     (4, 3, 2, 1, 1, True, (13, 17)),
+    (12, 3, 2, 1, 1, False, (13, 17)),
     (256, 3, 2, 1, 1, False, (13, 17)),
+    (512, 3, 2, 1, 1, False, (7, 9)),
     (516, 2, 2, 0, 1, False, (7, 9)),
 ]
 

@@ -8,7 +8,8 @@
 //                          over the channels, pw::PendingSize) > thr (or key): pw::send_element
 //                          (tf32, float32: the changes rounded to TF32, as the activation sends them)
 //   maxpool_out_cl_kernel  the same for channels_last acc and sent with C % 4 == 0, C <= 512: a
-//                          group of C / 4 lanes (at most 32) per output pixel, 16-byte acc loads,
+//                          group of C / VEC lanes (at most 32) per output pixel, 16-byte loads of the
+//                          pooled map (VEC = 4 float32 acc or 8 whole float16 / bfloat16 values),
 //                          the window maxima kept in registers from the send decision to the send
 //   avgpool_kernel         one thread per output element; mask = window holds an active pixel
 //   adaptive_avgpool_kernel one block per (output pixel, chunk of 256 window pixels, 256 channels):
@@ -139,19 +140,26 @@ __global__ void __launch_bounds__(256)
   });
 }
 
-constexpr int kMaxpoolVec = 4;     // channels per lane and load (a float4 of acc)
-constexpr int kMaxpoolChunks = 4;  // channel chunks of 32 lanes x 4 a lane holds: C <= 512
+constexpr int kMaxpoolMaxChannels = 512;  // the most channels maxpool_out_cl_kernel takes (its registers)
+// Channels per lane and load of maxpool_out_cl_kernel's pooled map: one 16-byte load (4 float32 acc
+// elements, 8 float16 / bfloat16 whole values).
+template <typename S>
+constexpr int maxpool_vec() {
+  return 16 / (int)sizeof(S);
+}
 
 // acc [N, C, H, W] (S: float32, or T whole values as in maxpool_out_kernel) and sent [N, C, Ho, Wo]
-// channels_last (C % 4 == 0, C <= 512, 16-byte aligned); y [N, C, Ho, Wo] channels_last. log2_lanes:
-// lanes per output pixel, C / 4 rounded up to a power of two (at most 32). Same results as
-// maxpool_out_kernel (the same window order and NaN rule).
-template <typename T, typename S = float>
+// channels_last (C % VEC == 0, C <= kMaxpoolMaxChannels, 16-byte aligned); y [N, C, Ho, Wo] channels_last.
+// VEC: channels per lane and load, maxpool_vec<S>() (a 16-byte load), or 4 for a 2-byte S whose C is not a
+// multiple of 8. log2_lanes: lanes per output pixel, C / VEC rounded up to a power of two (at most 32). Same
+// results as maxpool_out_kernel (the same window order and NaN rule).
+template <typename T, typename S = float, int VEC = maxpool_vec<S>()>
 __global__ void __launch_bounds__(256)
     maxpool_out_cl_kernel(const bool* __restrict__ mask, const S* __restrict__ acc, T* __restrict__ sent,
                           const bool* __restrict__ key, T* __restrict__ y, bool* __restrict__ mask_out, PoolGeom g,
                           float threshold, float rms_limit, long long total_pix, int log2_lanes, bool tf32) {
   grid_dependency_sync();
+  constexpr int kChunks = kMaxpoolMaxChannels / (32 * VEC);  // channel chunks of 32 lanes x VEC a lane holds
   const auto settle = [&](int64_t pix) { return maxpool_window_active(mask, mask_out, g, pix); };
   pw::for_each_active_pixel(total_pix, log2_lanes, settle, [&](const pw::PixelGroup& grp) {
     const long long pix = grp.pixel;
@@ -161,39 +169,39 @@ __global__ void __launch_bounds__(256)
     const long long n = t / g.Ho;
     const int hs = oh * g.sh - g.ph, ws = ow * g.sw - g.pw;
     const S* an = acc + n * g.H * g.W * (long long)g.C;
-    const int step = grp.lanes * kMaxpoolVec;
-    float mx[kMaxpoolChunks][kMaxpoolVec];
+    const int step = grp.lanes * VEC;
+    float mx[kChunks][VEC];
     pw::PendingSize size;
 #pragma unroll
-    for (int k = 0; k < kMaxpoolChunks; ++k) {
-      const int c = grp.lane * kMaxpoolVec + k * step;
+    for (int k = 0; k < kChunks; ++k) {
+      const int c = grp.lane * VEC + k * step;
       if (c >= g.C) break;
       pw::fill(mx[k], -INFINITY);
       for_each_window_pixel(g, hs, ws, [&](int ih, int iw) {
-        float v[kMaxpoolVec];
-        pw::load_f<kMaxpoolVec>(an + ((long long)ih * g.W + iw) * g.C + c, v);
+        float v[VEC];
+        pw::load_f<VEC>(an + ((long long)ih * g.W + iw) * g.C + c, v);
 #pragma unroll
-        for (int i = 0; i < kMaxpoolVec; ++i) max_into(mx[k][i], v[i]);
+        for (int i = 0; i < VEC; ++i) max_into(mx[k][i], v[i]);
         return false;
       });
-      float s[kMaxpoolVec];
-      pw::load_f<kMaxpoolVec>(sent + pix * g.C + c, s);
+      float s[VEC];
+      pw::load_f<VEC>(sent + pix * g.C + c, s);
 #pragma unroll
-      for (int i = 0; i < kMaxpoolVec; ++i) size.add(pw::pending_change<T>(mx[k][i], s[i]), threshold);
+      for (int i = 0; i < VEC; ++i) size.add(pw::pending_change<T>(mx[k][i], s[i]), threshold);
     }
     const bool send = pw::group_exceeds(grp, size, rms_limit) || key_of(key, (int)n);
     if (grp.lane == 0) mask_out[pix] = send;
     if (!send) return;
 #pragma unroll
-    for (int k = 0; k < kMaxpoolChunks; ++k) {
-      const int c = grp.lane * kMaxpoolVec + k * step;
+    for (int k = 0; k < kChunks; ++k) {
+      const int c = grp.lane * VEC + k * step;
       if (c >= g.C) break;
-      float s[kMaxpoolVec], out[kMaxpoolVec];
-      pw::load_f<kMaxpoolVec>(sent + pix * g.C + c, s);
+      float s[VEC], out[VEC];
+      pw::load_f<VEC>(sent + pix * g.C + c, s);
 #pragma unroll
-      for (int i = 0; i < kMaxpoolVec; ++i) out[i] = pw::send_element<T>(mx[k][i], s[i], tf32);
-      pw::store_f<kMaxpoolVec>(y + pix * g.C + c, out);
-      pw::store_f<kMaxpoolVec>(sent + pix * g.C + c, s);
+      for (int i = 0; i < VEC; ++i) out[i] = pw::send_element<T>(mx[k][i], s[i], tf32);
+      pw::store_f<VEC>(y + pix * g.C + c, out);
+      pw::store_f<VEC>(sent + pix * g.C + c, s);
     }
   });
 }
