@@ -71,7 +71,11 @@ class Activation:
 
 
 def from_module(module: nn.Module) -> Optional[Activation]:
-    """The :class:`Activation` equal to a dense activation module, or ``None`` if it is not one."""
+    """The :class:`Activation` equal to a dense activation module, or ``None`` if it is not one.
+
+    ``nn.PReLU`` with one slope (``num_parameters=1``, its default) becomes a leaky ReLU whose negative
+    slope is the slope's value at this call (later changes of the PReLU's weight are not seen, as a
+    BatchNorm folded into a convolution); with one slope per channel it is not one (``None``)."""
     t = type(module)
     simple = {nn.ReLU: "relu", nn.ReLU6: "relu6", nn.Hardswish: "hardswish", nn.Hardsigmoid: "hardsigmoid",
               nn.SiLU: "silu", nn.Sigmoid: "sigmoid", nn.Tanh: "tanh"}
@@ -79,6 +83,8 @@ def from_module(module: nn.Module) -> Optional[Activation]:
         return Activation(simple[t])
     if t is nn.LeakyReLU:
         return Activation("leaky_relu", float(module.negative_slope))
+    if t is nn.PReLU and module.weight.numel() == 1:  # one learnt slope: a leaky ReLU with it, taken now
+        return Activation("leaky_relu", float(module.weight.detach().reshape(())))
     if t is nn.GELU:
         return Activation("gelu", 1.0 if module.approximate == "tanh" else 0.0)
     if t is nn.ELU:

@@ -111,8 +111,9 @@ MODULE_RULES: dict[type, Callable[[nn.Module], Optional[DCModule]]] = {
     nn.ZeroPad2d: _linear_fn_rule,
     nn.ConstantPad2d: _pad_rule,
 }
-for _act in (nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.Hardswish, nn.Hardsigmoid, nn.SiLU, nn.Sigmoid, nn.GELU, nn.Tanh,
-             nn.ELU, nn.Hardtanh, nn.Mish, nn.Softplus, nn.SELU, nn.CELU, nn.Softsign, nn.Tanhshrink, nn.LogSigmoid):
+for _act in (nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.PReLU, nn.Hardswish, nn.Hardsigmoid, nn.SiLU, nn.Sigmoid, nn.GELU,
+             nn.Tanh, nn.ELU, nn.Hardtanh, nn.Mish, nn.Softplus, nn.SELU, nn.CELU, nn.Softsign, nn.Tanhshrink,
+             nn.LogSigmoid):
     MODULE_RULES[_act] = DCActivation.from_dense
 
 #: the rules of modules on a channels-last view that run channels-first (``deltaconv.layout``: nodes

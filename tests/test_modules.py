@@ -184,6 +184,7 @@ ACTIVATIONS = {
     "Hardsigmoid": nn.Hardsigmoid(), "SiLU": nn.SiLU(), "Sigmoid": nn.Sigmoid(), "GELU": nn.GELU(),
     "GELU-tanh": nn.GELU(approximate="tanh"), "Tanh": nn.Tanh(), "ELU": nn.ELU(0.5), "inplace-ReLU": nn.ReLU(True),
     "Hardtanh-generic": nn.Hardtanh(-1.0, 2.0), "Mish-generic": nn.Mish(),
+    "PReLU": nn.PReLU(init=0.3),  # one learnt slope: a leaky ReLU
 }
 FUNCTIONAL_ACTIVATIONS = {
     "F.relu": F.relu, "torch.relu": torch.relu, "method.relu": lambda x: x.relu(), "F.relu6": F.relu6,
@@ -214,6 +215,19 @@ def test_activation_functional(name, device, backend):
     fn = FUNCTIONAL_ACTIVATIONS[name]
     check_converted(Fn(lambda x, c: fn(c(x)), conv()), expect=[DCActivation], scale=4.0, device=device,
                     backend=backend)
+
+
+def test_prelu_takes_its_slope_when_converted():
+    """A one-slope PReLU converts to a leaky ReLU with the PReLU's slope at that moment (float16 too); one
+    with a slope per channel has no delta rule."""
+    prelu = nn.PReLU(init=-0.25)
+    act = DCActivation.from_dense(prelu).fn
+    assert (act.kind, act.param) == ("leaky_relu", -0.25)
+    half = DCActivation.from_dense(nn.PReLU(init=0.1).half()).fn
+    assert half.param == float(torch.tensor(0.1, dtype=torch.float16))
+    x = torch.linspace(-3, 3, 13)
+    torch.testing.assert_close(act(x), prelu(x), rtol=0, atol=0)
+    assert DCActivation.from_dense(_prelu_per_channel(4)) is None
 
 
 # ----------------------------------------------------------------------------- elementwise arithmetic
@@ -514,12 +528,20 @@ def test_interpolate_to_size_of_another_tensor(device, backend):
 
 
 # ----------------------------------------------------------------------------- fallbacks
+def _prelu_per_channel(channels: int) -> nn.PReLU:
+    prelu = nn.PReLU(channels)
+    with torch.no_grad():
+        prelu.weight.copy_(torch.linspace(-0.5, 0.5, channels))
+    return prelu
+
+
 FALLBACKS = {
     "cumsum": lambda: Fn(lambda x, c: c(torch.cumsum(x, dim=3)), conv()),
     "layer_norm": lambda: Fn(lambda x, c: c(F.layer_norm(x, x.shape[1:])), conv()),
     "InstanceNorm2d": lambda: nn.Sequential(conv(), nn.InstanceNorm2d(4, affine=True), nn.ReLU(), conv()),
     "adaptive_max_pool": lambda: nn.Sequential(conv(), nn.AdaptiveMaxPool2d(3), conv(k=1)),
     "softmax": lambda: Fn(lambda x, c: torch.softmax(c(x), dim=1), conv()),
+    "PReLU-per-channel": lambda: nn.Sequential(conv(), _prelu_per_channel(4), conv()),
     # an in-place op without a rule must not edit the fallback's accumulated-input state
     "inplace-exp_": lambda: Fn(lambda x, c: (c(x) * 0.3).exp_() + 0, conv()),
     "inplace-tanh_": lambda: Fn(lambda x, c: torch.cumsum(c(x), 1).clamp_(min=-1.0).tanh_(), conv()),
