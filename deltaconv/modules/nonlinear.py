@@ -18,8 +18,8 @@ from .linear import DeferredSum, _map_deltas, _rebuild, sends_tf32
 
 
 class DCActivation(DCModule):
-    """Pointwise non-linearity (ReLU, ReLU6, LeakyReLU, Hardswish, Hardsigmoid, SiLU, Sigmoid,
-    GELU, Tanh, ELU, or any pointwise callable). State: ``acc`` (input), ``sent`` (output); after a
+    """Pointwise non-linearity (ReLU, ReLU6, LeakyReLU, a one-slope PReLU, Hardswish, Hardsigmoid, SiLU,
+    Sigmoid, GELU, Tanh, ELU, or any pointwise callable). State: ``acc`` (input), ``sent`` (output); after a
     recomputing convolution (``DCConv2d.recomputes``: its input arrives whole), or fused with a residual
     add of a convolution's kept whole output (``DCConv2d.keeps_output``) and another whole operand,
     ``sent`` only.
