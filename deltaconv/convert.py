@@ -15,7 +15,7 @@ from torch.fx.passes.shape_prop import ShapeProp
 
 from . import backends
 from .backends.reference import check_truncation
-from .modules import (DCActivation, DCAdd, DCConv2d, DCDensify, DCFallback, DCModule, DCMul, DCResample,
+from .modules import (DCActivation, DCAdd, DCConv2d, DCDensify, DCFallback, DCModule, DCMul, DCPad2d, DCResample,
                       DCSparsify)
 from .modules.linear import DCBatchNorm2d, DCConvTranspose2d, DCLinear, DCUpsample
 from .modules.nonlinear import DCLayerNorm, DCMaxPool2d
@@ -551,7 +551,8 @@ class _Converter:
         whose readers are all layers taking whole values (``DCActivation.changes_unread``): convolutions
         in value mode, adds keeping whole sums, products and max poolings taking whole values, and adds fused with
         their activation that sum whole operands (an operand is a convolution keeping its output or a
-        kept sum: ``ops.add_activation_values``, a ResNet bottleneck's identity)."""
+        kept sum: ``ops.add_activation_values``, a ResNet bottleneck's identity), and paddings whose
+        readers all are such layers (they pad the whole values only)."""
         def keeps(node) -> bool:  # a layer whose output is kept whole (Delta.recomputed)
             if not isinstance(node, fx.Node) or node.op != "call_module":
                 return False
@@ -562,6 +563,8 @@ class _Converter:
             if user.op != "call_module" or sites[user.target] != 1:
                 return False
             layer = self.root.get_submodule(user.target)
+            if isinstance(layer, DCPad2d):
+                return bool(user.users) and all(reads_whole(u) for u in user.users)
             return ((type(layer) is DCConv2d and (layer.recomputes or layer.keeps_output))
                     or (isinstance(layer, DCAdd) and layer.keeps_sum)
                     or (isinstance(layer, (DCMul, DCMaxPool2d)) and layer.takes_whole)
@@ -615,10 +618,14 @@ class _Converter:
     def _keeps_whole(self, node) -> bool:
         """Whether ``node`` is a layer whose output delta gives its whole values (``Delta.whole``: an
         activation, a max pooling, the input sparsifier; with ``WHOLE_SUMS`` a product too, the
-        squeeze-excite scaling before a projection)."""
+        squeeze-excite scaling before a projection; a padding of such a layer, which pads them too)."""
         kinds = (DCActivation, DCMaxPool2d, DCSparsify) + ((DCMul,) if WHOLE_SUMS else ())
-        return (isinstance(node, fx.Node) and node.op == "call_module"
-                and isinstance(self.root.get_submodule(node.target), kinds))
+        if not (isinstance(node, fx.Node) and node.op == "call_module"):
+            return False
+        layer = self.root.get_submodule(node.target)
+        if isinstance(layer, DCPad2d):
+            return len(node.args) == 1 and self._keeps_whole(node.args[0])
+        return isinstance(layer, kinds)
 
     def _passthrough(self, key, node: fx.Node) -> bool:
         if key not in PASSTHROUGH_CALLS:

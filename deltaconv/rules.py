@@ -20,8 +20,9 @@ from . import activations
 from .modules import (DCActivation, DCAdaptiveAvgPool2d, DCAdd, DCAvgPool2d, DCBatchNorm2d, DCConcatenate,
                       DCConv2d, DCConvTranspose2d, DCFunctionalConv2d, DCFunctionalLinear, DCLinear,
                       DCLayerNorm, DCLinearFunction, DCMaxPool2d, DCModule, DCMul, DCPixelLinear, DCScale,
-                      DCShuffledConcatenate, DCSpatialMean, DCUpsample)
+                      DCPad2d, DCShuffledConcatenate, DCSpatialMean, DCUpsample)
 from .modules.linear import shuffled_concatenate
+from .modules.padding import PAD_MODES
 
 
 @dataclass
@@ -88,10 +89,6 @@ def _linear_fn_rule(module: nn.Module) -> DCModule:
     return DCLinearFunction(module, type(module).__name__)
 
 
-def _pad_rule(module: nn.Module) -> Optional[DCModule]:
-    return _linear_fn_rule(module) if getattr(module, "value", 0) == 0 else None
-
-
 MODULE_RULES: dict[type, Callable[[nn.Module], Optional[DCModule]]] = {
     nn.Conv2d: DCConv2d.from_dense,
     nn.ConvTranspose2d: DCConvTranspose2d.from_dense,
@@ -108,9 +105,9 @@ MODULE_RULES: dict[type, Callable[[nn.Module], Optional[DCModule]]] = {
     nn.ChannelShuffle: _linear_fn_rule,
     nn.PixelShuffle: _linear_fn_rule,
     nn.PixelUnshuffle: _linear_fn_rule,
-    nn.ZeroPad2d: _linear_fn_rule,
-    nn.ConstantPad2d: _pad_rule,
 }
+for _pad in DCPad2d.MODULE_MODES:  # reflect, replicate, circular, zero (constant of 0)
+    MODULE_RULES[_pad] = DCPad2d.from_dense
 for _act in (nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.PReLU, nn.Hardswish, nn.Hardsigmoid, nn.SiLU, nn.Sigmoid, nn.GELU,
              nn.Tanh, nn.ELU, nn.Hardtanh, nn.Mish, nn.Softplus, nn.SELU, nn.CELU, nn.Softsign, nn.Tanhshrink,
              nn.LogSigmoid):
@@ -342,10 +339,34 @@ def _linear_function(site: Site) -> Optional[Built]:
     if not deltas or not all(site.is_delta_tensor(n) for n in deltas):
         return None
     if site.fn is F.pad:
+        return _spatial_pad(site)
+    return Built(DCLinearFunction(site.fn, site.name), site.args, site.kwargs)
+
+
+def _pad_sig(input, pad, mode="constant", value=None):
+    return dict(locals())
+
+
+def _spatial_pad(site: Site) -> Optional[Built]:
+    """``F.pad`` of a delta: a :class:`~deltaconv.modules.DCPad2d` for the last two dims of a 4-D map with
+    a literal pad (any mode), the general data movement for other constant pads of 0, else ``None``."""
+    p = _bind(_pad_sig, site)
+    if p is None:  # a pad computed in the graph: only constant pads of 0 move as data
         mode = site.args[2] if len(site.args) > 2 else site.kwargs.get("mode", "constant")
         value = site.args[3] if len(site.args) > 3 else site.kwargs.get("value", None)
         if mode != "constant" or value not in (None, 0, 0.0):
             return None
+        return Built(DCLinearFunction(site.fn, site.name), site.args, site.kwargs)
+    if p["mode"] not in PAD_MODES or p["value"] not in (None, 0, 0.0):
+        return None
+    x = site.args[0] if site.args else site.kwargs["input"]
+    meta = x.meta.get("tensor_meta")
+    pad = tuple(p["pad"])
+    if (meta is not None and len(meta.shape) == 4 and len(pad) in ((2, 4) if p["mode"] == "constant" else (4,))
+            and all(isinstance(v, int) for v in pad)):
+        return Built(DCPad2d(pad, p["mode"]), (x,), {})
+    if p["mode"] != "constant":
+        return None
     return Built(DCLinearFunction(site.fn, site.name), site.args, site.kwargs)
 
 

@@ -14,8 +14,9 @@ from torchvision.ops import SqueezeExcitation
 import deltaconv
 from deltaconv import (DCActivation, DCAdaptiveAvgPool2d, DCAdd, DCAvgPool2d, DCBatchNorm2d, DCConcatenate,
                        DCConv2d, DCConvTranspose2d, DCFallback, DCLinear, DCLinearFunction, DCMaxPool2d, DCMul,
-                       DCScale, DCUpsample, Delta)
+                       DCPad2d, DCScale, DCUpsample, Delta)
 from deltaconv.modules import DCSpatialMean, FrameContext
+from deltaconv.modules.padding import pad_delta
 from helpers import FRACTIONS, changing_frames, device_backends, make_positive_monotone, output_masks, rel_err
 
 TOL = 1e-4
@@ -555,6 +556,120 @@ def test_fallback(name, device, backend):
     text = str(dm.report)
     assert "fallbacks:" in text
     assert all(n.layer for n in dm.report.fallbacks)
+
+
+# ----------------------------------------------------------------------------- padding
+PADDINGS = {
+    "ReflectionPad2d": lambda: nn.Sequential(conv(k=1), nn.ReflectionPad2d(1), conv(padding=0)),
+    "ReflectionPad2d-asym": lambda: nn.Sequential(conv(k=1), nn.ReflectionPad2d((2, 0, 1, 3)), conv()),
+    "ReplicationPad2d": lambda: nn.Sequential(conv(k=1), nn.ReplicationPad2d((1, 2, 3, 0)), conv(padding=0)),
+    "CircularPad2d": lambda: nn.Sequential(conv(k=1), nn.CircularPad2d((2, 1, 0, 2)), conv(padding=0)),
+    "ZeroPad2d": lambda: nn.Sequential(conv(k=1), nn.ZeroPad2d((1, 0, 2, 1)), conv(padding=0)),
+    "ConstantPad2d-0": lambda: nn.Sequential(conv(k=1), nn.ConstantPad2d(1, 0.0), conv(padding=0)),
+    "F.pad-reflect": lambda: Fn(lambda x, c: c(F.pad(torch.relu(x), (1, 1, 2, 2), mode="reflect")), conv(padding=0)),
+    "F.pad-width-only": lambda: Fn(lambda x, c: c(F.pad(x, (3, 1))), conv()),
+    "F.pad-circular": lambda: Fn(lambda x, c: c(F.pad(x, [1, 1, 1, 1], mode="circular")), conv(padding=0)),
+    "F.pad-crop": lambda: Fn(lambda x, c: c(F.pad(x, (-1, 2, 1, -2))), conv()),
+    "input-reflect": lambda: nn.Sequential(nn.ReflectionPad2d(3), nn.Conv2d(4, 8, 7), nn.ReLU(), nn.ReflectionPad2d(1),
+                                           nn.Conv2d(8, 8, 3), nn.ReLU()),
+}
+
+
+@pytest.mark.parametrize("device,backend", device_backends())
+@pytest.mark.parametrize("name", list(PADDINGS))
+def test_padding(name, device, backend):
+    """Every padding mode of a 4-D map converts (no fallback) and equals dense."""
+    check_converted(PADDINGS[name](), expect=[DCPad2d], device=device, backend=backend)
+
+
+@pytest.mark.parametrize("mode", ["constant", "reflect", "replicate", "circular"])
+def test_direct_pad(mode):
+    pad = (2, 1, 1, 3) if mode != "constant" else (2, -1, 1, 3)
+    run_direct(DCPad2d(pad, mode), lambda x: F.pad(x, pad, mode=mode) if mode != "constant" else F.pad(x, pad),
+               [SHAPE])
+
+
+@pytest.mark.parametrize("mode", ["reflect", "replicate", "circular", "constant"])
+def test_pad_delta_copies_each_pixels_flag(mode):
+    """An output pixel's flag is the flag of the input pixel it copies (found by padding a map of pixel
+    indices), off where a constant pad adds pixels; the values and the whole values pad as the dense op."""
+    g = torch.Generator().manual_seed(3)
+    n, c, h, w = 2, 5, 6, 7
+    value = torch.randn(n, c, h, w, generator=g).contiguous(memory_format=torch.channels_last)
+    whole = torch.randn(n, c, h, w, generator=g).contiguous(memory_format=torch.channels_last)
+    mask = torch.rand(n, 1, h, w, generator=g) < 0.4
+    pad = (2, 3, 1, 2)
+    out = pad_delta(Delta(value, mask, whole=whole), pad, mode)
+    index = torch.arange(h * w, dtype=torch.float64).reshape(1, 1, h, w) + 1  # 0: a pixel the pad adds
+    source = (F.pad(index, pad, mode=mode) if mode != "constant" else F.pad(index, pad)).long() - 1
+    flags = torch.cat([mask.reshape(n, 1, -1), torch.zeros(n, 1, 1, dtype=torch.bool)], 2)  # [.., -1]: off
+    expected = flags[:, :, source.reshape(-1)].reshape(n, 1, *source.shape[2:])
+    assert out.mask.dtype == torch.bool and torch.equal(out.mask, expected)
+    dense = (lambda t: F.pad(t, pad, mode=mode)) if mode != "constant" else (lambda t: F.pad(t, pad))
+    assert torch.equal(out.value, dense(value)) and torch.equal(out.whole, dense(whole))
+    assert out.value.is_contiguous(memory_format=torch.channels_last)
+    # a reader of the whole values only: the changes are not padded, and the other way round
+    only_whole = pad_delta(Delta(value, mask, whole=whole), pad, mode, values=False)
+    assert only_whole.value.shape == out.value.shape and torch.equal(only_whole.whole, out.whole)
+    assert pad_delta(Delta(value, mask, whole=whole), pad, mode, whole=False).whole is None
+
+
+def test_pad_arguments_are_checked():
+    with pytest.raises(ValueError, match="mode must be one of .* got 'mirror'"):
+        DCPad2d((1, 1), "mirror")
+    with pytest.raises(ValueError, match="pad must be >= 0 in mode 'reflect', got \\(1, -1\\)"):
+        DCPad2d((1, -1), "reflect")
+    with pytest.raises(ValueError, match="pad must be 2 or 4 ints"):
+        DCPad2d((1, 1, 1), "constant")
+    with pytest.raises(ValueError, match="pad must be 4 ints .* in mode 'replicate', got \\(1, 1\\)"):
+        DCPad2d((1, 1), "replicate")
+    with pytest.raises(ValueError, match="pads the last two dims of a 4-D delta"):
+        pad_delta(Delta(torch.zeros(2, 3, 4), torch.zeros(2, 1, 4, dtype=torch.bool)), (1, 1), "reflect")
+    with pytest.raises(ValueError, match="padding_mode must be .* got 'mirror'"):
+        DCConv2d(4, 4, 3, padding=1, padding_mode="mirror")
+    assert DCPad2d.from_dense(nn.ConstantPad2d(1, 0.5)) is None  # its pixels are not changes: a fallback
+
+
+def test_constant_pad_of_a_value_falls_back():
+    model = nn.Sequential(conv(k=1), nn.ConstantPad2d(1, 0.5), conv(padding=0))
+    dm = check_converted(model, expect=[DCFallback], fallback=True)
+    assert [n.target for n in dm.report.fallbacks] == ["ConstantPad2d:1"]
+
+
+@pytest.mark.parametrize("mode", ["reflect", "replicate", "circular"])
+@pytest.mark.parametrize("padding, kernel, dilation", [(1, 3, 1), ((2, 1), (5, 3), 1), ("same", 4, 1),
+                                                       ("same", 3, 2), ("valid", 3, 1)], ids=str)
+def test_conv_padding_mode_pads_its_input(mode, padding, kernel, dilation):
+    """A convolution of padding_mode reflect / replicate / circular pads its input as nn.Conv2d does
+    (``_reversed_padding_repeated_twice``) and convolves it in zeros mode without padding, which every
+    kernel takes; "valid" needs no padding in any mode."""
+    dense = nn.Conv2d(4, 6, kernel, padding=padding, dilation=dilation, padding_mode=mode)
+    layer = DCConv2d.from_dense(dense)
+    assert layer.padding_mode == "zeros"
+    if padding == "valid":
+        assert layer.input_pad is None and layer.padding == "valid"
+    else:
+        assert layer.input_pad == tuple(dense._reversed_padding_repeated_twice) and layer.padding == (0, 0)
+        assert layer.input_pad_mode == mode and f"input padded {layer.input_pad} ({mode})" in repr(layer)
+    run_direct(layer, dense, [SHAPE])
+
+
+def test_paddings_keep_value_mode():
+    """A padding between an activation and a convolution hands on the padded whole values: the
+    convolution recomputes (also one padding its input itself), the activations before them write no
+    changes, and the result equals delta mode's and dense."""
+    model = nn.Sequential(nn.Conv2d(4, 8, 1), nn.ReLU(), nn.ReflectionPad2d(1), nn.Conv2d(8, 8, 3), nn.ReLU(),
+                          nn.Conv2d(8, 8, 3, padding=1, padding_mode="replicate"), nn.ReLU())
+    dm = check_converted(model, expect=[DCPad2d], shape=(2, 4, 12, 16))
+    assert [layer.recomputes for layer in dm.delta_layers() if isinstance(layer, DCConv2d)] == [False, True, True]
+    assert [layer.changes_unread for layer in dm.delta_layers() if isinstance(layer, DCActivation)] == [
+        True, True, False]
+    dm.reset()
+    delta = deltaconv.convert(model, recompute=False, example_input=torch.zeros(2, 4, 12, 16))
+    assert not any(getattr(layer, "recomputes", False) for layer in delta.delta_layers())
+    with torch.no_grad():
+        for f in changing_frames((2, 4, 12, 16), FRACTIONS, seed=4):
+            torch.testing.assert_close(dm(f), delta(f), rtol=1e-5, atol=1e-6)
 
 
 # ----------------------------------------------------------------------------- receptive fields

@@ -16,6 +16,7 @@ from torch.nn.modules.utils import _pair
 from ..delta import Delta, filled_rows, mask_shape, reduce_mask, require_changes
 from .base import DCModule
 from .folding import FoldedWeights, bn_scale_shift, round_to_tf32
+from .padding import conv_input_padding, pad_delta
 
 
 def _adopt(target: nn.Module, dense: nn.Module, names) -> None:
@@ -125,9 +126,16 @@ class DCConv2d(DCModule):
     Delta rule: ``d_out = W * d_in``; mask dilated by the receptive field; bias on key frames.
     ``weight``/``bias`` are the dense module's parameters (PyTorch layout); a folded BatchNorm
     stays a module of its own in the converted model, so the dense state_dict still loads.
+    A ``padding_mode`` other than ``"zeros"`` (reflect, replicate, circular) pads the input delta in
+    that mode first (``input_pad``: ``F.pad``'s tuple; :func:`~deltaconv.modules.padding.pad_delta`) and
+    convolves it without padding, as ``nn.Conv2d`` does: the sparse kernels then run it as any other.
     """
 
     kind = "conv2d"
+    #: ``(left, right, top, bottom)`` pixels the input is padded by in ``input_pad_mode`` before the
+    #: convolution (whose ``padding`` is then 0): a dense ``padding_mode`` other than ``"zeros"``
+    input_pad: Optional[tuple] = None
+    input_pad_mode = "zeros"
     #: set by :func:`~deltaconv.convert` (``fuse=True``) when the layer before it lists its output's
     #: active pixels (``lists_rows``): then, in delta frames on the CUDA backend, this 1x1
     #: convolution runs on that list (``conv1x1_rows``) instead of making its own from the mask, and
@@ -164,6 +172,7 @@ class DCConv2d(DCModule):
         self.kernel_size, self.stride, self.dilation = _pair(kernel_size), _pair(stride), _pair(dilation)
         self.padding = padding if isinstance(padding, str) else _pair(padding)
         self.groups, self.padding_mode = groups, padding_mode
+        self._pad_input_first()
         self.weight = nn.Parameter(torch.empty(out_channels, in_channels // groups, *self.kernel_size))
         self.bias = nn.Parameter(torch.empty(out_channels)) if bias else None
         self.folded_bn: Optional[nn.Module] = None
@@ -190,7 +199,20 @@ class DCConv2d(DCModule):
         # kept outside the module tree: it stays registered where it was in the dense model
         object.__setattr__(m, "folded_bn", bn)
         m._folded = FoldedWeights()
+        if getattr(m, "padding_mode", "zeros") != "zeros":
+            m._pad_input_first()
         return m
+
+    def _pad_input_first(self) -> None:
+        """A ``padding_mode`` other than ``"zeros"``: pad the input in that mode (``input_pad``) and convolve
+        it with ``padding`` 0 in zeros mode, so every kernel takes the convolution."""
+        pad = conv_input_padding(self.padding, self.padding_mode, self.kernel_size, self.dilation)
+        if pad is None:
+            return
+        if any(pad):
+            self.input_pad, self.input_pad_mode = pad, self.padding_mode
+            self.padding = (0, 0)
+        self.padding_mode = "zeros"  # no padding at all ("valid", 0) is the same in every mode
 
     #: run a grouped convolution as one group with a block-diagonal weight where that is faster
     #: (see :meth:`kernel_groups`); ``False`` on a layer (or the class), set before its first frame,
@@ -248,7 +270,7 @@ class DCConv2d(DCModule):
         """Whether this is a 1x1 convolution of one group, zero padding mode and a numeric padding, of any
         stride (``ops.conv1x1_into`` takes it)."""
         return (tuple(self.kernel_size) == (1, 1) and self.groups == 1 and not isinstance(self.padding, str)
-                and self.padding_mode == "zeros")
+                and self.padding_mode == "zeros" and self.input_pad is None)
 
     def row_list_ok(self) -> bool:
         """Whether this convolution can run on the row list of the layer before it: 1x1, stride 1, no padding,
@@ -256,12 +278,14 @@ class DCConv2d(DCModule):
         return self.is_pointwise() and tuple(self.stride) == (1, 1) and tuple(self.padding) == (0, 0)
 
     def forward(self, x: Delta) -> Delta:
-        w, b = self.folded_weight_bias(self.output_pixels(x) if self.groups > 1 else None)
         # value mode (recomputes, keeps_output; not on TF32 sends): the whole new output on the active
         # pixels from the input's whole values, every input pixel read and the bias on every stream
         # delta mode where the input has no whole values this frame (its producer in delta mode: TF32
         # sends, which change only with a key frame); an input of whole values only, never
         values = (self.recomputes or self.keeps_output) and not x.tf32 and x.whole is not None
+        if self.input_pad is not None:  # padding_mode reflect / replicate / circular: the part it reads padded
+            x = pad_delta(x, self.input_pad, self.input_pad_mode, values=not values, whole=values)
+        w, b = self.folded_weight_bias(self.output_pixels(x) if self.groups > 1 else None)
         if x.recomputed and not values:
             raise RuntimeError(f"{self.layer_name}: the input holds whole values (a layer keeping its output), "
                                "which only a convolution in value mode can read; convert with recompute=False")
@@ -331,6 +355,8 @@ class DCConv2d(DCModule):
     def extra_repr(self) -> str:
         s = (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, "
              f"padding={self.padding}, dilation={self.dilation}, groups={self.groups}")
+        if self.input_pad is not None:
+            s += f", input padded {self.input_pad} ({self.input_pad_mode})"
         return s + (", bn folded" if self.folded_bn is not None else "") + ", " + super().extra_repr()
 
 
