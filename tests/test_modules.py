@@ -4,6 +4,7 @@ the layers directly; masks against the true receptive field of a changed pixel."
 from __future__ import annotations
 
 import copy
+import itertools
 
 import pytest
 import torch
@@ -16,7 +17,7 @@ from deltaconv import (DCActivation, DCAdaptiveAvgPool2d, DCAdd, DCAvgPool2d, DC
                        DCConv2d, DCConvTranspose2d, DCFallback, DCLinear, DCLinearFunction, DCMaxPool2d, DCMul,
                        DCPad2d, DCScale, DCUpsample, Delta)
 from deltaconv.modules import DCSpatialMean, FrameContext
-from deltaconv.modules.padding import pad_delta
+from deltaconv.modules.padding import _pad_map, pad_delta
 from helpers import FRACTIONS, changing_frames, device_backends, make_positive_monotone, output_masks, rel_err
 
 TOL = 1e-4
@@ -612,6 +613,29 @@ def test_pad_delta_copies_each_pixels_flag(mode):
     only_whole = pad_delta(Delta(value, mask, whole=whole), pad, mode, values=False)
     assert only_whole.value.shape == out.value.shape and torch.equal(only_whole.whole, out.whole)
     assert pad_delta(Delta(value, mask, whole=whole), pad, mode, whole=False).whole is None
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA GPU")])])
+@pytest.mark.parametrize("mode", ["constant", "reflect", "replicate", "circular"])
+def test_pad_map_equals_f_pad(mode, device):
+    """The one-pass padding of a map (interior copied, borders filled from it) gives F.pad's result, in
+    both memory formats and for masks (bool) too, and keeps the input's memory format."""
+    g = torch.Generator().manual_seed(0)
+    pads = [(1, 1, 1, 1), (2, 0, 1, 3), (0, 3, 2, 0), (0, 0, 0, 0), (5, 5, 4, 4)] + (
+        [(3, 2), (-1, 2, 1, -2)] if mode == "constant" else [])
+    for pad, channels_last, dtype in itertools.product(pads, (True, False), (torch.float32, torch.float16, torch.bool)):
+        x = torch.randn(2, 5, 6, 7, generator=g)
+        x = (x > 0 if dtype == torch.bool else x.to(dtype)).to(device)
+        if channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        dense = x.float() if dtype == torch.bool else x  # F.pad has no bool reflect / replicate
+        ref = F.pad(dense, pad, mode=mode) if mode != "constant" else F.pad(x, pad)
+        ref = ref != 0 if dtype == torch.bool and mode != "constant" else ref
+        got = _pad_map(x, pad, mode)
+        assert got.dtype == x.dtype and torch.equal(got, ref), (pad, channels_last, dtype)
+        if min(pad) >= 0:
+            assert got.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
 
 
 def test_pad_arguments_are_checked():

@@ -27,20 +27,54 @@ PAD_MODES = ("constant", "reflect", "replicate", "circular")
 
 
 def _pad_map(t: torch.Tensor, pad: tuple, mode: str) -> torch.Tensor:
-    """``F.pad(t, pad, mode)`` of a 4-D map (0 for ``"constant"``), channels-last as the input."""
-    out = F.pad(t, pad, mode=mode) if mode != "constant" else F.pad(t, pad)
-    cl = torch.channels_last
-    if t.is_contiguous(memory_format=cl) and not out.is_contiguous(memory_format=cl):
-        out = out.contiguous(memory_format=cl)  # circular pads come out channels-first
+    """``F.pad(t, pad, mode)`` of a 4-D map (0 for ``"constant"``), in ``t``'s memory format: the interior
+    copied once into the output, then the borders filled from it (width first, then height over the padded
+    width), so a channels-last map costs one pass; on the GPU ``F.pad``'s reflect and replicate kernels
+    copy a channels-last map to channels-first and back (three passes). Negative (cropping) constant pads
+    go to ``F.pad``."""
+    left, right = pad[0], pad[1]
+    top, bottom = (pad[2], pad[3]) if len(pad) == 4 else (0, 0)
+    if min(left, right, top, bottom) < 0:
+        return F.pad(t, pad)
+    n, c, h, w = t.shape
+    fmt = torch.channels_last if t.is_contiguous(memory_format=torch.channels_last) else torch.contiguous_format
+    out = torch.empty((n, c, h + top + bottom, w + left + right), dtype=t.dtype, device=t.device, memory_format=fmt)
+    out[:, :, top:top + h, left:left + w].copy_(t)
+    _fill_borders(out.narrow(2, top, h), 3, left, right, w, mode)
+    _fill_borders(out, 2, top, bottom, h, mode)
     return out
 
 
-def pad_mask(mask: torch.Tensor, pad: tuple, mode: str, dtype: torch.dtype) -> torch.Tensor:
+def _fill_borders(out: torch.Tensor, dim: int, before: int, after: int, size: int, mode: str) -> None:
+    """Fill the ``before`` and ``after`` border slices of ``out`` along ``dim`` around its interior of
+    ``size`` (from index ``before``) as ``F.pad``'s ``mode`` does, in place."""
+    if before:
+        border = out.narrow(dim, 0, before)
+        if mode == "constant":
+            border.zero_()
+        elif mode == "reflect":  # padded index j < before takes interior index before - j (in the original)
+            border.copy_(out.narrow(dim, before + 1, before).flip(dim))
+        elif mode == "replicate":
+            border.copy_(out.narrow(dim, before, 1).expand_as(border))
+        else:  # circular: index j takes j + size
+            border.copy_(out.narrow(dim, size, before))
+    if after:
+        end = before + size
+        border = out.narrow(dim, end, after)
+        if mode == "constant":
+            border.zero_()
+        elif mode == "reflect":  # end + k takes end - 2 - k
+            border.copy_(out.narrow(dim, end - 1 - after, after).flip(dim))
+        elif mode == "replicate":
+            border.copy_(out.narrow(dim, end - 1, 1).expand_as(border))
+        else:  # circular: end + k takes before + k
+            border.copy_(out.narrow(dim, before, after))
+
+
+def pad_mask(mask: torch.Tensor, pad: tuple, mode: str) -> torch.Tensor:
     """The mask ``[N, 1, H, W]`` of a delta padded by ``pad`` in ``mode``: a constant pad adds inactive
-    pixels; the other modes copy flags (padded as ``dtype``, which every device pads in every mode)."""
-    if mode == "constant":
-        return F.pad(mask, pad, value=False)
-    return F.pad(mask.to(dtype), pad, mode=mode) != 0
+    pixels; the other modes copy flags."""
+    return _pad_map(mask, pad, mode)
 
 
 def pad_delta(d: Delta, pad: Sequence[int], mode: str = "constant", *, values: bool = True,
@@ -57,7 +91,7 @@ def pad_delta(d: Delta, pad: Sequence[int], mode: str = "constant", *, values: b
     if d.value.dim() != 4 or len(pad) not in (2, 4):
         raise ValueError(f"pad_delta: pads the last two dims of a 4-D delta; got a {d.value.dim()}-D delta "
                          f"and pad {pad!r}")
-    mask = pad_mask(d.mask, pad, mode, d.value.dtype)
+    mask = pad_mask(d.mask, pad, mode)
     if values and not d.unwritten:
         value = _pad_map(d.value, pad, mode)
     else:
