@@ -17,7 +17,7 @@ from deltaconv import (DCActivation, DCAdaptiveAvgPool2d, DCAdd, DCAvgPool2d, DC
                        DCConv2d, DCConvTranspose2d, DCFallback, DCLinear, DCLinearFunction, DCMaxPool2d, DCMul,
                        DCPad2d, DCScale, DCUpsample, Delta)
 from deltaconv.modules import DCSpatialMean, FrameContext
-from deltaconv.modules.padding import _pad_map, pad_delta
+from deltaconv.modules.padding import pad_map, pad_delta
 from helpers import FRACTIONS, changing_frames, device_backends, make_positive_monotone, output_masks, rel_err
 
 TOL = 1e-4
@@ -618,7 +618,7 @@ def test_pad_delta_copies_each_pixels_flag(mode):
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
     not torch.cuda.is_available(), reason="no CUDA GPU")])])
 @pytest.mark.parametrize("mode", ["constant", "reflect", "replicate", "circular"])
-def test_pad_map_equals_f_pad(mode, device):
+def testpad_map_equals_f_pad(mode, device):
     """The one-pass padding of a map (interior copied, borders filled from it) gives F.pad's result, in
     both memory formats and for masks (bool) too, and keeps the input's memory format."""
     g = torch.Generator().manual_seed(0)
@@ -632,7 +632,7 @@ def test_pad_map_equals_f_pad(mode, device):
         dense = x.float() if dtype == torch.bool else x  # F.pad has no bool reflect / replicate
         ref = F.pad(dense, pad, mode=mode) if mode != "constant" else F.pad(x, pad)
         ref = ref != 0 if dtype == torch.bool and mode != "constant" else ref
-        got = _pad_map(x, pad, mode)
+        got = pad_map(x, pad, mode)
         assert got.dtype == x.dtype and torch.equal(got, ref), (pad, channels_last, dtype)
         if min(pad) >= 0:
             assert got.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)

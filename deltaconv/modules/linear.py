@@ -199,8 +199,7 @@ class DCConv2d(DCModule):
         # kept outside the module tree: it stays registered where it was in the dense model
         object.__setattr__(m, "folded_bn", bn)
         m._folded = FoldedWeights()
-        if getattr(m, "padding_mode", "zeros") != "zeros":
-            m._pad_input_first()
+        m._pad_input_first()
         return m
 
     def _pad_input_first(self) -> None:

@@ -20,18 +20,18 @@ import torch.nn.functional as F
 from ..delta import Delta
 from .base import DCModule
 
-__all__ = ["DCPad2d", "pad_delta", "PAD_MODES", "conv_input_padding"]
+__all__ = ["DCPad2d", "pad_delta", "pad_map", "PAD_MODES", "conv_input_padding"]
 
 #: the modes of ``F.pad`` a delta pads in (``"constant"`` with the value 0 only)
 PAD_MODES = ("constant", "reflect", "replicate", "circular")
 
 
-def _pad_map(t: torch.Tensor, pad: tuple, mode: str) -> torch.Tensor:
-    """``F.pad(t, pad, mode)`` of a 4-D map (0 for ``"constant"``), in ``t``'s memory format: the interior
-    copied once into the output, then the borders filled from it (width first, then height over the padded
-    width), so a channels-last map costs one pass; on the GPU ``F.pad``'s reflect and replicate kernels
-    copy a channels-last map to channels-first and back (three passes). Negative (cropping) constant pads
-    go to ``F.pad``."""
+def pad_map(t: torch.Tensor, pad: tuple, mode: str) -> torch.Tensor:
+    """``F.pad(t, pad, mode)`` of a 4-D map (0 for ``"constant"``; a bool mask too), in ``t``'s memory
+    format: the interior copied once into the output, then the borders filled from it (width first, then
+    height over the padded width), so a channels-last map costs one pass; on the GPU ``F.pad``'s reflect
+    and replicate kernels copy a channels-last map to channels-first and back (three passes). Negative
+    (cropping) constant pads go to ``F.pad``."""
     left, right = pad[0], pad[1]
     top, bottom = (pad[2], pad[3]) if len(pad) == 4 else (0, 0)
     if min(left, right, top, bottom) < 0:
@@ -48,57 +48,46 @@ def _pad_map(t: torch.Tensor, pad: tuple, mode: str) -> torch.Tensor:
 def _fill_borders(out: torch.Tensor, dim: int, before: int, after: int, size: int, mode: str) -> None:
     """Fill the ``before`` and ``after`` border slices of ``out`` along ``dim`` around its interior of
     ``size`` (from index ``before``) as ``F.pad``'s ``mode`` does, in place."""
-    if before:
-        border = out.narrow(dim, 0, before)
+    end = before + size
+    # per side: where it starts, its width, and where its source starts when reflected (read backwards),
+    # replicated (one edge slice) or wrapped (circular)
+    for start, count, reflected, edge, wrapped in ((0, before, before + 1, before, size),
+                                                   (end, after, end - 1 - after, end - 1, before)):
+        if not count:
+            continue
+        border = out.narrow(dim, start, count)
         if mode == "constant":
             border.zero_()
-        elif mode == "reflect":  # padded index j < before takes interior index before - j (in the original)
-            border.copy_(out.narrow(dim, before + 1, before).flip(dim))
+        elif mode == "reflect":
+            border.copy_(out.narrow(dim, reflected, count).flip(dim))
         elif mode == "replicate":
-            border.copy_(out.narrow(dim, before, 1).expand_as(border))
-        else:  # circular: index j takes j + size
-            border.copy_(out.narrow(dim, size, before))
-    if after:
-        end = before + size
-        border = out.narrow(dim, end, after)
-        if mode == "constant":
-            border.zero_()
-        elif mode == "reflect":  # end + k takes end - 2 - k
-            border.copy_(out.narrow(dim, end - 1 - after, after).flip(dim))
-        elif mode == "replicate":
-            border.copy_(out.narrow(dim, end - 1, 1).expand_as(border))
-        else:  # circular: end + k takes before + k
-            border.copy_(out.narrow(dim, before, after))
-
-
-def pad_mask(mask: torch.Tensor, pad: tuple, mode: str) -> torch.Tensor:
-    """The mask ``[N, 1, H, W]`` of a delta padded by ``pad`` in ``mode``: a constant pad adds inactive
-    pixels; the other modes copy flags."""
-    return _pad_map(mask, pad, mode)
+            border.copy_(out.narrow(dim, edge, 1).expand_as(border))
+        else:
+            border.copy_(out.narrow(dim, wrapped, count))
 
 
 def pad_delta(d: Delta, pad: Sequence[int], mode: str = "constant", *, values: bool = True,
               whole: bool = True) -> Delta:
     """``d`` (a 4-D delta ``[N, C, H, W]``) padded by ``pad`` (``F.pad``'s ``(left, right[, top, bottom])``,
-    in pixels; 4 of them in the modes other than constant) in ``mode`` (:data:`PAD_MODES`; ``"constant"`` pads zeros and may crop with negative
-    pads). ``values`` false: the output's changes are left undefined (of the padded shape), ``whole``
-    false: it has no whole values, where the reader does not take them: a convolution in value mode
-    reads the whole values only, one in delta mode the changes only. Row lists do not carry over (the
-    pixels move); the TF32, recomputed and unwritten flags do."""
+    in pixels; 4 of them in the modes other than constant) in ``mode`` (:data:`PAD_MODES`; ``"constant"``
+    pads zeros and may crop with negative pads). ``values`` false: the output's changes are left undefined
+    (of the padded shape); ``whole`` false: it has no whole values. Both where the reader does not take
+    them: a convolution in value mode reads the whole values only, one in delta mode the changes only.
+    Row lists do not carry over (the pixels move); the TF32, recomputed and unwritten flags do."""
     pad = tuple(int(p) for p in pad)
     if mode not in PAD_MODES:
         raise ValueError(f"pad_delta: mode must be one of {PAD_MODES}, got {mode!r}")
     if d.value.dim() != 4 or len(pad) not in (2, 4):
         raise ValueError(f"pad_delta: pads the last two dims of a 4-D delta; got a {d.value.dim()}-D delta "
                          f"and pad {pad!r}")
-    mask = pad_mask(d.mask, pad, mode)
+    mask = pad_map(d.mask, pad, mode)  # a constant pad adds inactive pixels, the other modes copy flags
     if values and not d.unwritten:
-        value = _pad_map(d.value, pad, mode)
+        value = pad_map(d.value, pad, mode)
     else:
         v = d.value
         value = torch.empty(tuple(v.shape[:2]) + tuple(mask.shape[2:]), dtype=v.dtype, device=v.device,
                             memory_format=torch.channels_last)
-    kept = _pad_map(d.whole, pad, mode) if whole and d.whole is not None else None
+    kept = pad_map(d.whole, pad, mode) if whole and d.whole is not None else None
     return Delta(value, mask, None, tf32=d.tf32, whole=kept, recomputed=d.recomputed, unwritten=d.unwritten)
 
 
