@@ -8,7 +8,7 @@ import platform
 import re
 import statistics
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 import torch
 import torch.nn.functional as F
@@ -170,6 +170,90 @@ def write_csv(path: Path, rows: list[dict]) -> None:
         writer = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
         writer.writeheader()
         writer.writerows(rows)
+
+
+def reestimate_batchnorm(model: torch.nn.Module, batch) -> torch.nn.Module:
+    """``model`` with the statistics of its BatchNorms re-estimated on one ``batch`` (a cumulative
+    average over it; random weights then keep the scale they have in a trained network), in eval mode."""
+    for m in model.modules():
+        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+            m.reset_running_stats()
+            m.momentum = None
+    model.train()
+    with torch.no_grad():
+        model(batch)
+    return model.eval()
+
+
+def add_video_ab_arguments(parser, size) -> None:
+    """The arguments of the A/B scripts that time variants of a converted model on the sample videos:
+    ``--videos``, ``--thresholds``, ``--start``, ``--frames``, ``--warmup`` and ``--size`` (default
+    ``size``)."""
+    parser.add_argument("--videos", nargs="*", default=["vtest.avi", "one-by-one-person-detection.mp4"])
+    parser.add_argument("--thresholds", type=float, nargs="*", default=[0.02])
+    parser.add_argument("--start", type=int, default=200)
+    parser.add_argument("--frames", type=int, default=24)
+    parser.add_argument("--warmup", type=int, default=4)
+    parser.add_argument("--size", type=int, nargs=2, default=list(size))
+
+
+def video_ab_frames(args) -> Iterator[tuple[str, list]]:
+    """After a ``# device, date, torch`` line: per video of ``args`` (:func:`add_video_ab_arguments`),
+    ``(video, frames)``, its ``--frames`` frames from ``--start`` at ``--size`` on the CPU."""
+    from deltaconv.video import find_sample_video, read_frames
+    info = run_info()
+    print(f"# {info['device']}, {info['date']}, torch {torch.__version__}", flush=True)
+    for video in args.videos:
+        yield video, list(read_frames(find_sample_video(video), start=args.start, max_frames=args.frames,
+                                      size=tuple(args.size)))
+
+
+def dense_baseline(model: torch.nn.Module, frames) -> tuple[Callable, list]:
+    """The dense ``model`` replayed as a CUDA graph (captured on ``frames[0]``) and its float32 outputs
+    on every frame, the A/B scripts' baseline and reference."""
+    with torch.no_grad():
+        return graphed_model(model, frames[0]), [model(f).float() for f in frames]
+
+
+def captured(convert: Callable, frames, threshold: float):
+    """``convert(**kw)`` (``deltaconv.convert`` of a model, or a variant of it) on the CUDA backend at
+    ``threshold`` with ``cuda_graph=True``, after its key frame ``frames[0]`` and the capture on
+    ``frames[1]``."""
+    dm = convert(backend="cuda", example_input=frames[0], cuda_graph=True, check_finite=False, threshold=threshold)
+    with torch.no_grad():
+        dm(frames[0]), dm(frames[1])
+    return dm
+
+
+def compare_variants(variants: dict, dense: Callable, frames, reference, warmup: int) -> str:
+    """The variants (converted models after :func:`captured`) and the dense graph timed frame by frame
+    in turn on ``frames[2:]`` (:func:`alternate_frames`), then each run again for its error and FLOPs
+    density (:func:`error_and_density`): one line, ``dense graph X ms; name Y ms (Zx of dense; error E;
+    FLOPs density D; F fallbacks); ...``."""
+    with torch.no_grad():
+        ms, _ = alternate_frames({**variants, "dense": dense}, frames[2:], warmup)
+        parts = [f"dense graph {ms['dense']:.3f} ms"]
+        for name, dm in variants.items():
+            err, density = error_and_density(dm, frames, reference)
+            parts.append(f"{name} {ms[name]:.3f} ms ({ms['dense'] / ms[name]:.2f}x of dense; error {err:.4f}; "
+                         f"FLOPs density {density:.3f}; {len(dm.report.fallbacks)} fallbacks)")
+    return "; ".join(parts)
+
+
+def error_and_density(dm, frames, reference) -> tuple[float, float]:
+    """A converted model run again over ``frames`` from a key frame: the mean relative error of its
+    outputs against ``reference`` (the dense model's, one per frame) on the frames after the key
+    frame, and its FLOPs density over them (``dm.stats()`` reset after the key frame)."""
+    from deltaconv.fidelity import flops_density, relative_error
+    dm.reset()
+    errs = []
+    for i, f in enumerate(frames):
+        y = dm(f).float()
+        if i == 0:
+            dm.reset_stats()
+            continue
+        errs.append(float(relative_error(y, reference[i]).mean()))
+    return sum(errs) / len(errs), flops_density(dm.stats())
 
 
 def run_info() -> dict:

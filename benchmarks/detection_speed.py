@@ -38,7 +38,7 @@ import torch.nn as nn
 from torchvision.models import detection
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, graphed_model, run_info, write_csv  # noqa: E402
+from common import RESULTS, graphed_model, reestimate_batchnorm, run_info, write_csv  # noqa: E402
 
 import deltaconv  # noqa: E402
 from deltaconv.detection import backbone_input  # noqa: E402
@@ -88,13 +88,7 @@ def build(name: str, size, frames) -> nn.Module:
     model = getattr(detection, name)(weights=None, weights_backbone=None, min_size=size[0], max_size=size[1])
     model = model.cuda().eval()
     batch = backbone_input(model, [f[0].cuda() for f in frames])
-    for m in model.backbone.modules():
-        if isinstance(m, nn.modules.batchnorm._BatchNorm):
-            m.reset_running_stats()
-            m.momentum = None  # cumulative average over the batch
-    model.backbone.train()
-    with torch.no_grad():
-        model.backbone(batch)
+    reestimate_batchnorm(model.backbone, batch)
     return model.eval()
 
 

@@ -19,9 +19,12 @@ the faster of the two counts (on an H200, 2026-11-21, the dense one was up to 13
 ``DCConv2d`` keeps (``kernel_weight_layout``: channels_last, i.e. ``[C_out][KH][KW][C_in]``, for
 tensor-core convs, read without a relayout copy per call).
 
-``--ops`` also takes the stems of the sample models (3 input channels, stride 2, at 1080x1920;
-``channels`` is then the output channel count): ``stem3x3`` (MobileNetV2, 32 channels) and
-``stem7x7`` (ResNet, 64 channels); and the dilated 3x3 convs of the segmentation backbones at
+``--ops`` also takes the transposed convolutions of stride 2 of decoders, ``deconv4x4`` (padding 1)
+and ``deconv2x2`` (``torch.ops.deltaconv.conv_transpose2d`` against ``F.conv_transpose2d``; the
+resolution is the input's, the changed fraction that of the input's pixels), and the stems of the
+sample models (3 input channels, stride 2, at 1080x1920; ``channels`` is then the output channel
+count): ``stem3x3`` (MobileNetV2, 32 channels) and ``stem7x7`` (ResNet, 64 channels); and the
+dilated 3x3 convs of the segmentation backbones at
 their 1080p sizes: ``conv3x3d2`` (C=256 at 135x240, C=64 at 540x960) and ``conv3x3d4`` (C=512 at
 135x240). ``DELTACONV_TC=0`` in the environment times the CUDA-core kernels instead of the
 tensor-core ones; ``--library PATH`` times another build of the extension (an A/B of two builds);
@@ -59,7 +62,11 @@ OPS = {"conv3x3": dict(k=3, groups=1), "conv1x1": dict(k=1, groups=1), "dwconv3x
        "stem7x7": dict(k=7, groups=1, cin=3, stride=2, shapes=[(64, (1080, 1920))]),
        # dilated (padding = dilation): fcn_resnet50's layer3 / layer4 at 1080p input
        "conv3x3d2": dict(k=3, groups=1, dilation=2, shapes=[(256, (135, 240)), (64, (540, 960))]),
-       "conv3x3d4": dict(k=3, groups=1, dilation=4, shapes=[(512, (135, 240))])}
+       "conv3x3d4": dict(k=3, groups=1, dilation=4, shapes=[(512, (135, 240))]),
+       # transposed, stride 2 (resolution: the input's; the output is twice as large): the 4x4 upsampling
+       # of pose and segmentation decoders (SimpleBaseline's 256 channels) and a U-Net's 2x2
+       "deconv4x4": dict(k=4, groups=1, stride=2, transposed=True, shapes=[(64, (540, 960)), (256, (136, 240))]),
+       "deconv2x2": dict(k=2, groups=1, stride=2, transposed=True, shapes=[(64, (540, 960)), (256, (136, 240))])}
 DEFAULT_OPS = ["conv3x3", "conv1x1", "dwconv3x3"]
 
 
@@ -83,14 +90,18 @@ def sweep(dtypes, shapes, fractions, iters: int, ops=DEFAULT_OPS, library=None,
             for c, (h, w) in spec.get("shapes", shapes):
                 groups = c if spec["groups"] == -1 else 1
                 k, cin, stride, dil = spec["k"], spec.get("cin", c), spec.get("stride", 1), spec.get("dilation", 1)
+                transposed = spec.get("transposed", False)
                 x = torch.randn(1, cin, h, w, device="cuda", dtype=dtype).contiguous(memory_format=torch.channels_last)
-                wt = (torch.randn(c, cin // groups, k, k, device="cuda", dtype=dtype)
-                      * (1.0 / (cin // groups * k * k)) ** 0.5)
-                pad = k // 2 * dil
+                shape = (cin, c // groups) if transposed else (c, cin // groups)
+                wt = torch.randn(*shape, k, k, device="cuda", dtype=dtype) * (1.0 / (cin // groups * k * k)) ** 0.5
+                pad = (k - stride) // 2 if transposed else k // 2 * dil
                 # cuDNN's faster weight layout of the two (see the module docstring)
                 cudnn_ms = cudnn_graph_ms = cudnn_in_graph_ms = float("inf")
                 for wc in (wt, wt.contiguous(memory_format=torch.channels_last)):
-                    cudnn = lambda: F.conv2d(x, wc, None, stride, pad, dil, groups)  # noqa: E731
+                    if transposed:
+                        cudnn = lambda: F.conv_transpose2d(x, wc, None, stride, pad)  # noqa: E731
+                    else:
+                        cudnn = lambda: F.conv2d(x, wc, None, stride, pad, dil, groups)  # noqa: E731
                     cudnn_ms = min(cudnn_ms, time_cuda(cudnn, iters=iters))
                     cudnn_graph_ms = min(cudnn_graph_ms, time_cuda(capture_graph(cudnn)[0], iters=iters))
                     cudnn_in_graph_ms = min(cudnn_in_graph_ms, time_in_graph(cudnn, calls=in_graph_calls))
@@ -103,10 +114,13 @@ def sweep(dtypes, shapes, fractions, iters: int, ops=DEFAULT_OPS, library=None,
                     if flag:
                         delta = round_to_tf32(delta)
 
-                    layout = kernel_weight_layout(wt, groups)
+                    layout = None if transposed else kernel_weight_layout(wt, groups)
                     wdc = wt if layout is None else wt.contiguous(memory_format=layout)
 
                     def delta_conv():
+                        if transposed:  # the weight as DCConvTranspose2d keeps it: the dense one
+                            return torch.ops.deltaconv.conv_transpose2d(delta, mask, wdc, None, [stride, stride],
+                                                                        [pad, pad], [0, 0], groups, [1, 1], None)
                         return torch.ops.deltaconv.conv2d(delta, mask, wdc, None, [stride, stride], [pad, pad],
                                                           [dil, dil], groups, None, **flag)
                     dc_ms = time_cuda(delta_conv, iters=iters)

@@ -32,7 +32,7 @@ import torch
 import torchvision
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, graphed_model, run_info, time_frames, write_csv  # noqa: E402
+from common import RESULTS, graphed_model, reestimate_batchnorm, run_info, time_frames, write_csv  # noqa: E402
 
 import deltaconv  # noqa: E402
 from deltaconv.profile import dense_activation_bytes  # noqa: E402
@@ -57,15 +57,8 @@ def build(name: str, frames: list, device: str = "cuda") -> torch.nn.Module:
     if name.startswith(("fcn", "deeplab", "lraspp")):
         kwargs.update(weights_backbone=None, aux_loss=False)
     torch.manual_seed(0)
-    model = fn(**kwargs).to(device)
-    for m in model.modules():
-        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
-            m.reset_running_stats()
-            m.momentum = None  # cumulative average over the frames
-    model.train()
-    with torch.no_grad():
-        model(torch.cat(frames).to(device))  # one batch: ASPP's pooled branch needs more than one value
-    return model.eval().cpu()
+    # one batch: ASPP's pooled branch needs more than one value
+    return reestimate_batchnorm(fn(**kwargs).to(device), torch.cat(frames).to(device)).cpu()
 
 
 def main_out(y):

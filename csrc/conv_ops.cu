@@ -25,6 +25,7 @@
 #include "conv/conv3x3_stationary.cuh"
 #include "conv/conv_small_cin_tc.cuh"
 #include "conv/conv_tc.cuh"
+#include "conv/conv_transpose_phases.cuh"
 #include "conv/pool_kernels.cuh"
 
 namespace deltaconv {
@@ -1339,6 +1340,80 @@ Tensor conv1x1_into_cuda(const Tensor& delta, const Tensor& mask, const Tensor& 
 }
 
 // ---------------------------------------------------------------------------- conv_transpose2d
+// One axis of the combined convolution of a transposed one (conv/conv_transpose_phases.cuh): J taps
+// per phase, the window U of all phases, phase 0's q, the combined convolution's padding, output size
+// and the output row of the phases' row 0, for an input of `in` rows, an output of `out`, stride s,
+// padding p and K = s * J kernel rows.
+struct TransposedAxis {
+  int J, U, q0, pad, size, offset;
+};
+
+TransposedAxis transposed_axis(int64_t in, int64_t out, int s, int p, int64_t K) {
+  TransposedAxis t{};
+  t.J = (int)(K / s);
+  t.q0 = p / s;
+  const int q_last = (s - 1 + p) / s;
+  t.U = q_last - t.q0 + t.J;
+  const int rows = (int)((out + s - 1) / s);  // phase 0's, the most of any phase
+  // row 0's window from input row q0 - (J - 1), the last row's up to rows - 1 + q_last, inside the padding
+  t.pad = std::max<int>({0, t.J - 1 - t.q0, (int)(rows + q_last - in)});
+  t.size = (int)(in + 2 * t.pad - t.U + 1);
+  t.offset = t.q0 - (t.J - 1) + t.pad;
+  return t;
+}
+
+// Whether conv_transpose2d runs as one stride-1 convolution of all its phases on the tensor cores
+// (conv/conv_transpose_phases.cuh): fp16 / bf16 (float32 stays exact, on the CUDA-core kernel),
+// groups 1, dilation 1, the kernel a whole number of strides along each axis, and the combined
+// convolution a tensor-core one (tc_gemm_ok; a 1x1 or 3x3 window or at most kMaxTaps taps).
+// DELTACONV_TC_TRANSPOSED=0 keeps the CUDA-core kernel (read on every call: A/B runs, tests of both).
+bool transposed_phases_ok(const Tensor& x, int64_t Cin, int64_t Cout, int64_t KH, int64_t KW, int sh, int sw,
+                          int dh, int dw, int64_t groups, const TransposedAxis& rows, const TransposedAxis& cols) {
+  if (groups != 1 || dh != 1 || dw != 1 || KH % sh != 0 || KW % sw != 0 || !tc_dtype_ok(x) ||
+      !env_switch("DELTACONV_TC_TRANSPOSED"))
+    return false;
+  const int64_t taps = (int64_t)rows.U * cols.U;
+  const bool window = taps == 1 || (rows.U == 3 && cols.U == 3) || taps <= conv::tc::kMaxTaps;
+  return window && tc_gemm_ok(x, Cin, (int64_t)sh * sw * Cout, taps) && rows.size >= 1 && cols.size >= 1;
+}
+
+// The transposed convolution as one convolution of its phases (transposed_phases_ok): the combined
+// filters [sh * sw * Cout][UH][UW][Cin] built from weight [Cin, Cout, KH, KW] (one kernel per call), the
+// bias repeated per phase, conv2d_cuda (stride 1; `counters` as for it), then the scatter into y
+// [N, Cout, Ho, Wo] and mask_out.
+std::tuple<Tensor, Tensor> conv_transpose2d_phases(const Tensor& delta, const Tensor& mask, const Tensor& weight,
+                                                   const c10::optional<Tensor>& bias,
+                                                   const c10::optional<Tensor>& key, int64_t Ho, int64_t Wo, int sh,
+                                                   int sw, int ph, int pw, const TransposedAxis& rows,
+                                                   const TransposedAxis& cols, const c10::optional<Tensor>& counters) {
+  const int64_t N = delta.size(0), Cin = delta.size(1), Cout = weight.size(1), phases = (int64_t)sh * sw;
+  conv::PhaseGeom g{};
+  g.N = (int)N; g.Cin = (int)Cin; g.Cout = (int)Cout; g.H = (int)delta.size(2); g.W = (int)delta.size(3);
+  g.Ho = (int)Ho; g.Wo = (int)Wo; g.KH = (int)weight.size(2); g.KW = (int)weight.size(3);
+  g.sh = sh; g.sw = sw; g.ph = ph; g.pw = pw; g.JH = rows.J; g.JW = cols.J; g.UH = rows.U; g.UW = cols.U;
+  g.q0h = rows.q0; g.q0w = cols.q0; g.Hc = rows.size; g.Wc = cols.size; g.offh = rows.offset; g.offw = cols.offset;
+  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const Tensor w = weight.to(delta.scalar_type()).contiguous();
+  // [phases * Cout][UH][UW][Cin], viewed as the channels_last [phases * Cout, Cin, UH, UW] conv weight
+  Tensor filters = at::empty({phases * Cout, g.UH, g.UW, Cin}, w.options());
+  launch_kernel(conv::phase_filters_kernel, elem_grid(filters.numel(), 256), 256, 0, stream,
+                reinterpret_cast<const uint16_t*>(w.const_data_ptr()), reinterpret_cast<uint16_t*>(filters.data_ptr()),
+                g);
+  c10::optional<Tensor> b;
+  if (bias.has_value()) b = bias->to(delta.scalar_type()).repeat({phases});
+  const auto [v, m] = conv2d_cuda(delta, mask, filters.permute({0, 3, 1, 2}), b, {1, 1}, {rows.pad, cols.pad},
+                                  {1, 1}, 1, key, counters, false, c10::nullopt, c10::nullopt);
+  (void)m;  // the window's mask: the scatter takes each phase's footprint from the input mask instead
+  Tensor y = empty_delta(delta, N, Cout, Ho, Wo);
+  Tensor mask_out = empty_mask(mask, N, Ho, Wo);
+  const int vecs = (int)(Cout * delta.element_size() / 16);
+  const Tensor m_in = mask.contiguous();
+  launch_kernel(conv::phase_scatter_kernel, elem_grid(N * Ho * Wo, conv::kScatterThreads), conv::kScatterThreads, 0,
+                stream, reinterpret_cast<const uint4*>(v.const_data_ptr()), m_in.const_data_ptr<bool>(),
+                key_ptr(key), reinterpret_cast<uint4*>(y.data_ptr()), mask_out.data_ptr<bool>(), g, vecs);
+  return {y, mask_out};
+}
+
 std::tuple<Tensor, Tensor> conv_transpose2d_cuda(const Tensor& delta, const Tensor& mask, const Tensor& weight,
                                                  const c10::optional<Tensor>& bias, IntArrayRef stride,
                                                  IntArrayRef padding, IntArrayRef output_padding, int64_t groups,
@@ -1373,6 +1448,11 @@ std::tuple<Tensor, Tensor> conv_transpose2d_cuda(const Tensor& delta, const Tens
   TORCH_CHECK(N * Ho * Wo <= kIntMax, "deltaconv::conv_transpose2d: output too large");
 
   c10::cuda::CUDAGuard guard(delta.device());
+  if (N * Ho * Wo > 0 && KH % sh == 0 && KW % sw == 0) {
+    const TransposedAxis rows = transposed_axis(H, Ho, sh, ph, KH), cols = transposed_axis(W, Wo, sw, pw, KW);
+    if (transposed_phases_ok(delta, Cin, Cout, KH, KW, sh, sw, dh, dw, groups, rows, cols))
+      return conv_transpose2d_phases(delta, mask, weight, bias, key, Ho, Wo, sh, sw, ph, pw, rows, cols, counters);
+  }
   Tensor y = empty_delta(delta, N, Cout, Ho, Wo);
   Tensor mask_out = empty_mask(mask, N, Ho, Wo);
   if (y.numel() == 0) return {y, mask_out};  // Cout >= 1: no output pixels

@@ -110,6 +110,8 @@ TORCH_LIBRARY(deltaconv, m) {
   m.def("conv1x1_into(Tensor delta, Tensor mask, Tensor weight, Tensor? bias, int[2] stride, int[2] padding, "
         "Tensor? key, Tensor(a!)? counters, Tensor(b!) out, bool input_tf32=False, Tensor? load_mask=None, "
         "Tensor? bias_key=None) -> Tensor");
+  // fp16 / bf16, groups 1, dilation 1 and a kernel of whole strides: one stride-1 conv2d of all the phases of the
+  // stride on the tensor cores, then a depth-to-space (counters: that conv2d's)
   m.def("conv_transpose2d(Tensor delta, Tensor mask, Tensor weight, Tensor? bias, int[2] stride, int[2] padding, "
         "int[2] output_padding, int groups, int[2] dilation, Tensor? key, Tensor(a!)? counters=None) -> "
         "(Tensor, Tensor)");

@@ -1111,6 +1111,14 @@ CONVT_CASES = [
     (8, 8, (1, 1), 2, 0, 1, 1, 1, (13, 17)),
     (64, 64, (2, 2), 2, 0, 0, 64, 1, (13, 17)),    # depthwise upsampling
     (6, 9, (3, 2), (2, 1), (1, 0), (1, 0), 3, (1, 2), (13, 17)),
+    # kernels of whole strides: float16 / bfloat16 run them as one convolution per phase (tensor cores)
+    (8, 8, (2, 2), 2, 0, 0, 1, 1, (13, 17)),        # U-Net upsampling: a 1x1 conv per phase
+    (16, 24, (4, 4), 2, 1, 1, 1, 1, (13, 17)),      # output_padding: odd output
+    (16, 32, (3, 3), 1, 1, 0, 1, 1, (13, 17)),      # stride 1: one phase, a 3x3 conv
+    (16, 16, (4, 2), (2, 1), (1, 0), (0, 0), 1, 1, (13, 17)),
+    (24, 16, (6, 6), 3, 2, 1, 1, 1, (11, 9)),
+    (64, 64, (4, 4), 2, 3, 0, 1, 1, (13, 17)),      # padding past the taps (a phase skips rows)
+    (16, 16, (4, 4), 2, 0, 0, 1, 1, (1, 3)),
 ]
 
 
@@ -1140,6 +1148,43 @@ def test_conv_transpose2d(case, dtype):
             check_layout(out, mo, 2, cout, r_out.shape[2], r_out.shape[3], dtype)
             assert torch.equal(mo.cpu(), r_mask), f"conv_transpose2d mask differs (fracs {fracs}, key {key})"
             assert_active_close(out, r_out, r_mask, dtype, f"conv_transpose2d (fracs {fracs}, key {key})")
+
+
+def _runs_phases(case, dtype) -> bool:
+    """Whether conv_transpose2d runs ``case`` as its phases' convolution (``transposed_phases_ok`` in
+    conv_ops.cu; the cases' windows are at most 3x3)."""
+    cin, cout, k, s, p, op, g, d, _ = case
+    s, d = _pair(s), _pair(d)
+    return (dtype != torch.float32 and g == 1 and d == (1, 1) and k[0] % s[0] == 0 and k[1] % s[1] == 0
+            and cin % 8 == 0 and cout % 8 == 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("phases", ["1", "0"])
+@pytest.mark.parametrize("case", [c for c in CONVT_CASES if _runs_phases(c, torch.float16)], ids=_convt_id)
+def test_conv_transpose2d_phases_run_where_they_apply(case, phases, monkeypatch):
+    """A transposed convolution of whole strides in float16 runs as the convolution of its phases
+    (their filters built, the convolution, the scatter; no CUDA-core transposed kernel) unless
+    DELTACONV_TC_TRANSPOSED=0; both paths give the same masks and the same values to float16's
+    rounding."""
+    cin, cout, k, s, p, op, g, d, (H, W) = case
+    s, p, op, d = list(_pair(s)), list(_pair(p)), list(_pair(op)), list(_pair(d))
+    gen = torch.Generator().manual_seed(5)
+    mask = make_mask((0.05, 0.5), H, W, gen).cuda()
+    delta = make_delta(2, cin, H, W, mask.cpu(), torch.float16, gen)
+    weight = (torch.randn(cin, cout, *k, generator=gen) / math.sqrt(cin * k[0] * k[1])).cuda()
+    args = (delta, mask, weight, None, s, p, op, g, d, None)
+    monkeypatch.setenv("DELTACONV_TC_TRANSPOSED", "0")
+    direct, direct_mask = ops().conv_transpose2d(*args)
+    monkeypatch.setenv("DELTACONV_TC_TRANSPOSED", phases)
+    names = kernel_names_or_skip(lambda: ops().conv_transpose2d(*args))
+    assert any("phase_scatter" in n for n in names) == (phases == "1"), names
+    assert any("phase_filters" in n for n in names) == (phases == "1"), names
+    assert any("conv_direct_kernel" in n for n in names) == (phases == "0"), names
+    out, mo = ops().conv_transpose2d(*args)
+    assert torch.equal(mo, direct_mask)
+    active = mo.expand_as(out)
+    torch.testing.assert_close(out[active].float(), direct[active].float(), rtol=2e-3, atol=2e-3)
 
 
 # ----------------------------------------------------------------------------- counters argument
@@ -1215,8 +1260,9 @@ def test_conv1x1_mask_at_any_byte_offset(key):
 
 
 @pytest.mark.gpu
-def test_conv_transpose2d_counters_argument():
-    """conv_transpose2d with zeroed ``counters``: the same outputs, its tiles counted there."""
+def test_conv_transpose2d_counters_argument(monkeypatch):
+    """conv_transpose2d with zeroed ``counters``: the same outputs, its tiles counted there (those of the
+    phases' combined convolution where it runs)."""
     gen = torch.Generator().manual_seed(4)
     mask = make_mask((0.01, 0.3), 13, 17, gen).cuda()
     delta = make_delta(2, 16, 13, 17, mask.cpu(), torch.float16, gen)
@@ -1226,6 +1272,13 @@ def test_conv_transpose2d_counters_argument():
     counters = torch.zeros(COUNTERS, dtype=torch.int32, device="cuda")
     out2, mo2 = ops().conv_transpose2d(*args, counters)
     assert torch.equal(mo2, mo) and torch.equal(out2[mo.expand_as(out)], out[mo.expand_as(out)])
+    # float16 runs the phases' combined convolution (4x4 at stride 2: a 3x3 window at the input's size):
+    # its active tiles, those of the input mask dilated by the window
+    window = F.max_pool2d(mask.float(), 3, 1, 1)
+    assert counters[0] + counters[1] == _active_tiles(window > 0)
+    monkeypatch.setenv("DELTACONV_TC_TRANSPOSED", "0")  # the CUDA-core kernel: one call, its tiles
+    counters.zero_()
+    ops().conv_transpose2d(*args, counters)
     assert counters.tolist() == [_active_tiles(mo)] + [0] * (COUNTERS - 1)
 
 

@@ -18,6 +18,7 @@ Variants (float16, CUDA-graph replay, the same frames in turn):
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from pathlib import Path
 
@@ -26,7 +27,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from common import alternate_frames, run_info  # noqa: E402
+from common import (add_video_ab_arguments, captured, compare_variants, dense_baseline,  # noqa: E402
+                    reestimate_batchnorm, video_ab_frames)
 
 
 class ConvBlock(nn.Module):
@@ -78,15 +80,7 @@ class DepthNet(nn.Module):
 
 
 def build(frames: list, conv_mode: bool) -> nn.Module:
-    model = DepthNet(conv_mode).cuda()
-    for m in model.modules():
-        if isinstance(m, nn.modules.batchnorm._BatchNorm):
-            m.reset_running_stats()
-            m.momentum = None
-    model.train()
-    with torch.no_grad():
-        model(torch.cat(frames[:4]).cuda().float())
-    return model.eval()
+    return reestimate_batchnorm(DepthNet(conv_mode).cuda(), torch.cat(frames[:4]).cuda().float())
 
 
 def before_the_rule(model: nn.Module, **kw):
@@ -114,57 +108,23 @@ def before_the_rule(model: nn.Module, **kw):
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--videos", nargs="*", default=["vtest.avi", "one-by-one-person-detection.mp4"])
-    p.add_argument("--thresholds", type=float, nargs="*", default=[0.02])
-    p.add_argument("--start", type=int, default=200)
-    p.add_argument("--frames", type=int, default=24)
-    p.add_argument("--warmup", type=int, default=4)
-    p.add_argument("--size", type=int, nargs=2, default=[576, 768])
+    add_video_ab_arguments(p, (576, 768))
     p.add_argument("--conv-mode", action="store_true")
     p.add_argument("--order", nargs="+", default=["pads", "before"], choices=["pads", "before"])
     a = p.parse_args(argv)
     import deltaconv
-    from deltaconv.cuda_graphs import graphed_model
-    from deltaconv.fidelity import flops_density, relative_error
-    from deltaconv.video import find_sample_video, read_frames
 
-    info = run_info()
-    print(f"# {info['device']}, {info['date']}, torch {torch.__version__}", flush=True)
     dtype = torch.float16
-    for video in a.videos:
-        cpu = list(read_frames(find_sample_video(video), start=a.start, max_frames=a.frames, size=tuple(a.size)))
+    for video, cpu in video_ab_frames(a):
         model = build(cpu, a.conv_mode).to(dtype).to(memory_format=torch.channels_last)
         frames = [f.cuda().to(dtype) for f in cpu]
-        with torch.no_grad():
-            dense = graphed_model(model, frames[0])
-            reference = [model(f).float() for f in frames]
+        dense, reference = dense_baseline(model, frames)
         for t in a.thresholds:
-            kw = dict(backend="cuda", example_input=frames[0], cuda_graph=True, check_finite=False, threshold=t)
-            runs = {}
-            with torch.no_grad():
-                for v in a.order:
-                    dm = deltaconv.convert(model, **kw) if v == "pads" else before_the_rule(model, **kw)
-                    dm(frames[0]), dm(frames[1])
-                    runs[v] = dm
-                runs["dense"] = dense
-                ms, _ = alternate_frames(runs, frames[2:], a.warmup)
-                parts = []
-                for v in a.order:
-                    dm = runs[v]
-                    dm.reset()
-                    errs = []
-                    for i, f in enumerate(frames):
-                        y = dm(f).float()
-                        if i == 0:
-                            dm.reset_stats()
-                            continue
-                        errs.append(float(relative_error(y, reference[i]).mean()))
-                    parts.append(f"{v} {ms[v]:.3f} ms ({ms['dense'] / ms[v]:.2f}x of dense; error "
-                                 f"{sum(errs) / len(errs):.4f}; FLOPs density {flops_density(dm.stats()):.3f}; "
-                                 f"{len(dm.report.fallbacks)} fallbacks)")
+            runs = {v: captured(functools.partial(deltaconv.convert if v == "pads" else before_the_rule, model),
+                                frames, t) for v in a.order}
+            line = compare_variants(runs, dense, frames, reference, a.warmup)
             print(f"== depthnet{' conv-mode' if a.conv_mode else ''} {a.size[0]}x{a.size[1]} float16 {video} frames "
-                  f"{a.start + 2}-{a.start + a.frames - 1} t={t:g}: dense graph {ms['dense']:.3f} ms; "
-                  + "; ".join(parts), flush=True)
+                  f"{a.start + 2}-{a.start + a.frames - 1} t={t:g}: {line}", flush=True)
             del runs
         del model, frames, dense
         torch.cuda.empty_cache()

@@ -674,8 +674,12 @@ def _conv2d_fake(delta, mask, weight, bias, stride, padding, dilation, groups, k
 def conv_transpose2d(delta: Tensor, mask: Tensor, weight: Tensor, bias: Optional[Tensor], stride, padding,
                      output_padding, groups: int, dilation, key: Optional[Tensor],
                      counters: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
-    """Transposed convolution: linear; the mask is scattered through the same footprint.
-    ``counters``: as in :func:`conv2d`."""
+    """Transposed convolution: linear; the mask is scattered through the same footprint. In float16 /
+    bfloat16 with one group, dilation 1 and a kernel of whole strides (``KH % stride_h == KW % stride_w ==
+    0``: 4x4 or 2x2 at stride 2) it runs as one stride-1 convolution of all the phases of the stride
+    (``stride_h * stride_w * C_out`` output channels) on the tensor cores and a depth-to-space of its
+    output (``csrc/conv/conv_transpose_phases.cuh``; ``DELTACONV_TC_TRANSPOSED=0``: the CUDA-core
+    kernel), else on the CUDA cores. ``counters``: as in :func:`conv2d` (that convolution's)."""
     if not (_native("conv_transpose2d", delta, mask, weight) and delta.dim() == 4 and delta.dtype in _ACT_DTYPES
             and not isinstance(padding, str)):
         return _ref.conv_transpose2d(delta, mask, weight, bias, stride, padding, output_padding, groups, dilation,
