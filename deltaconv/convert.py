@@ -300,7 +300,8 @@ class _Converter:
         if node.meta.get(CHANNELS_FIRST):  # on a channels-last view, run channels-first (deltaconv.layout)
             rule = CHANNELS_FIRST_RULES.get(type(dense), rule)
         if bn_node is not None:
-            module = DCConv2d.from_dense(dense, bn=self.root.get_submodule(bn_node.target))
+            folding = DCConvTranspose2d if isinstance(dense, nn.ConvTranspose2d) else DCConv2d
+            module = folding.from_dense(dense, bn=self.root.get_submodule(bn_node.target))
         else:
             module = rule(dense) if rule is not None and not node.kwargs else None
         if module is None:
@@ -331,7 +332,8 @@ class _Converter:
     def _foldable_bn(self, node: fx.Node, dense: nn.Module) -> Optional[fx.Node]:
         """The BatchNorm node to fold into this conv: its only user, and both modules called at one
         site only (a shared conv or BN keeps them apart, so every site stays right)."""
-        if not self.fold_bn or type(dense) is not nn.Conv2d:
+        transposed = type(dense) is nn.ConvTranspose2d and dense.groups == 1  # one group: its weight's dim 1
+        if not self.fold_bn or not (type(dense) is nn.Conv2d or transposed):
             return None
         if len(node.users) != 1 or self.call_sites[node.target] != 1:
             return None
@@ -737,8 +739,8 @@ def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
             layer lists the pixels it sends for them, so that on the CUDA backend those
             convolutions make no work list of their own (same results, a kernel fewer each).
             ``False`` keeps every layer's own pass.
-        fold_bn: fold each BatchNorm into the convolution before it (one layer fewer). In float16 /
-            bfloat16 the folded weights are rounded so that each filter's sum stays close to the
+        fold_bn: fold each BatchNorm into the convolution (or transposed convolution of one group)
+            before it (one layer fewer). In float16 / bfloat16 the folded weights are rounded so that each filter's sum stays close to the
             exact one (``deltaconv.modules.folding``), which keeps the error at threshold 0 at the
             dense model's (MobileNetV2 on one-by-one: 6.1-6.6e-3 against the float32 model, the
             dense float16 model 4.9e-3; rounding each to nearest gave 1.2-1.3e-2). For the most

@@ -129,6 +129,65 @@ def test_batchnorm_folded(frames):
     assert "BatchNorm folded" in [n.note for n in dm.report.nodes if n.node == "conv1"][0]
 
 
+class _Decoder(torch.nn.Module):
+    """Transposed convolutions, each followed by a BatchNorm: one group (folded) and four (kept)."""
+
+    def __init__(self):
+        super().__init__()
+        nn = torch.nn
+        self.up = nn.ConvTranspose2d(3, 8, 4, stride=2, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(8)
+        self.up2 = nn.ConvTranspose2d(8, 8, 2, stride=2, groups=4)
+        self.bn2 = nn.BatchNorm2d(8)
+
+    def forward(self, x):
+        return self.bn2(self.up2(torch.relu(self.bn(self.up(x)))))
+
+
+def _random_bn(model):
+    gen = torch.Generator().manual_seed(1)
+    for m in model.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.running_mean.copy_(torch.randn(m.num_features, generator=gen))
+            m.running_var.copy_(torch.rand(m.num_features, generator=gen) + 0.5)
+            m.weight.data.copy_(torch.randn(m.num_features, generator=gen))
+            m.bias.data.copy_(torch.randn(m.num_features, generator=gen))
+    return model.eval()
+
+
+def test_batchnorm_folded_into_a_transposed_convolution(frames):
+    """A BatchNorm after a transposed convolution of one group folds into it (its weight's dim 1 are
+    the output channels), one after a grouped one stays a layer; the outputs equal the dense model's
+    at threshold 0, as with fold_bn=False; a cast after the conversion rounds the exact fold."""
+    from deltaconv.modules import DCBatchNorm2d, DCConvTranspose2d
+    from deltaconv.modules.folding import FoldedWeights, round_keeping_sums
+    torch.manual_seed(0)
+    model = _random_bn(_Decoder()).double()
+    xs = [f[..., :24, :32].double() for f in frames[:3]]
+    dm = deltaconv.convert(model, example_input=xs[0], threshold=0.0)
+    kept = deltaconv.convert(model, example_input=xs[0], threshold=0.0, fold_bn=False)
+    folded = [n.target for n in dm.report.nodes if n.status == "folded"]
+    assert folded == ["BatchNorm2d:bn"]
+    up = dm.get_submodule("up")
+    assert isinstance(up, DCConvTranspose2d) and up.folded_bn is dm.get_submodule("bn") and "bn folded" in repr(up)
+    assert dm.get_submodule("up2").folded_bn is None
+    assert sum(isinstance(m, DCBatchNorm2d) for m in dm.modules()) == 1
+    assert sum(isinstance(m, DCBatchNorm2d) for m in kept.modules()) == 2
+    with torch.no_grad():
+        for x in xs:
+            y = model(x)
+            torch.testing.assert_close(dm(x), y, rtol=1e-10, atol=1e-10)
+            torch.testing.assert_close(kept(x), y, rtol=1e-10, atol=1e-10)
+    float_model = _random_bn(_Decoder())
+    exact_w, exact_b = FoldedWeights.exact(float_model.up.weight, float_model.up.bias, float_model.bn, 1)
+    half = deltaconv.convert(float_model, example_input=xs[0].float()).half()
+    w, b = half.get_submodule("up").folded_weight_bias()
+    assert torch.equal(w, round_keeping_sums(exact_w.float(), torch.float16))
+    assert torch.equal(b, exact_b.float().half())
+    with pytest.raises(ValueError, match="groups=4"):
+        DCConvTranspose2d.from_dense(model.up2, bn=model.bn2)
+
+
 def test_batchnorm_kept_with_fold_bn_false(frames):
     """fold_bn=False keeps every BatchNorm a layer of its own (a per-channel scale of the delta),
     with the same outputs as the dense model and the same truncating layers as the folded model."""

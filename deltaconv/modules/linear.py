@@ -120,7 +120,31 @@ def padded_out_channels(out_channels: int, in_channels: int, groups: int, taps: 
     return out8
 
 
-class DCConv2d(DCModule):
+class _FoldsBatchNorm:
+    """A convolution with an optional BatchNorm folded in (``folded_bn``, kept outside the module tree:
+    it stays registered where it was in the dense model) through a :class:`FoldedWeights` ``_folded``
+    of its ``weight`` and ``bias``; ``fold_dim``: the weight's output-channel dim (1 for a transposed
+    convolution's ``[C_in, C_out, KH, KW]``)."""
+
+    fold_dim = 0
+
+    def _fold(self, bn: Optional[nn.Module]) -> None:
+        object.__setattr__(self, "folded_bn", bn)
+        self._folded = FoldedWeights()
+
+    def fold_before_cast(self) -> tuple:
+        """What :meth:`keep_fold` needs after a cast (``DeltaModel._apply``): the parameters as
+        they were and their fold, not rounded (or the one kept while they are unchanged)."""
+        return self._folded.before_cast(self.weight, self.bias, self.folded_bn, out_dim=self.fold_dim)
+
+    def keep_fold(self, before: tuple) -> None:
+        """After a cast: keep the fold of :meth:`fold_before_cast`, rounded to the parameters' new
+        dtype on their device, until a parameter of this convolution or of its BatchNorm changes
+        (see :meth:`FoldedWeights.after_cast` for when it is not kept)."""
+        self._folded.after_cast(before, self.weight, self.bias, self.folded_bn)
+
+
+class DCConv2d(_FoldsBatchNorm, DCModule):
     """Conv2d (any kernel, stride, padding, dilation, groups), with an optional BatchNorm folded in.
 
     Delta rule: ``d_out = W * d_in``; mask dilated by the receptive field; bias on key frames.
@@ -175,8 +199,7 @@ class DCConv2d(DCModule):
         self._pad_input_first()
         self.weight = nn.Parameter(torch.empty(out_channels, in_channels // groups, *self.kernel_size))
         self.bias = nn.Parameter(torch.empty(out_channels)) if bias else None
-        self.folded_bn: Optional[nn.Module] = None
-        self._folded = FoldedWeights()
+        self._fold(None)
 
     @classmethod
     def from_dense(cls, conv: nn.Conv2d, bn: Optional[nn.Module] = None) -> "DCConv2d":
@@ -196,9 +219,7 @@ class DCConv2d(DCModule):
         _adopt(m, dense, ["weight", "bias"])
         if "bias" not in m._parameters:
             m.bias = None
-        # kept outside the module tree: it stays registered where it was in the dense model
-        object.__setattr__(m, "folded_bn", bn)
-        m._folded = FoldedWeights()
+        m._fold(bn)
         m._pad_input_first()
         return m
 
@@ -253,17 +274,6 @@ class DCConv2d(DCModule):
                                 expand_groups=self.groups if groups != self.groups else 1,
                                 out_channels=out if out != self.out_channels else None,
                                 tf32=reads_tf32_weights(w.dtype, layout))
-
-    def fold_before_cast(self) -> tuple:
-        """What :meth:`keep_fold` needs after a cast (``DeltaModel._apply``): the parameters as
-        they were and their fold, not rounded (or the one kept while they are unchanged)."""
-        return self._folded.before_cast(self.weight, self.bias, self.folded_bn, out_dim=0)
-
-    def keep_fold(self, before: tuple) -> None:
-        """After a cast: keep the fold of :meth:`fold_before_cast`, rounded to the parameters' new
-        dtype on their device, until a parameter of this convolution or of its BatchNorm changes
-        (see :meth:`FoldedWeights.after_cast` for when it is not kept)."""
-        self._folded.after_cast(before, self.weight, self.bias, self.folded_bn)
 
     def is_pointwise(self) -> bool:
         """Whether this is a 1x1 convolution of one group, zero padding mode and a numeric padding, of any
@@ -414,14 +424,20 @@ class DCFunctionalLinear(DCModule):
         return self.observe(Delta(v, m))
 
 
-class DCConvTranspose2d(DCModule):
-    """ConvTranspose2d: ``d_out = W^T * d_in``; the mask is scattered through the footprint."""
+class DCConvTranspose2d(_FoldsBatchNorm, DCModule):
+    """ConvTranspose2d: ``d_out = W^T * d_in``; the mask is scattered through the footprint; with an
+    optional BatchNorm folded in (one group), as :class:`DCConv2d` folds one."""
 
     kind = "conv_transpose2d"
+    fold_dim = 1  # weight [C_in, C_out / groups, KH, KW]
 
     @classmethod
-    def from_dense(cls, conv: nn.ConvTranspose2d) -> "DCConvTranspose2d":
-        """Build from a dense ``nn.ConvTranspose2d`` (sharing its parameters)."""
+    def from_dense(cls, conv: nn.ConvTranspose2d, bn: Optional[nn.Module] = None) -> "DCConvTranspose2d":
+        """Build from a dense ``nn.ConvTranspose2d`` (sharing its parameters), folding ``bn`` if given
+        (``conv.groups`` must then be 1)."""
+        if bn is not None and conv.groups != 1:
+            raise ValueError(f"DCConvTranspose2d.from_dense: a BatchNorm folds into one group only, got groups="
+                             f"{conv.groups}")
         m = cls()
         for a in ("in_channels", "out_channels", "kernel_size", "stride", "padding", "output_padding", "groups",
                   "dilation"):
@@ -429,13 +445,21 @@ class DCConvTranspose2d(DCModule):
         _adopt(m, conv, ["weight", "bias"])
         if "bias" not in m._parameters:
             m.bias = None
+        m._fold(bn)
         return m
 
+    def folded_weight_bias(self) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """Weight and bias with the BatchNorm folded in (the parameters without one), cached."""
+        return self._folded.get(self.weight, self.bias, self.folded_bn, out_dim=self.fold_dim)
+
     def forward(self, x: Delta) -> Delta:
-        v, m = self.ops.conv_transpose2d(x.value, x.mask, self.weight, self.bias, self.stride, self.padding,
-                                         self.output_padding, self.groups, self.dilation, self.key,
-                                         self.work_counters(x))
+        w, b = self.folded_weight_bias()
+        v, m = self.ops.conv_transpose2d(x.value, x.mask, w, b, self.stride, self.padding, self.output_padding,
+                                         self.groups, self.dilation, self.key, self.work_counters(x))
         return self.observe(Delta(v, m))
+
+    def extra_repr(self) -> str:
+        return ("bn folded, " if self.folded_bn is not None else "") + super().extra_repr()
 
     def flops_per_output_pixel(self, out: Delta) -> float:
         s = self.stride[0] * self.stride[1]
