@@ -740,8 +740,8 @@ def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
             convolutions make no work list of their own (same results, a kernel fewer each).
             ``False`` keeps every layer's own pass.
         fold_bn: fold each BatchNorm into the convolution (or transposed convolution of one group)
-            before it (one layer fewer). In float16 / bfloat16 the folded weights are rounded so that each filter's sum stays close to the
-            exact one (``deltaconv.modules.folding``), which keeps the error at threshold 0 at the
+            before it (one layer fewer). In float16 / bfloat16 the folded weights are rounded so that
+            each filter's sum stays close to the exact one (``deltaconv.modules.folding``), which keeps the error at threshold 0 at the
             dense model's (MobileNetV2 on one-by-one: 6.1-6.6e-3 against the float32 model, the
             dense float16 model 4.9e-3; rounding each to nearest gave 1.2-1.3e-2). For the most
             accurate float16 model convert the float32 model and cast the converted one,

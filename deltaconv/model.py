@@ -16,7 +16,8 @@ import torch.fx as fx
 import torch.nn as nn
 
 from . import backends
-from .modules import DCConv2d, DCConvTranspose2d, DCModule, FrameContext
+from .modules import DCModule, FrameContext
+from .modules.linear import FoldsBatchNorm
 from .report import ConversionReport
 
 
@@ -373,8 +374,7 @@ class DeltaModel(nn.Module):
         BatchNorm folded into a convolution is folded before the cast, at the model's precision, and
         that fold rounded to the new dtype. So ``convert(model).half()`` rounds the exact fold once,
         while ``convert(model.half())`` can only fold weights that were rounded already."""
-        convs = [m for m in self.modules()
-                 if isinstance(m, (DCConv2d, DCConvTranspose2d)) and m.folded_bn is not None]
+        convs = [m for m in self.modules() if isinstance(m, FoldsBatchNorm) and m.folded_bn is not None]
         before = [m.fold_before_cast() for m in convs]
         super()._apply(fn, recurse)
         for m, b in zip(convs, before):

@@ -120,7 +120,7 @@ def padded_out_channels(out_channels: int, in_channels: int, groups: int, taps: 
     return out8
 
 
-class _FoldsBatchNorm:
+class FoldsBatchNorm:
     """A convolution with an optional BatchNorm folded in (``folded_bn``, kept outside the module tree:
     it stays registered where it was in the dense model) through a :class:`FoldedWeights` ``_folded``
     of its ``weight`` and ``bias``; ``fold_dim``: the weight's output-channel dim (1 for a transposed
@@ -144,7 +144,7 @@ class _FoldsBatchNorm:
         self._folded.after_cast(before, self.weight, self.bias, self.folded_bn)
 
 
-class DCConv2d(_FoldsBatchNorm, DCModule):
+class DCConv2d(FoldsBatchNorm, DCModule):
     """Conv2d (any kernel, stride, padding, dilation, groups), with an optional BatchNorm folded in.
 
     Delta rule: ``d_out = W * d_in``; mask dilated by the receptive field; bias on key frames.
@@ -424,7 +424,7 @@ class DCFunctionalLinear(DCModule):
         return self.observe(Delta(v, m))
 
 
-class DCConvTranspose2d(_FoldsBatchNorm, DCModule):
+class DCConvTranspose2d(FoldsBatchNorm, DCModule):
     """ConvTranspose2d: ``d_out = W^T * d_in``; the mask is scattered through the footprint; with an
     optional BatchNorm folded in (one group), as :class:`DCConv2d` folds one."""
 
