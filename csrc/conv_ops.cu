@@ -1341,40 +1341,48 @@ Tensor conv1x1_into_cuda(const Tensor& delta, const Tensor& mask, const Tensor& 
 
 // ---------------------------------------------------------------------------- conv_transpose2d
 // One axis of the combined convolution of a transposed one (conv/conv_transpose_phases.cuh): J taps
-// per phase, the window U of all phases, phase 0's q, the combined convolution's padding, output size
-// and the output row of the phases' row 0, for an input of `in` rows, an output of `out`, stride s,
-// padding p and K = s * J kernel rows.
+// per phase, the window U >= J, the combined convolution's padding and output size, and its row of
+// A = 0 (offset), for an input of `in` rows, an output of `out`, stride s, padding p, K = s * J kernel
+// rows and a window of `window` rows (J, or more: zeros in its first window - J rows).
 struct TransposedAxis {
-  int J, U, q0, pad, size, offset;
+  int J, U, pad, size, offset;
 };
 
-TransposedAxis transposed_axis(int64_t in, int64_t out, int s, int p, int64_t K) {
+TransposedAxis transposed_axis(int64_t in, int64_t out, int s, int p, int64_t K, int window) {
   TransposedAxis t{};
   t.J = (int)(K / s);
-  t.q0 = p / s;
-  const int q_last = (s - 1 + p) / s;
-  t.U = q_last - t.q0 + t.J;
-  const int rows = (int)((out + s - 1) / s);  // phase 0's, the most of any phase
-  // row 0's window from input row q0 - (J - 1), the last row's up to rows - 1 + q_last, inside the padding
-  t.pad = std::max<int>({0, t.J - 1 - t.q0, (int)(rows + q_last - in)});
+  t.U = std::max(window, t.J);
+  // output rows o = 0 .. out - 1 read input rows A - U + 1 .. A, A = (o + p) / s, inside the padding
+  const int a_first = p / s, a_last = (int)((out - 1 + p) / s);
+  t.pad = std::max<int>({0, t.U - 1 - a_first, (int)(a_last - in + 1)});
   t.size = (int)(in + 2 * t.pad - t.U + 1);
-  t.offset = t.q0 - (t.J - 1) + t.pad;
+  t.offset = t.pad - t.U + 1;
   return t;
+}
+
+// The window of a transposed convolution's combined convolution along both axes: its own taps, but
+// 2x2 (4x4 at stride 2) widened to 3x3, the 3x3 tile kernel with 2.25 times the multiply-adds: the
+// gathered-taps kernel that runs a 2x2 window took 1.5 times as long at 100 % changed and 1.2 times at
+// 1 % (4x4, C=64 at 540x960), the pose network's frame 6-7 % longer (H200, 2026-12-02 17:22 UTC,
+// benchmarks/results/transposed_ab.txt). DELTACONV_TC_TRANSPOSED_3X3=0 keeps 2x2 (read on every call:
+// A/B runs, tests of both).
+int transposed_window(int64_t KH, int64_t KW, int sh, int sw) {
+  const bool two_by_two = KH == 2 * sh && KW == 2 * sw;
+  return two_by_two && env_switch("DELTACONV_TC_TRANSPOSED_3X3") ? 3 : 1;
 }
 
 // Whether conv_transpose2d runs as one stride-1 convolution of all its phases on the tensor cores
 // (conv/conv_transpose_phases.cuh): fp16 / bf16 (float32 stays exact, on the CUDA-core kernel),
-// groups 1, dilation 1, the kernel a whole number of strides along each axis, and the combined
-// convolution a tensor-core one (tc_gemm_ok; a 1x1 or 3x3 window or at most kMaxTaps taps).
-// DELTACONV_TC_TRANSPOSED=0 keeps the CUDA-core kernel (read on every call: A/B runs, tests of both).
-bool transposed_phases_ok(const Tensor& x, int64_t Cin, int64_t Cout, int64_t KH, int64_t KW, int sh, int sw,
-                          int dh, int dw, int64_t groups, const TransposedAxis& rows, const TransposedAxis& cols) {
-  if (groups != 1 || dh != 1 || dw != 1 || KH % sh != 0 || KW % sw != 0 || !tc_dtype_ok(x) ||
-      !env_switch("DELTACONV_TC_TRANSPOSED"))
-    return false;
+// groups 1, dilation 1, the kernel a whole number of strides along each axis (the caller checks it
+// first: `rows` and `cols` assume it), and the combined convolution a tensor-core one (tc_gemm_ok, a
+// window of at most kMaxTaps taps). DELTACONV_TC_TRANSPOSED=0 keeps the CUDA-core kernel (read on
+// every call: A/B runs, tests of both).
+bool transposed_phases_ok(const Tensor& x, int64_t Cin, int64_t Cout, int sh, int sw, int dh, int dw, int64_t groups,
+                          const TransposedAxis& rows, const TransposedAxis& cols) {
+  if (groups != 1 || dh != 1 || dw != 1 || !tc_dtype_ok(x) || !env_switch("DELTACONV_TC_TRANSPOSED")) return false;
   const int64_t taps = (int64_t)rows.U * cols.U;
-  const bool window = taps == 1 || (rows.U == 3 && cols.U == 3) || taps <= conv::tc::kMaxTaps;
-  return window && tc_gemm_ok(x, Cin, (int64_t)sh * sw * Cout, taps) && rows.size >= 1 && cols.size >= 1;
+  return taps <= conv::tc::kMaxTaps && tc_gemm_ok(x, Cin, (int64_t)sh * sw * Cout, taps) && rows.size >= 1 &&
+         cols.size >= 1;
 }
 
 // The transposed convolution as one convolution of its phases (transposed_phases_ok): the combined
@@ -1391,7 +1399,7 @@ std::tuple<Tensor, Tensor> conv_transpose2d_phases(const Tensor& delta, const Te
   g.N = (int)N; g.Cin = (int)Cin; g.Cout = (int)Cout; g.H = (int)delta.size(2); g.W = (int)delta.size(3);
   g.Ho = (int)Ho; g.Wo = (int)Wo; g.KH = (int)weight.size(2); g.KW = (int)weight.size(3);
   g.sh = sh; g.sw = sw; g.ph = ph; g.pw = pw; g.JH = rows.J; g.JW = cols.J; g.UH = rows.U; g.UW = cols.U;
-  g.q0h = rows.q0; g.q0w = cols.q0; g.Hc = rows.size; g.Wc = cols.size; g.offh = rows.offset; g.offw = cols.offset;
+  g.Hc = rows.size; g.Wc = cols.size; g.offh = rows.offset; g.offw = cols.offset;
   cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const Tensor w = weight.to(delta.scalar_type()).contiguous();
   // [phases * Cout][UH][UW][Cin], viewed as the channels_last [phases * Cout, Cin, UH, UW] conv weight
@@ -1401,9 +1409,10 @@ std::tuple<Tensor, Tensor> conv_transpose2d_phases(const Tensor& delta, const Te
                 g);
   c10::optional<Tensor> b;
   if (bias.has_value()) b = bias->to(delta.scalar_type()).repeat({phases});
-  const auto [v, m] = conv2d_cuda(delta, mask, filters.permute({0, 3, 1, 2}), b, {1, 1}, {rows.pad, cols.pad},
-                                  {1, 1}, 1, key, counters, false, c10::nullopt, c10::nullopt);
-  (void)m;  // the window's mask: the scatter takes each phase's footprint from the input mask instead
+  // (its mask, the window's, is left: the scatter takes each phase's footprint from the input mask)
+  const Tensor v = std::get<0>(conv2d_cuda(delta, mask, filters.permute({0, 3, 1, 2}), b, {1, 1},
+                                           {rows.pad, cols.pad}, {1, 1}, 1, key, counters, false, c10::nullopt,
+                                           c10::nullopt));
   Tensor y = empty_delta(delta, N, Cout, Ho, Wo);
   Tensor mask_out = empty_mask(mask, N, Ho, Wo);
   const int vecs = (int)(Cout * delta.element_size() / 16);
@@ -1449,8 +1458,10 @@ std::tuple<Tensor, Tensor> conv_transpose2d_cuda(const Tensor& delta, const Tens
 
   c10::cuda::CUDAGuard guard(delta.device());
   if (N * Ho * Wo > 0 && KH % sh == 0 && KW % sw == 0) {
-    const TransposedAxis rows = transposed_axis(H, Ho, sh, ph, KH), cols = transposed_axis(W, Wo, sw, pw, KW);
-    if (transposed_phases_ok(delta, Cin, Cout, KH, KW, sh, sw, dh, dw, groups, rows, cols))
+    const int window = transposed_window(KH, KW, sh, sw);
+    const TransposedAxis rows = transposed_axis(H, Ho, sh, ph, KH, window);
+    const TransposedAxis cols = transposed_axis(W, Wo, sw, pw, KW, window);
+    if (transposed_phases_ok(delta, Cin, Cout, sh, sw, dh, dw, groups, rows, cols))
       return conv_transpose2d_phases(delta, mask, weight, bias, key, Ho, Wo, sh, sw, ph, pw, rows, cols, counters);
   }
   Tensor y = empty_delta(delta, N, Cout, Ho, Wo);

@@ -1160,12 +1160,13 @@ def _runs_phases(case, dtype) -> bool:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("phases", ["1", "0"])
+@pytest.mark.parametrize("phases", ["1", "0", "2x2"])
 @pytest.mark.parametrize("case", [c for c in CONVT_CASES if _runs_phases(c, torch.float16)], ids=_convt_id)
 def test_conv_transpose2d_phases_run_where_they_apply(case, phases, monkeypatch):
     """A transposed convolution of whole strides in float16 runs as the convolution of its phases
     (their filters built, the convolution, the scatter; no CUDA-core transposed kernel) unless
-    DELTACONV_TC_TRANSPOSED=0; both paths give the same masks and the same values to float16's
+    DELTACONV_TC_TRANSPOSED=0; "2x2": DELTACONV_TC_TRANSPOSED_3X3=0, a 2x2 window of taps kept 2x2
+    (the gathered-taps kernel; the others as by default). All paths give the same masks and the same values to float16's
     rounding."""
     cin, cout, k, s, p, op, g, d, (H, W) = case
     s, p, op, d = list(_pair(s)), list(_pair(p)), list(_pair(op)), list(_pair(d))
@@ -1176,10 +1177,11 @@ def test_conv_transpose2d_phases_run_where_they_apply(case, phases, monkeypatch)
     args = (delta, mask, weight, None, s, p, op, g, d, None)
     monkeypatch.setenv("DELTACONV_TC_TRANSPOSED", "0")
     direct, direct_mask = ops().conv_transpose2d(*args)
-    monkeypatch.setenv("DELTACONV_TC_TRANSPOSED", phases)
+    monkeypatch.setenv("DELTACONV_TC_TRANSPOSED", "0" if phases == "0" else "1")
+    monkeypatch.setenv("DELTACONV_TC_TRANSPOSED_3X3", "0" if phases == "2x2" else "1")
     names = kernel_names_or_skip(lambda: ops().conv_transpose2d(*args))
-    assert any("phase_scatter" in n for n in names) == (phases == "1"), names
-    assert any("phase_filters" in n for n in names) == (phases == "1"), names
+    assert any("phase_scatter" in n for n in names) == (phases != "0"), names
+    assert any("phase_filters" in n for n in names) == (phases != "0"), names
     assert any("conv_direct_kernel" in n for n in names) == (phases == "0"), names
     out, mo = ops().conv_transpose2d(*args)
     assert torch.equal(mo, direct_mask)
@@ -1272,10 +1274,17 @@ def test_conv_transpose2d_counters_argument(monkeypatch):
     counters = torch.zeros(COUNTERS, dtype=torch.int32, device="cuda")
     out2, mo2 = ops().conv_transpose2d(*args, counters)
     assert torch.equal(mo2, mo) and torch.equal(out2[mo.expand_as(out)], out[mo.expand_as(out)])
-    # float16 runs the phases' combined convolution (4x4 at stride 2: a 3x3 window at the input's size):
-    # its active tiles, those of the input mask dilated by the window
-    window = F.max_pool2d(mask.float(), 3, 1, 1)
-    assert counters[0] + counters[1] == _active_tiles(window > 0)
+    # float16 runs the phases' combined convolution: 4x4 at stride 2 with padding 1 a 3x3 window over the
+    # input padded by 2 (output row t reads input rows t - 2 .. t, the first row's taps zero), with
+    # DELTACONV_TC_TRANSPOSED_3X3=0 a 2x2 window padded by 1 (rows t - 1, t); its active tiles, those of
+    # the input mask dilated by the window
+    for window, switch in ((3, "1"), (2, "0")):
+        monkeypatch.setenv("DELTACONV_TC_TRANSPOSED_3X3", switch)
+        counters.zero_()
+        out3, mo3 = ops().conv_transpose2d(*args, counters)
+        assert torch.equal(mo3, mo) and torch.equal(out3[mo.expand_as(out)], out[mo.expand_as(out)])
+        dilated = F.max_pool2d(F.pad(mask.float(), (window - 1,) * 4), window, 1)
+        assert counters[0] + counters[1] == _active_tiles(dilated > 0), (window, counters.tolist())
     monkeypatch.setenv("DELTACONV_TC_TRANSPOSED", "0")  # the CUDA-core kernel: one call, its tiles
     counters.zero_()
     ops().conv_transpose2d(*args, counters)

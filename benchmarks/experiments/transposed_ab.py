@@ -1,7 +1,9 @@
 """A/B of the transposed convolutions' phase decomposition (``conv_transpose2d`` as one stride-1
-convolution per phase of the stride on the tensor cores) against the CUDA-core transposed kernel
-(``DELTACONV_TC_TRANSPOSED=0`` while the variant's graph is captured), in one process, with the dense
-model replayed as a CUDA graph as the baseline.
+convolution of all the phases of the stride on the tensor cores, a 2x2 window of taps widened to 3x3:
+"phases") against the same with the 2x2 window kept ("phases2x2": ``DELTACONV_TC_TRANSPOSED_3X3=0``, the
+gathered-taps kernel) and the CUDA-core transposed kernel ("direct": ``DELTACONV_TC_TRANSPOSED=0``), each
+set while the variant's graph is captured, in one process, with the dense model replayed as a CUDA graph
+as the baseline.
 
     PYTHONPATH=. python benchmarks/experiments/transposed_ab.py [--size 1080 1920] [--models pose unet] \\
         [--videos vtest.avi one-by-one-person-detection.mp4] [--thresholds 0.02] [--frames 24] [--start 200]
@@ -80,6 +82,8 @@ class UNet(nn.Module):
 
 
 MODELS = {"pose": PoseNet, "unet": UNet}
+# the environment each variant is captured under
+VARIANTS = {"phases": {}, "phases2x2": {"DELTACONV_TC_TRANSPOSED_3X3": "0"}, "direct": {"DELTACONV_TC_TRANSPOSED": "0"}}
 
 
 def build(name: str, frames: list) -> nn.Module:
@@ -90,7 +94,7 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
     add_video_ab_arguments(p, (1088, 1920))
-    p.add_argument("--order", nargs="+", default=["phases", "direct"], choices=["phases", "direct"])
+    p.add_argument("--order", nargs="+", default=["phases", "phases2x2", "direct"], choices=list(VARIANTS))
     a = p.parse_args(argv)
     import deltaconv
 
@@ -103,9 +107,10 @@ def main(argv=None) -> None:
             for t in a.thresholds:
                 runs = {}
                 for v in a.order:
-                    os.environ["DELTACONV_TC_TRANSPOSED"] = "1" if v == "phases" else "0"
+                    os.environ.update(VARIANTS[v])
                     runs[v] = captured(functools.partial(deltaconv.convert, model), frames, t)
-                os.environ.pop("DELTACONV_TC_TRANSPOSED")
+                    for name_ in VARIANTS[v]:
+                        os.environ.pop(name_)
                 line = compare_variants(runs, dense, frames, reference, a.warmup)
                 print(f"== {name} {a.size[0]}x{a.size[1]} float16 {video} frames {a.start + 2}-"
                       f"{a.start + a.frames - 1} t={t:g}: {line}", flush=True)

@@ -1,20 +1,20 @@
 // A transposed convolution as one stride-1 convolution of all its phases (ATen-free).
 //
 // A transposed convolution of stride (sh, sw), dilation 1, whose kernel is a whole number of strides
-// along each axis (KH = sh * JH, KW = sw * JW), splits into the sh * sw phases of its output: output
-// row o = sh * i + a (row phase a in [0, sh)) takes the kernel rows k = sh * j + r, r = (a + ph) % sh,
-// from the input rows i + q_a - j, q_a = (a + ph) / sh, j in [0, JH). Every phase reads a window of the
-// input around row i, and the union of their windows is UH = q_(sh-1) - q_0 + JH rows from
-// i + q_0 - (JH - 1) on (4x4 at stride 2, padding 1: 3 rows; 2x2 at stride 2: 1). So the whole
-// transposed convolution is one convolution of stride 1 and a UH x UW kernel with sh * sw * Cout
-// output channels, phase (a, b)'s filters at channels [(a * sw + b) * Cout, + Cout), its JH x JW taps in
-// place in the window and zeros elsewhere (phase_filters_kernel), and a depth-to-space of that output
-// (phase_scatter_kernel). The 4x4 / stride 2 case runs on the 3x3 tensor-core kernel with 2.25 times
-// the multiply-adds, the 2x2 one on the 1x1 GEMM with as many as the transposed convolution.
+// along each axis (KH = sh * JH, KW = sw * JW), splits into the sh * sw phases of its output. Output
+// row o, with o + ph = sh * A + a (row phase a in [0, sh)), takes the kernel rows k = sh * j + a from
+// the input rows A - j, j in [0, JH): every phase reads the same JH rows A - JH + 1 .. A. So the whole
+// transposed convolution is one convolution of stride 1 and a JH x JW kernel with sh * sw * Cout
+// output channels, phase (a, b)'s filters at channels [(a * sw + b) * Cout, + Cout) (phase_filters_kernel),
+// followed by a depth-to-space of its output (phase_scatter_kernel): 2x2 at stride 2 a 1x1 convolution
+// (the GEMM) with as many multiply-adds as the transposed convolution. The window can be taken larger,
+// UH >= JH rows A - UH + 1 .. A with zeros in the first UH - JH: 4x4 at stride 2 runs its 2x2 window as
+// 3x3, on the 3x3 tile kernel with 2.25 times the multiply-adds, faster than the gathered-taps kernel
+// over 2x2 (conv_ops.cu: transposed_window).
 //
-// The convolution's mask is its window's (a superset of each phase's footprint), so the scatter
-// derives each output pixel's flag from the input mask over its phase's JH x JW taps, the footprint of
-// the transposed convolution, and copies the values of the active pixels only.
+// The convolution's mask is its window's (a superset of each phase's footprint when UH > JH), so the
+// scatter derives each output pixel's flag from the input mask over its phase's JH x JW taps, the
+// footprint of the transposed convolution, and copies the values of the active pixels only.
 #pragma once
 
 #include <cstdint>
@@ -25,18 +25,18 @@ namespace deltaconv {
 namespace conv {
 
 // The geometry of the combined convolution. Per axis: s stride, p the transposed convolution's
-// padding, J = K / s taps per phase, U the window, q0 = p / s (phase 0's q), pad the combined
-// convolution's padding, offset its output row of the phases' row 0 (conv_ops.cu: transposed_axis).
+// padding, J = K / s taps per phase, U >= J the window, the combined output's size and its row of
+// A = 0, offset (row A + offset holds output rows o = s * A - p + a; conv_ops.cu: transposed_axis).
 struct PhaseGeom {
   int N, Cin, Cout, H, W, Ho, Wo;       // the transposed convolution's shapes (Cout per phase)
   int KH, KW, sh, sw, ph, pw;           // its kernel, stride, padding
-  int JH, JW, UH, UW, q0h, q0w;         // taps per phase, the window, phase 0's q
-  int Hc, Wc, offh, offw;               // the combined output's size and the offset of row / column 0
+  int JH, JW, UH, UW;                   // taps per phase, the window
+  int Hc, Wc, offh, offw;               // the combined output's size and the offset of row / column A = 0
 };
 
 // combined[(a * sw + b) * Cout + co][uh][uw][ci] (the [C_out][KH][KW][C_in] layout of the tensor-core
 // convolutions) from weight [Cin][Cout][KH][KW], both of a 16-bit dtype: the tap of phase (a, b) that
-// window row uh holds, j = q_a - q0 + JH - 1 - uh (kernel row sh * j + r_a), else 0.
+// window row uh (input row A - UH + 1 + uh) holds, j = UH - 1 - uh (kernel row sh * j + a), else 0.
 __global__ void phase_filters_kernel(const uint16_t* __restrict__ weight, uint16_t* __restrict__ combined,
                                      PhaseGeom g) {
   grid_dependency_sync();
@@ -52,21 +52,20 @@ __global__ void phase_filters_kernel(const uint16_t* __restrict__ weight, uint16
     const int co = (int)(r % g.Cout);
     const int phase = (int)(r / g.Cout);
     const int a = phase / g.sw, b = phase % g.sw;
-    const int jh = (a + g.ph) / g.sh - g.q0h + g.JH - 1 - uh;
-    const int jw = (b + g.pw) / g.sw - g.q0w + g.JW - 1 - uw;
+    const int jh = g.UH - 1 - uh, jw = g.UW - 1 - uw;
     uint16_t v = 0;
-    if (jh >= 0 && jh < g.JH && jw >= 0 && jw < g.JW) {
-      const int kh = g.sh * jh + (a + g.ph) % g.sh, kw = g.sw * jw + (b + g.pw) % g.sw;
+    if (jh < g.JH && jw < g.JW) {
+      const int kh = g.sh * jh + a, kw = g.sw * jw + b;
       v = weight[(((int64_t)ci * g.Cout + co) * g.KH + kh) * g.KW + kw];
     }
     combined[t] = v;
   }
 }
 
-// Per output pixel (n, oy, ox) of phase (a, b) = (oy % sh, ox % sw): its flag, key[n] or an active
-// input pixel among its phase's taps (rows oy / sh + q_a - j, j < JH, columns alike) in mask [N, 1, H,
-// W]; when set, its Cout values from src [N, sh * sw * Cout, Hc, Wc] (channels_last) at (oy / sh +
-// offh, ox / sw + offw), channels from (a * sw + b) * Cout on, into y [N, Cout, Ho, Wo] (channels_last);
+// Per output pixel (n, oy, ox), oy + ph = sh * A + a and ox + pw = sw * B + b (phase (a, b)): its flag,
+// key[n] or an active input pixel among its phase's taps (rows A - j, j < JH, columns alike) in mask
+// [N, 1, H, W]; when set, its Cout values from src [N, sh * sw * Cout, Hc, Wc] (channels_last) at
+// (A + offh, B + offw), channels from (a * sw + b) * Cout on, into y [N, Cout, Ho, Wo] (channels_last);
 // `vecs`: 16-byte vectors per pixel of y. A warp per 32 consecutive output pixels, grid-stride: each
 // lane derives one pixel's flag, then the warp copies the active pixels' vectors together (32 at a
 // time, in the order of y), so a frame with few changes reads little more than the mask. y's inactive
@@ -78,7 +77,7 @@ __device__ __forceinline__ bool phase_pixel_on(const bool* __restrict__ mask, co
   const int ox = (int)(pix % g.Wo), oy = (int)(pix / g.Wo % g.Ho);
   const int64_t n = pix / ((int64_t)g.Wo * g.Ho);
   if (key != nullptr && key[n]) return true;
-  const int iy0 = oy / g.sh + (oy % g.sh + g.ph) / g.sh, ix0 = ox / g.sw + (ox % g.sw + g.pw) / g.sw;  // tap 0
+  const int iy0 = (oy + g.ph) / g.sh, ix0 = (ox + g.pw) / g.sw;  // tap 0: A, B
   for (int jh = 0; jh < g.JH; ++jh) {
     const int iy = iy0 - jh;
     if (iy < 0 || iy >= g.H) continue;
@@ -95,8 +94,8 @@ __device__ __forceinline__ bool phase_pixel_on(const bool* __restrict__ mask, co
 __device__ __forceinline__ int64_t phase_source(const PhaseGeom& g, int64_t pix, int vecs) {
   const int ox = (int)(pix % g.Wo), oy = (int)(pix / g.Wo % g.Ho);
   const int64_t n = pix / ((int64_t)g.Wo * g.Ho);
-  const int64_t at = (n * g.Hc + oy / g.sh + g.offh) * g.Wc + ox / g.sw + g.offw;
-  return (at * g.sh * g.sw + (oy % g.sh) * g.sw + ox % g.sw) * vecs;
+  const int64_t at = (n * g.Hc + (oy + g.ph) / g.sh + g.offh) * g.Wc + (ox + g.pw) / g.sw + g.offw;
+  return (at * g.sh * g.sw + ((oy + g.ph) % g.sh) * g.sw + (ox + g.pw) % g.sw) * vecs;
 }
 
 __global__ void __launch_bounds__(kScatterThreads)

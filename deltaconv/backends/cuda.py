@@ -677,9 +677,11 @@ def conv_transpose2d(delta: Tensor, mask: Tensor, weight: Tensor, bias: Optional
     """Transposed convolution: linear; the mask is scattered through the same footprint. In float16 /
     bfloat16 with one group, dilation 1 and a kernel of whole strides (``KH % stride_h == KW % stride_w ==
     0``: 4x4 or 2x2 at stride 2) it runs as one stride-1 convolution of all the phases of the stride
-    (``stride_h * stride_w * C_out`` output channels) on the tensor cores and a depth-to-space of its
-    output (``csrc/conv/conv_transpose_phases.cuh``; ``DELTACONV_TC_TRANSPOSED=0``: the CUDA-core
-    kernel), else on the CUDA cores. ``counters``: as in :func:`conv2d` (that convolution's)."""
+    (``stride_h * stride_w * C_out`` output channels over each phase's ``KH / stride_h x KW / stride_w``
+    taps, a 2x2 window widened to 3x3: the 3x3 tile kernel) on the tensor cores and a depth-to-space of
+    its output (``csrc/conv/conv_transpose_phases.cuh``; ``DELTACONV_TC_TRANSPOSED=0``: the CUDA-core
+    kernel; ``DELTACONV_TC_TRANSPOSED_3X3=0``: a 2x2 window kept 2x2), else on the CUDA cores.
+    ``counters``: as in :func:`conv2d` (that convolution's)."""
     if not (_native("conv_transpose2d", delta, mask, weight) and delta.dim() == 4 and delta.dtype in _ACT_DTYPES
             and not isinstance(padding, str)):
         return _ref.conv_transpose2d(delta, mask, weight, bias, stride, padding, output_padding, groups, dilation,
