@@ -520,6 +520,30 @@ def test_channel_moves_keep_the_mask():
     assert all(r.mask is not d.mask for r in rows)
 
 
+@pytest.mark.parametrize("shuffle", [nn.PixelShuffle(2), nn.PixelUnshuffle(2), (F.pixel_shuffle, 3),
+                                     (F.pixel_unshuffle, 3), (torch.pixel_shuffle, 1)],
+                         ids=["PixelShuffle", "PixelUnshuffle", "pixel_shuffle", "pixel_unshuffle", "factor-1"])
+def test_pixel_shuffles_move_values_and_masks_without_the_general_path(shuffle, monkeypatch):
+    """A pixel shuffle (unshuffle) of a channels-last delta moves its values in one copy, channels-last
+    kept (an unshuffle zeroes the inactive pixels first), and repeats (unites) the masks of the pixels
+    each output pixel is made of: the same mask and active values as the general path (the op on masked
+    values and on the masks expanded to the values' shape)."""
+    fn, args = (shuffle, ()) if isinstance(shuffle, nn.Module) else (shuffle[0], (shuffle[1],))
+    gen = torch.Generator().manual_seed(0)
+    value = torch.randn(2, 36, 6, 12, generator=gen).contiguous(memory_format=torch.channels_last)
+    d = Delta(value, torch.rand(2, 1, 6, 12, generator=gen) > 0.7, tf32=True)
+    general = DCLinearFunction(fn)
+    monkeypatch.setattr(general, "_pixel_shuffle", lambda *a: None)
+    expected = general(d, *args)
+    out = DCLinearFunction(fn)(d, *args)
+    assert out.value.is_contiguous(memory_format=torch.channels_last) and out.tf32
+    assert torch.equal(out.mask, expected.mask) and out.mask.any() and not out.mask.all()
+    torch.testing.assert_close(torch.where(out.mask, out.value, 0), expected.value, rtol=0, atol=0)
+    # what does not fit falls back to the general path, and its error
+    with pytest.raises(RuntimeError):
+        DCLinearFunction(torch.pixel_shuffle)(Delta(value[:, :35], d.mask), 2)
+
+
 @pytest.mark.parametrize("layout", ["channels_last", "contiguous"])
 def test_channel_shuffle_equals_torch(layout):
     value = torch.randn(2, 12, 3, 5)

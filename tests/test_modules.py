@@ -395,6 +395,10 @@ def _split_model(kind):
         return Fn(lambda x, c: F.channel_shuffle(c(x), 2), conv())
     if kind == "getitem-slice":
         return Fn(lambda x, c: c(x)[:, 1:3, 2:, ::2], conv())
+    if kind == "PixelShuffle":  # a super-resolution tail: 4 x 2 x 2 channels to 4 at twice the size
+        return nn.Sequential(conv(cout=16), nn.PixelShuffle(2), conv())
+    if kind == "pixel_unshuffle-fn":
+        return Fn(lambda x, c: c(F.pixel_unshuffle(x, 2)), conv(cin=16))
     if kind == "pad-permute-reshape":
         return Fn(lambda x, c: F.pad(c(x), (1, 2, 0, 1)).permute(0, 1, 3, 2).reshape(x.shape[0], 2, -1, 11), conv())
     raise AssertionError(kind)
@@ -402,7 +406,8 @@ def _split_model(kind):
 
 @pytest.mark.parametrize("device,backend", device_backends())
 @pytest.mark.parametrize("kind", ["split", "split-sizes", "chunk", "torch.chunk-spatial", "ChannelShuffle",
-                                  "shuffle-view", "channel_shuffle-fn", "getitem-slice", "pad-permute-reshape"])
+                                  "shuffle-view", "channel_shuffle-fn", "getitem-slice", "pad-permute-reshape",
+                                  "PixelShuffle", "pixel_unshuffle-fn"])
 def test_data_movement(kind, device, backend):
     check_converted(_split_model(kind), expect=[DCLinearFunction], device=device, backend=backend)
 

@@ -840,6 +840,8 @@ class DCLinearFunction(DCModule):
         out = self._per_sample_reshape(args, kwargs)
         if out is None:
             out = self._channels_only(args, kwargs)
+        if out is None:
+            out = self._pixel_shuffle(args, kwargs)
         if out is not None:
             return self.observe(out) if isinstance(out, Delta) else out
         values = self.fn(*_map_deltas(args, lambda d: torch.where(d.mask, d.value, 0)),
@@ -889,11 +891,47 @@ class DCLinearFunction(DCModule):
             return Delta(values, d.mask)
         return _rebuild(values, [Delta(v, d.mask) for v in values])
 
+    def _pixel_shuffle(self, args: tuple, kwargs: dict) -> Optional[Delta]:
+        """A pixel shuffle or unshuffle (``nn.PixelShuffle``, ``F.pixel_shuffle`` and their inverses) of
+        one 4-D delta: output pixel ``(y, x)`` of a shuffle by ``r`` is made of input pixel ``(y // r,
+        x // r)`` alone, so its mask is the input's repeated ``r x r`` times and the values move in one
+        copy, channels-last kept (:func:`pixel_shuffle`); an unshuffle's output pixel is made of the
+        ``r x r`` input pixels it gathers, its mask their union, and the inactive ones' values are
+        zeroed before the move. The general path's masking, expanded masks and mask reduction took
+        several passes over the whole map. ``None`` where this does not apply
+        (the general path then runs)."""
+        fn, factor, extra = self.fn, None, []
+        if isinstance(fn, (nn.PixelShuffle, nn.PixelUnshuffle)):
+            factor = fn.upscale_factor if isinstance(fn, nn.PixelShuffle) else -fn.downscale_factor
+            extra = list(args[1:]) + list(kwargs.values())
+        elif fn in _PIXEL_SHUFFLES:
+            name = "upscale_factor" if fn in _PIXEL_SHUFFLES[:2] else "downscale_factor"
+            r = args[1] if len(args) > 1 else kwargs.get(name)
+            factor = (r if fn in _PIXEL_SHUFFLES[:2] else -r) if isinstance(r, int) and r >= 1 else None
+            extra = list(args[2:]) + [v for k, v in kwargs.items() if k != name]
+        if factor is None or extra or len(args) == 0 or not isinstance(args[0], Delta) or args[0].value.dim() != 4:
+            return None
+        d, r = args[0], abs(factor)
+        n, c, h, w = d.value.shape
+        if (factor > 0 and c % (r * r)) or (factor < 0 and (h % r or w % r)):
+            return None  # torch's own error, from the general path
+        # an unshuffle's active output pixel gathers inactive input pixels too, whose values are not
+        # changes (a layer leaves them unwritten): zeros there
+        value = pixel_shuffle(d.value if factor > 0 else torch.where(d.mask, d.value, 0), factor)
+        if factor > 0:
+            mask = d.mask[:, :, :, None, :, None].expand(n, 1, h, r, w, r).reshape(n, 1, h * r, w * r)
+        else:
+            mask = d.mask.reshape(n, 1, h // r, r, w // r, r).any(5).any(3)
+        return Delta(value, mask, tf32=d.tf32)  # moved values stay TF32 values
+
     def extra_repr(self) -> str:
         return f"{self.label}, " + super().extra_repr()
 
 
 _CHANNEL_SHUFFLES = (torch.channel_shuffle, nn.functional.channel_shuffle)
+#: the shuffles first, then the unshuffles
+_PIXEL_SHUFFLES = (torch.pixel_shuffle, nn.functional.pixel_shuffle, torch.pixel_unshuffle,
+                   nn.functional.pixel_unshuffle)
 #: functions and methods that cut a tensor along one dim: the position of ``dim`` among the
 #: arguments (the tensor first) and its default
 _SPLITS = {fn: (2, 0) for fn in (torch.chunk, torch.split, torch.tensor_split, torch.Tensor.chunk,
@@ -920,6 +958,24 @@ def channel_shuffle(value: torch.Tensor, groups: int) -> torch.Tensor:
     pixels = value.permute(0, 2, 3, 1)  # [N, H, W, C], contiguous
     shuffled = pixels.unflatten(3, (groups, c // groups)).transpose(3, 4).reshape(n, h, w, c)
     return shuffled.permute(0, 3, 1, 2)
+
+
+def pixel_shuffle(value: torch.Tensor, factor: int) -> torch.Tensor:
+    """``torch.pixel_shuffle(value, factor)`` of a 4-D ``[N, C, H, W]`` tensor for ``factor > 0``,
+    ``torch.pixel_unshuffle(value, -factor)`` for ``factor < 0``; channels-last in and out when
+    ``value`` is channels-last (one copy)."""
+    r = abs(factor)
+    if not value.is_contiguous(memory_format=torch.channels_last) or value.is_contiguous():
+        return torch.pixel_shuffle(value, r) if factor > 0 else torch.pixel_unshuffle(value, r)
+    n, c, h, w = value.shape
+    pixels = value.permute(0, 2, 3, 1)  # [N, H, W, C], contiguous
+    if factor > 0:  # input channel k * r * r + i * r + j -> output channel k at (y * r + i, x * r + j)
+        moved = pixels.reshape(n, h, w, c // (r * r), r, r).permute(0, 1, 4, 2, 5, 3)
+        moved = moved.reshape(n, h * r, w * r, c // (r * r))
+    else:
+        moved = pixels.reshape(n, h // r, r, w // r, r, c).permute(0, 1, 3, 5, 2, 4)
+        moved = moved.reshape(n, h // r, w // r, c * r * r)
+    return moved.permute(0, 3, 1, 2)
 
 
 def shuffled_concatenate(tensors, groups: int, chunks: Optional[int] = None):
