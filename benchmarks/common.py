@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import csv
 import datetime
+import functools
 import os
 import platform
 import re
@@ -238,6 +239,45 @@ def compare_variants(variants: dict, dense: Callable, frames, reference, warmup:
             parts.append(f"{name} {ms[name]:.3f} ms ({ms['dense'] / ms[name]:.2f}x of dense; error {err:.4f}; "
                          f"FLOPs density {density:.3f}; {len(dm.report.fallbacks)} fallbacks)")
     return "; ".join(parts)
+
+
+def patched(owner, name: str, value):
+    """A context manager that sets ``owner.name = value`` and restores it on exit (the A/B scripts'
+    variants of a class's behaviour while a model is converted and captured)."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def scope():
+        old = getattr(owner, name)
+        setattr(owner, name, value)
+        try:
+            yield
+        finally:
+            setattr(owner, name, old)
+    return scope()
+
+
+def compare_variants_on_videos(args, model: Callable[[], torch.nn.Module], variants: dict, label: str) -> None:
+    """The A/B scripts' loop: per video of ``args`` (:func:`video_ab_frames`) and threshold, ``model()``
+    in float16 and channels-last converted under each variant (``variants``: name -> a callable giving a
+    context manager, active while converting and capturing, :func:`captured`; in ``args.order``), timed
+    against its dense graph (:func:`compare_variants`); one ``== label video frames t: ...`` line each."""
+    import deltaconv
+    for video, cpu in video_ab_frames(args):
+        frames = [f.cuda().half() for f in cpu]
+        dense_model = model().cuda().half().to(memory_format=torch.channels_last)
+        dense, reference = dense_baseline(dense_model, frames)
+        for t in args.thresholds:
+            runs = {}
+            for name in args.order:
+                with variants[name]():
+                    runs[name] = captured(functools.partial(deltaconv.convert, dense_model), frames, t)
+            line = compare_variants(runs, dense, frames, reference, args.warmup)
+            print(f"== {label} float16 {video} frames {args.start + 2}-{args.start + args.frames - 1} t={t:g}: {line}",
+                  flush=True)
+            del runs
+        del dense_model, dense, reference
+        torch.cuda.empty_cache()
 
 
 def error_and_density(dm, frames, reference) -> tuple[float, float]:

@@ -505,6 +505,10 @@ INTERP = {
     "bilinear-size-ac": dict(size=(17, 23), mode="bilinear", align_corners=True),
     "bilinear-x1.7": dict(scale_factor=1.7, mode="bilinear", align_corners=False),
     "bilinear-down": dict(size=(6, 5), mode="bilinear", align_corners=False),
+    "bicubic-x2": dict(scale_factor=2, mode="bicubic"),
+    "bicubic-x2-ac": dict(scale_factor=2, mode="bicubic", align_corners=True),
+    "bicubic-size": dict(size=(17, 23), mode="bicubic", align_corners=False),
+    "bicubic-down": dict(size=(6, 5), mode="bicubic", align_corners=False),
 }
 
 

@@ -182,6 +182,27 @@ def test_max_pool2d_values_and_truncation():
     assert torch.allclose(sent, F.max_pool2d(x1, 2))
 
 
+@pytest.mark.parametrize("size,scale,ac", [(None, 2.0, False), (None, 2.0, True), ((13, 17), None, False),
+                                           ((13, 17), None, True), (None, 0.5, False), ((3, 4), None, False)])
+def test_bicubic_mask_holds_every_output_with_weight_on_the_pixel(size, scale, ac):
+    """Bicubic weights can be negative: the mask is the footprint of the 4x4 taps, every output pixel
+    a one-hot input reaches with a nonzero weight (exactly those at scale 2 without align_corners, where
+    no source point falls on an input pixel), and the values those of the dense op."""
+    h, w = 8, 10
+    for pixel in [(0, 0), (3, 4), (7, 9), (1, 8)]:
+        value, mask = _one_pixel((1, 2, h, w), pixel)
+        out, out_mask = ref.interpolate(value, mask, size, scale, "bicubic", ac)
+        onehot = torch.zeros(1, 1, h, w, dtype=torch.float64)
+        onehot[0, 0, pixel[0], pixel[1]] = 1.0
+        truth = F.interpolate(onehot, size=size, scale_factor=scale, mode="bicubic", align_corners=ac) != 0
+        assert truth.any() and not (truth & ~out_mask).any(), "an output with weight on the pixel is not in the mask"
+        if size is None and scale == 2.0 and not ac:
+            assert torch.equal(out_mask, truth)
+        dense = F.interpolate(torch.where(mask, value, 0), size=size, scale_factor=scale, mode="bicubic",
+                              align_corners=ac)
+        torch.testing.assert_close(out, dense, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("size,scale,mode,ac", [
     ((16, 20), None, "nearest", None), (None, 2.0, "nearest", None), ((13, 17), None, "nearest", None),
     (None, 2.0, "bilinear", False), (None, 2.0, "bilinear", True), ((13, 17), None, "bilinear", False),

@@ -14,7 +14,7 @@ turn on the same frames.
 from __future__ import annotations
 
 import argparse
-import functools
+import contextlib
 import sys
 from pathlib import Path
 
@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from common import add_video_ab_arguments, captured, compare_variants, dense_baseline, video_ab_frames  # noqa: E402
+from common import add_video_ab_arguments, compare_variants_on_videos, patched  # noqa: E402
 
 
 def upsampler(width: int = 64, factor: int = 2) -> nn.Sequential:
@@ -37,25 +37,12 @@ def main(argv=None) -> None:
     add_video_ab_arguments(p, (540, 960))
     p.add_argument("--order", nargs="+", default=["moves", "general"], choices=["moves", "general"])
     a = p.parse_args(argv)
-    import deltaconv
     from deltaconv.modules import DCLinearFunction
 
-    own = DCLinearFunction._pixel_shuffle
-    for video, cpu in video_ab_frames(a):
-        frames = [f.cuda().half() for f in cpu]
-        model = upsampler().cuda().half().to(memory_format=torch.channels_last)
-        dense, reference = dense_baseline(model, frames)
-        for t in a.thresholds:
-            runs = {}
-            for v in a.order:  # the general path: the class's own path turned off while capturing
-                DCLinearFunction._pixel_shuffle = own if v == "moves" else (lambda self, args, kwargs: None)
-                runs[v] = captured(functools.partial(deltaconv.convert, model), frames, t)
-            DCLinearFunction._pixel_shuffle = own
-            line = compare_variants(runs, dense, frames, reference, a.warmup)
-            print(f"== upsampler {a.size[0]}x{a.size[1]} -> x2 float16 {video} frames {a.start + 2}-"
-                  f"{a.start + a.frames - 1} t={t:g}: {line}", flush=True)
-            del runs
-        torch.cuda.empty_cache()
+    # the general path: the class's own path turned off while converting and capturing
+    variants = {"moves": contextlib.nullcontext,
+                "general": lambda: patched(DCLinearFunction, "_pixel_shuffle", lambda self, args, kwargs: None)}
+    compare_variants_on_videos(a, upsampler, variants, f"upsampler {a.size[0]}x{a.size[1]} -> x2")
 
 
 if __name__ == "__main__":

@@ -507,9 +507,19 @@ def adaptive_avg_pool2d(delta: Tensor, mask: Tensor, output_size) -> tuple[Tenso
 
 def interpolate(delta: Tensor, mask: Tensor, size, scale_factor, mode: str,
                 align_corners: Optional[bool]) -> tuple[Tensor, Tensor]:
-    """``F.interpolate`` in a mode with non-negative weights (nearest, nearest-exact, bilinear,
-    area): linear; the mask follows the same resampling."""
-    return linear_spatial(delta, mask, lambda t: _interpolate(t, size, scale_factor, mode, align_corners))
+    """``F.interpolate``: linear. In a mode with non-negative weights (nearest, nearest-exact,
+    bilinear, area) the mask follows the same resampling. Bicubic weights can be negative (the mask's
+    own resampling could cancel), so its footprint is the mask dilated by one pixel and resampled
+    bilinearly: an output's 4x4 taps are the 2x2 bilinear ones around its source point and their
+    neighbours (clamped at the borders alike). That is exact where the source point falls between
+    input pixels (any scale 2 without ``align_corners``) and a superset where it falls on one (the
+    bicubic weights of the neighbours are then 0)."""
+    def op(t: Tensor) -> Tensor:
+        return _interpolate(t, size, scale_factor, mode, align_corners)
+    if mode != "bicubic":
+        return linear_spatial(delta, mask, op)
+    dilated = F.max_pool2d(mask.to(torch.float32), 3, 1, 1)
+    return op(_zero_inactive(delta, mask)), _interpolate(dilated, size, scale_factor, "bilinear", align_corners) > 0
 
 
 def _interpolate(t: Tensor, size, scale_factor, mode: str, align_corners: Optional[bool]) -> Tensor:

@@ -591,11 +591,13 @@ class DCSpatialMean(DCAdaptiveAvgPool2d):
 
 
 class DCUpsample(DCModule):
-    """Nearest / bilinear resampling (``nn.Upsample``, ``F.interpolate``): linear; the mask follows
-    the same resampling (both ``align_corners``). ``size`` may also arrive per call."""
+    """Nearest / bilinear / bicubic resampling (``nn.Upsample``, ``F.interpolate``): linear; the mask
+    follows the same resampling (both ``align_corners``; bicubic: its 4x4 taps' footprint, see
+    ``reference.interpolate``; on the CUDA backend it runs through torch's op). ``size`` may also
+    arrive per call."""
 
     kind = "upsample"
-    MODES = ("nearest", "nearest-exact", "bilinear")
+    MODES = ("nearest", "nearest-exact", "bilinear", "bicubic")
 
     def __init__(self, size=None, scale_factor=None, mode: str = "nearest", align_corners: Optional[bool] = None):
         super().__init__()
@@ -615,7 +617,7 @@ class DCUpsample(DCModule):
         return self.observe(Delta(v, m))
 
     def flops_per_output_pixel(self, out: Delta) -> float:
-        return float(out.value.shape[1] * (8 if self.mode == "bilinear" else 1))
+        return float(out.value.shape[1] * {"bilinear": 8, "bicubic": 32}.get(self.mode, 1))
 
 
 class DCAdd(DCModule):
