@@ -902,16 +902,8 @@ class DCLinearFunction(DCModule):
         zeroed before the move. The general path's masking, expanded masks and mask reduction took
         several passes over the whole map. ``None`` where this does not apply
         (the general path then runs)."""
-        fn, factor, extra = self.fn, None, []
-        if isinstance(fn, (nn.PixelShuffle, nn.PixelUnshuffle)):
-            factor = fn.upscale_factor if isinstance(fn, nn.PixelShuffle) else -fn.downscale_factor
-            extra = list(args[1:]) + list(kwargs.values())
-        elif fn in _PIXEL_SHUFFLES:
-            name = "upscale_factor" if fn in _PIXEL_SHUFFLES[:2] else "downscale_factor"
-            r = args[1] if len(args) > 1 else kwargs.get(name)
-            factor = (r if fn in _PIXEL_SHUFFLES[:2] else -r) if isinstance(r, int) and r >= 1 else None
-            extra = list(args[2:]) + [v for k, v in kwargs.items() if k != name]
-        if factor is None or extra or len(args) == 0 or not isinstance(args[0], Delta) or args[0].value.dim() != 4:
+        factor = _shuffle_factor(self.fn, args, kwargs)
+        if factor is None or len(args) == 0 or not isinstance(args[0], Delta) or args[0].value.dim() != 4:
             return None
         d, r = args[0], abs(factor)
         n, c, h, w = d.value.shape
@@ -931,9 +923,28 @@ class DCLinearFunction(DCModule):
 
 
 _CHANNEL_SHUFFLES = (torch.channel_shuffle, nn.functional.channel_shuffle)
-#: the shuffles first, then the unshuffles
-_PIXEL_SHUFFLES = (torch.pixel_shuffle, nn.functional.pixel_shuffle, torch.pixel_unshuffle,
-                   nn.functional.pixel_unshuffle)
+#: the pixel shuffle functions: the name of their factor argument and its sign (1 shuffle, -1 unshuffle)
+_PIXEL_SHUFFLES = {torch.pixel_shuffle: ("upscale_factor", 1), nn.functional.pixel_shuffle: ("upscale_factor", 1),
+                   torch.pixel_unshuffle: ("downscale_factor", -1),
+                   nn.functional.pixel_unshuffle: ("downscale_factor", -1)}
+
+
+def _shuffle_factor(fn, args: tuple, kwargs: dict) -> Optional[int]:
+    """The factor of a pixel shuffle call (``fn`` an ``nn.PixelShuffle`` / ``nn.PixelUnshuffle`` or a
+    function of ``_PIXEL_SHUFFLES``, ``args`` starting with its tensor), negative for an unshuffle;
+    ``None`` for anything else or a call with more arguments than the factor."""
+    if isinstance(fn, nn.PixelShuffle):
+        factor, rest = fn.upscale_factor, list(args[1:]) + list(kwargs.values())
+    elif isinstance(fn, nn.PixelUnshuffle):
+        factor, rest = -fn.downscale_factor, list(args[1:]) + list(kwargs.values())
+    elif fn in _PIXEL_SHUFFLES:
+        name, sign = _PIXEL_SHUFFLES[fn]
+        r = args[1] if len(args) > 1 else kwargs.get(name)
+        factor = sign * r if isinstance(r, int) and r >= 1 else None
+        rest = list(args[2:]) + [v for k, v in kwargs.items() if k != name]
+    else:
+        return None
+    return None if rest else factor
 #: functions and methods that cut a tensor along one dim: the position of ``dim`` among the
 #: arguments (the tensor first) and its default
 _SPLITS = {fn: (2, 0) for fn in (torch.chunk, torch.split, torch.tensor_split, torch.Tensor.chunk,
