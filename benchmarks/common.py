@@ -1,6 +1,7 @@
 """Timing helpers shared by the benchmark sweeps: CUDA events, warm-up, medians, clustered masks."""
 from __future__ import annotations
 
+import contextlib
 import csv
 import datetime
 import functools
@@ -244,8 +245,6 @@ def compare_variants(variants: dict, dense: Callable, frames, reference, warmup:
 def patched(owner, name: str, value):
     """A context manager that sets ``owner.name = value`` and restores it on exit (the A/B scripts'
     variants of a class's behaviour while a model is converted and captured)."""
-    import contextlib
-
     @contextlib.contextmanager
     def scope():
         old = getattr(owner, name)
@@ -257,27 +256,52 @@ def patched(owner, name: str, value):
     return scope()
 
 
-def compare_variants_on_videos(args, model: Callable[[], torch.nn.Module], variants: dict, label: str) -> None:
-    """The A/B scripts' loop: per video of ``args`` (:func:`video_ab_frames`) and threshold, ``model()``
-    in float16 and channels-last converted under each variant (``variants``: name -> a callable giving a
-    context manager, active while converting and capturing, :func:`captured`; in ``args.order``), timed
-    against its dense graph (:func:`compare_variants`); one ``== label video frames t: ...`` line each."""
-    import deltaconv
+@contextlib.contextmanager
+def environment(values: dict):
+    """Sets the environment variables ``values`` (name -> string) and restores them on exit (the A/B
+    scripts' variants of the ops' switches, which the extension reads on every call)."""
+    old = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in old.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def converted_under(context: Callable = contextlib.nullcontext, convert: Optional[Callable] = None) -> Callable:
+    """A variant of :func:`compare_variants_on_videos`: ``(model, frames, threshold) -> DeltaModel``, the
+    model converted by ``convert`` (``(model, **kw) -> DeltaModel``, default ``deltaconv.convert``) and
+    captured (:func:`captured`) while ``context()`` is active."""
+    def variant(model, frames, threshold: float):
+        import deltaconv
+        with context():
+            return captured(functools.partial(convert or deltaconv.convert, model), frames, threshold)
+    return variant
+
+
+def compare_variants_on_videos(args, models: dict, variants: dict) -> None:
+    """The A/B scripts' loop: per video of ``args`` (:func:`video_ab_frames`), model (``models``: label ->
+    a builder of the dense model from the video's CPU frames) and threshold, the model in float16 and
+    channels-last converted by each variant of ``args.order`` (``variants``: name -> a callable of
+    :func:`converted_under`'s kind), timed against its dense graph (:func:`compare_variants`); one ``==
+    label float16 video frames t: ...`` line each."""
     for video, cpu in video_ab_frames(args):
         frames = [f.cuda().half() for f in cpu]
-        dense_model = model().cuda().half().to(memory_format=torch.channels_last)
-        dense, reference = dense_baseline(dense_model, frames)
-        for t in args.thresholds:
-            runs = {}
-            for name in args.order:
-                with variants[name]():
-                    runs[name] = captured(functools.partial(deltaconv.convert, dense_model), frames, t)
-            line = compare_variants(runs, dense, frames, reference, args.warmup)
-            print(f"== {label} float16 {video} frames {args.start + 2}-{args.start + args.frames - 1} t={t:g}: {line}",
-                  flush=True)
-            del runs
-        del dense_model, dense, reference
-        torch.cuda.empty_cache()
+        for label, build in models.items():
+            model = build(cpu).cuda().half().to(memory_format=torch.channels_last)
+            dense, reference = dense_baseline(model, frames)
+            for t in args.thresholds:
+                runs = {name: variants[name](model, frames, t) for name in args.order}
+                line = compare_variants(runs, dense, frames, reference, args.warmup)
+                print(f"== {label} float16 {video} frames {args.start + 2}-{args.start + args.frames - 1} t={t:g}: "
+                      f"{line}", flush=True)
+                del runs
+            del model, dense, reference
+            torch.cuda.empty_cache()
 
 
 def error_and_density(dm, frames, reference) -> tuple[float, float]:

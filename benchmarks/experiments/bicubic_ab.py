@@ -14,7 +14,6 @@ frame in turn on the same frames.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
 from pathlib import Path
 
@@ -22,7 +21,7 @@ import torch
 import torch.nn as nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from common import add_video_ab_arguments, compare_variants_on_videos, patched  # noqa: E402
+from common import add_video_ab_arguments, compare_variants_on_videos, converted_under, patched  # noqa: E402
 
 
 def decoder_model() -> nn.Sequential:
@@ -40,8 +39,9 @@ def main(argv=None) -> None:
     from deltaconv.modules import DCUpsample
 
     without = tuple(m for m in DCUpsample.MODES if m != "bicubic")  # the dense fallback it was
-    variants = {"delta": contextlib.nullcontext, "fallback": lambda: patched(DCUpsample, "MODES", without)}
-    compare_variants_on_videos(a, decoder_model, variants, f"decoder {a.size[0]}x{a.size[1]} bicubic x4")
+    variants = {"delta": converted_under(), "fallback": converted_under(lambda: patched(DCUpsample, "MODES", without))}
+    label = f"decoder {a.size[0]}x{a.size[1]} bicubic x4"
+    compare_variants_on_videos(a, {label: lambda cpu: decoder_model()}, variants)
 
 
 if __name__ == "__main__":

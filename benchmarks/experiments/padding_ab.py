@@ -18,7 +18,6 @@ Variants (float16, CUDA-graph replay, the same frames in turn):
 from __future__ import annotations
 
 import argparse
-import functools
 import sys
 from pathlib import Path
 
@@ -27,8 +26,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from common import (add_video_ab_arguments, captured, compare_variants, dense_baseline,  # noqa: E402
-                    reestimate_batchnorm, video_ab_frames)
+from common import (add_video_ab_arguments, compare_variants_on_videos, converted_under,  # noqa: E402
+                    reestimate_batchnorm)
 
 
 class ConvBlock(nn.Module):
@@ -112,23 +111,9 @@ def main(argv=None) -> None:
     p.add_argument("--conv-mode", action="store_true")
     p.add_argument("--order", nargs="+", default=["pads", "before"], choices=["pads", "before"])
     a = p.parse_args(argv)
-    import deltaconv
-
-    dtype = torch.float16
-    for video, cpu in video_ab_frames(a):
-        model = build(cpu, a.conv_mode).to(dtype).to(memory_format=torch.channels_last)
-        frames = [f.cuda().to(dtype) for f in cpu]
-        dense, reference = dense_baseline(model, frames)
-        for t in a.thresholds:
-            runs = {v: captured(functools.partial(deltaconv.convert if v == "pads" else before_the_rule, model),
-                                frames, t) for v in a.order}
-            line = compare_variants(runs, dense, frames, reference, a.warmup)
-            print(f"== depthnet{' conv-mode' if a.conv_mode else ''} {a.size[0]}x{a.size[1]} float16 {video} frames "
-                  f"{a.start + 2}-{a.start + a.frames - 1} t={t:g}: {line}", flush=True)
-            del runs
-        del model, frames, dense
-        torch.cuda.empty_cache()
-
+    variants = {"pads": converted_under(), "before": converted_under(convert=before_the_rule)}
+    label = f"depthnet{' conv-mode' if a.conv_mode else ''} {a.size[0]}x{a.size[1]}"
+    compare_variants_on_videos(a, {label: lambda cpu: build(cpu, a.conv_mode)}, variants)
 
 if __name__ == "__main__":
     main()

@@ -14,7 +14,6 @@ turn on the same frames.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
 from pathlib import Path
 
@@ -22,7 +21,7 @@ import torch
 import torch.nn as nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from common import add_video_ab_arguments, compare_variants_on_videos, patched  # noqa: E402
+from common import add_video_ab_arguments, compare_variants_on_videos, converted_under, patched  # noqa: E402
 
 
 def upsampler(width: int = 64, factor: int = 2) -> nn.Sequential:
@@ -40,9 +39,10 @@ def main(argv=None) -> None:
     from deltaconv.modules import DCLinearFunction
 
     # the general path: the class's own path turned off while converting and capturing
-    variants = {"moves": contextlib.nullcontext,
-                "general": lambda: patched(DCLinearFunction, "_pixel_shuffle", lambda self, args, kwargs: None)}
-    compare_variants_on_videos(a, upsampler, variants, f"upsampler {a.size[0]}x{a.size[1]} -> x2")
+    variants = {"moves": converted_under(),
+                "general": converted_under(lambda: patched(DCLinearFunction, "_pixel_shuffle",
+                                                           lambda self, args, kwargs: None))}
+    compare_variants_on_videos(a, {f"upsampler {a.size[0]}x{a.size[1]} -> x2": lambda cpu: upsampler()}, variants)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import os
 import sys
 from pathlib import Path
 
@@ -28,8 +27,8 @@ import torch
 import torch.nn as nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from common import (add_video_ab_arguments, captured, compare_variants, dense_baseline,  # noqa: E402
-                    reestimate_batchnorm, video_ab_frames)
+from common import (add_video_ab_arguments, compare_variants_on_videos, converted_under,  # noqa: E402
+                    environment, reestimate_batchnorm)
 
 
 class PoseNet(nn.Module):
@@ -96,28 +95,9 @@ def main(argv=None) -> None:
     add_video_ab_arguments(p, (1088, 1920))
     p.add_argument("--order", nargs="+", default=["phases", "phases2x2", "direct"], choices=list(VARIANTS))
     a = p.parse_args(argv)
-    import deltaconv
-
-    dtype = torch.float16
-    for video, cpu in video_ab_frames(a):
-        frames = [f.cuda().to(dtype) for f in cpu]
-        for name in a.models:
-            model = build(name, cpu).to(dtype).to(memory_format=torch.channels_last)
-            dense, reference = dense_baseline(model, frames)
-            for t in a.thresholds:
-                runs = {}
-                for v in a.order:
-                    os.environ.update(VARIANTS[v])
-                    runs[v] = captured(functools.partial(deltaconv.convert, model), frames, t)
-                    for name_ in VARIANTS[v]:
-                        os.environ.pop(name_)
-                line = compare_variants(runs, dense, frames, reference, a.warmup)
-                print(f"== {name} {a.size[0]}x{a.size[1]} float16 {video} frames {a.start + 2}-"
-                      f"{a.start + a.frames - 1} t={t:g}: {line}", flush=True)
-                del runs
-            del model, dense, reference
-            torch.cuda.empty_cache()
-
+    variants = {v: converted_under(functools.partial(environment, VARIANTS[v])) for v in VARIANTS}
+    models = {f"{name} {a.size[0]}x{a.size[1]}": functools.partial(build, name) for name in a.models}
+    compare_variants_on_videos(a, models, variants)
 
 if __name__ == "__main__":
     main()
