@@ -212,9 +212,11 @@ def video_ab_frames(args) -> Iterator[tuple[str, list]]:
 
 def dense_baseline(model: torch.nn.Module, frames) -> tuple[Callable, list]:
     """The dense ``model`` replayed as a CUDA graph (captured on ``frames[0]``) and its float32 outputs
-    on every frame, the A/B scripts' baseline and reference."""
+    on every frame (the primary output: a segmentation model's ``"out"`` map), the A/B scripts'
+    baseline and reference."""
+    from deltaconv.fidelity import primary_output
     with torch.no_grad():
-        return graphed_model(model, frames[0]), [model(f).float() for f in frames]
+        return graphed_model(model, frames[0]), [primary_output(model(f)).float() for f in frames]
 
 
 def captured(convert: Callable, frames, threshold: float):
@@ -308,11 +310,11 @@ def error_and_density(dm, frames, reference) -> tuple[float, float]:
     """A converted model run again over ``frames`` from a key frame: the mean relative error of its
     outputs against ``reference`` (the dense model's, one per frame) on the frames after the key
     frame, and its FLOPs density over them (``dm.stats()`` reset after the key frame)."""
-    from deltaconv.fidelity import flops_density, relative_error
+    from deltaconv.fidelity import flops_density, primary_output, relative_error
     dm.reset()
     errs = []
     for i, f in enumerate(frames):
-        y = dm(f).float()
+        y = primary_output(dm(f)).float()
         if i == 0:
             dm.reset_stats()
             continue

@@ -176,6 +176,13 @@ unsigned persistent_grid(void (*kernel)(KArgs...), int threads, int64_t wanted) 
   return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(wanted, resident_blocks(kernel, threads))));
 }
 
+// Whether the A/B switch `name` (an environment variable, read on every call) is on: unset, or
+// set to anything but "0".
+inline bool env_switch(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr || std::strcmp(v, "0") != 0;
+}
+
 inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
 // log2 of the lanes a pixel group gives `channels` channels in packs of `vec`: the smallest power of

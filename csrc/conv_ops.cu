@@ -182,13 +182,6 @@ WorkList work_list(const Tensor& like, int64_t items, cudaStream_t stream, const
   return {buf, base + conv::kConvCounters, base};
 }
 
-// Whether the A/B switch `name` (an environment variable, read on every call) is on: unset, or
-// set to anything but "0".
-bool env_switch(const char* name) {
-  const char* v = std::getenv(name);
-  return v == nullptr || std::strcmp(v, "0") != 0;
-}
-
 // The optional `counters` argument of conv2d / conv_transpose2d: int32, contiguous, 1-D, on the
 // device of `delta`, with at least conv::kConvCounters elements (what any path of one call uses).
 #define DC_CHECK_COUNTERS(OP, counters, delta)                                                              \

@@ -345,15 +345,26 @@ std::tuple<Tensor, Tensor, Tensor> run_activation(const char* op, const Tensor& 
     }
     const bool vec_ok = C % kVec<scalar_t> == 0 && all_aligned({p.delta, p.acc, p.sent, p.out}) &&
                         (!residual || all_aligned({p.delta_b})) && (!pooled || all_aligned({p.pending}));
-    // the common kinds with the activation fixed at compile time (with a residual: ReLU only)
+    // the common kinds with the activation fixed at compile time (with a residual: ReLU only). SiLU and
+    // hardswish, and GELU in value mode, too unless DELTACONV_ACT_FIXED=0 (then they switch per element,
+    // as before 2026-12-02): switching cost SiLU 1.2-1.5x, hardswish up to 1.8x the kernel's time, and
+    // whole EfficientNet frames 15-18 % (benchmarks/results/activation_fixed_ab.txt)
+    const bool fixed = env_switch("DELTACONV_ACT_FIXED");
+    const bool silu = fixed && kind_id == pw::kSilu, hardswish = fixed && kind_id == pw::kHardswish;
+    const bool gelu_values = fixed && kind_id == pw::kGelu;
     using Relu = activation_kernel_of<pw::kRelu, false>;
     using Relu6 = activation_kernel_of<pw::kRelu6, false>;
     using Gelu = activation_kernel_of<pw::kGelu, false>;
+    using Silu = activation_kernel_of<pw::kSilu, false>;
+    using Hardswish = activation_kernel_of<pw::kHardswish, false>;
     using AnyKind = activation_kernel_of<pw::kAnyKind, false>;
     using ReluSum = activation_kernel_of<pw::kRelu, true>;
     using AnyKindSum = activation_kernel_of<pw::kAnyKind, true>;
     using ReluValues = activation_kernel_of<pw::kRelu, false, true>;
     using Relu6Values = activation_kernel_of<pw::kRelu6, false, true>;
+    using SiluValues = activation_kernel_of<pw::kSilu, false, true>;
+    using HardswishValues = activation_kernel_of<pw::kHardswish, false, true>;
+    using GeluValues = activation_kernel_of<pw::kGelu, false, true>;
     using AnyKindValues = activation_kernel_of<pw::kAnyKind, false, true>;
     using ReluSumValues = activation_kernel_of<pw::kRelu, true, true>;
     using AnyKindSumValues = activation_kernel_of<pw::kAnyKind, true, true>;
@@ -365,6 +376,12 @@ std::tuple<Tensor, Tensor, Tensor> run_activation(const char* op, const Tensor& 
       DC_LAUNCH_VEC(ReluValues::kernel, p, vec_ok, pixels, C, true);
     } else if (values && kind_id == pw::kRelu6) {
       DC_LAUNCH_VEC(Relu6Values::kernel, p, vec_ok, pixels, C, true);
+    } else if (values && silu) {  // EfficientNet's, RegNet-Y's squeeze-excite
+      DC_LAUNCH_VEC(SiluValues::kernel, p, vec_ok, pixels, C, true);
+    } else if (values && hardswish) {  // MobileNetV3's
+      DC_LAUNCH_VEC(HardswishValues::kernel, p, vec_ok, pixels, C, true);
+    } else if (values && gelu_values) {  // ConvNeXt's, after its first 1x1 convolution
+      DC_LAUNCH_VEC(GeluValues::kernel, p, vec_ok, pixels, C, true);
     } else if (values) {
       DC_LAUNCH_VEC(AnyKindValues::kernel, p, vec_ok, pixels, C, true);
     } else if (residual && kind_id == pw::kRelu) {
@@ -377,6 +394,10 @@ std::tuple<Tensor, Tensor, Tensor> run_activation(const char* op, const Tensor& 
       DC_LAUNCH_VEC(Relu6::kernel, p, vec_ok, pixels, C, true);
     } else if (kind_id == pw::kGelu) {  // ConvNeXt's, on its widest tensors
       DC_LAUNCH_VEC(Gelu::kernel, p, vec_ok, pixels, C, true);
+    } else if (silu) {
+      DC_LAUNCH_VEC(Silu::kernel, p, vec_ok, pixels, C, true);
+    } else if (hardswish) {
+      DC_LAUNCH_VEC(Hardswish::kernel, p, vec_ok, pixels, C, true);
     } else {
       DC_LAUNCH_VEC(AnyKind::kernel, p, vec_ok, pixels, C, true);
     }

@@ -349,6 +349,45 @@ def test_activation_fixed_kinds_rms_measure(dtype, fn):
         _run_activation(fn, dtype, c, 0.3, "partial", 0.15, seed=9, measure="rms")
 
 
+VALUE_KINDS = [Activation("relu"), Activation("relu6"), Activation("silu"), Activation("hardswish"),
+               Activation("sigmoid"), Activation("gelu", 0.0)]
+
+
+@pytest.mark.parametrize("measure", ["max", "rms"])
+@pytest.mark.parametrize("fn", VALUE_KINDS, ids=repr)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_activation_values_kinds_fixed_and_switched(dtype, fn, measure, monkeypatch):
+    """``activation_values`` (value mode: the whole new input, no accumulator) equals the reference for
+    the kinds with a kernel of their own (ReLU, ReLU6, SiLU, hardswish) and those switched per element,
+    on the 16-byte (64 channels) and scalar (17) paths; with ``DELTACONV_ACT_FIXED=0`` (SiLU and
+    hardswish on the switching kernel) the results are the same bit for bit, in delta mode too."""
+    threshold = 0.15 if measure == "rms" else 0.05
+    for c in (17, 64):
+        g = gen(41)
+        n, (h, w) = 2, spatial(c)
+        mask = make_mask(n, h, w, 0.3, g)
+        x = (make_state((n, c, h, w), g, scale=2.0)).to(dtype)
+        sent = (fn(x.float()) + torch.randn(x.shape, generator=g, device=DEV) * 0.05).to(dtype)
+        sent = sent.contiguous(memory_format=CL)
+        k = make_key("partial", n)
+        s_r = sent.clone()
+        out_r, m_r = ref.activation_values(x, mask, s_r, fn, threshold, k, measure)
+        change = torch.where(mask, fn(x.float()).to(dtype).float() - sent.float(), torch.zeros((), device=DEV))
+        amb = ambiguous(change, threshold, fn(x.float()), dtype, measure) & mask
+        runs = []
+        for fixed in ("1", "0"):
+            monkeypatch.setenv("DELTACONV_ACT_FIXED", fixed)
+            s_c, a_c, s_d = sent.clone(), torch.zeros(x.shape, device=DEV).contiguous(memory_format=CL), sent.clone()
+            out_c, m_c = dcc.activation_values(x, mask, s_c, fn, threshold, k, measure)
+            out_d, m_d = dcc.activation(x, mask, a_c, s_d, fn, threshold, k, measure)  # an empty accumulator
+            assert_masks(m_c, m_r, amb)
+            assert_active(out_c, out_r, m_r & m_c, dtype)
+            assert_state(s_c, s_r, skip=amb)
+            runs.append((out_c.masked_fill(~m_c, 0), m_c, s_c, out_d.masked_fill(~m_d, 0), m_d, s_d))
+        for a, b in zip(*runs):
+            assert torch.equal(a, b)
+
+
 def test_activation_generic_falls_back():
     fn = Activation("generic", generic=F.softplus)
     _run_activation(fn, torch.float32, 17, 0.3, "partial", 0.05)

@@ -148,11 +148,12 @@ struct ActivationParams {
   T* pending;
 };
 
-// KIND: the activation fixed at compile time (an ActKind: the launcher does so for ReLU and
-// ReLU6), or kAnyKind to switch on p.kind per element. The switch inside the unrolled loops cost
-// 19 % of this kernel's time on mobilenet_v2 and resnet50 at 1080p; hardswish fixed made
-// deeplabv3_mobilenet_v3_large 1.5 % slower, so it switches (H200, 2026-11-21;
-// benchmarks/results/activation_kernel_experiments.txt).
+// KIND: the activation fixed at compile time (an ActKind: the launcher, run_activation in
+// pointwise_ops.cu, does so for ReLU, ReLU6, GELU, SiLU and hardswish), or kAnyKind to switch on
+// p.kind per element. The switch inside the unrolled loops cost 19 % of this kernel's time on
+// mobilenet_v2 and resnet50 at 1080p (H200, 2026-11-21;
+// benchmarks/results/activation_kernel_experiments.txt), and up to 1.8x for SiLU and hardswish
+// (2026-12-03, benchmarks/results/activation_fixed_ab.txt).
 constexpr int kAnyKind = -1;
 
 // VALUES (the activation_values op): `delta` holds the layer's whole new input on the active pixels,
