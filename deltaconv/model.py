@@ -289,7 +289,10 @@ class DeltaModel(nn.Module):
                 static_out = self._run_layers(static_in)
         finally:
             ctx.key = None
-        captured = _CapturedFrame(graph, static_in, static_out, self._settings())
+        # the key flags live as long as the graph, which reads them at every replay (freed, their memory
+        # went back to the allocator, and whatever its next user wrote there decided which streams a
+        # replayed key frame treated as key streams: test_key_frame_graph_owns_its_key_flags)
+        captured = _CapturedFrame(graph, static_in, static_out, self._settings(), keep=(every_stream,))
         if key:
             self._key_graph = captured
         else:
@@ -675,11 +678,13 @@ class _FrameLock:
 
 
 class _CapturedFrame:
-    """A recorded frame (a delta frame, or a key frame of every stream): the graph and its static
-    input and output tensors."""
+    """A recorded frame (a delta frame, or a key frame of every stream): the graph, its static
+    input and output tensors, and ``keep``: tensors made before the capture that the graph reads
+    (they must live as long as it does)."""
 
-    def __init__(self, graph, inputs: tuple, outputs, settings: tuple) -> None:
+    def __init__(self, graph, inputs: tuple, outputs, settings: tuple, keep: tuple = ()) -> None:
         self.graph, self.inputs, self.outputs, self.settings = graph, inputs, outputs, settings
+        self.keep = keep
 
     def __deepcopy__(self, memo) -> None:
         return None  # a copy re-captures (the graph points at the original's buffers)
