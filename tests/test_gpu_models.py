@@ -2,6 +2,8 @@
 within the dense model's own rounding in fp16/bf16, and CUDA-graph replay gives eager outputs."""
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -20,6 +22,13 @@ MODELS = ["resnet18", "resnet50", "mobilenet_v2", "mobilenet_v3_large", "efficie
 def rel(a, b) -> float:
     a, b = main_output(a).double(), main_output(b).double()
     return ((a - b).norm() / b.norm()).item()
+
+
+def eager_and_graphed(model, example, **kw):
+    """``model`` converted twice on the CUDA backend at threshold 0.02 (``kw`` to both): run eagerly,
+    and replayed as a CUDA graph (``check_finite`` off)."""
+    convert = functools.partial(deltaconv.convert, model, threshold=0.02, backend="cuda", example_input=example, **kw)
+    return convert(), convert(cuda_graph=True, check_finite=False)
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -213,9 +222,7 @@ def test_grouped_convs_run_block_diagonal_on_the_tensor_cores(name, dtype, monke
     assert any(ran) and not all(ran), ran  # the 288x512 frames' first stages run block-diagonal, not the rest
     assert ran == [1 < m.groups <= 32 and m.in_channels <= 512 and pixels[m] >= 4096 for m in convs], ran
     assert [m._folded._value[0].shape[1] == m.in_channels for m in convs] == ran  # the weight the frame used
-    eager = deltaconv.convert(model, threshold=0.02, backend="cuda", example_input=frames[0])
-    graphed = deltaconv.convert(model, threshold=0.02, backend="cuda", example_input=frames[0], cuda_graph=True,
-                                check_finite=False)
+    eager, graphed = eager_and_graphed(model, frames[0])
     with torch.no_grad():
         for t, f in enumerate(frames):
             a, b = block(f), grouped(f)
@@ -255,9 +262,7 @@ def test_odd_output_channels_pad_their_filters_once(dtype):
 def test_cuda_graph_replay_equals_eager_over_video(dtype):
     model = build("mobilenet_v3_large").cuda().to(dtype)
     frames = [f.cuda().to(dtype) for f in video_frames(12, (96, 128))]
-    eager = deltaconv.convert(model, threshold=0.02, backend="cuda", example_input=frames[0])
-    graphed = deltaconv.convert(model, threshold=0.02, backend="cuda", example_input=frames[0],
-                                cuda_graph=True, check_finite=False)
+    eager, graphed = eager_and_graphed(model, frames[0])
     with torch.no_grad():
         for t, f in enumerate(frames):
             ye, yg = eager(f), graphed(f)
@@ -280,9 +285,7 @@ def test_key_frames_of_every_stream_replay_their_own_graph(name, dtype):
     reset() of every stream, replay it. Outputs and statistics equal an eager model's bit for bit."""
     model = build(name).cuda().to(dtype)
     frames = [f.cuda().to(dtype) for f in video_frames(14, (96, 128))]
-    eager = deltaconv.convert(model, threshold=0.02, backend="cuda", example_input=frames[0], refresh_every=4)
-    graphed = deltaconv.convert(model, threshold=0.02, backend="cuda", example_input=frames[0], refresh_every=4,
-                                cuda_graph=True, check_finite=False)
+    eager, graphed = eager_and_graphed(model, frames[0], refresh_every=4)
     eager_runs = []
     run_eager = graphed._run_eager
     graphed._run_eager = lambda f: (eager_runs.append(graphed.frames_since_key), run_eager(f))[1]
@@ -314,9 +317,7 @@ def test_key_frame_graph_owns_its_key_flags():
     (it did, once in about 30 runs of the suite, while that tensor was freed after the capture)."""
     model = build("resnet18").cuda()
     frames = [f.cuda() for f in video_frames(13, (96, 128))]
-    eager = deltaconv.convert(model, threshold=0.02, backend="cuda", example_input=frames[0], refresh_every=4)
-    graphed = deltaconv.convert(model, threshold=0.02, backend="cuda", example_input=frames[0], refresh_every=4,
-                                cuda_graph=True, check_finite=False)
+    eager, graphed = eager_and_graphed(model, frames[0], refresh_every=4)
     with torch.no_grad():
         for t, f in enumerate(frames):
             if t == 5:  # the small blocks free now, the key flags' among them if they were freed

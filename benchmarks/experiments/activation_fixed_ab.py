@@ -1,5 +1,5 @@
 """A/B of the activation kernel with SiLU and hardswish fixed at compile time ("fixed", the default since
-2026-12-02) against the kernel that switches on the kind per element ("switch", ``DELTACONV_ACT_FIXED=0``),
+2026-12-03) against the kernel that switches on the kind per element ("switch", ``DELTACONV_ACT_FIXED=0``),
 in one process: first each kind's op alone, then whole models, each against its dense graph.
 
     PYTHONPATH=. python benchmarks/experiments/activation_fixed_ab.py [--models efficientnet_b0 ...] \\
