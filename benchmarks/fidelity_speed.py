@@ -40,15 +40,16 @@ def folds_bn(row: dict) -> bool:
 
 
 def thresholds_file(row: dict, folder: Path) -> Path:
-    """The calibrated thresholds file of a ``calibrated`` row (as fidelity_sweep.py saved it)."""
+    """The calibrated thresholds file of a ``calibrated`` or ``refined`` row (as fidelity_sweep.py saved it)."""
     return thresholds_path(folder, row["video"], float(row["param"]), row.get("truncation", "max"),
-                           row.get("cost") or "flops", row.get("dtype") or "float32", folds_bn(row))
+                           row.get("cost") or "flops", row.get("dtype") or "float32", folds_bn(row),
+                           refined=row.get("method") == "refined")
 
 
 def convert_row(row: dict, model: torch.nn.Module, example: torch.Tensor, folder: Path):
     """The row's configuration as a CUDA-graph-replayed converted model."""
     common = dict(backend="cuda", example_input=example, cuda_graph=True, check_finite=False, fold_bn=folds_bn(row))
-    if row["method"] == "calibrated":
+    if row["method"] in ("calibrated", "refined"):
         path = thresholds_file(row, folder)
         if not path.is_file():
             raise SystemExit(f"fidelity_speed: the thresholds file of row {row['video']} calibrated "

@@ -46,6 +46,10 @@ H200)::
 and with ``--tolerances 0.01 --out /tmp/fidelity_float16_0.01.csv`` the 1e-2 rows
 (``fidelity_float16_0.01.csv``, thresholds ``..._0.01_rms_float16.json``).
 
+``--start FILE`` refines an earlier calibration instead of searching from scratch (``calibrate``'s
+``start=``; ``{video}`` in the path becomes the video's short name, ``vtest`` / ``one``), usually with
+``--step 1``: rows ``refined``, thresholds ``..._refined.json`` (``density_experiments.txt`` section 11).
+
 A CPU run at low resolution (about 3 minutes on 2 cores)::
 
     PYTHONPATH=. python benchmarks/fidelity_sweep.py --size 144 256 --calib-frames 12 --calib-span 60 \\
@@ -106,14 +110,16 @@ def _short(video: str) -> str:
 
 
 def thresholds_path(folder: Path, video: str, tolerance: float, truncation: str, cost: str = "flops",
-                    dtype: str = "float32", fold_bn: bool = True) -> Path:
+                    dtype: str = "float32", fold_bn: bool = True, refined: bool = False) -> Path:
     """Where the sweep saves the calibrated thresholds of ``video`` at ``tolerance``:
-    ``fidelity_thresholds_<video>_<tolerance>[_<truncation>][_<cost>][_<dtype>][_nofold].json`` (no
-    suffix for ``max``, ``flops``, ``float32`` and BatchNorm folded)."""
+    ``fidelity_thresholds_<video>_<tolerance>[_<truncation>][_<cost>][_<dtype>][_nofold][_refined].json``
+    (no suffix for ``max``, ``flops``, ``float32``, BatchNorm folded and a search from scratch;
+    ``_refined``: refined from ``--start``)."""
     suffix = "" if truncation in ("", "max") else f"_{truncation}"
     suffix += "" if cost in ("", "flops") else f"_{cost}"
     suffix += "" if dtype in ("", "float32") else f"_{dtype}"
     suffix += "" if fold_bn else "_nofold"
+    suffix += "_refined" if refined else ""
     return folder / f"fidelity_thresholds_{_short(video)}_{tolerance:g}{suffix}.json"
 
 
@@ -172,17 +178,19 @@ def sweep(args, on_row=None) -> list[dict]:
                     on_row(rows)
         for tol in args.tolerances:
             t0 = time.time()
+            start = args.start.replace("{video}", _short(video)) if args.start else None
             cal = calibrate(model, clips, tol, max_evals=args.max_evals, step=args.step, progress=not args.quiet,
                             change_detectors=[None if d is None else d.spec() for d in detectors],
                             truncation=args.truncation, cost=args.cost, backend=args.backend,
-                            fold_bn=not args.no_fold_bn)
+                            fold_bn=not args.no_fold_bn, start=start)
             secs = time.time() - t0
             cal.save(thresholds_path(Path(args.out).parent, video, tol, args.truncation, args.cost, args.dtype,
-                                     not args.no_fold_bn))
+                                     not args.no_fold_bn, refined=start is not None))
             # the Calibration also sets its truncation
             dm = deltaconv.convert(model, thresholds=cal, change_detector=cal.detector(), backend=args.backend,
                                    example_input=held[0], fold_bn=not args.no_fold_bn)
-            row = dict(base, method="calibrated", cost=args.cost, detector=detector_label(cal.change_detector), param=tol,
+            row = dict(base, method="refined" if start else "calibrated", cost=args.cost,
+                       detector=detector_label(cal.change_detector), param=tol,
                        cal_error=cal.error, cal_density=cal.density, calib_evals=cal.evals, calib_seconds=secs,
                        **measure(dm))
             rows.append(row)
@@ -256,7 +264,7 @@ def _panel(ax, vr: list[dict], value, ylabel: str, title: str) -> None:
     groups = {}
     for r in vr:
         rms = " (rms)" if r.get("truncation") == "rms" else ""
-        key = (f"calibrated (per-layer){rms}" if r["method"] == "calibrated"
+        key = (f"{r['method']} (per-layer){rms}" if r["method"] in ("calibrated", "refined")
                else f"uniform, {_short_det(r['detector'])}{rms}")
         groups.setdefault(key, []).append(r)
     styles = {"calibrated (per-layer)": dict(marker="*", ms=12, color="C3"),
@@ -268,7 +276,7 @@ def _panel(ax, vr: list[dict], value, ylabel: str, title: str) -> None:
         rs = sorted(rs, key=lambda r: float(r["param"]))
         x = [float(r["rel_err_mean"]) for r in rs]
         y = [value(r) for r in rs]
-        calibrated = rs[0]["method"] == "calibrated"
+        calibrated = rs[0]["method"] in ("calibrated", "refined")
         ax.plot(x, y, label=key, linestyle=":" if calibrated else "-", **styles[key])
         for r, xi, yi in zip(rs, x, y):
             label = f"tol {float(r['param']):g}" if calibrated else f"t={float(r['param']):g}"
@@ -310,6 +318,10 @@ def main(argv=None) -> None:
     p.add_argument("--uniform", type=float, nargs="*", default=[0.005, 0.01, 0.02, 0.05],
                    help="uniform thresholds to measure (none: only the calibrated rows)")
     p.add_argument("--max-evals", type=int, default=120)
+    p.add_argument("--start", default=None,
+                   help="refine these thresholds instead of searching from scratch (calibrate's start=): a\n"
+                        "JSON path, '{video}' replaced by the video's short name (vtest, one); rows get\n"
+                        "method 'refined', the thresholds file the suffix _refined")
     p.add_argument("--step", type=int, default=2,
                    help="the calibration's per-layer refinement step, in factors of sqrt(2) (default 2: factors of 2)")
     p.add_argument("--truncation", default="max", choices=list(TRUNCATIONS),
@@ -343,7 +355,7 @@ def main(argv=None) -> None:
         r.setdefault("dtype", "float32")
         r.setdefault("backend", "reference")
         r.setdefault("fold_bn", True)
-        if r.get("method") == "calibrated":
+        if r.get("method") in ("calibrated", "refined"):
             r.setdefault("cost", "flops")
     rows = sweep(args, on_row=lambda rows: write_csv(before + rows, out))  # rows so far survive a kill
     write_csv(before + rows, out)

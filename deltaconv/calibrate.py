@@ -31,6 +31,10 @@ dense outputs computed once; clips of equal length run together as the streams o
 4. Final global rescale: the largest multiple (up to 4x) of all thresholds still within
    ``tolerance * margin``.
 
+With ``start`` (the thresholds of an earlier calibration, say), steps 1-2 are replaced by those
+thresholds as the bases at ``s = 1`` (halved while over the tolerance), and 3-4 go on from there:
+a finer ``step`` then refines what a coarser search found.
+
 Measured (``benchmarks/results/fidelity.csv``; MobileNetV2 with ImageNet weights at 1080x1920 on
 an H200, calibrated on 2 clips of 32 frames from the first 200, measured on held-out frames
 200-499; ``PYTHONPATH=. python benchmarks/fidelity_sweep.py --size 1080 1920 --device cuda
@@ -55,7 +59,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Callable, Optional, Sequence, Union
+from typing import Callable, Mapping, Optional, Sequence, Union
 
 import torch
 import torch.nn as nn
@@ -66,7 +70,7 @@ from .sparsify import ChangeDetector, default_detector, from_spec
 
 Tensor = torch.Tensor
 
-__all__ = ["calibrate", "Calibration", "layer_scales", "Evaluator"]
+__all__ = ["calibrate", "Calibration", "layer_scales", "Evaluator", "start_thresholds"]
 
 
 class Calibration(dict):
@@ -245,6 +249,50 @@ def layer_scales(ev: Evaluator) -> dict[str, float]:
     return scales
 
 
+def start_thresholds(start, dm, truncation) -> tuple[dict, Optional[dict]]:
+    """``(thresholds, change detector spec)`` of :func:`calibrate`'s ``start`` argument, checked
+    against the truncating layers of ``dm`` (the conversion calibrated, a ``DeltaModel``) and
+    ``truncation``: a :class:`Calibration`'s must give every layer the measure ``truncation`` gives it."""
+    names = list(dm.thresholds())
+    if isinstance(start, (str, os.PathLike)):
+        with open(start) as f:
+            plain = "thresholds" not in json.load(f)
+        start = Calibration.load(start)
+        if plain:
+            start = dict(start)
+    if not isinstance(start, Mapping):
+        raise TypeError(f"calibrate: start must be a Calibration, a dict of thresholds or a JSON path, got "
+                        f"{type(start).__name__}")
+    if isinstance(start, Calibration) and start.truncation != truncation and \
+            _measures_under(dm, start.truncation) != dm.measures():
+        raise ValueError(f"calibrate: start was calibrated with truncation={start.truncation!r}, got "
+                         f"truncation={truncation!r}; pass truncation={start.truncation!r}")
+    missing, unknown = sorted(set(names) - set(start)), sorted(set(start) - set(names))
+    if missing or unknown:
+        raise ValueError(f"calibrate: start must give a threshold for every truncating layer of the conversion; "
+                         f"missing {missing[:5]}{' ...' if len(missing) > 5 else ''}, unknown "
+                         f"{unknown[:5]}{' ...' if len(unknown) > 5 else ''}")
+    bad = {n: v for n, v in start.items()
+           if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0}
+    if bad:
+        raise ValueError(f"calibrate: start's thresholds must be finite numbers >= 0, got {bad}")
+    spec = start.change_detector if isinstance(start, Calibration) else None
+    return {n: float(start[n]) for n in names}, spec
+
+
+def _measures_under(dm, truncation) -> Optional[dict]:
+    """``dm.measures()`` were ``dm.truncation`` set to ``truncation`` (``None`` where it cannot be);
+    ``dm`` is left as it was."""
+    mine = dm.measures()
+    try:
+        dm.truncation = truncation
+        return dm.measures()
+    except (ValueError, TypeError):
+        return None
+    finally:
+        dm.truncation = mine
+
+
 # ----------------------------------------------------------------------------- search
 class _NoBar:
     def update(self, n=1):
@@ -274,7 +322,8 @@ def calibrate(model: nn.Module, frames, tolerance: float = 2e-2, metric: Union[s
               step: int = 2, max_steps: int = 8, max_evals: int = 120, bisect_steps: int = 7,
               final_steps: int = 5, s_range: tuple[float, float] = (1e-3, 2.0),
               output_fn: Callable = primary_output, backend: str = "reference", truncation: Union[str, dict] = "max",
-              cost: str = "flops", fold_bn: bool = True, progress: bool = True) -> Calibration:
+              cost: str = "flops", fold_bn: bool = True,
+              start: Union[None, Mapping[str, float], str, os.PathLike] = None, progress: bool = True) -> Calibration:
     """Per-layer thresholds for ``deltaconv.convert(model)`` within a fidelity tolerance.
 
     Args:
@@ -317,6 +366,16 @@ def calibrate(model: nn.Module, frames, tolerance: float = 2e-2, metric: Union[s
         fold_bn: whether the converted model folds BatchNorm into its convolutions, as
             ``convert(..., fold_bn=...)``: calibrate with the setting you deploy with (in float16 it
             changes the error at threshold 0).
+        start: thresholds to refine instead of searching from scratch: a :class:`Calibration`, a
+            ``{layer name: threshold}`` dict or the path of a JSON file :meth:`Calibration.save` (or
+            ``DeltaModel.save_thresholds``) wrote, with every layer of the conversion. The global
+            bisection is skipped: each layer's base is its start threshold and the search goes on
+            from there with the refinement (with ``step``, e.g. ``step=1`` for finer moves than the
+            search that made ``start``) and the final rescale. Where ``start`` exceeds the tolerance,
+            all its thresholds are first halved until it does not (at most ``max_steps`` times; then
+            all 0). Layers at 0 in ``start`` stay at 0. The change detector is ``start``'s (a plain
+            dict: the per-pixel measure); a :class:`Calibration`'s ``truncation`` must give every
+            layer the measure ``truncation`` gives it (``"hybrid"`` and the dict it amounts to agree).
         progress: show a tqdm progress bar.
 
     Returns:
@@ -332,8 +391,11 @@ def calibrate(model: nn.Module, frames, tolerance: float = 2e-2, metric: Union[s
         raise ValueError(f"calibrate: bases must be a non-empty list of 'uniform' / 'rms', got {list(bases)!r}")
     ev = Evaluator(model, frames, metric, reduce, output_fn, backend, truncation, cost, fold_bn)
     names = ev.names
-    rms = layer_scales(ev) if "rms" in bases else {}
+    begin = None if start is None else start_thresholds(start, ev.dm, truncation)
+    rms = layer_scales(ev) if "rms" in bases and begin is None else {}
     base_scales = {"uniform": {n: 1.0 for n in names}, "rms": rms}
+    if begin is not None:
+        base_scales["start"] = begin[0]
     specs = []
     for c in ([None] if not change_detectors else list(change_detectors)):
         det = default_detector() if c == "default" else from_spec(c)
@@ -370,11 +432,20 @@ def calibrate(model: nn.Module, frames, tolerance: float = 2e-2, metric: Union[s
                 b = mid
         return good
 
-    # ---- 1. global bisection per (detector, base)
+    budget2 = max_evals - final_steps
+    # ---- 1. global bisection per (detector, base); from ``start``: its thresholds, halved while over the limit
     budget1 = tolerance * first_share
     best = None  # (s, err, density, spec, base)
     lo_s, hi_s = s_range
-    for spec in specs:
+    if begin is not None:
+        best = (1.0, *run(1.0, {}, begin[1], "start", "start"), begin[1], "start")
+        for _ in range(max_steps):
+            if best[1] <= limit or ev.evals >= budget2:
+                break
+            best = (best[0] / 2, *run(best[0] / 2, {}, begin[1], "start", "start"), begin[1], "start")
+        if best[1] > limit:
+            best = (0.0, *run(0.0, {}, begin[1], "start", "start"), begin[1], "start")
+    for spec in specs if begin is None else ():
         for base in bases:
             if best is not None and ev.evals >= max_evals:
                 break
@@ -392,7 +463,6 @@ def calibrate(model: nn.Module, frames, tolerance: float = 2e-2, metric: Union[s
     s, err, dens, spec, base = best
     k: dict = {}
     # ---- 2. greedy per-layer refinement
-    budget2 = max_evals - final_steps
     while s > 0 and ev.evals < budget2:
         gains = []
         for n in names:

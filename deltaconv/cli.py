@@ -6,7 +6,7 @@ Subcommands::
                         [--max-frames N] [--size HxW] [--out out.mp4] ...
     deltaconv convert   MODEL --report [--size HxW]
     deltaconv bench     {kernel,video,all} [args forwarded to benchmarks/<name>_sweep.py]
-    deltaconv calibrate [--video PATH] [--model NAME] --tolerance E [--out thresholds.json]
+    deltaconv calibrate [--video PATH] [--model NAME] --tolerance E [--start JSON] [--out thresholds.json]
                         [--frames N] [--size HxW] [--metric M] [--plot PNG]
 
 ``main(argv)`` returns the exit status: 0 on success, 1 when the command failed, 2 for a usage error
@@ -157,6 +157,12 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--cost", default="flops", choices=("flops", "elements"),
                    help="what the calibration minimises: the FLOPs-weighted density, or updated pixels weighted by "
                         "each layer's output elements (memory traffic, most of a GPU frame) (default flops)")
+    k.add_argument("--start", metavar="JSON",
+                   help="refine these thresholds (an earlier calibration's file) instead of searching from scratch "
+                        "(calibrate(start=...)); give the --truncation they were calibrated with")
+    k.add_argument("--step", type=_positive_int, default=None, metavar="K",
+                   help="refinement moves in K steps of sqrt(2) (default: deltaconv.calibrate's, 2); 1 with --start "
+                        "refines a calibration of step 2 more finely")
     k.add_argument("--out", default="thresholds.json", metavar="thresholds.json")
     k.add_argument("--frames", type=_positive_int, default=8, metavar="N", help="frames to calibrate on (default 8)")
     k.add_argument("--size", type=parse_size, metavar="HxW", help="model input size (default: the video's)")
@@ -329,6 +335,12 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     dtype = getattr(torch, args.dtype)
     video = args.video if args.video is not None else str(find_sample_video())
     kwargs = {} if args.max_evals is None else {"max_evals": args.max_evals}
+    if args.start is not None:
+        if not Path(args.start).is_file():
+            raise CLIError(f"--start: no thresholds file at {args.start!r}")
+        kwargs["start"] = args.start
+    if args.step is not None:
+        kwargs["step"] = args.step
     output_fn, what = None, entry.name
     if entry.task == "detection":  # calibrate the backbone that convert_backbone converts, on every pyramid level
         from .detection import backbone_input, feature_maps

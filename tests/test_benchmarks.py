@@ -183,9 +183,9 @@ def test_fidelity_sweep_names_thresholds_files_by_truncation_and_cost(tmp_path):
         fs.main(["--cost", "time"])
 
 
-def test_fidelity_sweep_calibrates_alone_into_a_new_folder(tmp_path, monkeypatch):
-    """``--uniform`` with no values runs only the calibration, and its thresholds file is written
-    even where the CSV's folder does not exist yet (a small model on random frames)."""
+def _tiny_fidelity_sweep(monkeypatch, out):
+    """fidelity_sweep.py with a small model on random frames in place of MobileNetV2 and the video,
+    and the arguments of a calibration-only run writing ``out``: ``(module, arguments)``."""
     import torch
 
     fs = load("fidelity_sweep")
@@ -195,21 +195,43 @@ def test_fidelity_sweep_calibrates_alone_into_a_new_folder(tmp_path, monkeypatch
     frames = [torch.rand(1, 3, 16, 16) for _ in range(6)]
     monkeypatch.setattr(fs, "load_model", lambda device, dtype=torch.float32: model.to(dtype))
     monkeypatch.setattr(fs, "video_frames", lambda video, size, n: frames[:n])
+    return fs, ["--videos", "vtest.avi", "--size", "16", "16", "--device", "cpu", "--uniform", "--detectors", "none",
+                "--calib-clips", "1", "--calib-frames", "3", "--calib-span", "3", "--eval-frames", "3",
+                "--max-evals", "4", "--out", str(out), "--quiet"]
+
+
+def test_fidelity_sweep_calibrates_alone_into_a_new_folder(tmp_path, monkeypatch):
+    """``--uniform`` with no values runs only the calibration, and its thresholds file is written
+    even where the CSV's folder does not exist yet (a small model on random frames)."""
     out = tmp_path / "new" / "f.csv"
-    fs.main(["--videos", "vtest.avi", "--size", "16", "16", "--device", "cpu", "--uniform", "--detectors", "none",
-             "--calib-clips", "1", "--calib-frames", "3", "--calib-span", "3", "--eval-frames", "3",
-             "--max-evals", "4", "--out", str(out), "--quiet"])
+    fs, common = _tiny_fidelity_sweep(monkeypatch, out)
+    fs.main(common)
     rows = fs.read_csv(out)
     assert [r["method"] for r in rows] == ["calibrated"]
     assert rows[0]["dtype"] == "float32" and rows[0]["backend"] == "reference"
     assert (out.parent / "fidelity_thresholds_vtest_0.02.json").is_file()
     # in another dtype the thresholds file says so, and the rows record it
-    fs.main(["--videos", "vtest.avi", "--size", "16", "16", "--device", "cpu", "--uniform", "--detectors", "none",
-             "--calib-clips", "1", "--calib-frames", "3", "--calib-span", "3", "--eval-frames", "3",
-             "--max-evals", "4", "--out", str(out), "--quiet", "--dtype", "bfloat16", "--append"])
+    fs.main(common + ["--dtype", "bfloat16", "--append"])
     rows = fs.read_csv(out)
     assert [r["dtype"] for r in rows] == ["float32", "bfloat16"]
     assert (out.parent / "fidelity_thresholds_vtest_0.02_bfloat16.json").is_file()
+
+
+def test_fidelity_sweep_refines_a_thresholds_file(tmp_path, monkeypatch):
+    """``--start`` (``{video}`` replaced by the video's short name) refines a calibration: the row's
+    method is ``refined``, its thresholds go to a ``_refined`` file, the one it started from stays."""
+    out = tmp_path / "f.csv"
+    fs, common = _tiny_fidelity_sweep(monkeypatch, out)
+    fs.main(common)
+    first = tmp_path / "fidelity_thresholds_vtest_0.02.json"
+    before = first.read_text()
+    fs.main(common + ["--append", "--step", "1", "--start", str(tmp_path / "fidelity_thresholds_{video}_0.02.json")])
+    rows = fs.read_csv(out)
+    assert [r["method"] for r in rows] == ["calibrated", "refined"]
+    assert (tmp_path / "fidelity_thresholds_vtest_0.02_refined.json").is_file() and first.read_text() == before
+    assert float(rows[1]["cal_density"]) <= float(rows[0]["cal_density"])
+    speed = load("fidelity_speed")
+    assert speed.thresholds_file(rows[1], tmp_path).name == "fidelity_thresholds_vtest_0.02_refined.json"
 
 
 def test_kernel_sweep_in_graph_calls_below_one_is_named(capsys):

@@ -175,3 +175,62 @@ def test_cost_elements_minimises_the_element_weighted_density(tmp_path):
     assert json.loads(path.read_text())["cost"] == "elements" and Calibration.load(path).cost == "elements"
     with pytest.raises(ValueError, match="cost must be one of .*'time'"):
         calibrate(model, frames, TOL, progress=False, cost="time")
+
+
+def test_start_refines_a_calibration(setup, tmp_path):
+    """start=: the search begins at the given thresholds (its first run measures them, as the
+    calibration that made them measured), only lowers the density from there, stays within the
+    tolerance, keeps the start's change detector, and reads the same start from a JSON file."""
+    model, frames, kw, cal = setup
+    fine = calibrate(model, frames[:10], TOL, start=cal, step=1, max_evals=20, progress=False)
+    first = fine.history[0]
+    assert first["phase"] == "start" and first["density"] == pytest.approx(cal.density, rel=1e-9)
+    assert first["error"] == pytest.approx(cal.error, rel=1e-9, abs=1e-12)
+    assert fine.error <= TOL and fine.density <= cal.density
+    assert fine.change_detector == cal.change_detector
+    assert not any(h["phase"] == "bisect" for h in fine.history)
+    assert 2 <= fine.evals <= 20
+    path = tmp_path / "start.json"
+    cal.save(path)
+    again = calibrate(model, frames[:10], TOL, start=str(path), step=1, max_evals=20, progress=False)
+    assert dict(again) == dict(fine) and again.change_detector == fine.change_detector
+    plain = tmp_path / "plain.json"
+    plain.write_text(json.dumps(dict(cal)))
+    from_plain = calibrate(model, frames[:10], TOL, start=plain, step=1, max_evals=4, progress=False)
+    assert from_plain.change_detector is None and from_plain.history[0]["phase"] == "start"
+
+
+def test_start_over_the_tolerance_is_halved_first():
+    """Thresholds that exceed the tolerance are halved together until they do not; those at 0 stay 0."""
+    model = _model()
+    frames = _video(10)
+    names = list(deltaconv.convert(model, backend="reference", example_input=frames[0]).thresholds())
+    start = {n: 0.06 for n in names}
+    start[names[0]] = 0.0
+    cal = calibrate(model, frames, TOL, start=start, max_evals=14, progress=False)
+    starts = [h for h in cal.history if h["phase"] == "start"]
+    assert len(starts) >= 2 and starts[0]["error"] > TOL and starts[-1]["error"] <= TOL
+    assert [h["s"] for h in starts] == [2.0 ** -i for i in range(len(starts))]
+    assert cal.error <= TOL and cal[names[0]] == 0.0 and max(cal.values()) > 0
+
+
+def test_start_errors_name_the_problem(setup):
+    model, frames, kw, cal = setup
+    names = list(cal)
+    clip = frames[:4]
+    with pytest.raises(ValueError, match=r"missing \['" + names[0]):
+        calibrate(model, clip, TOL, start={n: 0.1 for n in names[1:]}, progress=False)
+    with pytest.raises(ValueError, match=r"unknown \['nope'\]"):
+        calibrate(model, clip, TOL, start={**dict(cal), "nope": 0.1}, progress=False)
+    with pytest.raises(ValueError, match="finite numbers >= 0, got .*-1"):
+        calibrate(model, clip, TOL, start={**dict(cal), names[1]: -1.0}, progress=False)
+    with pytest.raises(ValueError, match="start was calibrated with truncation='max', got truncation='rms'"):
+        calibrate(model, clip, TOL, start=cal, truncation="rms", progress=False)
+    # another spelling of the same measures is accepted: on this model "hybrid" is "rms" everywhere (strides < 4)
+    as_rms = Calibration(dict(cal), cal.change_detector, truncation={"*": "rms"})
+    refined = calibrate(model, clip, TOL, start=as_rms, truncation="hybrid", max_evals=2, progress=False)
+    assert refined.history[0]["phase"] == "start" and refined.truncation == "hybrid"
+    with pytest.raises(ValueError, match=r"start was calibrated with truncation=\{'\*': 'rms'\}"):
+        calibrate(model, clip, TOL, start=as_rms, truncation="pooled", progress=False)
+    with pytest.raises(TypeError, match="start must be a Calibration, a dict .* got list"):
+        calibrate(model, clip, TOL, start=[0.1], progress=False)

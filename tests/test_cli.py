@@ -209,8 +209,8 @@ def test_python_dash_m(tmp_path):
 
 
 def test_calibrate_truncation_option(capsys, tmp_path, monkeypatch):
-    """--truncation rms (and pooled, hybrid) reaches calibrate() and the sweep's uniform rows, --cost reaches
-    calibrate(); a bad value is refused."""
+    """--truncation rms (and pooled, hybrid) reaches calibrate() and the sweep's uniform rows, --cost, --start
+    and --step reach calibrate(); a bad value or a missing start file is refused."""
     import deltaconv
     from deltaconv import demo
 
@@ -238,6 +238,12 @@ def test_calibrate_truncation_option(capsys, tmp_path, monkeypatch):
                              "--out", str(out), "--sweep", "0.1", "--truncation", truncation)
         assert status == 0, err
         assert calls["truncation"] == truncation and sweeps["truncation"] == truncation
+    status, _, err = run(capsys, "calibrate", "--tolerance", "0.05", "--frames", "3", "--size", "32x48",
+                         "--out", str(tmp_path / "fine.json"), "--sweep", "0.1", "--start", str(out), "--step", "1")
+    assert status == 0, err
+    assert calls["start"] == str(out) and calls["step"] == 1
+    status, _, err = run(capsys, "calibrate", "--tolerance", "0.05", "--start", str(tmp_path / "none.json"))
+    assert status != 0 and "--start: no thresholds file at" in err and "none.json" in err
     with pytest.raises(SystemExit):
         cli.main(["calibrate", "--tolerance", "0.05", "--truncation", "l1"])
     assert "invalid choice: 'l1'" in capsys.readouterr().err
