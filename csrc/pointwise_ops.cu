@@ -347,7 +347,7 @@ std::tuple<Tensor, Tensor, Tensor> run_activation(const char* op, const Tensor& 
                         (!residual || all_aligned({p.delta_b})) && (!pooled || all_aligned({p.pending}));
     // the common kinds with the activation fixed at compile time (with a residual: ReLU only). SiLU and
     // hardswish, and GELU in value mode, too unless DELTACONV_ACT_FIXED=0 (then they switch per element,
-    // as before 2026-12-02): switching cost SiLU 1.2-1.5x, hardswish up to 1.8x the kernel's time, and
+    // as before 2026-12-03): switching cost SiLU 1.2-1.5x, hardswish up to 1.8x the kernel's time, and
     // whole EfficientNet frames 15-18 % (benchmarks/results/activation_fixed_ab.txt)
     const bool fixed = env_switch("DELTACONV_ACT_FIXED");
     const bool silu = fixed && kind_id == pw::kSilu, hardswish = fixed && kind_id == pw::kHardswish;
