@@ -27,7 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import graphed_model, time_frames  # noqa: E402
-from fidelity_sweep import RESULTS, plot, read_csv, thresholds_path, write_csv  # noqa: E402
+from fidelity_sweep import CALIBRATED, RESULTS, plot, read_csv, thresholds_path, write_csv  # noqa: E402
 
 import deltaconv  # noqa: E402
 from deltaconv.fidelity import video_frames  # noqa: E402
@@ -49,7 +49,7 @@ def thresholds_file(row: dict, folder: Path) -> Path:
 def convert_row(row: dict, model: torch.nn.Module, example: torch.Tensor, folder: Path):
     """The row's configuration as a CUDA-graph-replayed converted model."""
     common = dict(backend="cuda", example_input=example, cuda_graph=True, check_finite=False, fold_bn=folds_bn(row))
-    if row["method"] in ("calibrated", "refined"):
+    if row["method"] in CALIBRATED:
         path = thresholds_file(row, folder)
         if not path.is_file():
             raise SystemExit(f"fidelity_speed: the thresholds file of row {row['video']} calibrated "

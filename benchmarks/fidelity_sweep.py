@@ -87,6 +87,9 @@ TRUNCATIONS = MEASURES + PRESETS
 
 
 VIDEOS = ("vtest.avi", "one-by-one-person-detection.mp4")
+#: the ``method`` of rows with per-layer thresholds (a file beside the CSV): searched from scratch, or
+#: refined from ``--start``
+CALIBRATED = ("calibrated", "refined")
 COLUMNS = ["video", "size", "method", "detector", "truncation", "param", "calib_frames", "eval_frames", "density",
            "ideal_speedup", "rel_err_mean", "rel_err_p95", "rel_err_max", "top5_mean", "top1_mean", "cal_error",
            "cal_density", "calib_evals", "calib_seconds", "ms_per_frame", "dense_ms_per_frame",
@@ -264,7 +267,7 @@ def _panel(ax, vr: list[dict], value, ylabel: str, title: str) -> None:
     groups = {}
     for r in vr:
         rms = " (rms)" if r.get("truncation") == "rms" else ""
-        key = (f"{r['method']} (per-layer){rms}" if r["method"] in ("calibrated", "refined")
+        key = (f"{r['method']} (per-layer){rms}" if r["method"] in CALIBRATED
                else f"uniform, {_short_det(r['detector'])}{rms}")
         groups.setdefault(key, []).append(r)
     styles = {"calibrated (per-layer)": dict(marker="*", ms=12, color="C3"),
@@ -276,7 +279,7 @@ def _panel(ax, vr: list[dict], value, ylabel: str, title: str) -> None:
         rs = sorted(rs, key=lambda r: float(r["param"]))
         x = [float(r["rel_err_mean"]) for r in rs]
         y = [value(r) for r in rs]
-        calibrated = rs[0]["method"] in ("calibrated", "refined")
+        calibrated = rs[0]["method"] in CALIBRATED
         ax.plot(x, y, label=key, linestyle=":" if calibrated else "-", **styles[key])
         for r, xi, yi in zip(rs, x, y):
             label = f"tol {float(r['param']):g}" if calibrated else f"t={float(r['param']):g}"
@@ -355,7 +358,7 @@ def main(argv=None) -> None:
         r.setdefault("dtype", "float32")
         r.setdefault("backend", "reference")
         r.setdefault("fold_bn", True)
-        if r.get("method") in ("calibrated", "refined"):
+        if r.get("method") in CALIBRATED:
             r.setdefault("cost", "flops")
     rows = sweep(args, on_row=lambda rows: write_csv(before + rows, out))  # rows so far survive a kill
     write_csv(before + rows, out)

@@ -253,31 +253,26 @@ def start_thresholds(start, dm, truncation) -> tuple[dict, Optional[dict]]:
     """``(thresholds, change detector spec)`` of :func:`calibrate`'s ``start`` argument, checked
     against the truncating layers of ``dm`` (the conversion calibrated, a ``DeltaModel``) and
     ``truncation``: a :class:`Calibration`'s must give every layer the measure ``truncation`` gives it."""
+    from .model import read_thresholds
+
     names = list(dm.thresholds())
-    if isinstance(start, (str, os.PathLike)):
-        with open(start) as f:
-            plain = "thresholds" not in json.load(f)
-        start = Calibration.load(start)
-        if plain:
-            start = dict(start)
-    if not isinstance(start, Mapping):
+    if not isinstance(start, (str, os.PathLike, Mapping)):
         raise TypeError(f"calibrate: start must be a Calibration, a dict of thresholds or a JSON path, got "
                         f"{type(start).__name__}")
-    if isinstance(start, Calibration) and start.truncation != truncation and \
-            _measures_under(dm, start.truncation) != dm.measures():
-        raise ValueError(f"calibrate: start was calibrated with truncation={start.truncation!r}, got "
-                         f"truncation={truncation!r}; pass truncation={start.truncation!r}")
-    missing, unknown = sorted(set(names) - set(start)), sorted(set(start) - set(names))
+    values, spec, measure, _ = read_thresholds(start if isinstance(start, (str, os.PathLike, dict)) else dict(start))
+    if measure is not None and measure != truncation and _measures_under(dm, measure) != dm.measures():
+        raise ValueError(f"calibrate: start was calibrated with truncation={measure!r}, got "
+                         f"truncation={truncation!r}; pass truncation={measure!r}")
+    missing, unknown = sorted(set(names) - set(values)), sorted(set(values) - set(names))
     if missing or unknown:
         raise ValueError(f"calibrate: start must give a threshold for every truncating layer of the conversion; "
                          f"missing {missing[:5]}{' ...' if len(missing) > 5 else ''}, unknown "
                          f"{unknown[:5]}{' ...' if len(unknown) > 5 else ''}")
-    bad = {n: v for n, v in start.items()
+    bad = {n: v for n, v in values.items()
            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0}
     if bad:
         raise ValueError(f"calibrate: start's thresholds must be finite numbers >= 0, got {bad}")
-    spec = start.change_detector if isinstance(start, Calibration) else None
-    return {n: float(start[n]) for n in names}, spec
+    return {n: float(values[n]) for n in names}, spec
 
 
 def _measures_under(dm, truncation) -> Optional[dict]:
@@ -438,28 +433,34 @@ def calibrate(model: nn.Module, frames, tolerance: float = 2e-2, metric: Union[s
     best = None  # (s, err, density, spec, base)
     lo_s, hi_s = s_range
     if begin is not None:
-        best = (1.0, *run(1.0, {}, begin[1], "start", "start"), begin[1], "start")
+        spec = begin[1]
+        s = 1.0
+        err, dens = run(s, {}, spec, "start", "start")
         for _ in range(max_steps):
-            if best[1] <= limit or ev.evals >= budget2:
+            if err <= limit or ev.evals >= budget2:
                 break
-            best = (best[0] / 2, *run(best[0] / 2, {}, begin[1], "start", "start"), begin[1], "start")
-        if best[1] > limit:
-            best = (0.0, *run(0.0, {}, begin[1], "start", "start"), begin[1], "start")
-    for spec in specs if begin is None else ():
-        for base in bases:
-            if best is not None and ev.evals >= max_evals:
-                break
-            e_lo, d_lo = run(lo_s, {}, spec, base, "bisect")
-            # the error floor (float16 rounding, say) may take more than the first share: then the
-            # bisection may use the whole tolerance, and only where even that is exceeded all stay 0
-            budget = budget1 if e_lo <= budget1 else limit
-            if e_lo > budget:
-                cand = (0.0, *run(0.0, {}, spec, base, "bisect"), spec, base) if best is None else None
-            else:
-                g = bisect(lo_s, hi_s, bisect_steps, {}, spec, base, budget, "bisect", (lo_s, e_lo, d_lo))
-                cand = (g[0], g[1], g[2], spec, base)
-            if cand is not None and (best is None or cand[2] < best[2]):
-                best = cand
+            s /= 2
+            err, dens = run(s, {}, spec, "start", "start")
+        if err > limit:
+            s = 0.0
+            err, dens = run(s, {}, spec, "start", "start")
+        best = (s, err, dens, spec, "start")
+    else:
+        for spec in specs:
+            for base in bases:
+                if best is not None and ev.evals >= max_evals:
+                    break
+                e_lo, d_lo = run(lo_s, {}, spec, base, "bisect")
+                # the error floor (float16 rounding, say) may take more than the first share: then the
+                # bisection may use the whole tolerance, and only where even that is exceeded all stay 0
+                budget = budget1 if e_lo <= budget1 else limit
+                if e_lo > budget:
+                    cand = (0.0, *run(0.0, {}, spec, base, "bisect"), spec, base) if best is None else None
+                else:
+                    g = bisect(lo_s, hi_s, bisect_steps, {}, spec, base, budget, "bisect", (lo_s, e_lo, d_lo))
+                    cand = (g[0], g[1], g[2], spec, base)
+                if cand is not None and (best is None or cand[2] < best[2]):
+                    best = cand
     s, err, dens, spec, base = best
     k: dict = {}
     # ---- 2. greedy per-layer refinement
