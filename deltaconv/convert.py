@@ -13,7 +13,8 @@ import torch.fx as fx
 import torch.nn as nn
 from torch.fx.passes.shape_prop import ShapeProp
 
-from . import backends
+from . import backends, onnx_models
+from .exported import fold_constant_affines, fold_hardswish, fold_input_affines
 from .backends.reference import check_truncation
 from .modules import (DCActivation, DCAdd, DCConv2d, DCDensify, DCFallback, DCModule, DCMul, DCPad2d, DCResample,
                       DCSparsify)
@@ -81,7 +82,8 @@ class _ScopedTracer(fx.Tracer):
     (``node.meta["dc_scope"]``), so functional ops get names like ``layer1.0.add``."""
 
     def __init__(self, leaf_modules: tuple = ()) -> None:
-        super().__init__()
+        # onnx_div (ONNX's Div, recorded by traced_forward) stays one call when a traced model is retraced
+        super().__init__(autowrap_functions=(onnx_models.onnx_div,))
         self.leaf_modules = tuple(leaf_modules)
 
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
@@ -91,6 +93,10 @@ class _ScopedTracer(fx.Tracer):
         node = super().create_node(*args, **kwargs)
         node.meta["dc_scope"] = self.scope.module_path
         return node
+
+    def call_module(self, m: nn.Module, forward, args, kwargs):
+        # onnx2torch's ops that branch on their inputs in Python trace as the torch calls they make
+        return super().call_module(m, onnx_models.traced_forward(self, m, forward), args, kwargs)
 
 
 def _target_name(node: fx.Node, root: nn.Module) -> str:
@@ -811,6 +817,10 @@ def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
     graph = fx.Graph()  # an unowned copy (with the shape metadata) to rewrite
     graph.output(graph.graph_copy(traced.graph, {}))
     keep_channels_first(graph, dense)
+    fold_hardswish(graph, dense)  # exported models' written-out ops (deltaconv.exported)
+    if fold_bn:
+        fold_constant_affines(graph, dense)
+        fold_input_affines(graph, dense)
     fold_channel_shuffles(graph)
     fold_shuffled_concatenations(graph, dense)
     converter = _Converter(dense, graph, dense_tail=fuse, fold_bn=fold_bn)

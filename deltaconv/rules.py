@@ -23,6 +23,7 @@ from .modules import (DCActivation, DCAdaptiveAvgPool2d, DCAdd, DCAvgPool2d, DCB
                       DCPad2d, DCShuffledConcatenate, DCSpatialMean, DCUpsample)
 from .modules.linear import shuffled_concatenate
 from .modules.padding import PAD_MODES
+from .onnx_models import onnx_div
 
 
 @dataclass
@@ -209,6 +210,13 @@ def _div(site: Site) -> Optional[Built]:
     if site.kwargs or len(site.args) > 2 or not site.is_delta_tensor(a) or site.is_delta(b):
         return None
     return Built(DCScale(divide=True), (a, b), {})
+
+
+@_rule(onnx_div)
+def _onnx_div(site: Site) -> Optional[Built]:
+    """ONNX's ``Div`` (``deltaconv.onnx_models``) of a delta by a static operand: a true division
+    (deltas are floating point)."""
+    return _div(site)
 
 
 @_rule(torch.cat, torch.concat, torch.concatenate)

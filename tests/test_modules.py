@@ -25,14 +25,15 @@ SHAPE = (2, 4, 10, 14)  # batch 2 (each stream gets its own random changes), 4 c
 
 
 def check_converted(module: nn.Module, *, expect=(), shape=SHAPE, fractions=FRACTIONS, scale=1.0,
-                    device="cpu", backend="reference", fallback=False, seed=0, fuse=True):
+                    device="cpu", backend="reference", fallback=False, seed=0, fuse=True, fold_bn=True):
     """Convert ``module``, run dense and delta over a sequence of changing frames, and check every
     output at every frame. ``expect``: DC classes the conversion must produce (so the test really
     exercises their delta rule). ``fuse``: convert's argument (``False`` keeps an output upsampling
-    a delta layer). Returns the converted model."""
+    a delta layer); ``fold_bn``: convert's (``False`` also keeps a multiply-add by constants after a
+    convolution a layer of its own, ``deltaconv.exported``). Returns the converted model."""
     module = module.to(device).eval()
     frames = [f.to(device) for f in changing_frames(shape, fractions, seed=seed, scale=scale)]
-    dm = deltaconv.convert(module, backend=backend, example_input=frames[0], fuse=fuse)
+    dm = deltaconv.convert(module, backend=backend, example_input=frames[0], fuse=fuse, fold_bn=fold_bn)
     classes = {type(layer) for layer in dm.delta_layers()}
     for cls in expect:
         assert cls in classes, f"{cls.__name__} not in {sorted(c.__name__ for c in classes)}\n{dm.report}"
@@ -284,7 +285,9 @@ class ConstArith(nn.Module):
 def test_arithmetic_with_constants(kind, device, backend):
     expect = {"mul_scalar": [DCScale], "rmul_param": [DCScale], "div_scalar": [DCScale], "div_param": [DCScale],
               "neg": [DCLinearFunction], "broadcast_up": [DCAdd]}.get(kind, [DCAdd])
-    check_converted(ConstArith(kind), expect=expect, device=device, backend=backend)
+    # fold_bn=False: the constant's own layer (folded, a scale or shift after a conv joins its weights)
+    check_converted(ConstArith(kind), expect=expect, device=device, backend=backend, fold_bn=False)
+    check_converted(ConstArith(kind), device=device, backend=backend)
 
 
 class TwoBranch(nn.Module):

@@ -216,8 +216,8 @@ class DCConv2d(FoldsBatchNorm, DCModule):
         DCModule.__init__(m)
         for name, value in geometry.items():
             setattr(m, name, value)
-        _adopt(m, dense, ["weight", "bias"])
-        if "bias" not in m._parameters:
+        _adopt(m, dense, ["weight", "bias"])  # buffers where a graph pass made the conv (deltaconv.exported)
+        if "bias" not in m._parameters and "bias" not in m._buffers:
             m.bias = None
         m._fold(bn)
         m._pad_input_first()
