@@ -20,6 +20,7 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .layout import _only_user
 from .onnx_models import onnx_div
 
 #: binary calls by function or tensor-method name (``c * x`` with ``c`` a buffer traces as ``c.mul(x)``)
@@ -31,10 +32,6 @@ _DIVS = (operator.truediv, torch.div, onnx_div, "div", "truediv")
 def _call(node, targets) -> bool:
     return node.op in ("call_function", "call_method") and node.target in targets and not node.kwargs \
         and len(node.args) == 2
-
-
-def _only_user(node: fx.Node) -> Optional[fx.Node]:
-    return next(iter(node.users)) if len(node.users) == 1 else None
 
 
 def _constant(node, root: nn.Module) -> Optional[torch.Tensor]:

@@ -204,19 +204,14 @@ def _mul(site: Site) -> Optional[Built]:
     return None
 
 
-@_rule(operator.truediv, operator.itruediv, torch.div, torch.true_divide, *_methods("div", "div_", "true_divide"))
+# onnx_div: ONNX's Div (deltaconv.onnx_models), a true division of a delta (deltas are floating point)
+@_rule(operator.truediv, operator.itruediv, torch.div, torch.true_divide, onnx_div,
+       *_methods("div", "div_", "true_divide"))
 def _div(site: Site) -> Optional[Built]:
     a, b = site.args[:2]
     if site.kwargs or len(site.args) > 2 or not site.is_delta_tensor(a) or site.is_delta(b):
         return None
     return Built(DCScale(divide=True), (a, b), {})
-
-
-@_rule(onnx_div)
-def _onnx_div(site: Site) -> Optional[Built]:
-    """ONNX's ``Div`` (``deltaconv.onnx_models``) of a delta by a static operand: a true division
-    (deltas are floating point)."""
-    return _div(site)
 
 
 @_rule(torch.cat, torch.concat, torch.concatenate)
