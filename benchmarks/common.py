@@ -154,11 +154,15 @@ def tile_stats(out_mask: torch.Tensor) -> tuple[float, float, float]:
     return pixels / m.numel(), active_tiles / tiles.numel(), fill
 
 
-def kernel_family(name: str) -> str:
-    """A profiled kernel's short family name: template arguments, parameters and namespaces dropped."""
-    name = re.sub(r"<.*", "", name)
+def kernel_family(name: str, templates: bool = False) -> str:
+    """A profiled kernel's short family name: parameters and namespaces dropped, and its template
+    arguments too unless ``templates`` (then up to 100 characters, so that specialisations stay apart)."""
     name = re.sub(r"\(.*", "", name)
-    return name.split("::")[-1][:60]
+    if not templates:
+        name = re.sub(r"<.*", "", name)
+        return name.split("::")[-1][:60]
+    head, sep, tail = name.partition("<")
+    return (head.split("::")[-1] + sep + tail.replace("deltaconv::", "").replace("pw::", ""))[:100]
 
 
 def device_name() -> str:

@@ -39,7 +39,7 @@ def load_model(name: str, frames: list) -> torch.nn.Module:
 
 
 def profile_model(name: str, size: tuple, dtype: torch.dtype, threshold: float, frames: list, warmup: int,
-                  out: Path) -> dict:
+                  out: Path, templates: bool = False) -> dict:
     import deltaconv
     from torch.profiler import ProfilerActivity, profile
 
@@ -58,7 +58,7 @@ def profile_model(name: str, size: tuple, dtype: torch.dtype, threshold: float, 
     per = defaultdict(lambda: [0, 0.0])
     for ev in prof.events():
         if ev.device_type == torch.autograd.DeviceType.CUDA:
-            fam = kernel_family(ev.name)
+            fam = kernel_family(ev.name, templates)
             per[fam][0] += 1
             per[fam][1] += ev.device_time
     busy_us = sum(v[1] for v in per.values()) / n_prof
@@ -77,7 +77,7 @@ def profile_model(name: str, size: tuple, dtype: torch.dtype, threshold: float, 
                "kernels_per_frame": round(kernels, 1), "busy_ms": round(busy_us / 1000, 3),
                "graph_ms": round(graph, 3), "dense_graph_ms": round(dense_graph, 3)}
     print(f"== {name} {h}x{w} {summary['dtype']} t={threshold}: {summary}")
-    for r in rows[:15]:
+    for r in rows[:25 if templates else 15]:
         print(f"   {r['kernel']:60s} {r['calls_per_frame']:7.1f} calls {r['us_per_frame']:9.1f} us {r['share']:6.1%}")
     return summary
 
@@ -97,6 +97,8 @@ def main(argv=None) -> None:
     p.add_argument("--video", type=Path, default=None)
     p.add_argument("--start", type=int, default=0, help="first frame of the video read (default 0)")
     p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--templates", action="store_true",
+                   help="group kernels by their template arguments too (each specialisation a row)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("profile_model: needs a CUDA GPU")
@@ -105,7 +107,8 @@ def main(argv=None) -> None:
     frames = list(read_frames(video, max_frames=args.frames, size=size, start=args.start))
     dtype = getattr(torch, args.dtype)
     args.out.mkdir(parents=True, exist_ok=True)
-    summaries = [profile_model(m, size, dtype, args.threshold, frames, args.warmup, args.out) for m in args.models]
+    summaries = [profile_model(m, size, dtype, args.threshold, frames, args.warmup, args.out, args.templates)
+                 for m in args.models]
     info = run_info()
     write_csv(args.out / "profile_summary.csv", [{**s, **info} for s in summaries])
 

@@ -287,3 +287,16 @@ def test_long_run_plays_from_start_then_loops_and_summarises_windows():
     if not torch.cuda.is_available():
         with pytest.raises(SystemExit):
             lr.main(["--file", "fidelity_thresholds_one_0.02_rms_float16.json"])
+
+
+def test_kernel_family_drops_templates_unless_asked():
+    """profile_model's rows: a kernel's family without namespaces and parameters; with ``templates`` its
+    specialisation too (namespaces inside the arguments dropped), so that specialisations stay apart."""
+    common = load("common")
+    name = ("void deltaconv::pw::activation_kernel<__half, 8, 2, false, true>"
+            "(deltaconv::pw::ActivationParams<__half>)")
+    assert common.kernel_family(name) == "activation_kernel"
+    assert common.kernel_family(name, templates=True) == "activation_kernel<__half, 8, 2, false, true>"
+    other = "void deltaconv::conv::dwconv_vec_kernel<__half, 3, 1, 1, 8, 4, true>(const __half*, int)"
+    assert common.kernel_family(other, templates=True) != common.kernel_family(
+        other.replace("8, 4, true", "4, 4, false"), templates=True)
