@@ -59,6 +59,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import warnings
 from typing import Callable, Mapping, Optional, Sequence, Union
 
 import torch
@@ -252,14 +253,21 @@ def layer_scales(ev: Evaluator) -> dict[str, float]:
 def start_thresholds(start, dm, truncation) -> tuple[dict, Optional[dict]]:
     """``(thresholds, change detector spec)`` of :func:`calibrate`'s ``start`` argument, checked
     against the truncating layers of ``dm`` (the conversion calibrated, a ``DeltaModel``) and
-    ``truncation``: a :class:`Calibration`'s must give every layer the measure ``truncation`` gives it."""
+    ``truncation``: a :class:`Calibration`'s must give every layer the measure ``truncation`` gives it. A
+    start calibrated with another ``fold_bn`` (a :class:`Calibration`'s, or ``"fold_bn"`` in its file) is
+    taken with a warning, as ``DeltaModel.load_thresholds`` takes it."""
     from .model import read_thresholds
 
     names = list(dm.thresholds())
     if not isinstance(start, (str, os.PathLike, Mapping)):
         raise TypeError(f"calibrate: start must be a Calibration, a dict of thresholds or a JSON path, got "
                         f"{type(start).__name__}")
-    values, spec, measure, _ = read_thresholds(start if isinstance(start, (str, os.PathLike, dict)) else dict(start))
+    values, spec, measure, fold_bn = read_thresholds(start if isinstance(start, (str, os.PathLike, dict))
+                                                     else dict(start))
+    if fold_bn is not None and bool(fold_bn) != dm.fold_bn:
+        warnings.warn(f"calibrate: start was calibrated with fold_bn={bool(fold_bn)}, this calibration converts with "
+                      f"fold_bn={dm.fold_bn}; in float16 the error at threshold 0 differs between the two, so the "
+                      "refinement starts from another conversion's balance", stacklevel=3)
     if measure is not None and measure != truncation and _measures_under(dm, measure) != dm.measures():
         raise ValueError(f"calibrate: start was calibrated with truncation={measure!r}, got "
                          f"truncation={truncation!r}; pass truncation={measure!r}")

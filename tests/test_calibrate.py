@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 
 import pytest
 import torch
@@ -198,6 +199,24 @@ def test_start_refines_a_calibration(setup, tmp_path):
     plain.write_text(json.dumps(dict(cal)))
     from_plain = calibrate(model, frames[:10], TOL, start=plain, step=1, max_evals=4, progress=False)
     assert from_plain.change_detector is None and from_plain.history[0]["phase"] == "start"
+
+
+def test_start_from_another_fold_bn_warns(setup, tmp_path):
+    """A start calibrated with another fold_bn (a Calibration's, or its file's) is refined with a warning
+    naming both settings, as load_thresholds warns; the same setting and a plain dict do not warn."""
+    model, frames, kw, cal = setup
+    clip = frames[:4]
+    with pytest.warns(UserWarning, match="start was calibrated with fold_bn=True, this calibration converts with "
+                                         "fold_bn=False"):
+        calibrate(model, clip, TOL, start=cal, fold_bn=False, max_evals=2, progress=False)
+    path = tmp_path / "start.json"
+    cal.save(path)
+    with pytest.warns(UserWarning, match="fold_bn=True"):
+        calibrate(model, clip, TOL, start=path, fold_bn=False, max_evals=2, progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        calibrate(model, clip, TOL, start=cal, max_evals=2, progress=False)
+        calibrate(model, clip, TOL, start=dict(cal), fold_bn=False, max_evals=2, progress=False)
 
 
 def test_start_over_the_tolerance_is_halved_first():
