@@ -59,7 +59,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import warnings
 from typing import Callable, Mapping, Optional, Sequence, Union
 
 import torch
@@ -256,7 +255,7 @@ def start_thresholds(start, dm, truncation) -> tuple[dict, Optional[dict]]:
     ``truncation``: a :class:`Calibration`'s must give every layer the measure ``truncation`` gives it. A
     start calibrated with another ``fold_bn`` (a :class:`Calibration`'s, or ``"fold_bn"`` in its file) is
     taken with a warning, as ``DeltaModel.load_thresholds`` takes it."""
-    from .model import read_thresholds
+    from .model import read_thresholds, warn_fold_bn_mismatch
 
     names = list(dm.thresholds())
     if not isinstance(start, (str, os.PathLike, Mapping)):
@@ -264,10 +263,7 @@ def start_thresholds(start, dm, truncation) -> tuple[dict, Optional[dict]]:
                         f"{type(start).__name__}")
     values, spec, measure, fold_bn = read_thresholds(start if isinstance(start, (str, os.PathLike, dict))
                                                      else dict(start))
-    if fold_bn is not None and bool(fold_bn) != dm.fold_bn:
-        warnings.warn(f"calibrate: start was calibrated with fold_bn={bool(fold_bn)}, this calibration converts with "
-                      f"fold_bn={dm.fold_bn}; in float16 the error at threshold 0 differs between the two, so the "
-                      "refinement starts from another conversion's balance", stacklevel=3)
+    warn_fold_bn_mismatch(fold_bn, dm.fold_bn, "calibrate: start was", "this calibration converts with", stacklevel=4)
     if measure is not None and measure != truncation and _measures_under(dm, measure) != dm.measures():
         raise ValueError(f"calibrate: start was calibrated with truncation={measure!r}, got "
                          f"truncation={truncation!r}; pass truncation={measure!r}")

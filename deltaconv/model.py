@@ -570,10 +570,8 @@ class DeltaModel(nn.Module):
         with another ``fold_bn`` than this model's conversion (``"fold_bn"`` in the file) load with a
         warning: in float16 the error at threshold 0 differs."""
         thresholds, detector_spec, truncation, fold_bn = read_thresholds(thresholds)
-        if fold_bn is not None and bool(fold_bn) != self.fold_bn:
-            warnings.warn(f"load_thresholds: these thresholds were calibrated with fold_bn={bool(fold_bn)}, "
-                          f"this model was converted with fold_bn={self.fold_bn}; in float16 its error at "
-                          f"threshold 0 differs (README, Fidelity and calibration, In float16)", stacklevel=2)
+        warn_fold_bn_mismatch(fold_bn, self.fold_bn, "load_thresholds: these thresholds were",
+                              "this model was converted with", stacklevel=3)
         if truncation is not None:
             self.truncation = truncation
         if detector_spec is not None:
@@ -638,6 +636,16 @@ def _most_specific(name: str, patterns: dict) -> Optional[str]:
         raise ValueError(f"truncation: the patterns {sorted(tied)} match layer {name!r} equally and name "
                          f"different measures {sorted({patterns[p] for p in tied})}")
     return tied[0]
+
+
+def warn_fold_bn_mismatch(recorded: Optional[bool], current: bool, what: str, against: str, stacklevel: int) -> None:
+    """Warn when thresholds calibrated with ``fold_bn=recorded`` (``None``: not recorded) are used with a
+    conversion of ``fold_bn=current``: "``what`` calibrated with fold_bn=..., ``against`` fold_bn=...".
+    In float16 the error at threshold 0 differs between the two (the folded weights round otherwise)."""
+    if recorded is not None and bool(recorded) != current:
+        warnings.warn(f"{what} calibrated with fold_bn={bool(recorded)}, {against} fold_bn={current}; in float16 "
+                      "the error at threshold 0 differs (README, Fidelity and calibration, In float16)",
+                      stacklevel=stacklevel)
 
 
 def read_thresholds(thresholds: Union[dict, str, os.PathLike]) -> tuple[dict, Optional[dict],
