@@ -76,18 +76,21 @@ def time_frames(fn, frames, warmup: int) -> tuple[float, list]:
     return statistics.median(times), outs
 
 
-def alternate_frames(runs: dict, frames, warmup: int) -> tuple[dict, float]:
+def alternate_frames(runs: dict, frames, warmup: int, compared=None) -> tuple[dict, float]:
     """Variants of one model run frame by frame in turn on the same frames: ``{variant: median ms
     per frame}`` (CUDA events, after ``warmup`` frames) and the largest absolute difference between
-    any variant's output and the first's (0 when they compute the same)."""
+    the output of any variant in ``compared`` (default: all) and the first variant's (0 when they
+    compute the same)."""
     times, diff = {v: [] for v in runs}, 0.0
+    compared = set(runs if compared is None else compared)
     for i, f in enumerate(frames):
         outs = []
         for v, fn in runs.items():
             ms, y = timed_call(fn, f)
             if i >= warmup:
                 times[v].append(ms)
-            outs.append((y["out"] if isinstance(y, dict) else y).float())
+            if v in compared or not outs:
+                outs.append((y["out"] if isinstance(y, dict) else y).float())
         diff = max([diff] + [(o - outs[0]).abs().max().item() for o in outs[1:]])
     return {v: statistics.median(x) for v, x in times.items()}, diff
 

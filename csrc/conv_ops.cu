@@ -866,7 +866,9 @@ void run_dwconv_vec_nv(const Tensor& x, const Tensor& m, const Tensor& w, const 
 
 // Channel blocks of 4 vectors where they leave fewer vectors idle than blocks of 8 (32 or 96
 // channels of fp16: 8-vector blocks would be half or three quarters full), else 8.
+// DELTACONV_DW_NARROW=0 (read on every call, for A/B runs and tests): always 8.
 inline bool dwconv_narrow_blocks(int cvecs) {
+  if (!env_switch("DELTACONV_DW_NARROW")) return false;
   const int idle8 = ceil_div(cvecs, 8) * 8 - cvecs, idle4 = ceil_div(cvecs, 4) * 4 - cvecs;
   return idle4 < idle8;
 }

@@ -1065,6 +1065,16 @@ def run_depthwise_small_and_large(case, dtype, seed):
     run_conv2d(case[:-1] + ((300, 640),), dtype, (0.3, 1.0), (False, True), seed=seed + 1)
 
 
+def depthwise_kernel_names(case, dtype, seed: int) -> list[str]:
+    """The CUDA kernels one conv2d call of a DEPTHWISE_PPT case runs (at the second fraction, seed)."""
+    cin, cout, k, s, p, d, g, (H, W) = case
+    gen = torch.Generator().manual_seed(seed)
+    mask = make_mask(FRACS[1], H, W, gen).cuda()
+    delta = make_delta(1, cin, H, W, mask.cpu(), dtype, gen)
+    weight = torch.randn(cout, 1, *k, generator=gen).to(dtype).cuda()
+    return kernel_names_or_skip(lambda: ops().conv2d(delta, mask, weight, None, [s, s], [p, p], [d, d], g, None))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("ppt", ["1", "2", "4"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=str)
@@ -1087,17 +1097,26 @@ def test_depthwise_halo_by_tma_or_cp_async(case, dtype, tma, monkeypatch):
     a frame of more tiles than its grid; the TMA kernel runs exactly where it should."""
     monkeypatch.setenv("DELTACONV_DW_TMA", tma)
     run_depthwise_small_and_large(case, dtype, seed=52)
-    cin, cout, k, s, p, d, g, (H, W) = case
-    gen = torch.Generator().manual_seed(8)
-    mask = make_mask(FRACS[1], H, W, gen).cuda()
-    delta = make_delta(1, cin, H, W, mask.cpu(), dtype, gen)
-    weight = torch.randn(cout, 1, *k, generator=gen).to(dtype).cuda()
-    names = kernel_names_or_skip(lambda: ops().conv2d(delta, mask, weight, None, [s, s], [p, p], [d, d], g, None))
-    vectors = cin * dtype.itemsize // 16
+    names = depthwise_kernel_names(case, dtype, seed=8)
+    vectors = case[0] * dtype.itemsize // 16
     eight = -(-vectors // 8) * 8 - vectors <= -(-vectors // 4) * 4 - vectors  # dwconv_narrow_blocks
     expected = runs_wgmma_kernels() and tma == "1" and eight
     assert any("dwconv_vec_kernel" in n for n in names), names
     assert any(re.search(r"dwconv_vec_kernel<[^>]*, true>", n) for n in names) == expected, names
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("case", [c for c in DEPTHWISE_PPT if c[0] in (32, 72, 96)], ids=_case_id)
+def test_depthwise_wide_blocks_where_narrow_would_run(case, dtype, monkeypatch):
+    """With DELTACONV_DW_NARROW=0 the channel counts that take 4-vector blocks (32, 72 and 96 channels
+    of 16-bit types) run in 8-vector blocks, the last one partly past the channels, and equal the
+    reference on small maps at every fraction and on a frame of more tiles than the grid."""
+    monkeypatch.setenv("DELTACONV_DW_NARROW", "0")
+    run_depthwise_small_and_large(case, dtype, seed=54)
+    names = depthwise_kernel_names(case, dtype, seed=9)
+    blocks = {m.group(1) for n in names for m in [re.search(r"dwconv_vec_kernel<[^,]*, \d+, \d+, \d+, (\d+),", n)] if m}
+    assert blocks == {"8"}, names
 
 
 # ----------------------------------------------------------------------------- conv_transpose2d
