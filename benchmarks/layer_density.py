@@ -12,11 +12,18 @@ GPU with ``--device cuda``::
         --frames 30 --input-threshold 0.01 --threshold 0
 
 Prints one summary line and a table of the ``--top`` layers by dense FLOPs (share of the dense
-FLOPs, mean density over the delta frames, share of the FLOPs still done).
+FLOPs, mean density over the delta frames, share of the FLOPs still done), then the same by the
+layers' stride against the frame. ``--thresholds JSON`` takes every layer's threshold and measure
+from a calibration file instead (``deltaconv calibrate``, ``fidelity_sweep.py``), e.g. where the
+FLOPs of a calibrated operating point go on held-out frames::
+
+    PYTHONPATH=. python benchmarks/layer_density.py --size 1080 1920 --start 200 --frames 24 \
+        --thresholds benchmarks/results/fidelity_thresholds_vtest_0.02_hybrid_refined.json
 """
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from pathlib import Path
@@ -48,6 +55,31 @@ def layer_table(layers: list[dict], top: int) -> list[dict]:
              "density": s["mean_density"], "share_done": finite(s["mean_flops_done"]) / done} for s in rows]
 
 
+def layer_stride(pixels: float, frame_pixels: int) -> int:
+    """A layer's stride against the frame from its output pixels per frame (``dm.stats()``'s
+    ``pixels``): ``sqrt(frame_pixels / pixels)`` to the nearest power of two (at least 1)."""
+    return 2 ** max(0, round(math.log2(math.sqrt(frame_pixels / pixels))))
+
+
+def stride_table(layers: list[dict], frame_pixels: int) -> list[dict]:
+    """The layers with FLOPs grouped by their stride against a frame of ``frame_pixels`` pixels, from
+    the finest: ``stride``, ``layers``, ``share_dense`` (of the dense FLOPs), ``density`` (the group's
+    FLOPs done over its dense FLOPs) and ``share_done`` (of the FLOPs done)."""
+    counted = [s for s in layers if s["flops_dense"] > 0 and s.get("pixels", 0) > 0]
+    total = sum(s["flops_dense"] for s in counted) or 1.0
+    done = sum(s["mean_flops_done"] for s in counted if s["mean_flops_done"] == s["mean_flops_done"]) or 1.0
+    groups: dict[int, list[dict]] = {}
+    for s in counted:
+        groups.setdefault(layer_stride(s["pixels"], frame_pixels), []).append(s)
+    rows = []
+    for stride in sorted(groups):
+        dense = sum(s["flops_dense"] for s in groups[stride])
+        did = sum(s["mean_flops_done"] for s in groups[stride] if s["mean_flops_done"] == s["mean_flops_done"])
+        rows.append({"stride": stride, "layers": len(groups[stride]), "share_dense": dense / total,
+                     "density": did / dense, "share_done": did / done})
+    return rows
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--video", default="vtest.avi", help="sample video name or path (default vtest.avi)")
@@ -57,29 +89,42 @@ def main(argv=None) -> None:
     p.add_argument("--input-threshold", type=float, default=0.01)
     p.add_argument("--threshold", type=float, default=0.0, help="every non-linear layer (default 0)")
     p.add_argument("--truncation", default="max", choices=MEASURES)
+    p.add_argument("--thresholds", type=Path, default=None, metavar="JSON",
+                   help="every layer's threshold and measure from this calibration file (then --input-threshold, "
+                        "--threshold and --truncation are not used)")
     p.add_argument("--top", type=int, default=10, help="layers to list (default 10)")
     p.add_argument("--device", default="cpu")
     args = p.parse_args(argv)
     if args.frames < 2:
         p.error(f"--frames must be at least 2 (a key frame and a delta frame), got {args.frames}")
+    if args.thresholds is not None and not args.thresholds.is_file():
+        p.error(f"--thresholds: no such file: {args.thresholds}")
     if args.device == "cpu":
         torch.set_num_threads(2)
     model = load_model(args.device)
     frames = [f.to(args.device) for f in video_frames(args.video, tuple(args.size), args.frames, args.start)]
-    dm = deltaconv.convert(model, threshold=args.threshold, truncation=args.truncation, backend="reference",
-                           example_input=frames[0])
-    sparsifier = dm.delta_layers()[0].layer_name
-    dm.load_thresholds({sparsifier: args.input_threshold})
+    if args.thresholds is not None:
+        dm = deltaconv.convert(model, thresholds=args.thresholds, backend="reference", example_input=frames[0])
+        setting = f"thresholds {args.thresholds.name}"
+    else:
+        dm = deltaconv.convert(model, threshold=args.threshold, truncation=args.truncation, backend="reference",
+                               example_input=frames[0])
+        sparsifier = dm.delta_layers()[0].layer_name
+        dm.load_thresholds({sparsifier: args.input_threshold})
+        setting = f"input t={args.input_threshold:g} layers t={args.threshold:g} ({args.truncation})"
     t0 = time.time()
     rep = compare(model, dm, frames, progress=True)
     print(f"{Path(args.video).name} {args.size[0]}x{args.size[1]} frames {args.start}-{args.start + len(frames) - 1} "
-          f"input t={args.input_threshold:g} layers t={args.threshold:g} ({args.truncation}): "
+          f"{setting}: "
           f"FLOPs density {rep.density:.3f}, logit rel. error mean {rep.mean('rel_err'):.4f} "
           f"p95 {rep.quantile('rel_err', 0.95):.4f} ({time.time() - t0:.0f} s)")
     print(f"{'layer':28s} {'kind':12s} {'dense FLOPs':>11s} {'density':>8s} {'FLOPs done':>10s}")
     for r in layer_table(rep.layers, args.top):
         print(f"{r['name'][:28]:28s} {r['kind'][:12]:12s} {r['share_dense']:11.1%} {r['density']:8.3f} "
               f"{r['share_done']:10.1%}")
+    print(f"{'stride':>6s} {'layers':>6s} {'dense FLOPs':>11s} {'density':>8s} {'FLOPs done':>10s}")
+    for r in stride_table(rep.layers, args.size[0] * args.size[1]):
+        print(f"{r['stride']:6d} {r['layers']:6d} {r['share_dense']:11.1%} {r['density']:8.3f} {r['share_done']:10.1%}")
 
 
 if __name__ == "__main__":

@@ -300,3 +300,22 @@ def test_kernel_family_drops_templates_unless_asked():
     other = "void deltaconv::conv::dwconv_vec_kernel<__half, 3, 1, 1, 8, 4, true>(const __half*, int)"
     assert common.kernel_family(other, templates=True) != common.kernel_family(
         other.replace("8, 4, true", "4, 4, false"), templates=True)
+
+
+def test_layer_density_groups_layers_by_their_stride_against_the_frame():
+    """A 64x64 frame: layers of 4096, 1024 (and 1000: rounded to stride 2) and 16 output pixels fall at
+    strides 1, 2 and 16; each group's density is its FLOPs done over its dense FLOPs, its shares add up to
+    1, and layers without FLOPs or never run (NaN) count nothing done."""
+    ld = load("layer_density")
+    nan = float("nan")
+    layers = [{"pixels": 4096, "flops_dense": 100.0, "mean_flops_done": 50.0},
+              {"pixels": 1024, "flops_dense": 200.0, "mean_flops_done": 20.0},
+              {"pixels": 1000, "flops_dense": 100.0, "mean_flops_done": nan},
+              {"pixels": 16, "flops_dense": 600.0, "mean_flops_done": 30.0},
+              {"pixels": 16, "flops_dense": 0.0, "mean_flops_done": 0.0}]
+    assert [ld.layer_stride(n, 4096) for n in (4096, 1024, 1000, 16, 5000)] == [1, 2, 2, 16, 1]
+    rows = ld.stride_table(layers, 4096)
+    assert [(r["stride"], r["layers"]) for r in rows] == [(1, 1), (2, 2), (16, 1)]
+    assert [r["density"] for r in rows] == pytest.approx([0.5, 20 / 300, 0.05])
+    assert [r["share_dense"] for r in rows] == pytest.approx([0.1, 0.3, 0.6])
+    assert [r["share_done"] for r in rows] == pytest.approx([0.5, 0.2, 0.3])
