@@ -43,11 +43,13 @@ def load_model(device: str) -> torch.nn.Module:
     return mobilenet_v2_imagenet().to(device)
 
 
+def finite(v: float) -> float:
+    """``v``, or 0 for NaN (the statistics of layers that never ran)."""
+    return v if v == v else 0.0
+
+
 def layer_table(layers: list[dict], top: int) -> list[dict]:
     """The ``top`` layers by dense FLOPs, with their share of the dense FLOPs and of those done."""
-    def finite(v: float) -> float:
-        return v if v == v else 0.0  # layers that never ran have NaN statistics
-
     total = sum(finite(s["flops_dense"]) for s in layers) or 1.0
     done = sum(finite(s["mean_flops_done"]) for s in layers) or 1.0
     rows = sorted(layers, key=lambda s: -s["flops_dense"])[:top]
@@ -67,14 +69,14 @@ def stride_table(layers: list[dict], frame_pixels: int) -> list[dict]:
     FLOPs done over its dense FLOPs) and ``share_done`` (of the FLOPs done)."""
     counted = [s for s in layers if s["flops_dense"] > 0 and s.get("pixels", 0) > 0]
     total = sum(s["flops_dense"] for s in counted) or 1.0
-    done = sum(s["mean_flops_done"] for s in counted if s["mean_flops_done"] == s["mean_flops_done"]) or 1.0
+    done = sum(finite(s["mean_flops_done"]) for s in counted) or 1.0
     groups: dict[int, list[dict]] = {}
     for s in counted:
         groups.setdefault(layer_stride(s["pixels"], frame_pixels), []).append(s)
     rows = []
     for stride in sorted(groups):
         dense = sum(s["flops_dense"] for s in groups[stride])
-        did = sum(s["mean_flops_done"] for s in groups[stride] if s["mean_flops_done"] == s["mean_flops_done"])
+        did = sum(finite(s["mean_flops_done"]) for s in groups[stride])
         rows.append({"stride": stride, "layers": len(groups[stride]), "share_dense": dense / total,
                      "density": did / dense, "share_done": did / done})
     return rows

@@ -13,14 +13,13 @@ captured with. Results: ``benchmarks/results/dwconv_ab.txt`` section 8.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from common import alternate_frames, run_info, video_models  # noqa: E402
+from common import alternate_frames, environment, run_info, video_models  # noqa: E402
 
 VARIANTS = {"narrow": "1", "wide": "0"}  # DELTACONV_DW_NARROW while the variant is captured
 
@@ -43,21 +42,16 @@ def main(argv=None) -> None:
 
     info = run_info()
     print(f"# {info['device']}, {info['date']}, torch {torch.__version__}, order {' '.join(a.order)}", flush=True)
-    before = os.environ.get("DELTACONV_DW_NARROW")
     for video, name, model, frames in video_models(a.videos, a.models, a.start, a.frames, a.size):
         for t in a.thresholds:
             runs = {}
             with torch.no_grad():
                 for v in a.order:
-                    os.environ["DELTACONV_DW_NARROW"] = VARIANTS[v]
-                    dm = deltaconv.convert(model, threshold=t, backend="cuda", example_input=frames[0],
-                                           cuda_graph=True, check_finite=False)
-                    dm(frames[0]), dm(frames[1])  # key frame, then the captured frame
+                    with environment({"DELTACONV_DW_NARROW": VARIANTS[v]}):
+                        dm = deltaconv.convert(model, threshold=t, backend="cuda", example_input=frames[0],
+                                               cuda_graph=True, check_finite=False)
+                        dm(frames[0]), dm(frames[1])  # key frame, then the captured frame
                     runs[v] = dm
-                if before is None:
-                    os.environ.pop("DELTACONV_DW_NARROW")
-                else:
-                    os.environ["DELTACONV_DW_NARROW"] = before
                 runs["dense"] = graphed_model(model, frames[0])
                 ms, diff = alternate_frames(runs, frames[2:], a.warmup, compared=a.order)
             cells = "  ".join(f"{v} {ms[v]:.3f} ms ({ms['dense'] / ms[v]:.3f}x)" for v in a.order)
