@@ -57,15 +57,26 @@ def layer_table(layers: list[dict], top: int) -> list[dict]:
              "density": s["mean_density"], "share_done": finite(s["mean_flops_done"]) / done} for s in rows]
 
 
+GLOBAL = 0  # the stride of a layer with one output position per frame (a classifier after global pooling)
+
+
 def layer_stride(pixels: float, frame_pixels: int) -> int:
     """A layer's stride against the frame from its output pixels per frame (``dm.stats()``'s
-    ``pixels``): ``sqrt(frame_pixels / pixels)`` to the nearest power of two (at least 1)."""
+    ``pixels``): ``sqrt(frame_pixels / pixels)`` to the nearest power of two (at least 1), or
+    ``GLOBAL`` (0) for one output pixel of a larger frame, which has no spatial stride."""
+    if pixels <= 1 < frame_pixels:
+        return GLOBAL
     return 2 ** max(0, round(math.log2(math.sqrt(frame_pixels / pixels))))
+
+
+def stride_label(stride: int) -> str:
+    """``stride`` as the tables print it: the number, or ``global`` for ``GLOBAL``."""
+    return "global" if stride == GLOBAL else str(stride)
 
 
 def stride_table(layers: list[dict], frame_pixels: int) -> list[dict]:
     """The layers with FLOPs grouped by their stride against a frame of ``frame_pixels`` pixels, from
-    the finest: ``stride``, ``layers``, ``share_dense`` (of the dense FLOPs), ``density`` (the group's
+    the finest (``GLOBAL`` last): ``stride``, ``layers``, ``share_dense`` (of the dense FLOPs), ``density`` (the group's
     FLOPs done over its dense FLOPs) and ``share_done`` (of the FLOPs done)."""
     counted = [s for s in layers if s["flops_dense"] > 0 and s.get("pixels", 0) > 0]
     total = sum(s["flops_dense"] for s in counted) or 1.0
@@ -74,7 +85,7 @@ def stride_table(layers: list[dict], frame_pixels: int) -> list[dict]:
     for s in counted:
         groups.setdefault(layer_stride(s["pixels"], frame_pixels), []).append(s)
     rows = []
-    for stride in sorted(groups):
+    for stride in sorted(groups, key=lambda k: (k == GLOBAL, k)):
         dense = sum(s["flops_dense"] for s in groups[stride])
         did = sum(finite(s["mean_flops_done"]) for s in groups[stride])
         rows.append({"stride": stride, "layers": len(groups[stride]), "share_dense": dense / total,
@@ -126,7 +137,8 @@ def main(argv=None) -> None:
               f"{r['share_done']:10.1%}")
     print(f"{'stride':>6s} {'layers':>6s} {'dense FLOPs':>11s} {'density':>8s} {'FLOPs done':>10s}")
     for r in stride_table(rep.layers, args.size[0] * args.size[1]):
-        print(f"{r['stride']:6d} {r['layers']:6d} {r['share_dense']:11.1%} {r['density']:8.3f} {r['share_done']:10.1%}")
+        print(f"{stride_label(r['stride']):>6s} {r['layers']:6d} {r['share_dense']:11.1%} {r['density']:8.3f} "
+              f"{r['share_done']:10.1%}")
 
 
 if __name__ == "__main__":

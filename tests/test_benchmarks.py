@@ -304,7 +304,8 @@ def test_kernel_family_drops_templates_unless_asked():
 
 def test_layer_density_groups_layers_by_their_stride_against_the_frame():
     """A 64x64 frame: layers of 4096, 1024 (and 1000: rounded to stride 2) and 16 output pixels fall at
-    strides 1, 2 and 16; each group's density is its FLOPs done over its dense FLOPs, its shares add up to
+    strides 1, 2 and 16, and one of a single pixel (a classifier after global pooling) at GLOBAL, last;
+    each group's density is its FLOPs done over its dense FLOPs, its shares add up to
     1, and layers without FLOPs or never run (NaN) count nothing done."""
     ld = load("layer_density")
     nan = float("nan")
@@ -312,10 +313,13 @@ def test_layer_density_groups_layers_by_their_stride_against_the_frame():
               {"pixels": 1024, "flops_dense": 200.0, "mean_flops_done": 20.0},
               {"pixels": 1000, "flops_dense": 100.0, "mean_flops_done": nan},
               {"pixels": 16, "flops_dense": 600.0, "mean_flops_done": 30.0},
-              {"pixels": 16, "flops_dense": 0.0, "mean_flops_done": 0.0}]
-    assert [ld.layer_stride(n, 4096) for n in (4096, 1024, 1000, 16, 5000)] == [1, 2, 2, 16, 1]
+              {"pixels": 16, "flops_dense": 0.0, "mean_flops_done": 0.0},
+              {"pixels": 1, "flops_dense": 100.0, "mean_flops_done": 100.0}]
+    assert [ld.layer_stride(n, 4096) for n in (4096, 1024, 1000, 16, 5000, 1)] == [1, 2, 2, 16, 1, ld.GLOBAL]
+    assert ld.layer_stride(1, 1) == 1  # a one-pixel frame: its one-pixel layers are at stride 1
     rows = ld.stride_table(layers, 4096)
-    assert [(r["stride"], r["layers"]) for r in rows] == [(1, 1), (2, 2), (16, 1)]
-    assert [r["density"] for r in rows] == pytest.approx([0.5, 20 / 300, 0.05])
-    assert [r["share_dense"] for r in rows] == pytest.approx([0.1, 0.3, 0.6])
-    assert [r["share_done"] for r in rows] == pytest.approx([0.5, 0.2, 0.3])
+    assert [(r["stride"], r["layers"]) for r in rows] == [(1, 1), (2, 2), (16, 1), (ld.GLOBAL, 1)]
+    assert [ld.stride_label(r["stride"]) for r in rows] == ["1", "2", "16", "global"]
+    assert [r["density"] for r in rows] == pytest.approx([0.5, 20 / 300, 0.05, 1.0])
+    assert [r["share_dense"] for r in rows] == pytest.approx([100 / 1100, 300 / 1100, 600 / 1100, 100 / 1100])
+    assert [r["share_done"] for r in rows] == pytest.approx([50 / 200, 20 / 200, 30 / 200, 100 / 200])
