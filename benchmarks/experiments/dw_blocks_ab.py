@@ -19,7 +19,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from common import alternate_frames, environment, run_info, video_models  # noqa: E402
+from common import (add_video_ab_arguments, alternate_frames, converted_under, environment, run_info,  # noqa: E402
+                    video_models)
 
 VARIANTS = {"narrow": "1", "wide": "0"}  # DELTACONV_DW_NARROW while the variant is captured
 
@@ -28,30 +29,21 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--models", nargs="*", default=["mobilenet_v2", "mobilenet_v3_large",
                                                    "deeplabv3_mobilenet_v3_large"])
-    p.add_argument("--videos", nargs="*", default=["vtest.avi", "one-by-one-person-detection.mp4"])
-    p.add_argument("--thresholds", type=float, nargs="*", default=[0.02])
     p.add_argument("--order", nargs="*", default=list(VARIANTS), choices=list(VARIANTS),
                    help="the order in which the variants run on each frame")
-    p.add_argument("--start", type=int, default=200)
-    p.add_argument("--frames", type=int, default=24)
-    p.add_argument("--warmup", type=int, default=4)
-    p.add_argument("--size", type=int, nargs=2, default=[1080, 1920])
+    add_video_ab_arguments(p, (1080, 1920))
     a = p.parse_args(argv)
-    import deltaconv
     from deltaconv.cuda_graphs import graphed_model
+
+    variants = {v: converted_under(lambda value=value: environment({"DELTACONV_DW_NARROW": value}))
+                for v, value in VARIANTS.items()}
 
     info = run_info()
     print(f"# {info['device']}, {info['date']}, torch {torch.__version__}, order {' '.join(a.order)}", flush=True)
     for video, name, model, frames in video_models(a.videos, a.models, a.start, a.frames, a.size):
         for t in a.thresholds:
-            runs = {}
             with torch.no_grad():
-                for v in a.order:
-                    with environment({"DELTACONV_DW_NARROW": VARIANTS[v]}):
-                        dm = deltaconv.convert(model, threshold=t, backend="cuda", example_input=frames[0],
-                                               cuda_graph=True, check_finite=False)
-                        dm(frames[0]), dm(frames[1])  # key frame, then the captured frame
-                    runs[v] = dm
+                runs = {v: variants[v](model, frames, t) for v in a.order}  # key frame, then the captured frame
                 runs["dense"] = graphed_model(model, frames[0])
                 ms, diff = alternate_frames(runs, frames[2:], a.warmup, compared=a.order)
             cells = "  ".join(f"{v} {ms[v]:.3f} ms ({ms['dense'] / ms[v]:.3f}x)" for v in a.order)
