@@ -15,13 +15,14 @@ cost of a frame). Results: ``benchmarks/results/fuse_ab.txt``.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from common import alternate_frames, run_info, video_models  # noqa: E402
+from common import add_video_ab_arguments, alternate_frames, converted_under, run_info, video_models  # noqa: E402
 
 VARIANTS = {"fused": True, "separate": False}
 
@@ -49,12 +50,8 @@ def resample_timing() -> None:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--models", nargs="*", default=["resnet50", "fcn_resnet50"])
-    p.add_argument("--videos", nargs="*", default=["vtest.avi", "one-by-one-person-detection.mp4"])
-    p.add_argument("--thresholds", type=float, nargs="*", default=[0.02, 1e6])
-    p.add_argument("--start", type=int, default=200)
-    p.add_argument("--frames", type=int, default=24)
-    p.add_argument("--warmup", type=int, default=4)
-    p.add_argument("--size", type=int, nargs=2, default=[1080, 1920])
+    add_video_ab_arguments(p, (1080, 1920))
+    p.set_defaults(thresholds=[0.02, 1e6])
     p.add_argument("--deterministic", action="store_true",
                    help="torch.use_deterministic_algorithms(True): the 3x3 convs keep their tail in the coarse "
                         "launch, so outputs repeat bit for bit from run to run (and the two variants agree)")
@@ -68,17 +65,14 @@ def main(argv=None) -> None:
         torch.use_deterministic_algorithms(True)
     import deltaconv
 
+    variants = {v: converted_under(convert=functools.partial(deltaconv.convert, fuse=fuse))
+                for v, fuse in VARIANTS.items()}
     info = run_info()
     print(f"# {info['device']}, {info['date']}, torch {torch.__version__}", flush=True)
     for video, name, model, frames in video_models(a.videos, a.models, a.start, a.frames, a.size):
         for t in a.thresholds:
-            runs = {}
             with torch.no_grad():
-                for v, fuse in VARIANTS.items():
-                    dm = deltaconv.convert(model, threshold=t, backend="cuda", example_input=frames[0],
-                                           cuda_graph=True, check_finite=False, fuse=fuse)
-                    dm(frames[0]), dm(frames[1])  # key frame, then the captured frame
-                    runs[v] = dm
+                runs = {v: variants[v](model, frames, t) for v in VARIANTS}  # key frame, then the captured frame
                 ms, diff = alternate_frames(runs, frames[2:], a.warmup)
             pairs = len(runs["fused"].report.fused) // 2
             dense = sum(n.status == "dense" for n in runs["fused"].report.nodes)

@@ -33,7 +33,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from common import alternate_frames, run_info, video_models  # noqa: E402
+from common import (add_video_ab_arguments, alternate_frames, dense_baseline, error_and_density, run_info,  # noqa: E402
+                    video_models)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from helpers import without_kept_outputs, writing_changes  # noqa: E402
@@ -82,16 +83,12 @@ CALIBRATED = {"vtest.avi": "fidelity_thresholds_vtest_0.01_rms_float16.json",
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--models", nargs="*", default=["mobilenet_v2", "resnet50"])
-    p.add_argument("--videos", nargs="*", default=["vtest.avi", "one-by-one-person-detection.mp4"])
-    p.add_argument("--thresholds", type=float, nargs="*", default=[0.02, 1e6])
+    add_video_ab_arguments(p, (1080, 1920))
+    p.set_defaults(thresholds=[0.02, 1e6])
     p.add_argument("--calibrated", action="store_true")
     p.add_argument("--order", nargs="+", default=["delta", "value", "value_with_stem"], choices=list(VARIANTS),
                    help="the variants in the order each frame runs them (the dense graph last); delta_again: "
                         "delta mode once more, an A/A control of the order's own effect")
-    p.add_argument("--start", type=int, default=200)
-    p.add_argument("--frames", type=int, default=24)
-    p.add_argument("--warmup", type=int, default=4)
-    p.add_argument("--size", type=int, nargs=2, default=[1080, 1920])
     p.add_argument("--dtype", default="float16", choices=["float16", "float32"],
                    help="float32: the convolutions in TF32 on both sides (PyTorch's default for cuDNN)")
     a = p.parse_args(argv)
@@ -99,8 +96,6 @@ def main(argv=None) -> None:
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = True
     import deltaconv
     convert_module = importlib.import_module("deltaconv.convert")  # the module (deltaconv.convert is the function)
-    from deltaconv.cuda_graphs import graphed_model
-    from deltaconv.fidelity import flops_density, primary_output, relative_error
 
     info = run_info()
     print(f"# {info['device']}, {info['date']}, torch {torch.__version__}", flush=True)
@@ -108,9 +103,7 @@ def main(argv=None) -> None:
         settings = [(f"t={t:g}", dict(threshold=t)) for t in a.thresholds]
         if a.calibrated and name == "mobilenet_v2":
             settings.append((CALIBRATED[video], dict(thresholds=str(RESULTS / CALIBRATED[video]))))
-        with torch.no_grad():
-            dense_graph = graphed_model(model, frames[0])
-            reference = [primary_output(model(f)).float() for f in frames]
+        dense_graph, reference = dense_baseline(model, frames)
         for label, kw in settings:
             runs = {}
             with torch.no_grad():
@@ -132,18 +125,8 @@ def main(argv=None) -> None:
                     runs[v] = dm
                 runs["dense"] = dense_graph
                 ms, _ = alternate_frames(runs, frames[2:], a.warmup)
-                errors = {}
-                for v in a.order:  # errors and densities over the same frames, from the key frame
-                    dm = runs[v]
-                    dm.reset()
-                    errs = []
-                    for i, f in enumerate(frames):
-                        y = primary_output(dm(f)).float()
-                        if i == 0:
-                            dm.reset_stats()
-                            continue
-                        errs.append(float(relative_error(y, reference[i]).mean()))
-                    errors[v] = (sum(errs) / len(errs), flops_density(dm.stats()))
+                # errors and densities over the same frames, from the key frame
+                errors = {v: error_and_density(runs[v], frames, reference) for v in a.order}
             first = a.order[0]
             parts = [f"{v} {ms[v]:.3f} ms ({ms['dense'] / ms[v]:.2f}x, {ms[first] / ms[v]:.3f}x of {first}; error / "
                      f"FLOPs density {errors[v][0]:.4f} / {errors[v][1]:.3f}; state "
