@@ -814,14 +814,21 @@ def _rebuild(like, items: list):
     return type(like)(items)
 
 
-def _map_deltas(obj, fn):
-    if isinstance(obj, Delta):
+def _map_leaves(obj, fn, is_leaf):
+    """``obj`` with ``fn`` applied to every element for which ``is_leaf`` holds, found through lists,
+    tuples (named ones too) and dicts; everything else as it is."""
+    if is_leaf(obj):
         return fn(obj)
     if isinstance(obj, (list, tuple)):
-        return _rebuild(obj, [_map_deltas(o, fn) for o in obj])
+        return _rebuild(obj, [_map_leaves(o, fn, is_leaf) for o in obj])
     if isinstance(obj, dict):
-        return {k: _map_deltas(v, fn) for k, v in obj.items()}
+        return {k: _map_leaves(v, fn, is_leaf) for k, v in obj.items()}
     return obj
+
+
+def _map_deltas(obj, fn):
+    """``obj`` with ``fn`` applied to every :class:`Delta` in it (:func:`_map_leaves`)."""
+    return _map_leaves(obj, fn, lambda o: isinstance(o, Delta))
 
 
 class DCLinearFunction(DCModule):

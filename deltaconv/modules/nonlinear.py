@@ -14,7 +14,7 @@ from torch.nn.modules.utils import _pair
 from .. import activations
 from ..delta import Delta, filled_rows, mask_shape, require_changes
 from .base import DCModule
-from .linear import DeferredSum, _map_deltas, _rebuild, sends_tf32
+from .linear import DeferredSum, _map_deltas, _map_leaves, sends_tf32
 
 
 class DCActivation(DCModule):
@@ -296,10 +296,5 @@ def _leaves(args, kwargs):
 
 
 def _map_tensors(obj, fn):
-    if torch.is_tensor(obj):
-        return fn(obj)
-    if isinstance(obj, (list, tuple)):
-        return _rebuild(obj, [_map_tensors(o, fn) for o in obj])
-    if isinstance(obj, dict):
-        return {k: _map_tensors(v, fn) for k, v in obj.items()}
-    return obj
+    """``obj`` with ``fn`` applied to every tensor in it (:func:`~deltaconv.modules.linear._map_leaves`)."""
+    return _map_leaves(obj, fn, torch.is_tensor)
