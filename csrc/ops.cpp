@@ -38,24 +38,26 @@ TORCH_LIBRARY(deltaconv, m) {
   // convolutions that read them in TF32 (conv2d / conv1x1_rows with input_tf32)
   // write_out=False (the activations, fused with an add or not): the changes `out` are returned unwritten,
   // only `sent` stored, for a layer whose readers all take its whole values (`sent`); not with pooled
+  // slopes (float32 [C], with kind "prelu" only): the per-channel negative slopes of nn.PReLU(C)
   m.def("activation(Tensor delta, Tensor mask, Tensor(a!) acc, Tensor(b!) sent, str kind, float param, "
         "float threshold, Tensor? key, bool rms=False, Tensor(c!)? rows=None, Tensor(d!)? rows_count=None, "
-        "bool tf32=False, bool pooled=False, bool write_out=True) -> (Tensor, Tensor)");
+        "bool tf32=False, bool pooled=False, bool write_out=True, Tensor? slopes=None) -> (Tensor, Tensor)");
   // the activation of a recomputed input (a convolution in value mode before it): x holds the whole new
   // input on the active pixels, so no accumulator
   m.def("activation_values(Tensor x, Tensor mask, Tensor(a!) sent, str kind, float param, float threshold, "
         "Tensor? key, bool rms=False, Tensor(b!)? rows=None, Tensor(c!)? rows_count=None, bool tf32=False, "
-        "bool pooled=False, bool write_out=True) -> (Tensor, Tensor)");
+        "bool pooled=False, bool write_out=True, Tensor? slopes=None) -> (Tensor, Tensor)");
   // activation(add(delta_a, delta_b, alpha)) in one pass; returns (out, mask_out, mask_a | mask_b)
   m.def("add_activation(Tensor delta_a, Tensor mask_a, Tensor delta_b, Tensor mask_b, float alpha, Tensor(a!) acc, "
         "Tensor(b!) sent, str kind, float param, float threshold, Tensor? key, bool rms=False, "
         "Tensor(c!)? rows=None, Tensor(d!)? rows_count=None, bool tf32=False, bool pooled=False, "
-        "bool write_out=True) -> (Tensor, Tensor, Tensor)");
+        "bool write_out=True, Tensor? slopes=None) -> (Tensor, Tensor, Tensor)");
   // activation_values(add(a, b, alpha)) in one pass: a and b hold the add's operands whole at every pixel (a
   // convolution's kept output, a layer's sent values); returns (out, mask_out, mask_a | mask_b)
   m.def("add_activation_values(Tensor a, Tensor mask_a, Tensor b, Tensor mask_b, float alpha, Tensor(a!) sent, "
         "str kind, float param, float threshold, Tensor? key, bool rms=False, Tensor(b!)? rows=None, "
-        "Tensor(c!)? rows_count=None, bool tf32=False, bool write_out=True) -> (Tensor, Tensor, Tensor)");
+        "Tensor(c!)? rows_count=None, bool tf32=False, bool write_out=True, Tensor? slopes=None) -> "
+        "(Tensor, Tensor, Tensor)");
   m.def("affine_channel(Tensor delta, Tensor mask, Tensor? scale, Tensor? shift, Tensor? key) -> (Tensor, Tensor)");
   m.def("add(Tensor delta_a, Tensor mask_a, Tensor delta_b, Tensor mask_b, float alpha, Tensor(a!)? rows=None, "
         "Tensor(b!)? rows_count=None) -> (Tensor, Tensor)");

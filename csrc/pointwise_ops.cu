@@ -258,7 +258,7 @@ Tensor densify(const Tensor& delta, const Tensor& mask, Tensor& acc, at::ScalarT
 int activation_kind(const char* op, const std::string& kind) {
   static const char* const kNames[pw::kNumActKinds] = {"identity",    "relu", "relu6",   "leaky_relu",
                                                        "hardswish",   "hardsigmoid", "silu", "sigmoid",
-                                                       "gelu",        "tanh", "elu"};
+                                                       "gelu",        "tanh", "elu",  "prelu"};
   for (int i = 0; i < pw::kNumActKinds; ++i)
     if (kind == kNames[i]) return i;
   std::string known;
@@ -285,14 +285,15 @@ struct activation_kernel_of {
 // the whole new input on the active pixels, no accumulator; with delta_b too (add_activation_values):
 // both operands whole at every pixel, their sum the input (not with `pooled`). `write_out` false: `out`
 // is returned unwritten, the kernel stores only `sent` (every reader of the layer takes its whole values,
-// `sent`; not with `pooled`).
+// `sent`; not with `pooled`). `slopes` (float32 [C]): the per-channel negative slopes of kind "prelu",
+// given with that kind only.
 std::tuple<Tensor, Tensor, Tensor> run_activation(const char* op, const Tensor& delta, const Tensor& mask,
                                                   const Tensor* delta_b, const Tensor* mask_b, double alpha,
                                                   Tensor* acc, Tensor& sent, c10::string_view kind, double param,
                                                   double threshold, const std::optional<Tensor>& key, bool rms,
                                                   const std::optional<Tensor>& rows,
                                                   const std::optional<Tensor>& rows_count, bool tf32, bool pooled,
-                                                  bool write_out) {
+                                                  bool write_out, const std::optional<Tensor>& slopes) {
   const bool residual = delta_b != nullptr;
   DC_CHECK_TF32_FLAG(op, "tf32", tf32, delta);
   TORCH_CHECK(!pooled || rms, "deltaconv::", op, ": argument 'pooled' (the pooled measure, rms-based) needs rms=True, "
@@ -321,6 +322,10 @@ std::tuple<Tensor, Tensor, Tensor> run_activation(const char* op, const Tensor& 
   const bool* key_ptr = check_key(op, key, delta, N);
   const int64_t pixels = N * H * W;
   const RowList row_list = check_rows(op, rows, rows_count, delta, pixels);
+  TORCH_CHECK(slopes.has_value() == (kind_id == pw::kPrelu), "deltaconv::", op, ": argument 'slopes' (the per-channel "
+              "negative slopes) must be given with kind 'prelu' and only with it, got kind '", std::string(kind),
+              "' and ", slopes.has_value() ? "slopes" : "slopes=None");
+  const float* slope_ptr = check_channel_vector(op, "slopes", slopes, delta, C);
   c10::cuda::CUDAGuard guard(delta.device());
   Tensor out = empty_value(delta, delta.sizes(), delta.scalar_type());
   Tensor mask_out = empty_mask(delta, N, H, W);
@@ -334,7 +339,7 @@ std::tuple<Tensor, Tensor, Tensor> run_activation(const char* op, const Tensor& 
                                      residual ? cptr<scalar_t>(*delta_b) : nullptr,
                                      residual ? cptr<bool>(*mask_b) : nullptr,
                                      residual ? ptr<bool>(mask_sum) : nullptr, static_cast<float>(alpha),
-                                     row_list.rows, row_list.count, tf32, nullptr};
+                                     row_list.rows, row_list.count, tf32, nullptr, slope_ptr};
     if (!write_out) p.out = nullptr;
     Tensor scratch;
     if (pooled) {  // the first pass only writes the pending changes; the send pass lists the rows
@@ -348,10 +353,13 @@ std::tuple<Tensor, Tensor, Tensor> run_activation(const char* op, const Tensor& 
     // the common kinds with the activation fixed at compile time (with a residual: ReLU only). SiLU and
     // hardswish, and GELU in value mode, too unless DELTACONV_ACT_FIXED=0 (then they switch per element,
     // as before 2026-12-03): switching cost SiLU 1.2-1.5x, hardswish up to 1.8x the kernel's time, and
-    // whole EfficientNet frames 15-18 % (benchmarks/results/activation_fixed_ab.txt)
+    // whole EfficientNet frames 15-18 % (benchmarks/results/activation_fixed_ab.txt). Likewise since
+    // 2026-12-07 per-channel PReLU in value mode (with a residual too) and LeakyReLU in value mode
+    // (benchmarks/results/prelu_ab.txt)
     const bool fixed = env_switch("DELTACONV_ACT_FIXED");
     const bool silu = fixed && kind_id == pw::kSilu, hardswish = fixed && kind_id == pw::kHardswish;
     const bool gelu_values = fixed && kind_id == pw::kGelu;
+    const bool prelu = fixed && kind_id == pw::kPrelu, leaky_values = fixed && kind_id == pw::kLeakyRelu;
     using Relu = activation_kernel_of<pw::kRelu, false>;
     using Relu6 = activation_kernel_of<pw::kRelu6, false>;
     using Gelu = activation_kernel_of<pw::kGelu, false>;
@@ -365,11 +373,16 @@ std::tuple<Tensor, Tensor, Tensor> run_activation(const char* op, const Tensor& 
     using SiluValues = activation_kernel_of<pw::kSilu, false, true>;
     using HardswishValues = activation_kernel_of<pw::kHardswish, false, true>;
     using GeluValues = activation_kernel_of<pw::kGelu, false, true>;
+    using PreluValues = activation_kernel_of<pw::kPrelu, false, true>;
+    using LeakyReluValues = activation_kernel_of<pw::kLeakyRelu, false, true>;
     using AnyKindValues = activation_kernel_of<pw::kAnyKind, false, true>;
     using ReluSumValues = activation_kernel_of<pw::kRelu, true, true>;
+    using PreluSumValues = activation_kernel_of<pw::kPrelu, true, true>;
     using AnyKindSumValues = activation_kernel_of<pw::kAnyKind, true, true>;
     if (values && residual && kind_id == pw::kRelu) {
       DC_LAUNCH_VEC(ReluSumValues::kernel, p, vec_ok, pixels, C, true);
+    } else if (values && residual && prelu) {  // ENet's bottlenecks
+      DC_LAUNCH_VEC(PreluSumValues::kernel, p, vec_ok, pixels, C, true);
     } else if (values && residual) {
       DC_LAUNCH_VEC(AnyKindSumValues::kernel, p, vec_ok, pixels, C, true);
     } else if (values && kind_id == pw::kRelu) {
@@ -382,6 +395,10 @@ std::tuple<Tensor, Tensor, Tensor> run_activation(const char* op, const Tensor& 
       DC_LAUNCH_VEC(HardswishValues::kernel, p, vec_ok, pixels, C, true);
     } else if (values && gelu_values) {  // ConvNeXt's, after its first 1x1 convolution
       DC_LAUNCH_VEC(GeluValues::kernel, p, vec_ok, pixels, C, true);
+    } else if (values && prelu) {  // face recognition's IR-ResNets, ENet
+      DC_LAUNCH_VEC(PreluValues::kernel, p, vec_ok, pixels, C, true);
+    } else if (values && leaky_values) {  // the YOLO family's
+      DC_LAUNCH_VEC(LeakyReluValues::kernel, p, vec_ok, pixels, C, true);
     } else if (values) {
       DC_LAUNCH_VEC(AnyKindValues::kernel, p, vec_ok, pixels, C, true);
     } else if (residual && kind_id == pw::kRelu) {
@@ -407,7 +424,7 @@ std::tuple<Tensor, Tensor, Tensor> run_activation(const char* op, const Tensor& 
                                        rms_limit(true, threshold, C),
                                        rms_limit(true, static_cast<double>(pw::kPoolPeak) * threshold, C), pixels,
                                        H * W, static_cast<int>(H), static_cast<int>(W), C, 0, row_list.rows,
-                                       row_list.count, tf32, values ? cptr<scalar_t>(delta) : nullptr};
+                                       row_list.count, tf32, values ? cptr<scalar_t>(delta) : nullptr, slope_ptr};
       DC_LAUNCH_VEC(pw::pooled_send_kernel, q, vec_ok, pixels, C, true);
     }
   });
@@ -418,9 +435,10 @@ std::tuple<Tensor, Tensor> activation(const Tensor& delta, const Tensor& mask, T
                                       c10::string_view kind, double param, double threshold,
                                       const std::optional<Tensor>& key, bool rms, const std::optional<Tensor>& rows,
                                       const std::optional<Tensor>& rows_count, bool tf32, bool pooled,
-                                      bool write_out) {
+                                      bool write_out, const std::optional<Tensor>& slopes) {
   auto [out, mask_out, unused] = run_activation("activation", delta, mask, nullptr, nullptr, 1.0, &acc, sent, kind,
-                                                param, threshold, key, rms, rows, rows_count, tf32, pooled, write_out);
+                                                param, threshold, key, rms, rows, rows_count, tf32, pooled, write_out,
+                                                slopes);
   return {out, mask_out};
 }
 
@@ -430,10 +448,10 @@ std::tuple<Tensor, Tensor> activation_values(const Tensor& x, const Tensor& mask
                                              double param, double threshold, const std::optional<Tensor>& key,
                                              bool rms, const std::optional<Tensor>& rows,
                                              const std::optional<Tensor>& rows_count, bool tf32, bool pooled,
-                                             bool write_out) {
+                                             bool write_out, const std::optional<Tensor>& slopes) {
   auto [out, mask_out, unused] = run_activation("activation_values", x, mask, nullptr, nullptr, 1.0, nullptr, sent,
                                                 kind, param, threshold, key, rms, rows, rows_count, tf32, pooled,
-                                                write_out);
+                                                write_out, slopes);
   return {out, mask_out};
 }
 
@@ -444,9 +462,9 @@ std::tuple<Tensor, Tensor, Tensor> add_activation(const Tensor& delta_a, const T
                                                   const std::optional<Tensor>& key, bool rms,
                                                   const std::optional<Tensor>& rows,
                                                   const std::optional<Tensor>& rows_count, bool tf32, bool pooled,
-                                                  bool write_out) {
+                                                  bool write_out, const std::optional<Tensor>& slopes) {
   return run_activation("add_activation", delta_a, mask_a, &delta_b, &mask_b, alpha, &acc, sent, kind, param,
-                        threshold, key, rms, rows, rows_count, tf32, pooled, write_out);
+                        threshold, key, rms, rows, rows_count, tf32, pooled, write_out, slopes);
 }
 
 // activation_values(add(a, b, alpha)) in one kernel: `a` and `b` hold the add's operands whole at
@@ -458,9 +476,9 @@ std::tuple<Tensor, Tensor, Tensor> add_activation_values(const Tensor& a, const 
                                                          const std::optional<Tensor>& key, bool rms,
                                                          const std::optional<Tensor>& rows,
                                                          const std::optional<Tensor>& rows_count, bool tf32,
-                                                         bool write_out) {
+                                                         bool write_out, const std::optional<Tensor>& slopes) {
   return run_activation("add_activation_values", a, mask_a, &b, &mask_b, alpha, nullptr, sent, kind, param,
-                        threshold, key, rms, rows, rows_count, tf32, false, write_out);
+                        threshold, key, rms, rows, rows_count, tf32, false, write_out, slopes);
 }
 
 // ---------------------------------------------------------------- affine_channel

@@ -2,6 +2,7 @@
 
 The CUDA backend dispatches on ``kind``; the reference backend just calls the object. ``kind ==
 "generic"`` wraps any other pointwise callable (it then runs through PyTorch on every backend).
+``kind == "prelu"`` is ``nn.PReLU`` with one slope per channel (dim 1), held in ``weight``.
 """
 from __future__ import annotations
 
@@ -25,16 +26,24 @@ NATIVE_KINDS = {
     "gelu": "0: exact (erf), 1: tanh approximation",
     "tanh": "unused",
     "elu": "alpha",
+    "prelu": "unused: one negative slope per channel (dim 1) in Activation.weight",
 }
 
 
 @dataclass(frozen=True)
 class Activation:
-    """A pointwise function ``y = f(x)``: ``kind`` names it, ``param`` is its one parameter."""
+    """A pointwise function ``y = f(x)``: ``kind`` names it, ``param`` is its one parameter; ``weight``
+    (``[C]``) the per-channel slopes of kind ``"prelu"`` (``F.prelu(x, weight)``, channels in dim 1)."""
 
     kind: str
     param: float = 0.0
     generic: Optional[Callable[[torch.Tensor], torch.Tensor]] = field(default=None, compare=False)
+    weight: Optional[torch.Tensor] = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if (self.kind == "prelu") != (self.weight is not None):
+            raise ValueError(f"Activation: kind 'prelu' takes its per-channel slopes in `weight`, and only it; got "
+                             f"kind {self.kind!r} with weight={'a tensor' if self.weight is not None else None}")
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         k = self.kind
@@ -60,6 +69,8 @@ class Activation:
             return torch.tanh(x)
         if k == "elu":
             return F.elu(x, self.param)
+        if k == "prelu":  # torch's formula: x > 0 ? x : weight * x, in x's dtype
+            return F.prelu(x, self.weight.detach().reshape(-1).to(device=x.device, dtype=x.dtype))
         if k == "generic":
             return self.generic(x)
         raise ValueError(f"Activation: unknown kind {k!r}; expected one of {sorted(NATIVE_KINDS)} or 'generic'")
@@ -67,6 +78,8 @@ class Activation:
     def __repr__(self) -> str:
         if self.kind == "generic":
             return f"Activation(generic {getattr(self.generic, '__name__', self.generic)!r})"
+        if self.kind == "prelu":
+            return f"Activation(prelu, {self.weight.numel()} slopes)"
         return f"Activation({self.kind}{'' if not self.param else f', {self.param:g}'})"
 
 
@@ -75,7 +88,8 @@ def from_module(module: nn.Module) -> Optional[Activation]:
 
     ``nn.PReLU`` with one slope (``num_parameters=1``, its default) becomes a leaky ReLU whose negative
     slope is the slope's value at this call (later changes of the PReLU's weight are not seen, as a
-    BatchNorm folded into a convolution); with one slope per channel it is not one (``None``)."""
+    BatchNorm folded into a convolution); with one slope per channel it is kind ``"prelu"`` holding the
+    module's weight itself (:class:`~deltaconv.modules.nonlinear.DCActivation` shares it as its parameter)."""
     t = type(module)
     simple = {nn.ReLU: "relu", nn.ReLU6: "relu6", nn.Hardswish: "hardswish", nn.Hardsigmoid: "hardsigmoid",
               nn.SiLU: "silu", nn.Sigmoid: "sigmoid", nn.Tanh: "tanh"}
@@ -85,6 +99,8 @@ def from_module(module: nn.Module) -> Optional[Activation]:
         return Activation("leaky_relu", float(module.negative_slope))
     if t is nn.PReLU and module.weight.numel() == 1:  # one learnt slope: a leaky ReLU with it, taken now
         return Activation("leaky_relu", float(module.weight.detach().reshape(())))
+    if t is nn.PReLU:  # one slope per channel
+        return Activation("prelu", weight=module.weight)
     if t is nn.GELU:
         return Activation("gelu", 1.0 if module.approximate == "tanh" else 0.0)
     if t is nn.ELU:

@@ -350,7 +350,7 @@ def test_activation_fixed_kinds_rms_measure(dtype, fn):
 
 
 VALUE_KINDS = [Activation("relu"), Activation("relu6"), Activation("silu"), Activation("hardswish"),
-               Activation("sigmoid"), Activation("gelu", 0.0)]
+               Activation("leaky_relu", 0.1), Activation("sigmoid"), Activation("gelu", 0.0)]
 
 
 @pytest.mark.parametrize("measure", ["max", "rms"])
@@ -358,9 +358,10 @@ VALUE_KINDS = [Activation("relu"), Activation("relu6"), Activation("silu"), Acti
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_activation_values_kinds_fixed_and_switched(dtype, fn, measure, monkeypatch):
     """``activation_values`` (value mode: the whole new input, no accumulator) equals the reference for
-    the kinds with a kernel of their own (ReLU, ReLU6, SiLU, hardswish) and those switched per element,
-    on the 16-byte (64 channels) and scalar (17) paths; with ``DELTACONV_ACT_FIXED=0`` (SiLU and
-    hardswish on the switching kernel) the results are the same bit for bit, in delta mode too."""
+    the kinds with a kernel of their own (ReLU, ReLU6, SiLU, hardswish, GELU, LeakyReLU) and those switched
+    per element, on the 16-byte (64 channels) and scalar (17) paths; with ``DELTACONV_ACT_FIXED=0`` (SiLU,
+    hardswish, GELU and LeakyReLU on the switching kernel) the results are the same bit for bit, in delta
+    mode too."""
     threshold = 0.15 if measure == "rms" else 0.05
     for c in (17, 64):
         g = gen(41)
@@ -391,6 +392,69 @@ def test_activation_values_kinds_fixed_and_switched(dtype, fn, measure, monkeypa
 def test_activation_generic_falls_back():
     fn = Activation("generic", generic=F.softplus)
     _run_activation(fn, torch.float32, 17, 0.3, "partial", 0.05)
+
+
+def prelu(c: int) -> Activation:
+    """``nn.PReLU(c)``'s function: slopes of both signs (and near zero) across the channels, float32 on the GPU."""
+    return Activation("prelu", weight=torch.linspace(-0.75, 1.25, c, device=DEV))
+
+
+@pytest.mark.parametrize("measure,threshold", [("max", 0.0), ("max", 0.05), ("rms", 0.15), ("pooled", 0.1)])
+@pytest.mark.parametrize("frac", FRACS)
+@pytest.mark.parametrize("c", CHANNELS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_activation_prelu_per_channel(dtype, c, frac, measure, threshold, monkeypatch):
+    """A PReLU with one slope per channel (kind "prelu", each element's slope read by its channel) equals the
+    reference in delta mode, fused with a residual add, in value mode and in value mode fused with an add, at
+    every measure (pooled: its send kernel too; whole operands run it through the reference), on the 16-byte
+    (64 channels) and scalar (odd counts) paths and at every changed fraction. Value mode runs kernels with
+    the kind fixed at compile time, which equal the switching kernel's results (``DELTACONV_ACT_FIXED=0``) bit
+    for bit."""
+    fn = prelu(c)
+    _run_activation(fn, dtype, c, frac, "partial", threshold, seed=51, measure=measure)
+    _run_add_activation(fn, dtype, c, frac, "partial", threshold, alpha=-0.5, seed=52, measure=measure)
+    _run_add_activation_values(fn, dtype, c, frac, "partial", threshold, seed=53, measure=measure)
+    g = gen(54)
+    n, (h, w) = 2, spatial(c)
+    mask = make_mask(n, h, w, frac, g)
+    x = make_state((n, c, h, w), g, scale=2.0).to(dtype)
+    sent = (fn(x.float()) + torch.randn(x.shape, generator=g, device=DEV) * 0.05).to(dtype)
+    sent = sent.contiguous(memory_format=CL)
+    k = make_key("partial", n)
+    s_c, s_r = clones(sent, sent)
+    out_c, m_c = dcc.activation_values(x, mask, s_c, fn, threshold, k, measure)
+    out_r, m_r = ref.activation_values(x, mask, s_r, fn, threshold, k, measure)
+    assert_activation_matches((out_c, m_c, x.float(), s_c), (out_r, m_r, x.float(), s_r), fn, sent, mask, dtype,
+                              threshold, measure)
+    b = make_state((n, c, h, w), g, scale=2.0).to(dtype)
+    runs = []
+    for fixed in ("1", "0"):
+        monkeypatch.setenv("DELTACONV_ACT_FIXED", fixed)
+        s_v, s_a = clones(sent, sent)
+        out_v, m_v = dcc.activation_values(x, mask, s_v, fn, threshold, k, measure)
+        out_a, m_a, _ = dcc.add_activation_values(x, mask, b, ~mask, -0.5, s_a, fn, threshold, k, measure)
+        runs.append((out_v.masked_fill(~m_v, 0), m_v, s_v, out_a.masked_fill(~m_a, 0), m_a, s_a))
+    for fixed_result, switched_result in zip(*runs):
+        assert torch.equal(fixed_result, switched_result)
+
+
+def test_activation_prelu_errors_name_the_argument():
+    """The slopes come with kind "prelu" and only with it, as float32 [C] on the delta's device."""
+    d, m, s = _err_inputs()
+    ops = torch.ops.deltaconv
+    ones = torch.ones(d.shape[1], device=DEV)
+    with pytest.raises(RuntimeError, match=r"activation: argument 'slopes' \(the per-channel negative slopes\) "
+                                           r"must be given with kind 'prelu' and only with it, got kind 'prelu' and "
+                                           r"slopes=None"):
+        ops.activation(d, m, s.clone(), s.clone(), "prelu", 0.0, 0.0, None)
+    with pytest.raises(RuntimeError, match=r"activation_values: .*got kind 'relu' and slopes"):
+        ops.activation_values(d, m, s.clone(), "relu", 0.0, 0.0, None, slopes=ones)
+    with pytest.raises(RuntimeError, match=r"add_activation: argument 'slopes' must have shape \[4\], got \[3\]"):
+        ops.add_activation(d, m, d, m, 1.0, s.clone(), s.clone(), "prelu", 0.0, 0.0, None, slopes=ones[:3])
+    with pytest.raises(RuntimeError, match=r"add_activation_values: argument 'slopes' must have dtype Float, got Half"):
+        ops.add_activation_values(d, m, d, m, 1.0, s.clone(), "prelu", 0.0, 0.0, None, slopes=ones.half())
+    with pytest.raises(RuntimeError, match=r"argument 'slopes' must be a CUDA tensor, got device cpu"):
+        ops.activation(d, m, s.clone(), s.clone(), "prelu", 0.0, 0.0, None, slopes=ones.cpu())
 
 
 def run_rank2(seed: int, c: int, run):
@@ -1329,6 +1393,7 @@ def _opcheck_cases():
     key = torch.tensor([True, False], device=DEV)
     small, small_m = cl(torch.randn((n, c, 1, 1), generator=g, device=DEV)), torch.ones((n, 1, 1, 1), dtype=torch.bool,
                                                                                         device=DEV)
+    slopes = torch.linspace(-0.5, 0.5, c, device=DEV)  # PReLU's per-channel slopes
     ops = torch.ops.deltaconv
     return [
         ("sparsify", ops.sparsify.default, (x, st(), -1.0, key, None)),
@@ -1374,10 +1439,16 @@ def _opcheck_cases():
         ("resample", ops.resample.default, (x, [11, 19], None, None, "bilinear", False)),
         ("count_active", ops.count_active.default,
          ([full, full[:1]], [torch.zeros(4, dtype=torch.float64, device=DEV) for _ in range(2)])),
+        ("activation_prelu", ops.activation.default,
+         (x, full, st(), st(), "prelu", 0.0, -1.0, key, False, None, None, False, False, True, slopes)),
+        ("activation_values_prelu_pooled", ops.activation_values.default,
+         (x.half(), full, st().half(), "prelu", 0.0, -1.0, key, True, None, None, False, True, True, slopes)),
+        ("add_activation_values_prelu", ops.add_activation_values.default,
+         (x, full, st(), full, -0.5, st(), "prelu", 0.0, -1.0, None, True, None, None, False, True, slopes)),
     ]
 
 
-@pytest.mark.parametrize("case", range(31))
+@pytest.mark.parametrize("case", range(34))
 def test_opcheck(case):
     name, op, args = _opcheck_cases()[case]
     torch.library.opcheck(op, args)

@@ -383,6 +383,51 @@ def test_fused_residual_add_equals_separate_layers(name, dtype):
         assert not any("add_kernel" in k for k in names), names
 
 
+def _resnet18_with_prelus() -> torch.nn.Module:
+    """resnet18 with each ReLU a PReLU of one slope per channel, as benchmarks/experiments/prelu_ab.py times it
+    (``with_per_channel_prelus``): after its convolutions (value mode) and after its residual adds (fused)."""
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "experiments" / "prelu_ab.py"
+    spec = importlib.util.spec_from_file_location("prelu_ab", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.with_per_channel_prelus(build("resnet18"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_per_channel_prelu_runs_on_the_kernels(dtype):
+    """Per-channel PReLUs (resnet18 with one for each ReLU) convert with no fallback and run on the activation
+    kernels (none of torch's prelu kernels in a frame; in float16 the value-mode one with the kind fixed at
+    compile time after the convolutions): at threshold 0 equal to the dense model (float32) or within the dense
+    model's own rounding (float16), and at 0.02 replayed as a CUDA graph equal to eager."""
+    torch.backends.cudnn.allow_tf32 = False
+    model = _resnet18_with_prelus().cuda()
+    frames = [f.cuda() for f in video_frames(6, (96, 128))]
+    low = _resnet18_with_prelus().cuda().to(dtype)
+    dm = deltaconv.convert(low, backend="cuda", example_input=frames[0].to(dtype))
+    assert not dm.report.fallbacks
+    kinds = [layer.fn.kind for layer in dm.delta_layers() if isinstance(layer, deltaconv.DCActivation)]
+    assert kinds == ["prelu"] * 17  # the stem's and two per block
+    with torch.no_grad():
+        for f in frames:
+            ref = model(f)
+            if dtype == torch.float32:
+                assert rel(dm(f), ref) <= 1e-4
+            else:
+                assert rel(dm(f.to(dtype)), ref) <= 3 * rel(low(f.to(dtype)), ref) + 1e-3
+        names = cuda_kernel_names(lambda: dm(frames[1].to(dtype)))
+    if names:  # none recorded under compute-sanitizer
+        assert any("activation_kernel" in k for k in names) and not any("prelu" in k.lower() for k in names), names
+        if dtype == torch.float16:  # after the convolutions in value mode: PReLU fixed at compile time (kind 11)
+            assert any("activation_kernel" in k and ", 11, false, true>" in k for k in names), names
+    eager, graphed = eager_and_graphed(low, frames[0].to(dtype))
+    with torch.no_grad():
+        for t, f in enumerate(frames):
+            torch.testing.assert_close(graphed(f.to(dtype)), eager(f.to(dtype)), rtol=0, atol=0, msg=f"frame {t}")
+    assert any(0 < s["mean_density"] < 1 for s in eager.stats() if s["kind"] == "activation")
+
+
 def test_cuda_graph_follows_changed_settings():
     """Settings changed mid-stream reach a replayed model as they reach an eager one: after a change
     of thresholds, of the truncation measure, of the input's change detector or of the statistics

@@ -16,6 +16,7 @@ import deltaconv
 from deltaconv import (DCActivation, DCAdaptiveAvgPool2d, DCAdd, DCAvgPool2d, DCBatchNorm2d, DCConcatenate,
                        DCConv2d, DCConvTranspose2d, DCFallback, DCLinear, DCLinearFunction, DCMaxPool2d, DCMul,
                        DCPad2d, DCScale, DCUpsample, Delta)
+from deltaconv.activations import Activation
 from deltaconv.modules import DCSpatialMean, FrameContext
 from deltaconv.modules.padding import pad_map, pad_delta
 from helpers import FRACTIONS, changing_frames, device_backends, make_positive_monotone, output_masks, rel_err
@@ -182,12 +183,20 @@ def test_batchnorm_not_foldable(device, backend):
 
 
 # ----------------------------------------------------------------------------- activations
+def _prelu_per_channel(channels: int) -> nn.PReLU:
+    prelu = nn.PReLU(channels)
+    with torch.no_grad():
+        prelu.weight.copy_(torch.linspace(-0.5, 0.5, channels))
+    return prelu
+
+
 ACTIVATIONS = {
     "ReLU": nn.ReLU(), "ReLU6": nn.ReLU6(), "LeakyReLU0.2": nn.LeakyReLU(0.2), "Hardswish": nn.Hardswish(),
     "Hardsigmoid": nn.Hardsigmoid(), "SiLU": nn.SiLU(), "Sigmoid": nn.Sigmoid(), "GELU": nn.GELU(),
     "GELU-tanh": nn.GELU(approximate="tanh"), "Tanh": nn.Tanh(), "ELU": nn.ELU(0.5), "inplace-ReLU": nn.ReLU(True),
     "Hardtanh-generic": nn.Hardtanh(-1.0, 2.0), "Mish-generic": nn.Mish(),
     "PReLU": nn.PReLU(init=0.3),  # one learnt slope: a leaky ReLU
+    "PReLU-per-channel": _prelu_per_channel(4),  # one slope per channel (SHAPE's 4)
 }
 FUNCTIONAL_ACTIVATIONS = {
     "F.relu": F.relu, "torch.relu": torch.relu, "method.relu": lambda x: x.relu(), "F.relu6": F.relu6,
@@ -221,8 +230,7 @@ def test_activation_functional(name, device, backend):
 
 
 def test_prelu_takes_its_slope_when_converted():
-    """A one-slope PReLU converts to a leaky ReLU with the PReLU's slope at that moment (float16 too); one
-    with a slope per channel has no delta rule."""
+    """A one-slope PReLU converts to a leaky ReLU with the PReLU's slope at that moment (float16 too)."""
     prelu = nn.PReLU(init=-0.25)
     act = DCActivation.from_dense(prelu).fn
     assert (act.kind, act.param) == ("leaky_relu", -0.25)
@@ -230,7 +238,47 @@ def test_prelu_takes_its_slope_when_converted():
     assert half.param == float(torch.tensor(0.1, dtype=torch.float16))
     x = torch.linspace(-3, 3, 13)
     torch.testing.assert_close(act(x), prelu(x), rtol=0, atol=0)
-    assert DCActivation.from_dense(_prelu_per_channel(4)) is None
+
+
+def test_prelu_per_channel_shares_its_slopes():
+    """A PReLU with a slope per channel converts to kind ``prelu`` whose slopes are the dense module's weight,
+    shared as the layer's parameter: the function equals ``nn.PReLU`` on 4-D and 2-D inputs, and a converted
+    model (with no fallback) follows a later change of its layer's weight and a cast of the model."""
+    prelu = _prelu_per_channel(4)
+    layer = DCActivation.from_dense(prelu)
+    assert layer.fn.kind == "prelu" and layer.weight is prelu.weight
+    assert dict(layer.named_parameters()) == {"weight": prelu.weight}
+    assert repr(layer.fn) == "Activation(prelu, 4 slopes)"
+    x = torch.linspace(-3, 3, 2 * 4 * 3 * 5).reshape(2, 4, 3, 5)
+    torch.testing.assert_close(layer.fn(x), prelu(x), rtol=0, atol=0)
+    torch.testing.assert_close(layer.fn(x[:, :, 0, 0]), prelu(x[:, :, 0, 0]), rtol=0, atol=0)
+
+    model = nn.Sequential(conv(), prelu, conv()).eval()
+    frames = changing_frames(SHAPE, FRACTIONS, seed=5)
+    dm = deltaconv.convert(model, example_input=frames[0])
+    assert not dm.report.fallbacks
+    (layer,) = [m for m in dm.delta_layers() if isinstance(m, DCActivation)]
+    for f in frames:
+        torch.testing.assert_close(dm(f), model(f), rtol=1e-5, atol=1e-5)
+    with torch.no_grad():  # a change of the slopes in place (as load_state_dict makes it): the layer reads it
+        layer.weight.mul_(-2.0)
+        prelu.weight.mul_(-2.0)
+    dm.reset()
+    for f in frames:
+        torch.testing.assert_close(dm(f), model(f), rtol=1e-5, atol=1e-5)
+    dm64, model64 = dm.double(), model.double()  # the shared parameter is cast with the converted model
+    dm64.reset()
+    for f in frames:
+        torch.testing.assert_close(dm64(f.double()), model64(f.double()), rtol=1e-12, atol=1e-12)
+
+
+def test_prelu_activation_checks_its_weight():
+    """``Activation("prelu")`` needs its slopes and only it takes them: the error names the kind."""
+    with pytest.raises(ValueError, match=r"kind 'prelu' takes its per-channel slopes in `weight`.*got kind 'prelu' "
+                                         r"with weight=None"):
+        Activation("prelu")
+    with pytest.raises(ValueError, match=r"got kind 'relu' with weight=a tensor"):
+        Activation("relu", weight=torch.ones(3))
 
 
 # ----------------------------------------------------------------------------- elementwise arithmetic
@@ -542,20 +590,12 @@ def test_interpolate_to_size_of_another_tensor(device, backend):
 
 
 # ----------------------------------------------------------------------------- fallbacks
-def _prelu_per_channel(channels: int) -> nn.PReLU:
-    prelu = nn.PReLU(channels)
-    with torch.no_grad():
-        prelu.weight.copy_(torch.linspace(-0.5, 0.5, channels))
-    return prelu
-
-
 FALLBACKS = {
     "cumsum": lambda: Fn(lambda x, c: c(torch.cumsum(x, dim=3)), conv()),
     "layer_norm": lambda: Fn(lambda x, c: c(F.layer_norm(x, x.shape[1:])), conv()),
     "InstanceNorm2d": lambda: nn.Sequential(conv(), nn.InstanceNorm2d(4, affine=True), nn.ReLU(), conv()),
     "adaptive_max_pool": lambda: nn.Sequential(conv(), nn.AdaptiveMaxPool2d(3), conv(k=1)),
     "softmax": lambda: Fn(lambda x, c: torch.softmax(c(x), dim=1), conv()),
-    "PReLU-per-channel": lambda: nn.Sequential(conv(), _prelu_per_channel(4), conv()),
     # an in-place op without a rule must not edit the fallback's accumulated-input state
     "inplace-exp_": lambda: Fn(lambda x, c: (c(x) * 0.3).exp_() + 0, conv()),
     "inplace-tanh_": lambda: Fn(lambda x, c: torch.cumsum(c(x), 1).clamp_(min=-1.0).tanh_(), conv()),

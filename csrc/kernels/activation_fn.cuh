@@ -20,6 +20,7 @@ enum ActKind : int {
   kGelu,         // param: 0 exact (erf), 1 tanh approximation
   kTanh,
   kElu,          // param: alpha
+  kPrelu,        // param: the negative slope of the element's channel (ActivationParams::slopes[c])
   kNumActKinds
 };
 
@@ -30,6 +31,7 @@ __device__ __forceinline__ float apply_activation(int kind, float param, float x
     case kRelu6:
       return x < 0.f ? 0.f : (x > 6.f ? 6.f : x);
     case kLeakyRelu:
+    case kPrelu:  // as torch's prelu kernel: input > 0 ? input : weight * input
       return x > 0.f ? x : x * param;
     case kHardswish:
       return x * fminf(fmaxf(x + 3.f, 0.f), 6.f) * (1.f / 6.f);

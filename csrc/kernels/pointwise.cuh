@@ -65,7 +65,7 @@ __global__ void __launch_bounds__(kThreads) sparsify_kernel(const SparsifyParams
   send = send || key_flag(p.key, g.pixel, p.hw);
   if (g.lane == 0) p.mask_out[g.pixel] = send;
   if (!send) return;
-  send_row<T, VEC>(g, C, row, p.x, p.sent, p.out, [](float x) { return x; }, p.tf32);
+  send_row<T, VEC>(g, C, row, p.x, p.sent, p.out, [](float x, int) { return x; }, p.tf32);
 }
 
 // ================================================================ densify
@@ -146,6 +146,7 @@ struct ActivationParams {
   // a send would write there); nothing is sent (mask_out is left to pooled_send_kernel, which
   // decides and sends)
   T* pending;
+  const float* slopes;     // kind kPrelu: [C] float32, channel c's negative slope (nullptr otherwise)
 };
 
 // KIND: the activation fixed at compile time (an ActKind: the launcher, run_activation in
@@ -155,6 +156,17 @@ struct ActivationParams {
 // benchmarks/results/activation_kernel_experiments.txt), and up to 1.8x for SiLU and hardswish
 // (2026-12-03, benchmarks/results/activation_fixed_ab.txt).
 constexpr int kAnyKind = -1;
+
+// The activation's parameter for channel c: kPrelu's slope of that channel (`slopes`, [C]), else the
+// layer's one `param`. KIND as activation_kernel's (a kind fixed at compile time other than kPrelu
+// never reads `slopes`).
+template <int KIND>
+__device__ __forceinline__ float channel_param(int kind, float param, const float* slopes, int c) {
+  if constexpr (KIND == kAnyKind || KIND == kPrelu) {
+    if (KIND == kPrelu || kind == kPrelu) return slopes[c];
+  }
+  return param;
+}
 
 // VALUES (the activation_values op): `delta` holds the layer's whole new input on the active pixels,
 // recomputed by the convolution before it from its input's whole values (no accumulator: p.acc
@@ -205,7 +217,8 @@ __global__ void __launch_bounds__(kThreads) activation_kernel(const ActivationPa
       float change[VEC];
 #pragma unroll
       for (int i = 0; i < VEC; ++i) {
-        change[i] = pending_change<T>(apply_activation(kind, p.param, a[i]), s[i]);
+        const float y = apply_activation(kind, channel_param<KIND>(kind, p.param, p.slopes, c + i), a[i]);
+        change[i] = pending_change<T>(y, s[i]);
         size.add(change[i], p.threshold);
       }
       if constexpr (!VALUES) store_f<VEC>(p.acc + row + c, a);
@@ -216,7 +229,9 @@ __global__ void __launch_bounds__(kThreads) activation_kernel(const ActivationPa
     if (g.lane == 0) p.mask_out[g.pixel] = send;
     if (!send) return false;
     // second pass over this lane's own channels (acc as just written by this thread; VALUES: delta)
-    const auto f = [&](float a) { return apply_activation(kind, p.param, a); };
+    const auto f = [&](float a, int ch) {
+      return apply_activation(kind, channel_param<KIND>(kind, p.param, p.slopes, ch), a);
+    };
     if constexpr (VALUES && RESIDUAL) {  // the sum again, from both operands
       const auto sum = [&](int64_t i, float (&v)[VEC]) {
         float b[VEC];
@@ -278,6 +293,7 @@ struct PooledSendParams {
   bool tf32;               // float32 only: send the changes rounded to TF32 (send_element)
   const T* values;         // activation_values (nullptr otherwise): [N, C, H, W] the whole input, sent
                            // as f(values) where acc is not kept
+  const float* slopes;     // as in ActivationParams
 };
 
 // grid: a persistent one of pixel groups (for_each_active_pixel)
@@ -330,7 +346,9 @@ __global__ void __launch_bounds__(kThreads) pooled_send_kernel(const PooledSendP
     }
     if (g.lane == 0) p.mask_out[g.pixel] = send;
     if (send) {
-      const auto act = [&](float a) { return apply_activation(p.kind, p.param, a); };
+      const auto act = [&](float a, int ch) {
+        return apply_activation(p.kind, channel_param<kAnyKind>(p.kind, p.param, p.slopes, ch), a);
+      };
       if (p.values != nullptr) {
         send_row<T, VEC>(g, C, g.pixel * C, p.values, p.sent, p.out, act, p.tf32, p.pending != p.out);
       } else {

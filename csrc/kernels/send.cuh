@@ -78,11 +78,12 @@ __device__ __forceinline__ float send_element(float y, float& sent, bool tf32) {
 }
 
 // The send pass of a truncating pointwise kernel over the channels of group `g`'s lane in pixel
-// row `row` (element offset p * C): out = send_element<T, TF32>(value(v), sent) with `sent` updated
-// in place, the VEC values v of the pack at element offset i given by `load(i, v)` (one source map
-// read as it is, send_row; or the sum of two, the residual add of add_activation_values). `write_out`
-// false skips the store to `out` where an earlier pass left the same values there (the pooled
-// measure's, whose neighbours read them concurrently).
+// row `row` (element offset p * C): out = send_element<T, TF32>(value(v, c), sent) with `sent` updated
+// in place (c: the element's channel, for per-channel functions such as PReLU), the VEC values v of
+// the pack at element offset i given by `load(i, v)` (one source map read as it is, send_row; or the
+// sum of two, the residual add of add_activation_values). `write_out` false skips the store to `out`
+// where an earlier pass left the same values there (the pooled measure's, whose neighbours read them
+// concurrently).
 template <typename T, int VEC, bool TF32, typename Load, typename Value>
 __device__ __forceinline__ void send_row_loaded_as(const PixelGroup& g, int C, int64_t row, Load&& load, T* sent,
                                                    T* out, Value&& value, bool write_out) {
@@ -91,7 +92,7 @@ __device__ __forceinline__ void send_row_loaded_as(const PixelGroup& g, int C, i
     load(row + c, v);
     load_f<VEC>(sent + row + c, s);
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) v[i] = send_element<T, TF32>(value(v[i]), s[i]);
+    for (int i = 0; i < VEC; ++i) v[i] = send_element<T, TF32>(value(v[i], c + i), s[i]);
     if (write_out) store_f<VEC>(out + row + c, v);
     store_f<VEC>(sent + row + c, s);
   }

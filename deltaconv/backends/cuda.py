@@ -247,6 +247,16 @@ def _row_args(rows: Optional[RowList], delta: Tensor) -> tuple[Optional[Tensor],
     return rows.rows, rows.counters
 
 
+def _slopes(fn, like: Tensor) -> Optional[Tensor]:
+    """The ``slopes`` argument of the activation ops: a PReLU's per-channel slopes (``fn.weight``) as a
+    contiguous float32 ``[C]`` vector on ``like``'s device (already one when it comes from
+    ``DCActivation``), else ``None``."""
+    w = getattr(fn, "weight", None)
+    if w is None:
+        return None
+    return w.detach().reshape(-1).to(device=like.device, dtype=torch.float32).contiguous()
+
+
 def _pooled_and_write_out(measure: str, write_out: bool) -> dict:
     """The activation ops' ``pooled`` and ``write_out`` arguments: the pooled measure's first pass writes the
     pending changes into the output, so it always writes them."""
@@ -274,13 +284,14 @@ def activation(delta: Tensor, mask: Tensor, acc: Tensor, sent: Tensor, fn: Calla
         out, m = torch.ops.deltaconv.activation(_value4(delta), _mask4(mask), a4, s4, kind,
                                                 float(getattr(fn, "param", 0.0)), float(threshold), _key(key), rms,
                                                 *_row_args(rows, delta), tf32=bool(tf32),
-                                                **_pooled_and_write_out(measure, write_out))
+                                                **_pooled_and_write_out(measure, write_out),
+                                                slopes=_slopes(fn, delta))
     return _like(out, m, delta)
 
 
 @_fake("activation")
 def _activation_fake(delta, mask, acc, sent, kind, param, threshold, key, rms=False, rows=None, rows_count=None,
-                     tf32=False, pooled=False, write_out=True):
+                     tf32=False, pooled=False, write_out=True, slopes=None):
     return _empty_like_delta(delta)
 
 
@@ -297,13 +308,14 @@ def activation_values(x: Tensor, mask: Tensor, sent: Tensor, fn: Callable[[Tenso
         out, m = torch.ops.deltaconv.activation_values(_value4(x), _mask4(mask), s4, kind,
                                                        float(getattr(fn, "param", 0.0)), float(threshold),
                                                        _key(key), _rms(measure), *_row_args(rows, x), tf32=bool(tf32),
-                                                       **_pooled_and_write_out(measure, write_out))
+                                                       **_pooled_and_write_out(measure, write_out),
+                                                       slopes=_slopes(fn, x))
     return _like(out, m, x)
 
 
 @_fake("activation_values")
 def _activation_values_fake(x, mask, sent, kind, param, threshold, key, rms=False, rows=None, rows_count=None,
-                            tf32=False, pooled=False, write_out=True):
+                            tf32=False, pooled=False, write_out=True, slopes=None):
     return _empty_like_delta(x)
 
 
@@ -391,14 +403,14 @@ def add_activation(delta_a: Tensor, mask_a: Tensor, delta_b: Tensor, mask_b: Ten
         out, m, union = torch.ops.deltaconv.add_activation(
             _value4(delta_a), _mask4(mask_a), _value4(delta_b), _mask4(mask_b), float(alpha), a4, s4, kind,
             float(getattr(fn, "param", 0.0)), float(threshold), _key(key), _rms(measure), *_row_args(rows, delta_a),
-            tf32=bool(tf32), **_pooled_and_write_out(measure, write_out))
+            tf32=bool(tf32), **_pooled_and_write_out(measure, write_out), slopes=_slopes(fn, delta_a))
     out, m = _like(out, m, delta_a)
     return out, m, union.view(m.shape)
 
 
 @_fake("add_activation")
 def _add_activation_fake(delta_a, mask_a, delta_b, mask_b, alpha, acc, sent, kind, param, threshold, key, rms=False,
-                         rows=None, rows_count=None, tf32=False, pooled=False, write_out=True):
+                         rows=None, rows_count=None, tf32=False, pooled=False, write_out=True, slopes=None):
     out, mask = _empty_like_delta(delta_a)
     return out, mask, torch.empty_like(mask)
 
@@ -421,14 +433,14 @@ def add_activation_values(a: Tensor, mask_a: Tensor, b: Tensor, mask_b: Tensor, 
         out, m, union = torch.ops.deltaconv.add_activation_values(
             _value4(a), _mask4(mask_a), _value4(b), _mask4(mask_b), float(alpha), s4, kind,
             float(getattr(fn, "param", 0.0)), float(threshold), _key(key), _rms(measure), *_row_args(rows, a),
-            tf32=bool(tf32), write_out=bool(write_out))
+            tf32=bool(tf32), write_out=bool(write_out), slopes=_slopes(fn, a))
     out, m = _like(out, m, a)
     return out, m, union.view(m.shape)
 
 
 @_fake("add_activation_values")
 def _add_activation_values_fake(a, mask_a, b, mask_b, alpha, sent, kind, param, threshold, key, rms=False, rows=None,
-                                rows_count=None, tf32=False, write_out=True):
+                                rows_count=None, tf32=False, write_out=True, slopes=None):
     out, mask = _empty_like_delta(a)
     return out, mask, torch.empty_like(mask)
 

@@ -5,6 +5,7 @@ Each computes its new output from the accumulated inputs on the pixels a change 
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable, Optional
 
 import torch
@@ -18,8 +19,10 @@ from .linear import DeferredSum, _map_deltas, _map_leaves, sends_tf32
 
 
 class DCActivation(DCModule):
-    """Pointwise non-linearity (ReLU, ReLU6, LeakyReLU, a one-slope PReLU, Hardswish, Hardsigmoid, SiLU,
-    Sigmoid, GELU, Tanh, ELU, or any pointwise callable). State: ``acc`` (input), ``sent`` (output); after a
+    """Pointwise non-linearity (ReLU, ReLU6, LeakyReLU, PReLU, Hardswish, Hardsigmoid, SiLU, Sigmoid, GELU,
+    Tanh, ELU, or any pointwise callable). A PReLU with one slope per channel keeps its slopes as the parameter
+    ``weight``, shared with the dense module (``from_dense``), so ``.to()`` / ``.half()`` and later changes of
+    the dense weight apply. State: ``acc`` (input), ``sent`` (output); after a
     recomputing convolution (``DCConv2d.recomputes``: its input arrives whole), or fused with a residual
     add of a convolution's kept whole output (``DCConv2d.keeps_output``) and another whole operand,
     ``sent`` only.
@@ -38,6 +41,17 @@ class DCActivation(DCModule):
         super().__init__()
         self.fn = fn
         self.threshold = float(threshold)
+        if fn.weight is not None:  # PReLU's slopes: a parameter of this layer (the dense module's, shared)
+            w = fn.weight
+            self.weight = w if isinstance(w, nn.Parameter) else nn.Parameter(w.detach(), requires_grad=False)
+
+    def _function(self) -> activations.Activation:
+        """``fn`` as the ops take it: a PReLU's slopes as a contiguous ``[C]`` vector of the compute dtype
+        (:meth:`work_vector`, made again only when the weight changes), read from the parameter ``weight``."""
+        if self.fn.weight is None:
+            return self.fn
+        w = self.work_vector("weight", self.weight)
+        return self.derived("fn", (w,), lambda: replace(self.fn, weight=w))
 
     @classmethod
     def from_dense(cls, module: nn.Module) -> Optional["DCActivation"]:
@@ -48,12 +62,13 @@ class DCActivation(DCModule):
     def forward(self, x: Delta) -> Delta:
         fused = isinstance(x, DeferredSum) and x.fusable  # a residual add fused into this pass
         like = x.a.value if fused else x.value  # (a DeferredSum's own value would compute the sum)
+        fn = self._function()
         sent = self.state("sent", x.shape, like.device, like.dtype, sent=True)
         rows = self.row_list(x.shape, like.device)
         tf32 = sends_tf32(like)
         write_out = tf32 or not self.changes_unread  # TF32 frames: the convolutions read the changes
         if x.recomputed:  # value mode: the convolution before it recomputed the whole input, no accumulator
-            v, m = self.ops.activation_values(x.value, x.mask, sent, self.fn, self.threshold, self.key, self.measure,
+            v, m = self.ops.activation_values(x.value, x.mask, sent, fn, self.threshold, self.key, self.measure,
                                               rows, tf32=tf32, write_out=write_out)
             return self.observe(self._output(v, m, rows, tf32, sent, write_out))
         if fused and (x.a.recomputed or x.b.recomputed):
@@ -67,7 +82,7 @@ class DCActivation(DCModule):
                                    "its other operand whole too (Delta.whole), which the layer before it did not "
                                    "give; convert with recompute=False")
             v, m, union = self.ops.add_activation_values(a.whole, a.mask, b.whole, b.mask, x.layer.alpha, sent,
-                                                         self.fn, self.threshold, self.key, self.measure, rows,
+                                                         fn, self.threshold, self.key, self.measure, rows,
                                                          tf32=tf32, write_out=write_out)
             x.layer.observe(Delta(a.whole, union))  # the add's statistics: its output mask
             return self.observe(self._output(v, m, rows, tf32, sent, write_out))
@@ -75,12 +90,12 @@ class DCActivation(DCModule):
         if fused:
             a, b = x.a, x.b
             require_changes(x.layer.layer_name, a, b)
-            v, m, union = self.ops.add_activation(a.value, a.mask, b.value, b.mask, x.layer.alpha, acc, sent, self.fn,
+            v, m, union = self.ops.add_activation(a.value, a.mask, b.value, b.mask, x.layer.alpha, acc, sent, fn,
                                                   self.threshold, self.key, self.measure, rows, tf32=tf32,
                                                   write_out=write_out)
             x.layer.observe(Delta(a.value, union))  # the add's statistics: its output mask (a's value: its shape)
         else:
-            v, m = self.ops.activation(x.value, x.mask, acc, sent, self.fn, self.threshold, self.key, self.measure,
+            v, m = self.ops.activation(x.value, x.mask, acc, sent, fn, self.threshold, self.key, self.measure,
                                        rows, tf32=tf32, write_out=write_out)
         return self.observe(self._output(v, m, rows, tf32, sent, write_out))
 
