@@ -2,7 +2,8 @@
 
 The CUDA backend dispatches on ``kind``; the reference backend just calls the object. ``kind ==
 "generic"`` wraps any other pointwise callable (it then runs through PyTorch on every backend).
-``kind == "prelu"`` is ``nn.PReLU`` with one slope per channel (dim 1), held in ``weight``.
+``kind == "prelu"`` is ``nn.PReLU`` with one slope per channel (dim 1), held in ``weight`` (``None``: the
+slopes arrive per call, as ``F.prelu(x, weight)``'s, and are bound before the function runs).
 """
 from __future__ import annotations
 
@@ -26,14 +27,15 @@ NATIVE_KINDS = {
     "gelu": "0: exact (erf), 1: tanh approximation",
     "tanh": "unused",
     "elu": "alpha",
-    "prelu": "unused: one negative slope per channel (dim 1) in Activation.weight",
+    "prelu": "unused: the negative slopes, one per channel (dim 1) or one for all, in Activation.weight",
 }
 
 
 @dataclass(frozen=True)
 class Activation:
     """A pointwise function ``y = f(x)``: ``kind`` names it, ``param`` is its one parameter; ``weight``
-    (``[C]``) the per-channel slopes of kind ``"prelu"`` (``F.prelu(x, weight)``, channels in dim 1)."""
+    (``[C]`` or one value) the slopes of kind ``"prelu"`` (``F.prelu(x, weight)``, channels in dim 1), ``None``
+    where they arrive per call (``F.prelu`` of a model's parameter: ``dataclasses.replace`` binds them)."""
 
     kind: str
     param: float = 0.0
@@ -41,9 +43,9 @@ class Activation:
     weight: Optional[torch.Tensor] = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
-        if (self.kind == "prelu") != (self.weight is not None):
-            raise ValueError(f"Activation: kind 'prelu' takes its per-channel slopes in `weight`, and only it; got "
-                             f"kind {self.kind!r} with weight={'a tensor' if self.weight is not None else None}")
+        if self.weight is not None and self.kind != "prelu":
+            raise ValueError(f"Activation: only kind 'prelu' takes slopes in `weight`, got kind {self.kind!r} with "
+                             "weight=a tensor")
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         k = self.kind
@@ -70,6 +72,9 @@ class Activation:
         if k == "elu":
             return F.elu(x, self.param)
         if k == "prelu":  # torch's formula: x > 0 ? x : weight * x, in x's dtype
+            if self.weight is None:
+                raise ValueError("Activation('prelu') has no slopes: they arrive per call; bind them first "
+                                 "(dataclasses.replace(fn, weight=...))")
             return F.prelu(x, self.weight.detach().reshape(-1).to(device=x.device, dtype=x.dtype))
         if k == "generic":
             return self.generic(x)
@@ -79,7 +84,7 @@ class Activation:
         if self.kind == "generic":
             return f"Activation(generic {getattr(self.generic, '__name__', self.generic)!r})"
         if self.kind == "prelu":
-            return f"Activation(prelu, {self.weight.numel()} slopes)"
+            return f"Activation(prelu, {'slopes per call' if self.weight is None else f'{self.weight.numel()} slopes'})"
         return f"Activation({self.kind}{'' if not self.param else f', {self.param:g}'})"
 
 

@@ -82,8 +82,9 @@ class _ScopedTracer(fx.Tracer):
     (``node.meta["dc_scope"]``), so functional ops get names like ``layer1.0.add``."""
 
     def __init__(self, leaf_modules: tuple = ()) -> None:
-        # onnx_div (ONNX's Div, recorded by traced_forward) stays one call when a traced model is retraced
-        super().__init__(autowrap_functions=(onnx_models.onnx_div,))
+        # onnx_div and onnx_prelu (ONNX's Div and PRelu, recorded by traced_forward) stay one call each when a
+        # traced model is retraced
+        super().__init__(autowrap_functions=(onnx_models.onnx_div, onnx_models.onnx_prelu))
         self.leaf_modules = tuple(leaf_modules)
 
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:

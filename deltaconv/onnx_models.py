@@ -22,7 +22,7 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 
-__all__ = ["load_onnx", "onnx_div", "plain_torch"]
+__all__ = ["load_onnx", "onnx_div", "onnx_prelu", "plain_torch"]
 
 #: onnx2torch's interpolation modes -> torch's, for 2-D maps
 _RESIZE_MODES = {"nearest": "nearest", "linear": "bilinear", "cubic": "bicubic"}
@@ -33,6 +33,12 @@ def onnx_div(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if a.is_floating_point() or b.is_floating_point():
         return torch.div(a, b)
     return torch.div(a, b, rounding_mode="trunc")
+
+
+def onnx_prelu(x: torch.Tensor, slope: torch.Tensor) -> torch.Tensor:
+    """ONNX ``PRelu`` with one slope, or one per channel of ``x`` (dim 1) in a slope of shape ``[C, 1, ...]``:
+    ``F.prelu`` of the slopes flattened."""
+    return F.prelu(x, slope.reshape(-1))
 
 
 def _constant(tracer: fx.Tracer, value: Any) -> Optional[torch.Tensor]:
@@ -88,10 +94,24 @@ def _resize_forward(tracer: fx.Tracer, module: nn.Module) -> Optional[Callable]:
     return forward
 
 
+def _prelu_forward(tracer: fx.Tracer, module: nn.Module) -> Optional[Callable]:
+    """``OnnxPReLU`` with a constant slope of one value or of shape ``[C, 1, ...]`` (onnx2torch's own
+    ``F.prelu`` case) as one :func:`onnx_prelu` call; any other slope cannot be traced (onnx2torch branches
+    on its shape)."""
+    def forward(x, slope):
+        value = _constant(tracer, slope)
+        if value is None or not (value.numel() == 1 or (value.dim() >= 1 and all(s == 1 for s in value.shape[1:]))):
+            raise torch.fx.proxy.TraceError("deltaconv: an ONNX PRelu whose slope is computed in the graph, or is "
+                                            "not one value or one per channel ([C, 1, ...]), cannot be traced")
+        return tracer.create_proxy("call_function", onnx_prelu, (x, slope), {})
+    return forward
+
+
 #: onnx2torch class name -> builder ``(tracer, module) -> forward or None`` (``None``: trace the module's own)
 _FORWARDS = {
     "OnnxBinaryMathOperation": _binary_forward,
     "OnnxResize": _resize_forward,
+    "OnnxPReLU": _prelu_forward,
 }
 
 

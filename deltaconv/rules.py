@@ -23,7 +23,7 @@ from .modules import (DCActivation, DCAdaptiveAvgPool2d, DCAdd, DCAvgPool2d, DCB
                       DCPad2d, DCShuffledConcatenate, DCSpatialMean, DCUpsample)
 from .modules.linear import shuffled_concatenate
 from .modules.padding import PAD_MODES
-from .onnx_models import onnx_div
+from .onnx_models import onnx_div, onnx_prelu
 
 
 @dataclass
@@ -173,6 +173,19 @@ def _activation(site: Site) -> Optional[Built]:
         dense_fn = getattr(torch.Tensor, name, site.fn)
     fn = activations.from_call(name, dense_fn, tuple(rest), site.kwargs)
     return None if fn is None else Built(DCActivation(fn), (x,), {})
+
+
+# onnx_prelu: ONNX's PRelu (deltaconv.onnx_models), F.prelu of its slopes flattened
+@_rule(F.prelu, torch.prelu, onnx_prelu)
+def _prelu(site: Site) -> Optional[Built]:
+    """``F.prelu(x, weight)`` with slopes that are not deltas (a model's parameter): a PReLU whose slopes
+    arrive per call (one per channel, or one for all)."""
+    if len(site.args) != 2 or site.kwargs:
+        return None
+    x, weight = site.args
+    if not site.is_delta_tensor(x) or site.is_delta(weight) or not isinstance(weight, fx.Node):
+        return None
+    return Built(DCActivation(activations.Activation("prelu")), (x, weight), {})
 
 
 _SUBTRACTIONS = {"sub", "isub", "sub_", "subtract"}

@@ -273,12 +273,47 @@ def test_prelu_per_channel_shares_its_slopes():
 
 
 def test_prelu_activation_checks_its_weight():
-    """``Activation("prelu")`` needs its slopes and only it takes them: the error names the kind."""
-    with pytest.raises(ValueError, match=r"kind 'prelu' takes its per-channel slopes in `weight`.*got kind 'prelu' "
-                                         r"with weight=None"):
-        Activation("prelu")
-    with pytest.raises(ValueError, match=r"got kind 'relu' with weight=a tensor"):
+    """Only kind ``prelu`` takes slopes; without them (slopes per call) it says so when called."""
+    with pytest.raises(ValueError, match=r"only kind 'prelu' takes slopes in `weight`, got kind 'relu' with "
+                                         r"weight=a tensor"):
         Activation("relu", weight=torch.ones(3))
+    unbound = Activation("prelu")
+    assert repr(unbound) == "Activation(prelu, slopes per call)"
+    with pytest.raises(ValueError, match=r"Activation\('prelu'\) has no slopes: they arrive per call"):
+        unbound(torch.ones(1, 3, 2, 2))
+
+
+class _FunctionalPReLU(nn.Module):
+    """``F.prelu`` of a parameter between two convolutions (as a custom module or an ONNX import writes it)."""
+
+    def __init__(self, slopes: int):
+        super().__init__()
+        self.c1, self.c2 = conv(), conv()
+        self.slopes = nn.Parameter(torch.linspace(-0.5, 0.75, slopes))
+
+    def forward(self, x):
+        return self.c2(F.prelu(self.c1(x), self.slopes))
+
+
+@pytest.mark.parametrize("device,backend", device_backends())
+@pytest.mark.parametrize("slopes", [4, 1], ids=["per-channel", "one"])
+def test_functional_prelu_takes_its_slopes_per_call(slopes, device, backend):
+    """``F.prelu(x, weight)`` of a parameter converts (no fallback) to a PReLU whose slopes arrive per call, one
+    per channel or one repeated for every channel, and equals dense; a later change of the parameter is seen."""
+    dm = check_converted(_FunctionalPReLU(slopes), expect=[DCActivation], scale=4.0, device=device, backend=backend)
+    (layer,) = [m for m in dm.delta_layers() if isinstance(m, DCActivation)]
+    assert repr(layer.fn) == "Activation(prelu, slopes per call)" and not list(layer.parameters())
+    frames = [f.to(device) for f in changing_frames(SHAPE, FRACTIONS, seed=7, scale=4.0)]
+    (name,) = [n for n, _ in dm.named_parameters() if n.endswith("slopes")]
+    reference = _FunctionalPReLU(slopes).to(device).eval()  # the converted model's weights, its slopes changed
+    reference.load_state_dict({k: v for k, v in dm.state_dict().items() if k in reference.state_dict()})
+    with torch.no_grad():
+        dm.get_parameter(name).mul_(-1.5)
+        reference.slopes.mul_(-1.5)
+    dm.reset()
+    with torch.no_grad():
+        for f in frames:
+            torch.testing.assert_close(dm(f), reference(f), rtol=TOL, atol=TOL)
 
 
 # ----------------------------------------------------------------------------- elementwise arithmetic

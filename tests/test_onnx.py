@@ -142,6 +142,55 @@ def test_resize_by_a_computed_size_is_a_conversion_error():
         deltaconv.convert(gm, example_input=torch.randn(1, 3, 8, 12))
 
 
+def _prelu_model(slope_shape=(6, 1, 1)) -> "onnx.ModelProto":
+    """Conv, PRelu (slopes of ``slope_shape``: one per channel as exporters write them, or one value), conv,
+    PRelu of one slope: how face detectors and recognisers exported to ONNX (RetinaFace, ArcFace) spell
+    PReLU. Input ``x`` [1, 3, H, W]."""
+    g = np.random.default_rng(1)
+    w = lambda *s: (g.standard_normal(s) * 0.3).astype(np.float32)  # noqa: E731
+    slopes = np.linspace(-0.5, 0.75, int(np.prod(slope_shape)), dtype=np.float32).reshape(slope_shape)
+    nodes = [_const("w1", w(6, 3, 3, 3)), helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+             _const("a1", slopes), helper.make_node("PRelu", ["c1", "a1"], ["p1"]),
+             _const("w2", w(4, 6, 3, 3)), helper.make_node("Conv", ["p1", "w2"], ["c2"], pads=[1, 1, 1, 1]),
+             _const("a2", [0.2]), helper.make_node("PRelu", ["c2", "a2"], ["y"])]
+    graph = helper.make_graph(nodes, "prelu",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, "h", "w"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, "h", "w"])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    onnx.checker.check_model(model)
+    return model
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.3, 1.0])
+def test_onnx_prelu_converts_to_the_activation_kernels_rule(fraction):
+    """ONNX PRelu (onnx2torch's ``OnnxPReLU``, which branches on its slope's shape and did not trace) is one
+    ``onnx_prelu`` call: a PReLU with its slopes per call, one per channel or one for all, no fallback, equal
+    to onnx's reference runtime and to the dense model frame after frame at threshold 0; retraced by
+    ``plain_torch`` it stays one call."""
+    from deltaconv.onnx_models import onnx_prelu, plain_torch
+
+    model = _prelu_model()
+    gm = deltaconv.load_onnx(model)
+    frames = changing_frames((1, 3, 12, 20), [fraction, fraction, 1.0 - fraction])
+    with torch.no_grad():
+        torch.testing.assert_close(plain_torch(gm)(frames[0]), _onnx_reference(model, frames[0]), rtol=1e-5,
+                                   atol=1e-6)
+    assert sum(n.target is onnx_prelu for n in plain_torch(gm).graph.nodes) == 2
+    dm = deltaconv.convert(gm, threshold=0.0, backend="reference", example_input=frames[0])
+    assert not dm.report.fallbacks
+    fns = [repr(layer.fn) for layer in dm.delta_layers() if isinstance(layer, deltaconv.DCActivation)]
+    assert fns == ["Activation(prelu, slopes per call)"] * 2
+    with torch.no_grad():
+        for x in frames:
+            torch.testing.assert_close(dm(x), _onnx_reference(model, x), rtol=1e-5, atol=1e-5)
+
+
+def test_onnx_prelu_of_another_broadcast_is_a_conversion_error():
+    gm = deltaconv.load_onnx(_prelu_model(slope_shape=(1, 6, 1, 1)))
+    with pytest.raises(deltaconv.ConversionError, match="ONNX PRelu whose slope .* cannot be traced"):
+        deltaconv.convert(gm, example_input=torch.randn(1, 3, 8, 12))
+
+
 # ----------------------------------------------------------------------------- PP-OCRv4's text detector
 @pytest.fixture(scope="module")
 def ppocr():

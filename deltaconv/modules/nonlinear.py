@@ -22,7 +22,8 @@ class DCActivation(DCModule):
     """Pointwise non-linearity (ReLU, ReLU6, LeakyReLU, PReLU, Hardswish, Hardsigmoid, SiLU, Sigmoid, GELU,
     Tanh, ELU, or any pointwise callable). A PReLU with one slope per channel keeps its slopes as the parameter
     ``weight``, shared with the dense module (``from_dense``), so ``.to()`` / ``.half()`` and later changes of
-    the dense weight apply. State: ``acc`` (input), ``sent`` (output); after a
+    the dense weight apply; ``F.prelu(x, weight)`` of a model's parameter (``Activation("prelu")`` without
+    slopes) gets them per call, one per channel or one for all. State: ``acc`` (input), ``sent`` (output); after a
     recomputing convolution (``DCConv2d.recomputes``: its input arrives whole), or fused with a residual
     add of a convolution's kept whole output (``DCConv2d.keeps_output``) and another whole operand,
     ``sent`` only.
@@ -45,12 +46,19 @@ class DCActivation(DCModule):
             w = fn.weight
             self.weight = w if isinstance(w, nn.Parameter) else nn.Parameter(w.detach(), requires_grad=False)
 
-    def _function(self) -> activations.Activation:
-        """``fn`` as the ops take it: a PReLU's slopes as a contiguous ``[C]`` vector of the compute dtype
-        (:meth:`work_vector`, made again only when the weight changes), read from the parameter ``weight``."""
-        if self.fn.weight is None:
+    def _function(self, weight: Optional[torch.Tensor], channels: int) -> activations.Activation:
+        """``fn`` as the ops take it: a PReLU's slopes (the parameter ``weight``, or ``weight`` as given per call)
+        as a contiguous ``[channels]`` vector of the compute dtype (:meth:`work_vector`; one slope repeated for
+        every channel), made again only when the slopes change."""
+        if self.fn.kind != "prelu":
             return self.fn
-        w = self.work_vector("weight", self.weight)
+        w = getattr(self, "weight", None) if weight is None else weight
+        if w is None:
+            raise TypeError(f"{self.layer_name or 'DCActivation'}: a PReLU without slopes of its own needs them per "
+                            "call, as F.prelu(x, weight)")
+        w = self.work_vector("weight", w)
+        if w.numel() == 1 and channels != 1:
+            w = self.derived("slopes", (w,), lambda: w.expand(channels).contiguous())
         return self.derived("fn", (w,), lambda: replace(self.fn, weight=w))
 
     @classmethod
@@ -59,10 +67,10 @@ class DCActivation(DCModule):
         fn = activations.from_module(module)
         return None if fn is None else cls(fn)
 
-    def forward(self, x: Delta) -> Delta:
+    def forward(self, x: Delta, weight: Optional[torch.Tensor] = None) -> Delta:
         fused = isinstance(x, DeferredSum) and x.fusable  # a residual add fused into this pass
         like = x.a.value if fused else x.value  # (a DeferredSum's own value would compute the sum)
-        fn = self._function()
+        fn = self._function(weight, like.shape[1] if like.dim() > 1 else 1)
         sent = self.state("sent", x.shape, like.device, like.dtype, sent=True)
         rows = self.row_list(x.shape, like.device)
         tf32 = sends_tf32(like)
