@@ -21,6 +21,17 @@ def _const(name: str, value) -> "onnx.NodeProto":
     return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.asarray(value, np.float32), name))
 
 
+def _checked_model(nodes, name: str, out_channels: int) -> "onnx.ModelProto":
+    """An opset-13 model of ``nodes`` from input ``x`` [1, 3, h, w] to output ``y`` [1, out_channels, h, w],
+    checked by onnx."""
+    graph = helper.make_graph(nodes, name,
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, "h", "w"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, out_channels, "h", "w"])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    onnx.checker.check_model(model)
+    return model
+
+
 def _tiny_model(resize_sizes: bool = False) -> "onnx.ModelProto":
     """A small CNN in the style of PP-OCR's exports, every weight a Constant node: conv, affine by
     constants, hardswish written out (``x * clip(x + 3, 0, 6) / 6``), a squeeze-excite gate
@@ -55,12 +66,7 @@ def _tiny_model(resize_sizes: bool = False) -> "onnx.ModelProto":
               helper.make_node("Concat", ["up", "c4"], ["cat"], axis=1),
               _const("w5", w(1, 8, 1, 1)), helper.make_node("Conv", ["cat", "w5"], ["c5"]),
               helper.make_node("Sigmoid", ["c5"], ["y"])]
-    graph = helper.make_graph(nodes, "tiny",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, "h", "w"])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, "h", "w"])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    onnx.checker.check_model(model)
-    return model
+    return _checked_model(nodes, "tiny", out_channels=1)
 
 
 def _onnx_reference(model, x: torch.Tensor) -> torch.Tensor:
@@ -153,12 +159,7 @@ def _prelu_model(slope_shape=(6, 1, 1)) -> "onnx.ModelProto":
              _const("a1", slopes), helper.make_node("PRelu", ["c1", "a1"], ["p1"]),
              _const("w2", w(4, 6, 3, 3)), helper.make_node("Conv", ["p1", "w2"], ["c2"], pads=[1, 1, 1, 1]),
              _const("a2", [0.2]), helper.make_node("PRelu", ["c2", "a2"], ["y"])]
-    graph = helper.make_graph(nodes, "prelu",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, "h", "w"])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, "h", "w"])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    onnx.checker.check_model(model)
-    return model
+    return _checked_model(nodes, "prelu", out_channels=4)
 
 
 @pytest.mark.parametrize("fraction", [0.0, 0.3, 1.0])
