@@ -281,6 +281,8 @@ def test_prelu_activation_checks_its_weight():
     assert repr(unbound) == "Activation(prelu, slopes per call)"
     with pytest.raises(ValueError, match=r"Activation\('prelu'\) has no slopes: they arrive per call"):
         unbound(torch.ones(1, 3, 2, 2))
+    with pytest.raises(TypeError, match="a PReLU without slopes of its own needs them per call, as F.prelu"):
+        run_direct(DCActivation(unbound), lambda x: x, [SHAPE])
 
 
 class _FunctionalPReLU(nn.Module):

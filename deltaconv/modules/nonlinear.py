@@ -46,12 +46,10 @@ class DCActivation(DCModule):
             w = fn.weight
             self.weight = w if isinstance(w, nn.Parameter) else nn.Parameter(w.detach(), requires_grad=False)
 
-    def _function(self, weight: Optional[torch.Tensor], channels: int) -> activations.Activation:
-        """``fn`` as the ops take it: a PReLU's slopes (the parameter ``weight``, or ``weight`` as given per call)
-        as a contiguous ``[channels]`` vector of the compute dtype (:meth:`work_vector`; one slope repeated for
-        every channel), made again only when the slopes change."""
-        if self.fn.kind != "prelu":
-            return self.fn
+    def _prelu_function(self, weight: Optional[torch.Tensor], channels: int) -> activations.Activation:
+        """A PReLU's ``fn`` as the ops take it: its slopes (the parameter ``weight``, or ``weight`` as given per
+        call) as a contiguous ``[channels]`` vector of the compute dtype (:meth:`work_vector`; one slope repeated
+        for every channel), made again only when the slopes change."""
         w = getattr(self, "weight", None) if weight is None else weight
         if w is None:
             raise TypeError(f"{self.layer_name or 'DCActivation'}: a PReLU without slopes of its own needs them per "
@@ -70,7 +68,9 @@ class DCActivation(DCModule):
     def forward(self, x: Delta, weight: Optional[torch.Tensor] = None) -> Delta:
         fused = isinstance(x, DeferredSum) and x.fusable  # a residual add fused into this pass
         like = x.a.value if fused else x.value  # (a DeferredSum's own value would compute the sum)
-        fn = self._function(weight, like.shape[1] if like.dim() > 1 else 1)
+        fn = self.fn
+        if fn.kind == "prelu":
+            fn = self._prelu_function(weight, like.shape[1] if like.dim() > 1 else 1)
         sent = self.state("sent", x.shape, like.device, like.dtype, sent=True)
         rows = self.row_list(x.shape, like.device)
         tf32 = sends_tf32(like)
