@@ -297,6 +297,18 @@ class _FunctionalPReLU(nn.Module):
         return self.c2(F.prelu(self.c1(x), self.slopes))
 
 
+def test_work_vectors_of_tensors_made_per_call_are_never_stale():
+    """``DCModule.derived`` (``work_vector``) of a tensor made anew on every call (and freed after it): each
+    call gets its own tensor's values. Before the cache kept its sources, the next temporary took the freed
+    one's identity and version and was given the old values (199 of 200 calls here)."""
+    layer = DCActivation(Activation("relu"))
+    base = torch.arange(4.0)
+    for i in range(200):
+        t = base * (i + 1)
+        assert torch.equal(layer.work_vector("w", t), t), i
+        del t
+
+
 @pytest.mark.parametrize("device,backend", device_backends())
 @pytest.mark.parametrize("slopes", [4, 1], ids=["per-channel", "one"])
 def test_functional_prelu_takes_its_slopes_per_call(slopes, device, backend):

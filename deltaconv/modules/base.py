@@ -123,7 +123,7 @@ class DCModule(nn.Module):
         self._rows_buf: Optional[torch.Tensor] = None  # row list storage (row_list)
         self._later_calls: list[CallStats] = []  # statistics of the 2nd, 3rd, ... call within a frame
         self._call, self._call_run = 0, -1  # calls so far in the context's run ``_call_run``
-        self._work_vectors: dict = {}  # name -> (what identifies the sources, the value): derived
+        self._work_vectors: dict = {}  # name -> (what identifies the sources, the value, the sources): derived
         for name in self.lazy_states:  # see lazy_states
             self.register_buffer(name, None, persistent=False)
 
@@ -150,12 +150,14 @@ class DCModule(nn.Module):
         """``make()``, a value computed from the tensors ``sources`` only, kept under ``name`` while
         none of them changes (identity, in-place version, device, dtype: ``load_state_dict`` or
         ``.half()`` make it again), so what a layer derives from its parameters is computed once, not
-        in kernels on every frame."""
+        in kernels on every frame. The sources are kept with the value: a tensor made anew on every call (a
+        scale computed in the model's forward) would otherwise be freed, and the next one could take its
+        identity with the same version and be given the old value."""
         source = tensor_versions(*sources)
         held = self._work_vectors.get(name)
         if held is None or held[0] != source:
             with torch.no_grad():
-                held = self._work_vectors[name] = (source, make())
+                held = self._work_vectors[name] = (source, make(), sources)
         return held[1]
 
     def work_vector(self, name: str, t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
