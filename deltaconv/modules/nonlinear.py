@@ -21,8 +21,9 @@ from .linear import DeferredSum, _map_deltas, _map_leaves, sends_tf32
 class DCActivation(DCModule):
     """Pointwise non-linearity (ReLU, ReLU6, LeakyReLU, PReLU, Hardswish, Hardsigmoid, SiLU, Sigmoid, GELU,
     Tanh, ELU, or any pointwise callable). A PReLU with one slope per channel keeps its slopes as the parameter
-    ``weight``, shared with the dense module (``from_dense``), so ``.to()`` / ``.half()`` and later changes of
-    the dense weight apply; ``F.prelu(x, weight)`` of a model's parameter (``Activation("prelu")`` without
+    ``weight``, shared with the dense module (``from_dense``), so ``.to()`` / ``.half()`` apply to them and a
+    later change of them is used from then on (pixels that do not change keep what they sent until the next
+    key frame, ``reset()``); ``F.prelu(x, weight)`` of a model's parameter (``Activation("prelu")`` without
     slopes) gets them per call, one per channel or one for all. State: ``acc`` (input), ``sent`` (output); after a
     recomputing convolution (``DCConv2d.recomputes``: its input arrives whole), or fused with a residual
     add of a convolution's kept whole output (``DCConv2d.keeps_output``) and another whole operand,
