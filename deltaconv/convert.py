@@ -407,15 +407,20 @@ class _Converter:
         if entry is not None:
             entry.note = (entry.note + "; " if entry.note else "") + note
 
+    def _activation_of(self, user: fx.Node, node: fx.Node) -> bool:
+        """Whether ``user`` calls a ``DCActivation`` on ``node`` as its one delta argument (a PReLU's slopes
+        per call, not deltas, may follow it; no keyword arguments)."""
+        return (user.op == "call_module" and not user.kwargs and user.args[:1] == (node,)
+                and not any(isinstance(a, fx.Node) and a in self.delta_nodes for a in user.args[1:])
+                and isinstance(self.root.get_submodule(user.target), DCActivation))
+
     def _lone_activation_reader(self, node: fx.Node, sites: Counter) -> Optional[fx.Node]:
         """The activation (a ``DCActivation`` called at one site) that is ``node``'s only reader and
-        takes it as its only argument, or ``None``."""
+        takes it as its only delta argument (:meth:`_activation_of`), or ``None``."""
         if len(node.users) != 1:
             return None
         user = next(iter(node.users))
-        if user.op != "call_module" or user.args != (node,) or user.kwargs or sites[user.target] != 1:
-            return None
-        return user if isinstance(self.root.get_submodule(user.target), DCActivation) else None
+        return user if self._activation_of(user, node) and sites[user.target] == 1 else None
 
     def fuse_add_activation(self) -> None:
         """Mark each add of two deltas whose only reader is the activation after it (a residual
@@ -503,8 +508,7 @@ class _Converter:
                 return True
             if self._fused_add(user):
                 return all(whole(a) for a in user.args)
-            return (user.op == "call_module" and isinstance(self.root.get_submodule(user.target), DCActivation)
-                    and user.args == (node,) and not user.kwargs)
+            return self._activation_of(user, node)
 
         lone = {node: self._lone_activation_reader(node, sites) for node in convs}  # the recomputing ones' readers
 

@@ -65,6 +65,45 @@ def test_recompute_equals_delta_mode_on_the_reference(name, expected, truncation
                                                                               nan_ok=True)
 
 
+class _FunctionalPReLUBlock(torch.nn.Module):
+    """``F.prelu`` of parameters after a convolution and after a residual add (as an ONNX import writes PReLU)."""
+
+    def __init__(self):
+        super().__init__()
+        self.c0 = torch.nn.Conv2d(3, 16, 3, padding=1)
+        self.c1, self.c2, self.c3 = (torch.nn.Conv2d(16, 16, k, padding=k // 2) for k in (3, 1, 3))
+        self.s0, self.s1 = (torch.nn.Parameter(torch.linspace(-0.5, 0.75, 16)) for _ in range(2))
+        self.s2 = torch.nn.Parameter(torch.tensor([0.25]))
+
+    def forward(self, x):
+        y = F.prelu(self.c0(x), self.s0)
+        z = F.prelu(self.c1(y), self.s1)
+        return self.c3(F.prelu(self.c2(z) + z, self.s2))
+
+
+def test_functional_prelu_takes_value_mode_and_the_fused_add():
+    """A PReLU with its slopes per call (``F.prelu(x, weight)``) reads its input whole as the other activations
+    do: the convolution before it recomputes, the residual add before the second one is fused with it and its
+    1x1 convolution keeps its output; value mode equals delta mode (float64, reference backend) at threshold 0
+    and above, and the dense model at 0."""
+    torch.manual_seed(0)
+    model = _FunctionalPReLUBlock().double().eval()
+    frames = moving_frames(5)
+    for t in (0.0, 0.03):
+        delta = deltaconv.convert(model, threshold=t, backend="reference", example_input=frames[0], recompute=False)
+        value = deltaconv.convert(model, threshold=t, backend="reference", example_input=frames[0])
+        notes = {n.layer: n.note for n in value.report.nodes}
+        assert "recomputes for prelu_1" in notes["c1"] and "fused with prelu_2" in notes["add"], notes
+        assert "recomputes for prelu_2 (output kept, summed by add)" in notes["c2"], notes
+        assert not delta.report.fallbacks and not value.report.fallbacks and not pairs(delta)
+        with torch.no_grad():
+            for f in frames:
+                a = value(f)
+                torch.testing.assert_close(a, delta(f), rtol=0, atol=1e-12)
+                if t == 0:
+                    torch.testing.assert_close(a, model(f), rtol=0, atol=1e-12)
+
+
 def test_recomputed_activations_keep_no_accumulator():
     model = build("resnet18")
     frames = moving_frames(2, dtype=torch.float32)
