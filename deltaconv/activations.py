@@ -4,6 +4,10 @@ The CUDA backend dispatches on ``kind``; the reference backend just calls the ob
 "generic"`` wraps any other pointwise callable (it then runs through PyTorch on every backend).
 ``kind == "prelu"`` is ``nn.PReLU`` with one slope per channel (dim 1), held in ``weight`` (``None``: the
 slopes arrive per call, as ``F.prelu(x, weight)``'s, and are bound before the function runs).
+``kind == "softmax"`` / ``"log_softmax"`` (:data:`CHANNEL_KINDS`) are not pointwise but functions of each
+pixel's channel vector (dim 1), as a segmentation head's or a detector's class probabilities: a pixel's output
+depends on that pixel alone, so an activation's delta rule (recompute the active pixels, truncate) holds for
+them too; they run through PyTorch on every backend.
 """
 from __future__ import annotations
 
@@ -29,6 +33,10 @@ NATIVE_KINDS = {
     "elu": "alpha",
     "prelu": "unused: the negative slopes, one per channel (dim 1) or one for all, in Activation.weight",
 }
+
+#: kinds that map each pixel's channel vector (dim 1) as a whole, not each element: PyTorch runs them on every
+#: backend; the converter builds them from a softmax over dim 1 only (:func:`channel_softmax`)
+CHANNEL_KINDS = {"softmax": "torch.softmax(x, 1)", "log_softmax": "torch.log_softmax(x, 1)"}
 
 
 @dataclass(frozen=True)
@@ -76,9 +84,14 @@ class Activation:
                 raise ValueError("Activation('prelu') has no slopes: they arrive per call; bind them first "
                                  "(dataclasses.replace(fn, weight=...))")
             return F.prelu(x, self.weight.detach().reshape(-1).to(device=x.device, dtype=x.dtype))
+        if k == "softmax":
+            return torch.softmax(x, 1)
+        if k == "log_softmax":
+            return torch.log_softmax(x, 1)
         if k == "generic":
             return self.generic(x)
-        raise ValueError(f"Activation: unknown kind {k!r}; expected one of {sorted(NATIVE_KINDS)} or 'generic'")
+        raise ValueError(f"Activation: unknown kind {k!r}; expected one of {sorted(NATIVE_KINDS)}, "
+                         f"{sorted(CHANNEL_KINDS)} or 'generic'")
 
     def __repr__(self) -> str:
         if self.kind == "generic":
@@ -152,3 +165,28 @@ def from_call(name: str, fn: Callable, args: tuple, kwargs: dict) -> Optional[Ac
         bound.__name__ = name
         return Activation("generic", generic=bound)
     return None
+
+
+def channel_softmax(name: str, args: tuple, kwargs: dict) -> Optional[Activation]:
+    """The :class:`Activation` of kind ``"softmax"`` or ``"log_softmax"`` for a call ``name(x, *args, **kwargs)``
+    (``F.softmax``, ``torch.softmax``, ``Tensor.softmax`` and the ``log_softmax`` ones) over dim 1 (``dim`` the
+    first extra argument or a keyword), or ``None``: another dim, an output ``dtype``, or other arguments."""
+    kwargs = {k: v for k, v in kwargs.items() if k != "_stacklevel"}
+    if name not in CHANNEL_KINDS or len(args) > 1 or kwargs.get("dtype") is not None:
+        return None
+    dim = kwargs.pop("dim", args[0] if args else None)
+    kwargs.pop("dtype", None)
+    if kwargs or dim != 1 or isinstance(dim, bool):
+        return None
+    return Activation(name)
+
+
+def from_softmax_module(module: nn.Module) -> Optional[Activation]:
+    """The :class:`Activation` of ``nn.Softmax(dim=1)`` or ``nn.LogSoftmax(dim=1)``, or ``None`` (another dim, or
+    ``dim=None``, whose implicit choice depends on the input's rank). Kept apart from :func:`from_module`: a
+    softmax is not pointwise, so it does not join the channels-last blocks that ``deltaconv.layout`` runs
+    channels-first."""
+    kind = {nn.Softmax: "softmax", nn.LogSoftmax: "log_softmax"}.get(type(module))
+    if kind is None or module.dim != 1 or isinstance(module.dim, bool):
+        return None
+    return Activation(kind)

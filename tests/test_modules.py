@@ -644,7 +644,7 @@ FALLBACKS = {
     "layer_norm": lambda: Fn(lambda x, c: c(F.layer_norm(x, x.shape[1:])), conv()),
     "InstanceNorm2d": lambda: nn.Sequential(conv(), nn.InstanceNorm2d(4, affine=True), nn.ReLU(), conv()),
     "adaptive_max_pool": lambda: nn.Sequential(conv(), nn.AdaptiveMaxPool2d(3), conv(k=1)),
-    "softmax": lambda: Fn(lambda x, c: torch.softmax(c(x), dim=1), conv()),
+    "softmax-spatial": lambda: Fn(lambda x, c: torch.softmax(c(x), dim=2), conv()),  # over dim 1: an activation
     # an in-place op without a rule must not edit the fallback's accumulated-input state
     "inplace-exp_": lambda: Fn(lambda x, c: (c(x) * 0.3).exp_() + 0, conv()),
     "inplace-tanh_": lambda: Fn(lambda x, c: torch.cumsum(c(x), 1).clamp_(min=-1.0).tanh_(), conv()),
