@@ -54,6 +54,28 @@ def time_in_graph(fn: Callable[[], object], calls: int = 20, warmup: int = 5, it
     return time_cuda(replay, warmup=warmup, iters=iters) / calls
 
 
+def activation_op_maps(shapes, script: str) -> Iterator[tuple[tuple[int, int, int], torch.Tensor, torch.Tensor,
+                                                                torch.Generator]]:
+    """The inputs of the activation ops' timings, per ``(C, H, W)`` of ``shapes``: ``(shape, x, mask, generator)``,
+    ``x`` a ``[1, C, H, W]`` float16 channels-last map of seeded normal values on the GPU, ``mask`` every pixel
+    active, ``generator`` the one that drew ``x`` (for more seeded tensors). Loads the extension first; a
+    ``SystemExit`` naming ``script`` says why it is unavailable."""
+    from deltaconv import _extension
+    if not _extension.load():
+        raise SystemExit(f"{script}: {_extension.unavailable_reason()}")
+    for c, h, w in shapes:
+        g = torch.Generator(device="cuda").manual_seed(0)
+        x = torch.randn(1, c, h, w, device="cuda", generator=g).half().to(memory_format=torch.channels_last)
+        yield (c, h, w), x, torch.ones(1, 1, h, w, dtype=torch.bool, device="cuda"), g
+
+
+def activation_op_state(x: torch.Tensor, case: str) -> tuple[Optional[torch.Tensor], torch.Tensor, torch.Tensor]:
+    """``(key, sent, acc)`` of an activation op's timing case on ``x``: "sends", a key frame (every active pixel
+    sent, both passes); "quiet", no key (with a threshold no change exceeds, the first pass only)."""
+    key = torch.ones(1, dtype=torch.bool, device=x.device) if case == "sends" else None
+    return key, torch.zeros_like(x), torch.zeros_like(x, dtype=torch.float32)
+
+
 def timed_call(fn, *args) -> tuple[float, object]:
     """Milliseconds of one ``fn(*args)`` on the current stream (CUDA events, synchronised), and its result."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

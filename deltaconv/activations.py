@@ -172,13 +172,10 @@ def channel_softmax(name: str, args: tuple, kwargs: dict) -> Optional[Activation
     (``F.softmax``, ``torch.softmax``, ``Tensor.softmax`` and the ``log_softmax`` ones) over dim 1 (``dim`` the
     first extra argument or a keyword), or ``None``: another dim, an output ``dtype``, or other arguments."""
     kwargs = {k: v for k, v in kwargs.items() if k != "_stacklevel"}
-    if name not in CHANNEL_KINDS or len(args) > 1 or kwargs.get("dtype") is not None:
+    if name not in CHANNEL_KINDS or len(args) > 1 or kwargs.pop("dtype", None) is not None:
         return None
     dim = kwargs.pop("dim", args[0] if args else None)
-    kwargs.pop("dtype", None)
-    if kwargs or dim != 1 or isinstance(dim, bool):
-        return None
-    return Activation(name)
+    return Activation(name) if not kwargs and type(dim) is int and dim == 1 else None
 
 
 def from_softmax_module(module: nn.Module) -> Optional[Activation]:
@@ -187,6 +184,4 @@ def from_softmax_module(module: nn.Module) -> Optional[Activation]:
     softmax is not pointwise, so it does not join the channels-last blocks that ``deltaconv.layout`` runs
     channels-first."""
     kind = {nn.Softmax: "softmax", nn.LogSoftmax: "log_softmax"}.get(type(module))
-    if kind is None or module.dim != 1 or isinstance(module.dim, bool):
-        return None
-    return Activation(kind)
+    return Activation(kind) if kind is not None and type(module.dim) is int and module.dim == 1 else None

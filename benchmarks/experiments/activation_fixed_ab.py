@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from common import (add_video_ab_arguments, compare_variants_on_videos, converted_under, environment,  # noqa: E402
-                    time_in_graph)
+from common import (activation_op_maps, activation_op_state, add_video_ab_arguments,  # noqa: E402
+                    compare_variants_on_videos, converted_under, environment, time_in_graph)
 
 VARIANTS = {"fixed": {"DELTACONV_ACT_FIXED": "1"}, "switch": {"DELTACONV_ACT_FIXED": "0"}}
 KINDS = ("relu6", "silu", "hardswish", "gelu")
@@ -31,19 +31,11 @@ SHAPES = ((96, 540, 960), (240, 136, 240))
 
 def time_ops(order) -> None:
     """One line per op, kind, shape and case: microseconds per call of each variant."""
-    from deltaconv import _extension
-    if not _extension.load():
-        raise SystemExit(f"activation_fixed_ab: {_extension.unavailable_reason()}")
     ops = torch.ops.deltaconv
-    for c, h, w in SHAPES:
-        g = torch.Generator(device="cuda").manual_seed(0)
-        x = torch.randn(1, c, h, w, device="cuda", generator=g).half().to(memory_format=torch.channels_last)
-        mask = torch.ones(1, 1, h, w, dtype=torch.bool, device="cuda")
+    for (c, h, w), x, mask, _ in activation_op_maps(SHAPES, "activation_fixed_ab"):
         for kind in KINDS:
             for case in ("sends", "quiet"):
-                key = torch.ones(1, dtype=torch.bool, device="cuda") if case == "sends" else None
-                sent = torch.zeros_like(x)
-                acc = torch.zeros_like(x, dtype=torch.float32)
+                key, sent, acc = activation_op_state(x, case)
                 calls = {"activation_values": lambda: ops.activation_values(x, mask, sent, kind, 0.0, 1e9, key),
                          "activation": lambda: ops.activation(x, mask, acc, sent, kind, 0.0, 1e9, key)}
                 for op, fn in calls.items():

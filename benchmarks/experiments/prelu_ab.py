@@ -28,8 +28,9 @@ import torch
 import torch.nn as nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from common import (add_video_ab_arguments, compare_variants_on_videos, converted_under, environment,  # noqa: E402
-                    patched, reestimate_batchnorm, time_in_graph)
+from common import (activation_op_maps, activation_op_state, add_video_ab_arguments,  # noqa: E402
+                    compare_variants_on_videos, converted_under, environment, patched, reestimate_batchnorm,
+                    time_in_graph)
 
 OP_SHAPES = ((64, 540, 960), (256, 136, 240))
 
@@ -37,19 +38,11 @@ OP_SHAPES = ((64, 540, 960), (256, 136, 240))
 def time_ops() -> None:
     """One line per op, shape and case: microseconds per call of relu (fixed at compile time), and of
     leaky_relu and prelu fixed ("fixed") and switched per element ("switch", ``DELTACONV_ACT_FIXED=0``)."""
-    from deltaconv import _extension
-    if not _extension.load():
-        raise SystemExit(f"prelu_ab: {_extension.unavailable_reason()}")
     ops = torch.ops.deltaconv
-    for c, h, w in OP_SHAPES:
-        g = torch.Generator(device="cuda").manual_seed(0)
-        x = torch.randn(1, c, h, w, device="cuda", generator=g).half().to(memory_format=torch.channels_last)
-        mask = torch.ones(1, 1, h, w, dtype=torch.bool, device="cuda")
+    for (c, h, w), x, mask, g in activation_op_maps(OP_SHAPES, "prelu_ab"):
         slopes = torch.rand(c, device="cuda", generator=g) * 1.5 - 0.5
         for case in ("sends", "quiet"):
-            key = torch.ones(1, dtype=torch.bool, device="cuda") if case == "sends" else None
-            sent = torch.zeros_like(x)
-            acc = torch.zeros_like(x, dtype=torch.float32)
+            key, sent, acc = activation_op_state(x, case)
             for op in ("activation_values", "activation"):
                 us = {}
                 for kind, param, s, fixed in (("relu", 0.0, None, "1"), ("leaky_relu", 0.1, None, "1"),
