@@ -355,18 +355,21 @@ std::tuple<Tensor, Tensor, Tensor> run_activation(const char* op, const Tensor& 
     // as before 2026-12-03): switching cost SiLU 1.2-1.5x, hardswish up to 1.8x the kernel's time, and
     // whole EfficientNet frames 15-18 % (benchmarks/results/activation_fixed_ab.txt). Likewise since
     // 2026-12-07 per-channel PReLU in value mode (with a residual too) and LeakyReLU in value mode
-    // (benchmarks/results/prelu_ab.txt)
+    // (benchmarks/results/prelu_ab.txt). PReLU runs on kernels of its own in every mode, whatever the switch:
+    // the switching kernel reads no slopes (channel_param)
     const bool fixed = env_switch("DELTACONV_ACT_FIXED");
     const bool silu = fixed && kind_id == pw::kSilu, hardswish = fixed && kind_id == pw::kHardswish;
     const bool gelu_values = fixed && kind_id == pw::kGelu;
-    const bool prelu = fixed && kind_id == pw::kPrelu, leaky_values = fixed && kind_id == pw::kLeakyRelu;
+    const bool prelu = kind_id == pw::kPrelu, leaky_values = fixed && kind_id == pw::kLeakyRelu;
     using Relu = activation_kernel_of<pw::kRelu, false>;
     using Relu6 = activation_kernel_of<pw::kRelu6, false>;
     using Gelu = activation_kernel_of<pw::kGelu, false>;
     using Silu = activation_kernel_of<pw::kSilu, false>;
     using Hardswish = activation_kernel_of<pw::kHardswish, false>;
+    using Prelu = activation_kernel_of<pw::kPrelu, false>;
     using AnyKind = activation_kernel_of<pw::kAnyKind, false>;
     using ReluSum = activation_kernel_of<pw::kRelu, true>;
+    using PreluSum = activation_kernel_of<pw::kPrelu, true>;
     using AnyKindSum = activation_kernel_of<pw::kAnyKind, true>;
     using ReluValues = activation_kernel_of<pw::kRelu, false, true>;
     using Relu6Values = activation_kernel_of<pw::kRelu6, false, true>;
@@ -403,6 +406,8 @@ std::tuple<Tensor, Tensor, Tensor> run_activation(const char* op, const Tensor& 
       DC_LAUNCH_VEC(AnyKindValues::kernel, p, vec_ok, pixels, C, true);
     } else if (residual && kind_id == pw::kRelu) {
       DC_LAUNCH_VEC(ReluSum::kernel, p, vec_ok, pixels, C, true);
+    } else if (residual && prelu) {
+      DC_LAUNCH_VEC(PreluSum::kernel, p, vec_ok, pixels, C, true);
     } else if (residual) {
       DC_LAUNCH_VEC(AnyKindSum::kernel, p, vec_ok, pixels, C, true);
     } else if (kind_id == pw::kRelu) {
@@ -415,6 +420,8 @@ std::tuple<Tensor, Tensor, Tensor> run_activation(const char* op, const Tensor& 
       DC_LAUNCH_VEC(Silu::kernel, p, vec_ok, pixels, C, true);
     } else if (hardswish) {
       DC_LAUNCH_VEC(Hardswish::kernel, p, vec_ok, pixels, C, true);
+    } else if (prelu) {
+      DC_LAUNCH_VEC(Prelu::kernel, p, vec_ok, pixels, C, true);
     } else {
       DC_LAUNCH_VEC(AnyKind::kernel, p, vec_ok, pixels, C, true);
     }

@@ -407,9 +407,9 @@ def test_activation_prelu_per_channel(dtype, c, frac, measure, threshold, monkey
     """A PReLU with one slope per channel (kind "prelu", each element's slope read by its channel) equals the
     reference in delta mode, fused with a residual add, in value mode and in value mode fused with an add, at
     every measure (pooled: its send kernel too; whole operands run it through the reference), on the 16-byte
-    (64 channels) and scalar (odd counts) paths and at every changed fraction. Value mode runs kernels with
-    the kind fixed at compile time, which equal the switching kernel's results (``DELTACONV_ACT_FIXED=0``) bit
-    for bit."""
+    (64 channels) and scalar (odd counts) paths and at every changed fraction. PReLU runs only on kernels with
+    the kind fixed at compile time (the switching kernel reads no slopes), in every mode and whatever
+    ``DELTACONV_ACT_FIXED`` says: the results are the same bit for bit with the switch on and off."""
     fn = prelu(c)
     _run_activation(fn, dtype, c, frac, "partial", threshold, seed=51, measure=measure)
     _run_add_activation(fn, dtype, c, frac, "partial", threshold, alpha=-0.5, seed=52, measure=measure)
@@ -430,10 +430,14 @@ def test_activation_prelu_per_channel(dtype, c, frac, measure, threshold, monkey
     runs = []
     for fixed in ("1", "0"):
         monkeypatch.setenv("DELTACONV_ACT_FIXED", fixed)
-        s_v, s_a = clones(sent, sent)
+        s_v, s_a, s_d, s_s = clones(sent, sent, sent, sent)
+        acc_d, acc_s = (torch.zeros(x.shape, device=DEV).contiguous(memory_format=CL) for _ in range(2))
         out_v, m_v = dcc.activation_values(x, mask, s_v, fn, threshold, k, measure)
         out_a, m_a, _ = dcc.add_activation_values(x, mask, b, ~mask, -0.5, s_a, fn, threshold, k, measure)
-        runs.append((out_v.masked_fill(~m_v, 0), m_v, s_v, out_a.masked_fill(~m_a, 0), m_a, s_a))
+        out_d, m_d = dcc.activation(x, mask, acc_d, s_d, fn, threshold, k, measure)
+        out_s, m_s, _ = dcc.add_activation(x, mask, b, ~mask, -0.5, acc_s, s_s, fn, threshold, k, measure)
+        runs.append((out_v.masked_fill(~m_v, 0), m_v, s_v, out_a.masked_fill(~m_a, 0), m_a, s_a,
+                     out_d.masked_fill(~m_d, 0), m_d, s_d, acc_d, out_s.masked_fill(~m_s, 0), m_s, s_s, acc_s))
     for fixed_result, switched_result in zip(*runs):
         assert torch.equal(fixed_result, switched_result)
 

@@ -398,9 +398,10 @@ def _resnet18_with_prelus() -> torch.nn.Module:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_per_channel_prelu_runs_on_the_kernels(dtype):
     """Per-channel PReLUs (resnet18 with one for each ReLU) convert with no fallback and run on the activation
-    kernels (none of torch's prelu kernels in a frame; in float16 the value-mode one with the kind fixed at
-    compile time after the convolutions): at threshold 0 equal to the dense model (float32) or within the dense
-    model's own rounding (float16), and at 0.02 replayed as a CUDA graph equal to eager."""
+    kernels (none of torch's prelu kernels in a frame; every one with the kind fixed at compile time, value mode
+    after the convolutions in float16, delta mode in the fused residual adds): at threshold 0 equal to the dense
+    model (float32) or within the dense model's own rounding (float16), and at 0.02 replayed as a CUDA graph
+    equal to eager."""
     torch.backends.cudnn.allow_tf32 = False
     model = _resnet18_with_prelus().cuda()
     frames = [f.cuda() for f in video_frames(6, (96, 128))]
@@ -421,6 +422,10 @@ def test_per_channel_prelu_runs_on_the_kernels(dtype):
         assert any("activation_kernel" in k for k in names) and not any("prelu" in k.lower() for k in names), names
         if dtype == torch.float16:  # after the convolutions in value mode: PReLU fixed at compile time (kind 11)
             assert any("activation_kernel" in k and ", 11, false, true>" in k for k in names), names
+        # every activation kernel has the kind fixed (the fused residual adds' delta mode too): the switching
+        # kernel (kind -1) reads no slopes
+        assert all(", 11, " in k for k in names if "activation_kernel" in k), names
+        assert any("activation_kernel" in k and ", 11, true, false>" in k for k in names), names
     eager, graphed = eager_and_graphed(low, frames[0].to(dtype))
     with torch.no_grad():
         for t, f in enumerate(frames):

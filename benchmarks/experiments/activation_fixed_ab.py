@@ -29,11 +29,11 @@ KINDS = ("relu6", "silu", "hardswish", "gelu")
 SHAPES = ((96, 540, 960), (240, 136, 240))
 
 
-def time_ops(order) -> None:
-    """One line per op, kind, shape and case: microseconds per call of each variant."""
+def time_ops(order, kinds=KINDS) -> None:
+    """One line per op, kind, shape and case: microseconds per call of each variant (the kind's parameter 0)."""
     ops = torch.ops.deltaconv
     for (c, h, w), x, mask, _ in activation_op_maps(SHAPES, "activation_fixed_ab"):
-        for kind in KINDS:
+        for kind in kinds:
             for case in ("sends", "quiet"):
                 key, sent, acc = activation_op_state(x, case)
                 calls = {"activation_values": lambda: ops.activation_values(x, mask, sent, kind, 0.0, 1e9, key),
@@ -56,9 +56,12 @@ def main(argv=None) -> None:
     p.add_argument("--models", nargs="+", default=["efficientnet_b0", "efficientnet_v2_s", "mobilenet_v3_large",
                                                    "regnet_y_400mf"])
     p.add_argument("--no-ops", action="store_true", help="skip the single-op timings")
+    p.add_argument("--kinds", nargs="+", default=list(KINDS),
+                   help="the activation kinds of the single-op timings (sigmoid, tanh, elu, leaky_relu, ...: kinds "
+                        "that run on the switching kernel whatever the variant)")
     a = p.parse_args(argv)
     if not a.no_ops:
-        time_ops(a.order)
+        time_ops(a.order, a.kinds)
     from video_sweep import build
     variants = {name: converted_under(lambda env=env: environment(env)) for name, env in VARIANTS.items()}
     models = {name: (lambda cpu, name=name: build(name, cpu[:4])) for name in a.models}

@@ -16,7 +16,8 @@ variants frame by frame in turn on the same frames. Results: ``benchmarks/result
 ``--ops`` first times the ops alone: ``activation_values`` and ``activation`` of kinds ``relu``, ``leaky_relu``
 and ``prelu`` (the last two fixed and switched) on the same ``[1, C, H, W]`` float16 channels-last maps, every
 pixel active, per call inside a CUDA graph of 20 calls; "sends": a key frame, every pixel sent (both passes),
-"quiet": none exceeds the threshold (the first pass only). (Delta mode keeps the switching kernel for both.)
+"quiet": none exceeds the threshold (the first pass only). (Before the change that runs PReLU only on kernels of
+its own, delta mode kept the switching kernel for both; since, "prelu switch" runs the same kernel as "prelu fixed".)
 """
 from __future__ import annotations
 

@@ -158,14 +158,17 @@ struct ActivationParams {
 constexpr int kAnyKind = -1;
 
 // The activation's parameter for channel c: kPrelu's slope of that channel (`slopes`, [C]), else the
-// layer's one `param`. KIND as activation_kernel's (a kind fixed at compile time other than kPrelu
-// never reads `slopes`).
+// layer's one `param`. KIND as activation_kernel's. PReLU runs only on kernels with KIND == kPrelu
+// (the launcher, run_activation, never gives kind kPrelu to a kAnyKind kernel), so the switching
+// kernel reads no slope: a per-element test of the kind there cost SiLU 4-9 % and hardswish 2-5 % of
+// that kernel's time (H100, 2026-12-07, benchmarks/results/prelu_ab.txt section 5).
 template <int KIND>
-__device__ __forceinline__ float channel_param(int kind, float param, const float* slopes, int c) {
-  if constexpr (KIND == kAnyKind || KIND == kPrelu) {
-    if (KIND == kPrelu || kind == kPrelu) return slopes[c];
+__device__ __forceinline__ float channel_param(float param, const float* slopes, int c) {
+  if constexpr (KIND == kPrelu) {
+    return slopes[c];
+  } else {
+    return param;
   }
-  return param;
 }
 
 // VALUES (the activation_values op): `delta` holds the layer's whole new input on the active pixels,
@@ -217,7 +220,7 @@ __global__ void __launch_bounds__(kThreads) activation_kernel(const ActivationPa
       float change[VEC];
 #pragma unroll
       for (int i = 0; i < VEC; ++i) {
-        const float y = apply_activation(kind, channel_param<KIND>(kind, p.param, p.slopes, c + i), a[i]);
+        const float y = apply_activation(kind, channel_param<KIND>(p.param, p.slopes, c + i), a[i]);
         change[i] = pending_change<T>(y, s[i]);
         size.add(change[i], p.threshold);
       }
@@ -230,7 +233,7 @@ __global__ void __launch_bounds__(kThreads) activation_kernel(const ActivationPa
     if (!send) return false;
     // second pass over this lane's own channels (acc as just written by this thread; VALUES: delta)
     const auto f = [&](float a, int ch) {
-      return apply_activation(kind, channel_param<KIND>(kind, p.param, p.slopes, ch), a);
+      return apply_activation(kind, channel_param<KIND>(p.param, p.slopes, ch), a);
     };
     if constexpr (VALUES && RESIDUAL) {  // the sum again, from both operands
       const auto sum = [&](int64_t i, float (&v)[VEC]) {
@@ -293,7 +296,7 @@ struct PooledSendParams {
   bool tf32;               // float32 only: send the changes rounded to TF32 (send_element)
   const T* values;         // activation_values (nullptr otherwise): [N, C, H, W] the whole input, sent
                            // as f(values) where acc is not kept
-  const float* slopes;     // as in ActivationParams
+  const float* slopes;     // kind kPrelu: as in ActivationParams; nullptr for every other kind
 };
 
 // grid: a persistent one of pixel groups (for_each_active_pixel)
@@ -346,8 +349,8 @@ __global__ void __launch_bounds__(kThreads) pooled_send_kernel(const PooledSendP
     }
     if (g.lane == 0) p.mask_out[g.pixel] = send;
     if (send) {
-      const auto act = [&](float a, int ch) {
-        return apply_activation(p.kind, channel_param<kAnyKind>(p.kind, p.param, p.slopes, ch), a);
+      const auto act = [&](float a, int ch) {  // the send pass only: one uniform test per element
+        return apply_activation(p.kind, p.slopes != nullptr ? p.slopes[ch] : p.param, a);
       };
       if (p.values != nullptr) {
         send_row<T, VEC>(g, C, g.pixel * C, p.values, p.sent, p.out, act, p.tf32, p.pending != p.out);
