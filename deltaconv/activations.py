@@ -167,21 +167,41 @@ def from_call(name: str, fn: Callable, args: tuple, kwargs: dict) -> Optional[Ac
     return None
 
 
-def channel_softmax(name: str, args: tuple, kwargs: dict) -> Optional[Activation]:
+def softmax_dim(dim: Optional[int], rank: Optional[int]) -> Optional[int]:
+    """The dim a softmax over ``dim`` of an input of ``rank`` dims normalises: a negative ``dim`` counted from the
+    end, ``None`` torch's implicit choice (``torch.nn.functional._get_softmax_dim``: 0 for ranks 0, 1 and 3, else
+    1). ``None`` where it is not known: ``rank`` unknown (``None``) and ``dim`` negative or implicit, or ``dim``
+    neither an int nor ``None``."""
+    if type(dim) is not int and dim is not None:
+        return None
+    if rank is None:
+        return dim if dim is not None and dim >= 0 else None
+    if dim is None:
+        return 0 if rank in (0, 1, 3) else 1
+    return dim + rank if dim < 0 else dim
+
+
+def channel_softmax(name: str, args: tuple, kwargs: dict, rank: Optional[int] = None) -> Optional[Activation]:
     """The :class:`Activation` of kind ``"softmax"`` or ``"log_softmax"`` for a call ``name(x, *args, **kwargs)``
-    (``F.softmax``, ``torch.softmax``, ``Tensor.softmax`` and the ``log_softmax`` ones) over dim 1 (``dim`` the
-    first extra argument or a keyword), or ``None``: another dim, an output ``dtype``, or other arguments."""
+    (``F.softmax``, ``torch.softmax``, ``Tensor.softmax`` and the ``log_softmax`` ones) over dim 1 of ``x``, whose
+    ``rank`` (number of dims, ``None`` if unknown) resolves a negative or implicit ``dim`` (:func:`softmax_dim`),
+    or ``None``: another dim, an output ``dtype``, or other arguments."""
     kwargs = {k: v for k, v in kwargs.items() if k != "_stacklevel"}
     if name not in CHANNEL_KINDS or len(args) > 1 or kwargs.pop("dtype", None) is not None:
         return None
     dim = kwargs.pop("dim", args[0] if args else None)
-    return Activation(name) if not kwargs and type(dim) is int and dim == 1 else None
+    return Activation(name) if not kwargs and softmax_dim(dim, rank) == 1 else None
 
 
-def from_softmax_module(module: nn.Module) -> Optional[Activation]:
-    """The :class:`Activation` of ``nn.Softmax(dim=1)`` or ``nn.LogSoftmax(dim=1)``, or ``None`` (another dim, or
-    ``dim=None``, whose implicit choice depends on the input's rank). Kept apart from :func:`from_module`: a
-    softmax is not pointwise, so it does not join the channels-last blocks that ``deltaconv.layout`` runs
-    channels-first."""
-    kind = {nn.Softmax: "softmax", nn.LogSoftmax: "log_softmax"}.get(type(module))
-    return Activation(kind) if kind is not None and type(module.dim) is int and module.dim == 1 else None
+#: the softmax modules and their kinds; nn.Softmax2d is a softmax over dim -3 (its input has 3 or 4 dims)
+SOFTMAX_MODULES = {nn.Softmax: "softmax", nn.LogSoftmax: "log_softmax", nn.Softmax2d: "softmax"}
+
+
+def from_softmax_module(module: nn.Module, rank: Optional[int] = None) -> Optional[Activation]:
+    """The :class:`Activation` of ``nn.Softmax``, ``nn.LogSoftmax`` or ``nn.Softmax2d`` over dim 1 of an input of
+    ``rank`` dims (``None`` if unknown: then only ``dim=1`` is known to be dim 1; :func:`softmax_dim`), or ``None``
+    (another dim). Kept apart from :func:`from_module`: a softmax is not pointwise, so it does not join the
+    channels-last blocks that ``deltaconv.layout`` runs channels-first."""
+    kind = SOFTMAX_MODULES.get(type(module))
+    dim = -3 if type(module) is nn.Softmax2d else getattr(module, "dim", None)
+    return Activation(kind) if kind is not None and softmax_dim(dim, rank) == 1 else None

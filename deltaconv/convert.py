@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import operator
 from collections import Counter
+from functools import partial
 from typing import Callable, Optional, Union
 
 import torch
@@ -23,8 +24,8 @@ from .modules.nonlinear import DCLayerNorm, DCMaxPool2d
 from .layout import (CHANNELS_FIRST, LAYOUT_PERMUTE, fold_channel_shuffles, fold_shuffled_concatenations,
                      folded_note, keep_channels_first)
 from .report import ConversionReport, NodeReport
-from .rules import (CHANNELS_FIRST_RULES, FUNCTION_RULES, MODULE_RULES, PASSTHROUGH_CALLS, PASSTHROUGH_MODULES, Built,
-                    Site)
+from .rules import (CHANNELS_FIRST_RULES, FUNCTION_RULES, MODULE_RULES, PASSTHROUGH_CALLS, PASSTHROUGH_MODULES,
+                    RANKED_MODULE_RULES, Built, Site, input_rank)
 
 #: DC classes that carry the dense module's parameters under the same names (replace it in place)
 _ADOPTING = (DCConv2d, DCConvTranspose2d, DCLinear, DCBatchNorm2d, DCLayerNorm)
@@ -304,6 +305,8 @@ class _Converter:
         target = f"{type(dense).__name__}:{path}"
         bn_node = self._foldable_bn(node, dense)
         rule = MODULE_RULES.get(type(dense))
+        if type(dense) in RANKED_MODULE_RULES:
+            rule = partial(RANKED_MODULE_RULES[type(dense)], rank=input_rank(node.args[0]) if node.args else None)
         if node.meta.get(CHANNELS_FIRST):  # on a channels-last view, run channels-first (deltaconv.layout)
             rule = CHANNELS_FIRST_RULES.get(type(dense), rule)
         if bn_node is not None:

@@ -1,6 +1,8 @@
 """Which DC layer each dense op becomes: type -> class mappings, one entry per op.
 
-``MODULE_RULES`` maps a dense module type to a builder ``dense_module -> DCModule | None``;
+``MODULE_RULES`` maps a dense module type to a builder ``dense_module -> DCModule | None``
+(``RANKED_MODULE_RULES``: ``(dense_module, rank) -> DCModule | None``, for the modules whose rule depends on
+their input's number of dims);
 ``FUNCTION_RULES`` maps a function (or ``"method:<name>"`` for tensor methods) to a builder
 ``Site -> Built | None``. A builder returning ``None`` means "no delta rule for this use": the
 converter then inserts a :class:`~deltaconv.modules.DCFallback`.
@@ -50,6 +52,10 @@ class Site:
         """Whether argument ``a`` is a node that carries deltas."""
         return isinstance(a, fx.Node) and a in self.delta_nodes
 
+    def rank(self, a: Any) -> Optional[int]:
+        """The number of dims of argument ``a``'s tensor as traced (shape propagation), ``None`` if not known."""
+        return input_rank(a)
+
     def is_delta_tensor(self, a: Any) -> bool:
         """Whether argument ``a`` carries a delta tensor (not a tuple or a shape)."""
         return self.is_delta(a) and _is_tensor_node(a)
@@ -59,6 +65,13 @@ class Site:
         found = []
         fx.node.map_arg(values, lambda n: found.append(n))
         return not found
+
+
+def input_rank(a: Any) -> Optional[int]:
+    """The number of dims of node ``a``'s tensor as traced (its ``tensor_meta``), ``None`` if not known."""
+    meta = a.meta.get("tensor_meta") if isinstance(a, fx.Node) else None
+    shape = getattr(meta, "shape", None)
+    return None if shape is None else len(shape)
 
 
 def _is_tensor_node(n: fx.Node) -> bool:
@@ -177,23 +190,27 @@ def _activation(site: Site) -> Optional[Built]:
 
 @_rule(F.softmax, torch.softmax, F.log_softmax, torch.log_softmax, *_methods("softmax", "log_softmax"))
 def _channel_softmax(site: Site) -> Optional[Built]:
-    """A softmax (or log-softmax) over dim 1, each pixel's channels: an activation of kind ``"softmax"``
-    (``deltaconv.activations.CHANNEL_KINDS``). A rule apart from :func:`_activation`, so that ``deltaconv.layout``
-    does not take it for a pointwise op inside a channels-last view (where dim 1 is a spatial dim)."""
+    """A softmax (or log-softmax) over dim 1, each pixel's channels (``dim=-3`` or the implicit dim of a 4-D
+    input too): an activation of kind ``"softmax"`` (``deltaconv.activations.CHANNEL_KINDS``). A rule apart from
+    :func:`_activation`, so that ``deltaconv.layout`` does not take it for a pointwise op inside a channels-last
+    view (where dim 1 is a spatial dim)."""
     x, *rest = site.args
     if not site.is_delta_tensor(x) or not site.literal(rest, site.kwargs):
         return None
-    fn = activations.channel_softmax(site.name, tuple(rest), site.kwargs)
+    fn = activations.channel_softmax(site.name, tuple(rest), site.kwargs, rank=site.rank(x))
     return None if fn is None else Built(DCActivation(fn), (x,), {})
 
 
-def _softmax_module_rule(module: nn.Module) -> Optional[DCModule]:
-    """``nn.Softmax(dim=1)`` / ``nn.LogSoftmax(dim=1)``: an activation of kind ``"softmax"`` / ``"log_softmax"``."""
-    fn = activations.from_softmax_module(module)
+def _softmax_module_rule(module: nn.Module, rank: Optional[int]) -> Optional[DCModule]:
+    """``nn.Softmax`` / ``nn.LogSoftmax`` / ``nn.Softmax2d`` over dim 1 of an input of ``rank`` dims: an
+    activation of kind ``"softmax"`` / ``"log_softmax"``."""
+    fn = activations.from_softmax_module(module, rank)
     return None if fn is None else DCActivation(fn)
 
 
-MODULE_RULES[nn.Softmax] = MODULE_RULES[nn.LogSoftmax] = _softmax_module_rule
+#: the module rules that depend on the input's number of dims (``None`` if not traced): a softmax's dim
+RANKED_MODULE_RULES: dict[type, Callable[[nn.Module, Optional[int]], Optional[DCModule]]] = {
+    module_type: _softmax_module_rule for module_type in activations.SOFTMAX_MODULES}
 
 
 # onnx_prelu: ONNX's PRelu (deltaconv.onnx_models), F.prelu of its slopes flattened

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 import torchvision
 
 import deltaconv
-from deltaconv import DCActivation, DCAdd, DCConv2d, DCFallback, DCMaxPool2d
+from deltaconv import DCActivation, DCAdd, DCConv2d, DCFallback, DCMaxPool2d, activations
 from deltaconv.modules import DCModule, DCResample
 from deltaconv.modules.linear import DeferredSum
 from deltaconv.report import STATUSES
@@ -621,39 +621,64 @@ class _ChannelSoftmaxes(nn.Module):
         self.head = nn.Conv2d(6, 5, 1)
         self.softmax, self.log_softmax = nn.Softmax(dim=1), nn.LogSoftmax(dim=1)
         self.implicit = nn.Softmax(dim=None)  # torch picks dim 1 for 4-D inputs, with a warning
+        self.softmax2d, self.last_three = nn.Softmax2d(), nn.LogSoftmax(dim=-3)
         self.other = other
 
     def forward(self, x):
         y = self.head(torch.relu(self.conv(x)))
         outs = [self.softmax(y), self.log_softmax(y), F.softmax(y, dim=1), torch.log_softmax(y, 1), y.softmax(1),
                 y.log_softmax(dim=1)]
-        if self.other == "dims":  # over a spatial dim, with an output dtype, the implicit dim: not channels
-            outs += [F.softmax(y, dim=-1), torch.softmax(y, 1, dtype=torch.float64), self.implicit(y)]
+        if self.other != "flat":  # dim -3 or the implicit dim of a 4-D input: its dim 1
+            outs += [self.softmax2d(y), self.last_three(y), self.implicit(y), F.softmax(y, -3), y.log_softmax(-3)]
+        if self.other == "dims":  # over a spatial dim, with an output dtype: not channels
+            outs += [F.softmax(y, dim=-1), torch.softmax(y, 1, dtype=torch.float64)]
+        if self.other == "flat":  # a 3-D view [N, C, H * W]: Softmax2d's dim -3 is N there, the implicit dim 0
+            flat = y.flatten(2)
+            outs += [nn.functional.softmax(flat, dim=1), self.softmax2d(flat), self.implicit(flat)]
         if self.other == "view":  # a channels-last view's softmax over its dim 1 (a spatial dim)
             outs.append(F.linear(y.permute(0, 2, 3, 1), torch.eye(5, dtype=y.dtype)).softmax(1).permute(0, 3, 1, 2))
         return outs
 
 
+@pytest.mark.filterwarnings("ignore:Implicit dimension choice")
 def test_softmax_over_channels_is_an_activation():
-    """A softmax or log-softmax over dim 1 (nn.Softmax(dim=1), F.softmax, torch.log_softmax, the methods) converts
-    to an activation of kind "softmax" / "log_softmax" (a function of each pixel's channels) and equals the dense
-    head at threshold 0 on frames where some pixels change (float64, reference backend)."""
+    """A softmax or log-softmax over dim 1 (nn.Softmax(dim=1), F.softmax, torch.log_softmax, the methods; of a
+    4-D input dim -3 too, nn.Softmax2d, and the implicit dim) converts to an activation of kind "softmax" /
+    "log_softmax" (a function of each pixel's channels) and equals the dense head at threshold 0 on frames where
+    some pixels change (float64, reference backend)."""
     model = _ChannelSoftmaxes().double().eval()
     frames = [f.double() for f in changing_frames((1, 3, 12, 16), FRACTIONS)]
     dm, errors, _ = compare_over_frames(model, frames, threshold=0.0)
     assert not dm.report.fallbacks
     kinds = sorted(layer.fn.kind for layer in dm.delta_layers() if isinstance(layer, DCActivation))
-    assert kinds == ["log_softmax"] * 3 + ["relu"] + ["softmax"] * 3
+    assert kinds == ["log_softmax"] * 5 + ["relu"] + ["softmax"] * 6
     assert max(errors) < 1e-12
 
 
 @pytest.mark.filterwarnings("ignore:Implicit dimension choice")
+def test_softmax_dim_resolves_as_torch():
+    """softmax_dim gives the dim torch normalises: negative dims from the end, the implicit dim as
+    torch.nn.functional._get_softmax_dim, and None where the rank is needed but not known."""
+    for rank in range(5):
+        for dim in [None, *range(-rank, rank)]:
+            if dim is None:
+                expected = F._get_softmax_dim("softmax", rank, 3)
+            else:
+                expected = dim % rank
+            assert activations.softmax_dim(dim, rank) == expected, (dim, rank)
+    assert activations.softmax_dim(1, None) == 1
+    assert activations.softmax_dim(-3, None) is None and activations.softmax_dim(None, None) is None
+    assert activations.softmax_dim("1", 4) is None
+
+
+@pytest.mark.filterwarnings("ignore:Implicit dimension choice")
 def test_softmax_not_over_channels_falls_back():
-    """Softmaxes over another dim, with an output dtype or the implicit dim stay dense fallbacks. One over dim 1
-    of a channels-last view (a spatial dim) is not taken into a block run channels-first (deltaconv.layout,
-    where dim 1 would become the channels): it converts on the view, where the update mask has one flag per
-    (w, c) column, the vector it normalises, and equals the dense model."""
-    for other, fallbacks in (("dims", 3), ("view", 0)):
+    """Softmaxes over another dim or with an output dtype stay dense fallbacks, and so do nn.Softmax2d and the
+    implicit dim on a 3-D view (dims 0 there; its softmax over dim 1 converts). One over dim 1 of a channels-last
+    view (a spatial dim) is not taken into a block run channels-first (deltaconv.layout, where dim 1 would become
+    the channels): it converts on the view, where the update mask has one flag per (w, c) column, the vector it
+    normalises, and equals the dense model."""
+    for other, fallbacks in (("dims", 2), ("view", 0), ("flat", 2)):
         model = _ChannelSoftmaxes(other).double().eval()
         frames = [f.double() for f in changing_frames((1, 3, 12, 16), FRACTIONS)]
         dm, errors, _ = compare_over_frames(model, frames, threshold=0.0)
