@@ -20,9 +20,17 @@ enum ActKind : int {
   kGelu,         // param: 0 exact (erf), 1 tanh approximation
   kTanh,
   kElu,          // param: alpha
-  kPrelu,        // param: the negative slope of the element's channel (ActivationParams::slopes[c])
+  kPrelu,        // param: the negative slope of the element's channel (ActivationParams::slopes[c]);
+                 // computed as kLeakyRelu with that slope (computed_kind)
   kNumActKinds
 };
+
+// The kind whose formula apply_activation applies for `kind`: PReLU is LeakyReLU with the channel's
+// slope as param (as torch's prelu kernel: input > 0 ? input : weight * input). apply_activation has
+// no case of its own for kPrelu: one more case label turned more of the switching kernel's switches
+// into jump tables and cost sigmoid up to 13 % and SiLU up to 7 % there (H100, 2026-12-07,
+// benchmarks/results/prelu_ab.txt section 6).
+__host__ __device__ constexpr int computed_kind(int kind) { return kind == kPrelu ? kLeakyRelu : kind; }
 
 __device__ __forceinline__ float apply_activation(int kind, float param, float x) {
   switch (kind) {
@@ -31,7 +39,6 @@ __device__ __forceinline__ float apply_activation(int kind, float param, float x
     case kRelu6:
       return x < 0.f ? 0.f : (x > 6.f ? 6.f : x);
     case kLeakyRelu:
-    case kPrelu:  // as torch's prelu kernel: input > 0 ? input : weight * input
       return x > 0.f ? x : x * param;
     case kHardswish:
       return x * fminf(fmaxf(x + 3.f, 0.f), 6.f) * (1.f / 6.f);

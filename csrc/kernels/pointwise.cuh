@@ -181,7 +181,7 @@ __device__ __forceinline__ float channel_param(float param, const float* slopes,
 template <typename T, int VEC, int KIND, bool RESIDUAL, bool VALUES = false>
 __global__ void __launch_bounds__(kThreads) activation_kernel(const ActivationParams<T> p) {
   grid_dependency_sync();
-  const int kind = KIND == kAnyKind ? p.kind : KIND;
+  const int kind = KIND == kAnyKind ? p.kind : computed_kind(KIND);
   const auto settle = [&](int64_t pixel) {
     bool m = p.mask[pixel];
     if constexpr (RESIDUAL) {
@@ -349,8 +349,9 @@ __global__ void __launch_bounds__(kThreads) pooled_send_kernel(const PooledSendP
     }
     if (g.lane == 0) p.mask_out[g.pixel] = send;
     if (send) {
+      const int kind = computed_kind(p.kind);
       const auto act = [&](float a, int ch) {  // the send pass only: one uniform test per element
-        return apply_activation(p.kind, p.slopes != nullptr ? p.slopes[ch] : p.param, a);
+        return apply_activation(kind, p.slopes != nullptr ? p.slopes[ch] : p.param, a);
       };
       if (p.values != nullptr) {
         send_row<T, VEC>(g, C, g.pixel * C, p.values, p.sent, p.out, act, p.tf32, p.pending != p.out);
