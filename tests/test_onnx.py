@@ -192,16 +192,17 @@ def test_onnx_prelu_of_another_broadcast_is_a_conversion_error():
         deltaconv.convert(gm, example_input=torch.randn(1, 3, 8, 12))
 
 
-def test_onnx_softmax_over_channels_is_an_activation():
-    """An ONNX ``Softmax`` over axis 1 (opset 13: onnx2torch's ``nn.Softmax(dim=1)``), a segmentation head's class
-    probabilities, converts to an activation of kind softmax (no fallback) and equals onnx's reference runtime
-    frame after frame at threshold 0."""
+@pytest.mark.parametrize("axis", [1, -3])
+def test_onnx_softmax_over_channels_is_an_activation(axis):
+    """An ONNX ``Softmax`` over axis 1 or -3 of a 4-D map (opset 13: onnx2torch's ``nn.Softmax(dim=axis)``), a
+    segmentation head's class probabilities, converts to an activation of kind softmax (no fallback) and equals onnx's
+    reference runtime frame after frame at threshold 0."""
     g = np.random.default_rng(2)
     nodes = [_const("w1", (g.standard_normal((5, 3, 3, 3)) * 0.5).astype(np.float32)),
              helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
              helper.make_node("Relu", ["c1"], ["r1"]),
              _const("w2", (g.standard_normal((5, 5, 1, 1)) * 0.5).astype(np.float32)),
-             helper.make_node("Conv", ["r1", "w2"], ["c2"]), helper.make_node("Softmax", ["c2"], ["y"], axis=1)]
+             helper.make_node("Conv", ["r1", "w2"], ["c2"]), helper.make_node("Softmax", ["c2"], ["y"], axis=axis)]
     model = _checked_model(nodes, "softmax", out_channels=5)
     gm = deltaconv.load_onnx(model)
     frames = changing_frames((1, 3, 12, 20), [0.3, 0.0, 1.0])
