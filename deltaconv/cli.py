@@ -91,8 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--video", metavar="PATH", help="video file (default: the sample vtest.avi)")
     src.add_argument("--camera", metavar="N", type=int, help="camera index for cv2.VideoCapture")
     d.add_argument("--model", default="mobilenet_v2", metavar="NAME",
-                   help="mobilenet_v2 (default, real ImageNet weights), craft (real weights), a torchvision "
-                   "name, or pkg.module:factory")
+                   help="mobilenet_v2 (default, real ImageNet weights), craft, ppocr_det, mtcnn_pnet (real "
+                   "weights), a torchvision name, or pkg.module:factory")
     d.add_argument("--threshold", type=_nonneg_float, default=0.02, metavar="T",
                    help="uniform threshold of the sparsifier and non-linear layers (default 0.02)")
     d.add_argument("--thresholds", metavar="JSON", help="per-layer thresholds (from deltaconv calibrate)")
@@ -122,7 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=cmd_demo)
 
     c = sub.add_parser("convert", help="convert a model and print the conversion table",
-                       description="Convert a model (torchvision name, mobilenet_v2, craft, or pkg.module:factory) "
+                       description="Convert a model (torchvision name, mobilenet_v2, craft, ppocr_det, mtcnn_pnet, or "
+                       "pkg.module:factory) "
                        "and print what became of every node, and the fallbacks.")
     c.add_argument("model", metavar="MODEL")
     c.add_argument("--report", action="store_true", help="print the full conversion table (default: counts only)")

@@ -169,7 +169,8 @@ def draw_result(panel: np.ndarray, out: Any, task: str, categories: Optional[Seq
 
     ``classification``: top-1 name and softmax confidence (green when it equals ``ref_label``, red
     when not); ``segmentation``: argmax classes in VOC colours over the frame (a heat map for one
-    channel); ``text``: CRAFT's region score as a heat map.
+    channel); ``text``: CRAFT's region score (PP-OCR's text probability) as a heat map; ``faces``: the face
+    probability map as a heat map.
     """
     import cv2
 
@@ -184,7 +185,7 @@ def draw_result(panel: np.ndarray, out: Any, task: str, categories: Optional[Seq
         color = (255, 255, 255) if ref_label is None else (80, 255, 80) if idx == ref_label else (80, 80, 255)
         _text(img, f"{name}  {conf.item():.0%}", (6, h - 10), 0.55, color)
         return img
-    if task == "text":  # CRAFT: score [N, h, w, 2]; channel 0 is the region (character) score
+    if task in ("text", "faces"):  # CRAFT: score [N, h, w, 2], channel 0 the region score; else [N, 1, h, w]
         score = t[0, ..., 0].numpy() if t.dim() == 4 and t.shape[-1] == 2 else t[0, 0].numpy()
         heat = _heat(score, (w, h), cv2.COLORMAP_JET)
         alpha = np.clip(cv2.resize(score, (w, h)), 0, 1)[..., None] * 0.7 + 0.15
@@ -201,7 +202,7 @@ def draw_result(panel: np.ndarray, out: Any, task: str, categories: Optional[Seq
         colors = _palette(int(t.shape[1]))[cls]
         fg = (cls > 0)[..., None]
         return np.where(fg, (img * 0.45 + colors * 0.55).astype(np.uint8), img)
-    raise ValueError(f"draw_result: task must be one of classification, segmentation, text; got {task!r}")
+    raise ValueError(f"draw_result: task must be one of classification, segmentation, text, faces; got {task!r}")
 
 
 def draw_mask(panel: np.ndarray, mask: Optional[torch.Tensor]) -> np.ndarray:
@@ -311,7 +312,8 @@ def run_demo(video: Union[str, os.PathLike, None] = None, camera: Optional[int] 
 
     Args:
         video / camera: a video path or a camera index (default: the sample video ``vtest.avi``).
-        model: a :mod:`deltaconv.zoo` name (``mobilenet_v2``, ``craft``, torchvision names) or
+        model: a :mod:`deltaconv.zoo` name (``mobilenet_v2``, ``craft``, ``ppocr_det``, ``mtcnn_pnet``, torchvision
+            names) or
             ``pkg.module:factory``.
         threshold / thresholds: the conversion's uniform threshold and optional per-layer values
             (a dict, or the JSON of ``DeltaModel.save_thresholds`` / ``deltaconv calibrate``, whose

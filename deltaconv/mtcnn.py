@@ -11,7 +11,8 @@ mtcnn_pnet_state_dict` finds the file).
 Input: ``[N, 3, H, W]`` RGB as MTCNN scales it, ``(pixel - 127.5) / 128`` with pixels in [0, 255]
 (:func:`mtcnn_normalize` of :func:`deltaconv.video.to_tensor`'s unnormalised frames). Output, as facenet-pytorch:
 ``(boxes [N, 4, h, w], probabilities [N, 2, h, w])`` with ``h = ceil((H - 2) / 2) - 4`` (likewise ``w``) and
-channel 1 of the probabilities the face's.
+channel 1 of the probabilities the face's. :class:`PNetFaces` (:func:`mtcnn_pnet_faces`, the zoo's ``mtcnn_pnet``)
+takes ImageNet-normalised frames instead and gives the face probability map first.
 """
 from __future__ import annotations
 
@@ -48,6 +49,31 @@ class PNet(nn.Module):
         return self.conv4_2(x), self.softmax4_1(self.conv4_1(x))
 
 
+class PNetFaces(nn.Module):
+    """PNet on ImageNet-normalised RGB (what :func:`deltaconv.video.read_frames` gives, the input of the zoo's models
+    and of the demo): MTCNN's input scaling as a per-channel affine in front (``x * scale + shift``, which the
+    converter folds into the first convolution), and the face probability map first in the output:
+    ``(faces [N, 1, h, w], boxes [N, 4, h, w])``, ``faces`` channel 1 of PNet's softmax."""
+
+    deltaconv_task = "faces"
+
+    def __init__(self, pnet: PNet) -> None:
+        super().__init__()
+        from .video import IMAGENET_MEAN, IMAGENET_STD
+
+        mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
+        std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
+        # (255 * (x * std + mean) - 127.5) / 128, as mtcnn_normalize of the unnormalised frame
+        self.register_buffer("scale", std * (255.0 * 0.0078125))
+        self.register_buffer("shift", (mean * 255.0 - 127.5) * 0.0078125)
+        self.pnet = pnet
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``x``: ``[N, 3, H, W]`` ImageNet-normalised RGB; returns ``(faces [N, 1, h, w], boxes [N, 4, h, w])``."""
+        boxes, probabilities = self.pnet(x * self.scale + self.shift)
+        return probabilities[:, 1:2], boxes
+
+
 def mtcnn_normalize(frame: torch.Tensor) -> torch.Tensor:
     """MTCNN's input scaling of an RGB frame with values in [0, 1] (``to_tensor(..., normalize=False)``):
     ``(255 * frame - 127.5) / 128``, as facenet-pytorch's ``(image - 127.5) * 0.0078125``."""
@@ -67,3 +93,9 @@ def mtcnn_pnet(path: Union[str, os.PathLike, None] = None, device: Optional[torc
     model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True), strict=True)
     model.eval()
     return model.to(device) if device is not None else model
+
+
+def mtcnn_pnet_faces(path: Union[str, os.PathLike, None] = None) -> PNetFaces:
+    """:class:`PNetFaces` of :func:`mtcnn_pnet` (the released weights, or the state dict at ``path``), in eval mode on
+    the CPU."""
+    return PNetFaces(mtcnn_pnet(path)).eval()

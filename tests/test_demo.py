@@ -119,6 +119,11 @@ def test_draw_result_tasks():
     assert img.shape == panel.shape
     assert img[10, 12, 2] > 180 and img[10, 12, 0] < 80  # red where the region score is high
     assert np.abs(img[30:, 40:].astype(int) - 128).max() < 40  # only a light tint elsewhere
+    faces = torch.zeros(1, 1, 24, 32)  # MTCNN PNet's face probability map first, then its boxes
+    faces[0, 0, 2:8, 2:10] = 0.9
+    img = demo.draw_result(panel, (faces, torch.zeros(1, 4, 24, 32)), "faces")
+    assert img[10, 12, 2] > 180 and img[10, 12, 0] < 80
+    assert np.abs(img[30:, 40:].astype(int) - 128).max() < 40
     with pytest.raises(ValueError, match="task must be one of .* got 'boxes'"):
         demo.draw_result(panel, logits, "boxes")
     mask = torch.zeros(1, 1, 12, 16, dtype=torch.bool)

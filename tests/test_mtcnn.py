@@ -2,6 +2,7 @@
 channels, no dense fallback."""
 from __future__ import annotations
 
+import copy
 import functools
 
 import pytest
@@ -15,8 +16,13 @@ from helpers import cuda_backend_reason
 
 
 @functools.lru_cache(maxsize=None)
-def _pnet() -> PNet:
+def _released_pnet() -> PNet:
     return mtcnn_pnet()
+
+
+def _pnet() -> PNet:
+    """A copy of the released PNet (tests cast and move their model: ``.double()``, ``.cuda()`` act in place)."""
+    return copy.deepcopy(_released_pnet())
 
 
 def _frames(n: int, size=(120, 160), start: int = 0) -> list[torch.Tensor]:
@@ -86,3 +92,27 @@ def test_pnet_on_the_cuda_backend():
         for x in frames16:
             _, prob = dm16(x)
             assert (prob.float() - half(x)[1].float()).abs().max().item() < 2e-2
+
+
+def test_pnet_faces_is_pnet_on_imagenet_frames():
+    """The zoo's ``mtcnn_pnet`` (aliases ``pnet``, ``mtcnn``) is PNetFaces: on ImageNet-normalised frames it gives
+    PNet's face probability (channel 1) and boxes on MTCNN's scaling of the same frames; converted, its input affine
+    folds into the first convolution, nothing falls back, and it equals the dense model at threshold 0."""
+    from deltaconv import zoo
+    from deltaconv.mtcnn import PNetFaces
+
+    entry = zoo.load("pnet")
+    assert entry.name == "mtcnn_pnet" and entry.task == "faces" and "facenet-pytorch" in entry.weights
+    assert isinstance(entry.model, PNetFaces) and zoo.load("MTCNN").name == "mtcnn_pnet"
+    frames = list(read_frames(max_frames=3, size=(120, 160)))
+    with torch.no_grad():
+        faces, boxes = entry.model(frames[0])
+        ref_boxes, ref_prob = _pnet()(_frames(1)[0])
+    torch.testing.assert_close(faces, ref_prob[:, 1:2], rtol=0, atol=1e-5)
+    torch.testing.assert_close(boxes, ref_boxes, rtol=0, atol=1e-5)
+    dm = deltaconv.convert(entry.model, threshold=0.0, example_input=frames[0])
+    assert not dm.report.fallbacks
+    with torch.no_grad():
+        for x in frames:
+            for got, ref in zip(dm(x), entry.model(x)):
+                torch.testing.assert_close(got, ref, rtol=0, atol=1e-5)
