@@ -116,3 +116,22 @@ def test_pnet_faces_is_pnet_on_imagenet_frames():
         for x in frames:
             for got, ref in zip(dm(x), entry.model(x)):
                 torch.testing.assert_close(got, ref, rtol=0, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(bool(cuda_backend_reason()), reason=cuda_backend_reason() or "ok")
+def test_pnet_faces_on_the_cuda_backend():
+    """The zoo's PNetFaces (input affine folded into conv1, the face channel sliced out) in float16 on the CUDA
+    kernels, replayed as a CUDA graph, stays within the dense float16 model's rounding of the face probabilities."""
+    from deltaconv.mtcnn import mtcnn_pnet_faces
+
+    model = mtcnn_pnet_faces().cuda().half()
+    frames = [f.cuda().half() for f in read_frames(max_frames=4, size=(240, 320))]
+    dm = deltaconv.convert(model, backend="cuda", example_input=frames[0], cuda_graph=True, check_finite=False)
+    assert not dm.report.fallbacks
+    with torch.no_grad():
+        for x in frames:
+            faces, boxes = dm(x)
+            ref_faces, ref_boxes = model(x)
+            assert (faces.float() - ref_faces.float()).abs().max().item() < 2e-2
+            assert (boxes.float() - ref_boxes.float()).abs().max().item() < 5e-2
