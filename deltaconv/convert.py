@@ -262,7 +262,8 @@ class _Converter:
                 path = self._register("", f"output_{n.name}" if n.op != "call_module" else "output", module)
                 with self.graph.inserting_before(node):
                     out = self.graph.call_module(path, (n,))
-                self.report.nodes.append(NodeReport(out.name, n.name, "output", path, "DCDensify"))
+                source = n.target if n.op == "call_module" else n.name  # the layer it densifies, by its path
+                self.report.nodes.append(NodeReport(out.name, source, "output", path, "DCDensify"))
             done[n] = out
             return out
         node.args = fx.node.map_arg(node.args, densify)

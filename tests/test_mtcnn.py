@@ -112,6 +112,8 @@ def test_pnet_faces_is_pnet_on_imagenet_frames():
     torch.testing.assert_close(boxes, ref_boxes, rtol=0, atol=1e-5)
     dm = deltaconv.convert(entry.model, threshold=0.0, example_input=frames[0])
     assert not dm.report.fallbacks
+    # the report's output rows name the layers they densify (the getitem of the face channel, conv4_2's boxes)
+    assert sorted(n.target for n in dm.report.nodes if n.status == "output") == ["getitem", "pnet.conv4_2"]
     with torch.no_grad():
         for x in frames:
             for got, ref in zip(dm(x), entry.model(x)):
