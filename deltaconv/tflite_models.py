@@ -1,0 +1,245 @@
+"""TFLite models as PyTorch modules, for :func:`deltaconv.convert` (``deltaconv.load_tflite``).
+
+A ``.tflite`` file's graph (one subgraph of float32 activations; weights in float32, or float16 behind
+``DEQUANTIZE`` ops) becomes a :class:`TFLiteModule` that runs the same ops channels-first: each
+convolution an ``nn.Conv2d`` (its weights ``[O, KH, KW, I]`` / depthwise ``[1, KH, KW, O]`` transposed to
+PyTorch's), fused activations as ``F.relu`` / ``F.relu6`` / ``torch.tanh`` calls, ``PAD`` and TensorFlow's
+``SAME`` padding of strided ops as ``F.pad`` (TensorFlow pads the extra row and column at the bottom and
+right), ``RESIZE_BILINEAR`` as ``F.interpolate`` (``half_pixel_centers``, PyTorch's ``align_corners=False``),
+``MAX_POOL_2D`` as ``nn.MaxPool2d``, ``RESHAPE`` of a map in TensorFlow's NHWC element order. Its forward
+is a fixed sequence of these calls, so it traces with torch.fx like any model.
+
+Input: ``[N, C, H, W]`` (the file's one NHWC input, channels first). Outputs: the file's outputs in order, 4-D ones
+channels first (``[N, C, H, W]``), the others as TFLite gives them; one output is returned as a tensor, several
+as a tuple.
+
+Supported builtin ops (the error names any other): ``CONV_2D``, ``DEPTHWISE_CONV_2D``, ``ADD``, ``PAD``,
+``MAX_POOL_2D``, ``RESIZE_BILINEAR``, ``RESHAPE``, ``LOGISTIC``, ``DEQUANTIZE`` (of constant float16 tensors).
+Parsing uses the PyPI package ``tflite`` (flatbuffer bindings of TFLite's schema), imported lazily.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Union
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+#: TFLite's TensorType codes of the tensors this loader reads (schema.fbs)
+_FLOAT32, _FLOAT16, _INT32 = 0, 1, 2
+_NUMPY_TYPES = {_FLOAT32: np.float32, _FLOAT16: np.float16, _INT32: np.int32}
+#: ActivationFunctionType -> the call after the op (None: no activation)
+_FUSED = {0: None, 1: "relu", 3: "relu6", 4: "tanh"}
+#: Padding: SAME = 0, VALID = 1
+_SAME = 0
+
+
+class TFLiteUnsupportedError(ValueError):
+    """A ``.tflite`` graph with an op, a layout or a dtype this loader does not translate."""
+
+
+@dataclass
+class _Step:
+    """One op of the graph: ``kind``, the tensor ids it reads (activations) and writes, and its parameters."""
+
+    kind: str
+    inputs: tuple
+    output: int
+    module: str = ""              # the registered submodule it calls (convolutions, pooling)
+    pad: tuple = ()               # F.pad's (left, right, top, bottom) before the op
+    activation: Optional[str] = None
+    size: tuple = ()              # RESIZE_BILINEAR's output size; RESHAPE's target shape
+    from_map: bool = False        # RESHAPE of a 4-D map (its elements read in NHWC order)
+
+
+def _import_tflite():
+    try:
+        import tflite
+    except ImportError as e:
+        raise ImportError("load_tflite needs the PyPI package 'tflite' (TFLite's flatbuffer schema; with "
+                          "'flatbuffers'): `pip install --no-deps tflite==2.18.0 && pip install flatbuffers`") from e
+    return tflite
+
+
+def _same_padding(size: int, kernel: int, stride: int, dilation: int) -> tuple[int, int]:
+    """TensorFlow's SAME padding of one spatial dim: (before, after), the odd one after."""
+    out = -(-size // stride)
+    total = max((out - 1) * stride + (kernel - 1) * dilation + 1 - size, 0)
+    return total // 2, total - total // 2
+
+
+class TFLiteModule(nn.Module):
+    """A TFLite graph run channels-first (see the module docstring); build it with :func:`load_tflite`."""
+
+    def __init__(self, steps: list[_Step], inputs: list[int], outputs: list[int], output_ranks: list[int],
+                 modules: dict[str, nn.Module], constants: dict[int, torch.Tensor]) -> None:
+        super().__init__()
+        self.steps, self.input_ids, self.output_ids, self.output_ranks = steps, inputs, outputs, output_ranks
+        self.layers = nn.ModuleDict(modules)
+        self._constant_names = {}
+        for tid, value in constants.items():
+            name = f"constant_{tid}"
+            self.register_buffer(name, value)
+            self._constant_names[tid] = name
+
+    def _tensor(self, env: dict, tid: int) -> torch.Tensor:
+        if tid in env:
+            return env[tid]
+        return getattr(self, self._constant_names[tid])
+
+    def forward(self, x: torch.Tensor):
+        """``x``: the file's input channels first; returns its outputs (see the module docstring)."""
+        env = {self.input_ids[0]: x}
+        for step in self.steps:
+            x = [self._tensor(env, t) for t in step.inputs]
+            if step.pad:
+                x[0] = F.pad(x[0], step.pad)
+            if step.kind in ("CONV_2D", "DEPTHWISE_CONV_2D", "MAX_POOL_2D"):
+                y = self.layers[step.module](x[0])
+            elif step.kind == "ADD":
+                y = x[0] + x[1]
+            elif step.kind == "PAD":
+                y = x[0]
+            elif step.kind == "RESIZE_BILINEAR":
+                y = F.interpolate(x[0], size=step.size, mode="bilinear", align_corners=False)
+            elif step.kind == "LOGISTIC":
+                y = torch.sigmoid(x[0])
+            else:  # RESHAPE, in TensorFlow's NHWC element order
+                y = (x[0].permute(0, 2, 3, 1) if step.from_map else x[0]).reshape(step.size)
+            if step.activation == "relu":
+                y = F.relu(y)
+            elif step.activation == "relu6":
+                y = F.relu6(y)
+            elif step.activation == "tanh":
+                y = torch.tanh(y)
+            env[step.output] = y
+        outs = tuple(env[t] for t in self.output_ids)
+        return outs[0] if len(outs) == 1 else outs
+
+
+def load_tflite(path: Union[str, os.PathLike]) -> TFLiteModule:
+    """The ``.tflite`` file at ``path`` as a :class:`TFLiteModule` (float32, eval mode, on the CPU).
+
+    Raises ``FileNotFoundError`` for a missing file and :class:`TFLiteUnsupportedError` naming the op, tensor
+    or dtype it cannot translate."""
+    tflite = _import_tflite()
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"load_tflite: path {str(path)!r} does not exist")
+    model = tflite.Model.GetRootAsModel(path.read_bytes(), 0)
+    if model.SubgraphsLength() != 1:
+        raise TFLiteUnsupportedError(f"load_tflite: {path.name} has {model.SubgraphsLength()} subgraphs; one is supported")
+    graph = model.Subgraphs(0)
+    if graph.InputsLength() != 1:
+        raise TFLiteUnsupportedError(f"load_tflite: {path.name} has {graph.InputsLength()} inputs; one is supported")
+    names = {v: k for k, v in vars(tflite.BuiltinOperator).items() if not k.startswith("_")}
+
+    def shape(tid: int) -> list[int]:
+        t = graph.Tensors(tid)
+        return t.ShapeAsNumpy().tolist() if t.ShapeLength() else []
+
+    def constant(tid: int) -> Optional[np.ndarray]:
+        t = graph.Tensors(tid)
+        data = model.Buffers(t.Buffer()).DataAsNumpy()
+        if isinstance(data, int) or data.size == 0:
+            return None
+        if t.Type() not in _NUMPY_TYPES:
+            raise TFLiteUnsupportedError(f"load_tflite: constant tensor {t.Name().decode()!r} has TFLite type "
+                                         f"{t.Type()}; float32, float16 and int32 are supported")
+        return data.view(_NUMPY_TYPES[t.Type()]).reshape(shape(tid))
+
+    constants: dict[int, np.ndarray] = {}
+    steps: list[_Step] = []
+    modules: dict[str, nn.Module] = {}
+    for i in range(graph.OperatorsLength()):
+        op = graph.Operators(i)
+        code = model.OperatorCodes(op.OpcodeIndex())
+        kind = names.get(max(code.BuiltinCode(), code.DeprecatedBuiltinCode()), "CUSTOM")
+        ins = [op.Inputs(j) for j in range(op.InputsLength())]
+        out = op.Outputs(0)
+        for tid in ins:
+            if tid >= 0 and tid not in constants:
+                value = constant(tid)
+                if value is not None:
+                    constants[tid] = value
+        options = op.BuiltinOptions()
+        name = f"op{i:03d}_{kind.lower()}"
+        if kind == "DEQUANTIZE":
+            if ins[0] not in constants:
+                raise TFLiteUnsupportedError(f"load_tflite: op {i} DEQUANTIZE of a non-constant tensor")
+            constants[out] = constants[ins[0]].astype(np.float32)
+        elif kind in ("CONV_2D", "DEPTHWISE_CONV_2D"):
+            opts = (tflite.Conv2DOptions if kind == "CONV_2D" else tflite.DepthwiseConv2DOptions)()
+            opts.Init(options.Bytes, options.Pos)
+            weight = constants.get(ins[1])
+            bias = constants.get(ins[2]) if len(ins) > 2 and ins[2] >= 0 else None
+            if weight is None:
+                raise TFLiteUnsupportedError(f"load_tflite: op {i} {kind} with non-constant weights")
+            _, h, w, c = shape(ins[0])
+            if kind == "CONV_2D":  # [O, KH, KW, I] -> [O, I, KH, KW]
+                w_t = torch.from_numpy(np.ascontiguousarray(weight.transpose(0, 3, 1, 2)))
+                groups = 1
+            else:  # [1, KH, KW, C * M] -> [C * M, 1, KH, KW]
+                w_t = torch.from_numpy(np.ascontiguousarray(weight.transpose(3, 0, 1, 2)))
+                groups = c
+            cout, _, kh, kw = w_t.shape
+            stride, dilation = (opts.StrideH(), opts.StrideW()), (opts.DilationHFactor(), opts.DilationWFactor())
+            pad_h = _same_padding(h, kh, stride[0], dilation[0]) if opts.Padding() == _SAME else (0, 0)
+            pad_w = _same_padding(w, kw, stride[1], dilation[1]) if opts.Padding() == _SAME else (0, 0)
+            symmetric = pad_h[0] == pad_h[1] and pad_w[0] == pad_w[1]
+            conv = nn.Conv2d(c, cout, (kh, kw), stride, (pad_h[0], pad_w[0]) if symmetric else 0, dilation, groups,
+                             bias=bias is not None)
+            with torch.no_grad():
+                conv.weight.copy_(w_t)
+                if bias is not None:
+                    conv.bias.copy_(torch.from_numpy(bias.astype(np.float32)))
+            modules[name] = conv
+            steps.append(_Step(kind, (ins[0],), out, name, () if symmetric else (*pad_w, *pad_h),
+                               _FUSED.get(opts.FusedActivationFunction(), "unsupported")))
+        elif kind == "ADD":
+            opts = tflite.AddOptions()
+            opts.Init(options.Bytes, options.Pos)
+            steps.append(_Step(kind, tuple(ins), out, activation=_FUSED.get(opts.FusedActivationFunction(),
+                                                                            "unsupported")))
+        elif kind == "PAD":
+            pads = constants.get(ins[1])
+            if pads is None or pads.shape != (4, 2) or pads[0].any() or pads[3].any():
+                raise TFLiteUnsupportedError(f"load_tflite: op {i} PAD must pad H and W only, by constants")
+            steps.append(_Step(kind, (ins[0],), out, pad=(int(pads[2, 0]), int(pads[2, 1]), int(pads[1, 0]),
+                                                          int(pads[1, 1]))))
+        elif kind == "MAX_POOL_2D":
+            opts = tflite.Pool2DOptions()
+            opts.Init(options.Bytes, options.Pos)
+            if opts.Padding() == _SAME:
+                raise TFLiteUnsupportedError(f"load_tflite: op {i} MAX_POOL_2D with SAME padding")
+            modules[name] = nn.MaxPool2d((opts.FilterHeight(), opts.FilterWidth()), (opts.StrideH(), opts.StrideW()))
+            steps.append(_Step(kind, (ins[0],), out, name,
+                               activation=_FUSED.get(opts.FusedActivationFunction(), "unsupported")))
+        elif kind == "RESIZE_BILINEAR":
+            opts = tflite.ResizeBilinearOptions()
+            opts.Init(options.Bytes, options.Pos)
+            if opts.AlignCorners() or not opts.HalfPixelCenters():
+                raise TFLiteUnsupportedError(f"load_tflite: op {i} RESIZE_BILINEAR needs half_pixel_centers and no "
+                                             f"align_corners (PyTorch's align_corners=False)")
+            steps.append(_Step(kind, (ins[0],), out, size=tuple(shape(out)[1:3])))
+        elif kind == "LOGISTIC":
+            steps.append(_Step(kind, (ins[0],), out))
+        elif kind == "RESHAPE":
+            steps.append(_Step(kind, (ins[0],), out, size=tuple(shape(out)), from_map=len(shape(ins[0])) == 4))
+        else:
+            raise TFLiteUnsupportedError(f"load_tflite: op {i} is {kind}; supported: CONV_2D, DEPTHWISE_CONV_2D, "
+                                         f"ADD, PAD, MAX_POOL_2D, RESIZE_BILINEAR, RESHAPE, LOGISTIC, DEQUANTIZE")
+        if steps and steps[-1].activation == "unsupported":
+            raise TFLiteUnsupportedError(f"load_tflite: op {i} {kind} has a fused activation other than "
+                                         f"NONE, RELU, RELU6, TANH")
+    read = {t for s in steps for t in s.inputs}
+    used = {t: torch.from_numpy(np.ascontiguousarray(v.astype(np.float32))) for t, v in constants.items()
+            if t in read and v.dtype != np.int32}
+    inputs = [graph.Inputs(j) for j in range(graph.InputsLength())]
+    outputs = [graph.Outputs(j) for j in range(graph.OutputsLength())]
+    module = TFLiteModule(steps, inputs, outputs, [len(shape(t)) for t in outputs], modules, used)
+    return module.eval()

@@ -1,0 +1,107 @@
+"""TFLite models through deltaconv.load_tflite: MediaPipe's BlazePose full landmark network (real weights, the
+mediapipe package's pose_landmark_full.tflite) against TFLite's own runtime (LiteRT), and converted."""
+from __future__ import annotations
+
+import functools
+import importlib.util
+
+import numpy as np
+import pytest
+import torch
+
+import deltaconv
+from deltaconv.blazepose import OUTPUT_NAMES, blazepose_full
+from deltaconv.fidelity import flops_density
+from deltaconv.tflite_models import TFLiteModule, _same_padding, load_tflite
+from deltaconv.video import read_frames
+from deltaconv.weights import blazepose_full_tflite
+from helpers import cuda_backend_reason
+
+
+@functools.lru_cache(maxsize=None)
+def _network() -> TFLiteModule:
+    return load_tflite(blazepose_full_tflite())
+
+
+def _crops(n: int, normalize: bool = True) -> list[torch.Tensor]:
+    """The first ``n`` frames of vtest.avi resized to the network's 256x256 crop."""
+    return list(read_frames(max_frames=n, size=(256, 256), normalize=normalize))
+
+
+def test_same_padding_is_tensorflows():
+    """TensorFlow's SAME padding: out = ceil(size / stride), the odd pixel of the total after (bottom, right)."""
+    assert _same_padding(128, 3, 2, 1) == (0, 1)
+    assert _same_padding(129, 3, 2, 1) == (1, 1)
+    assert _same_padding(64, 3, 1, 1) == (1, 1)
+    assert _same_padding(64, 5, 1, 2) == (4, 4)
+    assert _same_padding(7, 1, 2, 1) == (0, 0)
+
+
+def test_load_tflite_names_a_missing_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="load_tflite: path .*nothing.tflite"):
+        load_tflite(tmp_path / "nothing.tflite")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ai_edge_litert") is None, reason="needs ai-edge-litert (TFLite runtime)")
+def test_blazepose_network_equals_tflite_runtime():
+    """Every output of the loaded network equals what TFLite's runtime computes from the same file, on a real frame
+    and on noise (relative error of each output <= 2e-3; measured <= 6e-4, the largest on the pose flag, a
+    probability near 4e-5 on these crops). The 4-D outputs come channels first."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    network = _network()
+    interpreter = Interpreter(model_path=str(blazepose_full_tflite()))
+    interpreter.allocate_tensors()
+    noise = torch.from_numpy(np.random.default_rng(0).random((1, 3, 256, 256), dtype=np.float32))
+    for x in (_crops(1, normalize=False)[0], noise):
+        interpreter.set_tensor(interpreter.get_input_details()[0]["index"], x.permute(0, 2, 3, 1).numpy().copy())
+        interpreter.invoke()
+        with torch.no_grad():
+            outs = network(x)
+        assert len(outs) == len(network.output_ids) == 5
+        for tid, out in zip(network.output_ids, outs):
+            ref = interpreter.get_tensor(tid)
+            ref = ref.transpose(0, 3, 1, 2) if ref.ndim == 4 else ref
+            assert out.shape == ref.shape
+            assert np.linalg.norm(out.numpy() - ref) <= 2e-3 * np.linalg.norm(ref), tid
+
+
+def test_blazepose_converts_and_equals_dense():
+    """BlazePoseFull (ImageNet-normalised input, its affine folded into the first convolution) converts with no
+    fallback; at threshold 0 every output equals the dense model on changing vtest frames (float64); at 0.01 the
+    layers skip work (FLOPs density below 1) and the heatmaps stay within 1 % of the dense ones."""
+    model = blazepose_full()
+    frames = _crops(4)
+    with torch.no_grad():
+        assert tuple(model(frames[0])) == OUTPUT_NAMES
+    dense = blazepose_full().double()
+    dm = deltaconv.convert(dense, threshold=0.0, example_input=frames[0].double())
+    assert not dm.report.fallbacks
+    with torch.no_grad():
+        for x in frames:
+            got, ref = dm(x.double()), dense(x.double())
+            for name in OUTPUT_NAMES:
+                assert (got[name] - ref[name]).norm() <= 1e-9 * ref[name].norm(), name
+    sparse = deltaconv.convert(model, threshold=0.01, example_input=frames[0])
+    with torch.no_grad():
+        for x in frames:
+            got, ref = sparse(x), model(x)
+            assert (got["heatmaps"] - ref["heatmaps"]).norm() <= 0.01 * ref["heatmaps"].norm()
+    assert flops_density(sparse.stats()) < 1.0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(bool(cuda_backend_reason()), reason=cuda_backend_reason() or "ok")
+def test_blazepose_on_the_cuda_backend():
+    """float16 on the CUDA kernels, replayed as a CUDA graph, at threshold 0: the heatmaps and landmarks within the
+    dense float16 model's own rounding."""
+    model = blazepose_full().cuda().half()
+    frames = [f.cuda().half() for f in _crops(4)]
+    dm = deltaconv.convert(model, backend="cuda", example_input=frames[0], cuda_graph=True, check_finite=False)
+    assert not dm.report.fallbacks
+    with torch.no_grad():
+        for x in frames:
+            got, ref = dm(x), model(x)
+            for name in ("heatmaps", "landmarks"):
+                err = (got[name].float() - ref[name].float()).norm() / ref[name].float().norm()
+                assert err.item() < 1e-2, name
