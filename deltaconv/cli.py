@@ -113,7 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "accumulator")
     d.add_argument("--max-frames", type=_count_or_all, default=150, metavar="N",
                    help="frames to process (default 150; 0: the whole video)")
-    d.add_argument("--size", type=parse_size, metavar="HxW", help="model input size (default: the video's)")
+    d.add_argument("--size", type=parse_size, metavar="HxW",
+                   help="model input size (default: the model's own size if it has one, else the video's)")
     d.add_argument("--out", default="demo.mp4", metavar="out.mp4", help="annotated video to write (default demo.mp4)")
     d.add_argument("--snapshot", metavar="PNG", help="also save one annotated frame as PNG")
     d.add_argument("--snapshot-frame", type=int, default=-1, metavar="I",
@@ -127,8 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "and print what became of every node, and the fallbacks.")
     c.add_argument("model", metavar="MODEL")
     c.add_argument("--report", action="store_true", help="print the full conversion table (default: counts only)")
-    c.add_argument("--size", type=parse_size, default=(224, 224), metavar="HxW",
-                   help="example input size used to trace shapes (default 224x224)")
+    c.add_argument("--size", type=parse_size, metavar="HxW",
+                   help="example input size used to trace shapes (default: the model's own, else 224x224)")
     c.set_defaults(func=cmd_convert)
 
     b = sub.add_parser("bench", help="run the benchmark sweeps (benchmarks/*_sweep.py)",
@@ -166,7 +167,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "refines a calibration of step 2 more finely")
     k.add_argument("--out", default="thresholds.json", metavar="thresholds.json")
     k.add_argument("--frames", type=_positive_int, default=8, metavar="N", help="frames to calibrate on (default 8)")
-    k.add_argument("--size", type=parse_size, metavar="HxW", help="model input size (default: the video's)")
+    k.add_argument("--size", type=parse_size, metavar="HxW",
+                   help="model input size (default: the model's own size if it has one, else the video's)")
     k.add_argument("--sweep", type=_float_list, default=[0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5], metavar="T,T,...",
                    help="uniform thresholds of the trade-off table and plot")
     k.add_argument("--plot", metavar="PNG", help="trade-off plot (default: <out>.png)")
@@ -211,14 +213,15 @@ def cmd_convert(args: argparse.Namespace) -> int:
     from .convert import convert
 
     entry = zoo.load(args.model)
+    size = args.size or entry.input_size or (224, 224)
     part = ""
     if entry.task == "detection":  # does not trace whole: its backbone, on what its transform makes of a frame
         from .detection import convert_backbone
 
-        dm = convert_backbone(entry.model, torch.rand(1, 3, *args.size)).backbone
+        dm = convert_backbone(entry.model, torch.rand(1, 3, *size)).backbone
         part = " (its backbone; the heads stay dense)"
     else:
-        dm = convert(entry.model, example_input=torch.randn(1, 3, *args.size))
+        dm = convert(entry.model, example_input=torch.randn(1, 3, *size))
     report = dm.report
     if args.report:
         if part:
@@ -354,7 +357,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         kwargs["output_fn"] = feature_maps
     else:
         model = entry.model.to(args.device, dtype)
-        frames = [f.to(args.device, dtype) for f in _load_frames(video, args.frames, args.size)]
+        size = args.size or entry.input_size  # the one size the model takes, else the video's
+        frames = [f.to(args.device, dtype) for f in _load_frames(video, args.frames, size)]
     if args.cost != "flops":
         kwargs["cost"] = args.cost
     backend = args.backend

@@ -320,7 +320,7 @@ def run_demo(video: Union[str, os.PathLike, None] = None, camera: Optional[int] 
             change detector is used too).
         device: ``cpu`` or ``cuda``; ``backend``: ``auto``, ``reference`` or ``cuda``.
         max_frames: frames to process (``None``: all); ``size``: model input ``(h, w)`` (default:
-            the video's own resolution).
+            the model's ``input_size`` in the zoo if it has one, else the video's own resolution).
         out: the mp4 to write (``None``: none); ``snapshot``: a PNG of one annotated frame
             (``snapshot_frame``, default the last).
         dtype: both models' dtype, ``"float32"``, ``"float16"`` or ``"bfloat16"`` (``None``: float16
@@ -388,8 +388,8 @@ def run_demo(video: Union[str, os.PathLike, None] = None, camera: Optional[int] 
     first = next(frames, None)
     if first is None:
         raise RuntimeError(f"--video: no frame could be read from {source!r}")
-    if size is None:
-        size = tuple(first.shape[:2])
+    if size is None:  # the one size the model takes (zoo input_size), else the video's
+        size = entry.input_size or tuple(first.shape[:2])
     x0 = to_tensor(first, size).to(dev, dtype)
     dm = convert(dense, threshold=float(threshold), backend=backend, thresholds=thresholds, example_input=x0,
                  change_detector=change_detector, fold_bn=fold_bn, recompute=recompute)

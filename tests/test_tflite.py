@@ -90,6 +90,18 @@ def test_blazepose_converts_and_equals_dense():
     assert flops_density(sparse.stats()) < 1.0
 
 
+def test_blazepose_in_the_zoo():
+    """The zoo's blazepose_full (alias blazepose): BlazePoseFull with its input size, its person mask the output the
+    demo draws (task segmentation, one channel)."""
+    from deltaconv import zoo
+    from deltaconv.blazepose import BlazePoseFull
+
+    entry = zoo.load("BlazePose")
+    assert entry.name == "blazepose_full" and isinstance(entry.model, BlazePoseFull)
+    assert entry.input_size == (256, 256) and entry.task == "segmentation" and "mediapipe" in entry.weights
+    assert "blazepose_full" in zoo.names() and zoo.load("mobilenet_v2").input_size is None
+
+
 def _vtest_crops(box: tuple[int, int, int], first: int, count: int) -> list[torch.Tensor]:
     """Square crops ``box = (x0, y0, side)`` of vtest.avi frames ``first`` .. ``first + count - 1``, resized to 256x256
     and ImageNet-normalised (a fixed region of the static camera's frame, as a pose stage watches one person)."""
