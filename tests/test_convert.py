@@ -655,6 +655,17 @@ def test_softmax_over_channels_is_an_activation():
     assert max(errors) < 1e-12
 
 
+def test_softmax_over_a_classifiers_logits_is_an_activation():
+    """A classifier's softmax over its logits ([N, classes]: dim -1 is dim 1 there) converts and equals dense."""
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                          nn.Linear(8, 5), nn.Softmax(dim=-1)).double().eval()
+    frames = [f.double() for f in changing_frames((1, 3, 12, 16), FRACTIONS)]
+    dm, errors, _ = compare_over_frames(model, frames, threshold=0.0)
+    assert not dm.report.fallbacks
+    assert [layer.fn.kind for layer in dm.delta_layers() if isinstance(layer, DCActivation)] == ["relu", "softmax"]
+    assert max(errors) < 1e-12
+
+
 @pytest.mark.filterwarnings("ignore:Implicit dimension choice")
 def test_softmax_dim_resolves_as_torch():
     """softmax_dim gives the dim torch normalises: negative dims from the end, the implicit dim as
