@@ -132,10 +132,15 @@ def load_tflite(path: Union[str, os.PathLike]) -> TFLiteModule:
         raise FileNotFoundError(f"load_tflite: path {str(path)!r} does not exist")
     model = tflite.Model.GetRootAsModel(path.read_bytes(), 0)
     if model.SubgraphsLength() != 1:
-        raise TFLiteUnsupportedError(f"load_tflite: {path.name} has {model.SubgraphsLength()} subgraphs; one is supported")
+        raise TFLiteUnsupportedError(f"load_tflite: {path.name} has {model.SubgraphsLength()} subgraphs; one is "
+                                     f"supported")
     graph = model.Subgraphs(0)
     if graph.InputsLength() != 1:
         raise TFLiteUnsupportedError(f"load_tflite: {path.name} has {graph.InputsLength()} inputs; one is supported")
+    source = graph.Tensors(graph.Inputs(0))
+    if source.Type() != _FLOAT32 or source.ShapeLength() != 4:
+        raise TFLiteUnsupportedError(f"load_tflite: {path.name}'s input must be a float32 NHWC image, got TFLite type "
+                                     f"{source.Type()} of {source.ShapeLength()} dims")
     names = {v: k for k, v in vars(tflite.BuiltinOperator).items() if not k.startswith("_")}
 
     def shape(tid: int) -> list[int]:
@@ -180,6 +185,9 @@ def load_tflite(path: Union[str, os.PathLike]) -> TFLiteModule:
             if weight is None:
                 raise TFLiteUnsupportedError(f"load_tflite: op {i} {kind} with non-constant weights")
             _, h, w, c = shape(ins[0])
+            if kind == "CONV_2D" and weight.shape[3] != c:
+                raise TFLiteUnsupportedError(f"load_tflite: op {i} CONV_2D is grouped ({c} input channels, filters "
+                                             f"of {weight.shape[3]}); grouped CONV_2D is not supported")
             if kind == "CONV_2D":  # [O, KH, KW, I] -> [O, I, KH, KW]
                 w_t = torch.from_numpy(np.ascontiguousarray(weight.transpose(0, 3, 1, 2)))
                 groups = 1

@@ -37,6 +37,99 @@ def test_same_padding_is_tensorflows():
     assert _same_padding(7, 1, 2, 1) == (0, 0)
 
 
+def _one_op_model(op_code: int) -> bytes:
+    """A .tflite file of one builtin op ``op_code`` from a float32 input [1, 4, 4, 3] to an output of that shape (built
+    with the flatbuffers builder functions of the tflite package)."""
+    import flatbuffers
+    import tflite
+
+    b = flatbuffers.Builder(1024)
+
+    def int_vector(start, values):
+        start(b, len(values))
+        for v in reversed(values):
+            b.PrependInt32(v)
+        return b.EndVector()
+
+    def offset_vector(start, offsets):
+        start(b, len(offsets))
+        for o in reversed(offsets):
+            b.PrependUOffsetTRelative(o)
+        return b.EndVector()
+
+    tflite.BufferStart(b)
+    empty = tflite.BufferEnd(b)
+    tensors = []
+    for name in ("x", "y"):
+        label = b.CreateString(name)
+        shape = int_vector(tflite.TensorStartShapeVector, [1, 4, 4, 3])
+        tflite.TensorStart(b)
+        tflite.TensorAddShape(b, shape)
+        tflite.TensorAddType(b, 0)
+        tflite.TensorAddBuffer(b, 0)
+        tflite.TensorAddName(b, label)
+        tensors.append(tflite.TensorEnd(b))
+    ins, outs = int_vector(tflite.OperatorStartInputsVector, [0]), int_vector(tflite.OperatorStartOutputsVector, [1])
+    tflite.OperatorStart(b)
+    tflite.OperatorAddOpcodeIndex(b, 0)
+    tflite.OperatorAddInputs(b, ins)
+    tflite.OperatorAddOutputs(b, outs)
+    op = tflite.OperatorEnd(b)
+    tensor_vec = offset_vector(tflite.SubGraphStartTensorsVector, tensors)
+    g_ins = int_vector(tflite.SubGraphStartInputsVector, [0])
+    g_outs = int_vector(tflite.SubGraphStartOutputsVector, [1])
+    ops = offset_vector(tflite.SubGraphStartOperatorsVector, [op])
+    tflite.SubGraphStart(b)
+    tflite.SubGraphAddTensors(b, tensor_vec)
+    tflite.SubGraphAddInputs(b, g_ins)
+    tflite.SubGraphAddOutputs(b, g_outs)
+    tflite.SubGraphAddOperators(b, ops)
+    graph = tflite.SubGraphEnd(b)
+    tflite.OperatorCodeStart(b)
+    tflite.OperatorCodeAddBuiltinCode(b, op_code)
+    tflite.OperatorCodeAddDeprecatedBuiltinCode(b, min(op_code, 127))
+    tflite.OperatorCodeAddVersion(b, 1)
+    code = tflite.OperatorCodeEnd(b)
+    codes = offset_vector(tflite.ModelStartOperatorCodesVector, [code])
+    graphs = offset_vector(tflite.ModelStartSubgraphsVector, [graph])
+    buffers = offset_vector(tflite.ModelStartBuffersVector, [empty])
+    tflite.ModelStart(b)
+    tflite.ModelAddVersion(b, 3)
+    tflite.ModelAddOperatorCodes(b, codes)
+    tflite.ModelAddSubgraphs(b, graphs)
+    tflite.ModelAddBuffers(b, buffers)
+    b.Finish(tflite.ModelEnd(b), file_identifier=b"TFL3")
+    return bytes(b.Output())
+
+
+def test_one_op_graph_and_an_unsupported_op(tmp_path):
+    """A one-op graph (LOGISTIC) loads and computes torch.sigmoid (and what TFLite's runtime computes, where it is
+    installed); an op the loader does not translate (TANH as an op) is a TFLiteUnsupportedError naming it."""
+    import tflite
+
+    from deltaconv.tflite_models import TFLiteUnsupportedError
+
+    path = tmp_path / "logistic.tflite"
+    path.write_bytes(_one_op_model(tflite.BuiltinOperator.LOGISTIC))
+    x = torch.linspace(-4, 4, 48).view(1, 4, 4, 3)
+    with torch.no_grad():
+        y = load_tflite(path)(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
+    torch.testing.assert_close(y, torch.sigmoid(x))
+    if importlib.util.find_spec("ai_edge_litert") is not None:
+        from ai_edge_litert.interpreter import Interpreter
+
+        interpreter = Interpreter(model_path=str(path))
+        interpreter.allocate_tensors()
+        interpreter.set_tensor(interpreter.get_input_details()[0]["index"], x.numpy())
+        interpreter.invoke()
+        ref = interpreter.get_tensor(interpreter.get_output_details()[0]["index"])
+        np.testing.assert_allclose(y.numpy(), ref, rtol=1e-6, atol=1e-6)
+    path = tmp_path / "tanh.tflite"
+    path.write_bytes(_one_op_model(tflite.BuiltinOperator.TANH))
+    with pytest.raises(TFLiteUnsupportedError, match="load_tflite: op 0 is TANH; supported: CONV_2D"):
+        load_tflite(path)
+
+
 def test_load_tflite_names_a_missing_file(tmp_path):
     with pytest.raises(FileNotFoundError, match="load_tflite: path .*nothing.tflite"):
         load_tflite(tmp_path / "nothing.tflite")
