@@ -31,6 +31,9 @@ class BlazePoseFull(nn.Module):
     :func:`deltaconv.fidelity.primary_output` compares), then ``"heatmaps"`` ``[N, 39, 64, 64]``, ``"landmarks"``
     ``[N, 195]``, ``"pose_flag"`` ``[N, 1]``, ``"world_landmarks"`` ``[N, 117]``."""
 
+    deltaconv_task = "segmentation"      # its person mask, what the demo draws
+    deltaconv_input_size = INPUT_SIZE    # the one size it takes (as a zoo import path too)
+
     def __init__(self, network: TFLiteModule) -> None:
         super().__init__()
         from .video import IMAGENET_MEAN, IMAGENET_STD

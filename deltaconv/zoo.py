@@ -16,7 +16,9 @@ A model is named in one of three ways:
   converts their backbone (:func:`deltaconv.convert_backbone`); the demo and ``deltaconv
   calibrate`` do not take them;
 * an **import path** ``pkg.module:factory``: ``factory`` (a callable returning an ``nn.Module``, a
-  module class, or a module instance) is imported and called without arguments.
+  module class, or a module instance) is imported and called without arguments. The module may name its
+  task (``deltaconv_task``), its class names (``categories``) and the one input size it takes
+  (``deltaconv_input_size = (H, W)``, as BlazePose's ``BlazePoseFull``), which the demo and the CLI then use.
 """
 from __future__ import annotations
 
@@ -193,7 +195,13 @@ def _import_path(spec: str) -> ZooModel:
     task = getattr(model, "deltaconv_task", None)
     if task is not None and task not in TASKS:
         raise ValueError(f"model: {spec!r} sets deltaconv_task to {task!r}; expected one of {TASKS}")
-    return ZooModel(spec, model.eval(), task, f"as built by {spec}", getattr(model, "categories", None))
+    size = getattr(model, "deltaconv_input_size", None)
+    if size is not None and not (isinstance(size, (tuple, list)) and len(size) == 2
+                                 and all(isinstance(v, int) and v > 0 for v in size)):
+        raise ValueError(f"model: {spec!r} sets deltaconv_input_size to {size!r}; expected (height, width), "
+                         f"positive ints")
+    return ZooModel(spec, model.eval(), task, f"as built by {spec}", getattr(model, "categories", None),
+                    None if size is None else tuple(size))
 
 
 def load(name: str) -> ZooModel:

@@ -193,6 +193,8 @@ def test_blazepose_in_the_zoo():
     assert entry.name == "blazepose_full" and isinstance(entry.model, BlazePoseFull)
     assert entry.input_size == (256, 256) and entry.task == "segmentation" and "mediapipe" in entry.weights
     assert "blazepose_full" in zoo.names() and zoo.load("mobilenet_v2").input_size is None
+    by_path = zoo.load("deltaconv.blazepose:blazepose_full")  # the module names its size and task itself
+    assert by_path.input_size == (256, 256) and by_path.task == "segmentation"
 
 
 def _vtest_crops(box: tuple[int, int, int], first: int, count: int) -> list[torch.Tensor]:

@@ -75,6 +75,18 @@ def test_import_path_factory():
     assert entry.task is None  # inferred by the demo from the output
 
 
+class _SizedNet(nn.Conv2d):
+    deltaconv_input_size = (32, "wide")
+
+    def __init__(self) -> None:
+        super().__init__(3, 4, 3)
+
+
+def test_import_path_input_size_is_checked():
+    with pytest.raises(ValueError, match=r"sets deltaconv_input_size to \(32, 'wide'\); expected \(height, width\)"):
+        zoo.load(f"{__name__}:_SizedNet")
+
+
 def test_mobilenet_v2_has_real_imagenet_weights():
     entry = zoo.load("mobilenet_v2")
     assert entry.task == "classification" and len(entry.categories) == 1000
