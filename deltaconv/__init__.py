@@ -16,5 +16,5 @@ from .onnx_models import load_onnx  # noqa: E402
 from .tflite_models import load_tflite  # noqa: E402
 
 __version__ = "0.1.0"
-__all__ = ["convert", "convert_backbone", "calibrate", "load_onnx", "load_tflite", "DeltaModel", "Delta", "ConversionReport",
-           "NodeReport", "ConversionError", *_modules_all]
+__all__ = ["convert", "convert_backbone", "calibrate", "load_onnx", "load_tflite", "DeltaModel", "Delta",
+           "ConversionReport", "NodeReport", "ConversionError", *_modules_all]

@@ -32,14 +32,15 @@ class BlazePoseFull(nn.Module):
     ``[N, 195]``, ``"pose_flag"`` ``[N, 1]``, ``"world_landmarks"`` ``[N, 117]``."""
 
     deltaconv_task = "segmentation"      # its person mask, what the demo draws
-    deltaconv_input_size = INPUT_SIZE    # the one size it takes (as a zoo import path too)
+    deltaconv_input_size = INPUT_SIZE    # the one size it takes (the zoo, the demo and the CLI read it)
 
     def __init__(self, network: TFLiteModule) -> None:
         super().__init__()
-        from .video import IMAGENET_MEAN, IMAGENET_STD
+        from .video import imagenet_to_unit
 
-        self.register_buffer("scale", torch.tensor(IMAGENET_STD).view(1, 3, 1, 1))
-        self.register_buffer("shift", torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1))
+        scale, shift = imagenet_to_unit()
+        self.register_buffer("scale", scale)
+        self.register_buffer("shift", shift)
         self.network = network
 
     def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:

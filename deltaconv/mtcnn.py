@@ -59,13 +59,11 @@ class PNetFaces(nn.Module):
 
     def __init__(self, pnet: PNet) -> None:
         super().__init__()
-        from .video import IMAGENET_MEAN, IMAGENET_STD
+        from .video import imagenet_to_unit
 
-        mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
-        std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
-        # (255 * (x * std + mean) - 127.5) / 128, as mtcnn_normalize of the unnormalised frame
+        std, mean = imagenet_to_unit()  # mtcnn_normalize(x * std + mean), as one affine
         self.register_buffer("scale", std * (255.0 * 0.0078125))
-        self.register_buffer("shift", (mean * 255.0 - 127.5) * 0.0078125)
+        self.register_buffer("shift", mtcnn_normalize(mean))
         self.pnet = pnet
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

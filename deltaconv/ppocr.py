@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from .video import IMAGENET_MEAN, IMAGENET_STD
+from .video import imagenet_to_unit
 
 #: the probability RapidOCR's post-processing thresholds the map at (its ``thresh``)
 TEXT_THRESHOLD = 0.3
@@ -27,8 +27,7 @@ class PaddleInput(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        mean = torch.tensor(IMAGENET_MEAN).flip(0).view(1, 3, 1, 1)
-        std = torch.tensor(IMAGENET_STD).flip(0).view(1, 3, 1, 1)
+        std, mean = (t.flip(1) for t in imagenet_to_unit())  # BGR order
         self.register_buffer("scale", 2 * std)
         self.register_buffer("shift", 2 * mean - 1)
 

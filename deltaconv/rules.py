@@ -52,10 +52,6 @@ class Site:
         """Whether argument ``a`` is a node that carries deltas."""
         return isinstance(a, fx.Node) and a in self.delta_nodes
 
-    def rank(self, a: Any) -> Optional[int]:
-        """The number of dims of argument ``a``'s tensor as traced (shape propagation), ``None`` if not known."""
-        return input_rank(a)
-
     def is_delta_tensor(self, a: Any) -> bool:
         """Whether argument ``a`` carries a delta tensor (not a tuple or a shape)."""
         return self.is_delta(a) and _is_tensor_node(a)
@@ -197,7 +193,7 @@ def _channel_softmax(site: Site) -> Optional[Built]:
     x, *rest = site.args
     if not site.is_delta_tensor(x) or not site.literal(rest, site.kwargs):
         return None
-    fn = activations.channel_softmax(site.name, tuple(rest), site.kwargs, rank=site.rank(x))
+    fn = activations.channel_softmax(site.name, tuple(rest), site.kwargs, rank=input_rank(x))
     return None if fn is None else Built(DCActivation(fn), (x,), {})
 
 

@@ -65,6 +65,15 @@ def _import_tflite():
     return tflite
 
 
+def _fused_activation(opts, i: int, kind: str) -> Optional[str]:
+    """The call after op ``i`` (``kind``) for its options' fused activation (``None``: none)."""
+    code = opts.FusedActivationFunction()
+    if code not in _FUSED:
+        raise TFLiteUnsupportedError(f"load_tflite: op {i} {kind} has fused activation {code}; supported: NONE, RELU, "
+                                     f"RELU6, TANH")
+    return _FUSED[code]
+
+
 def _same_padding(size: int, kernel: int, stride: int, dilation: int) -> tuple[int, int]:
     """TensorFlow's SAME padding of one spatial dim: (before, after), the odd one after."""
     out = -(-size // stride)
@@ -75,21 +84,17 @@ def _same_padding(size: int, kernel: int, stride: int, dilation: int) -> tuple[i
 class TFLiteModule(nn.Module):
     """A TFLite graph run channels-first (see the module docstring); build it with :func:`load_tflite`."""
 
-    def __init__(self, steps: list[_Step], inputs: list[int], outputs: list[int], output_ranks: list[int],
-                 modules: dict[str, nn.Module], constants: dict[int, torch.Tensor]) -> None:
+    def __init__(self, steps: list[_Step], inputs: list[int], outputs: list[int], modules: dict[str, nn.Module],
+                 constants: dict[int, torch.Tensor]) -> None:
         super().__init__()
-        self.steps, self.input_ids, self.output_ids, self.output_ranks = steps, inputs, outputs, output_ranks
+        self.steps, self.input_ids, self.output_ids = steps, inputs, outputs
         self.layers = nn.ModuleDict(modules)
-        self._constant_names = {}
-        for tid, value in constants.items():
-            name = f"constant_{tid}"
-            self.register_buffer(name, value)
-            self._constant_names[tid] = name
+        for tid, value in constants.items():  # buffer constant_<tensor id>
+            self.register_buffer(f"constant_{tid}", value)
 
     def _tensor(self, env: dict, tid: int) -> torch.Tensor:
-        if tid in env:
-            return env[tid]
-        return getattr(self, self._constant_names[tid])
+        """Tensor ``tid``: an activation computed in this call, else a constant of the file."""
+        return env[tid] if tid in env else getattr(self, f"constant_{tid}")
 
     def forward(self, x: torch.Tensor):
         """``x``: the file's input channels first; returns its outputs (see the module docstring)."""
@@ -207,12 +212,11 @@ def load_tflite(path: Union[str, os.PathLike]) -> TFLiteModule:
                     conv.bias.copy_(torch.from_numpy(bias.astype(np.float32)))
             modules[name] = conv
             steps.append(_Step(kind, (ins[0],), out, name, () if symmetric else (*pad_w, *pad_h),
-                               _FUSED.get(opts.FusedActivationFunction(), "unsupported")))
+                               _fused_activation(opts, i, kind)))
         elif kind == "ADD":
             opts = tflite.AddOptions()
             opts.Init(options.Bytes, options.Pos)
-            steps.append(_Step(kind, tuple(ins), out, activation=_FUSED.get(opts.FusedActivationFunction(),
-                                                                            "unsupported")))
+            steps.append(_Step(kind, tuple(ins), out, activation=_fused_activation(opts, i, kind)))
         elif kind == "PAD":
             pads = constants.get(ins[1])
             if pads is None or pads.shape != (4, 2) or pads[0].any() or pads[3].any():
@@ -225,8 +229,7 @@ def load_tflite(path: Union[str, os.PathLike]) -> TFLiteModule:
             if opts.Padding() == _SAME:
                 raise TFLiteUnsupportedError(f"load_tflite: op {i} MAX_POOL_2D with SAME padding")
             modules[name] = nn.MaxPool2d((opts.FilterHeight(), opts.FilterWidth()), (opts.StrideH(), opts.StrideW()))
-            steps.append(_Step(kind, (ins[0],), out, name,
-                               activation=_FUSED.get(opts.FusedActivationFunction(), "unsupported")))
+            steps.append(_Step(kind, (ins[0],), out, name, activation=_fused_activation(opts, i, kind)))
         elif kind == "RESIZE_BILINEAR":
             opts = tflite.ResizeBilinearOptions()
             opts.Init(options.Bytes, options.Pos)
@@ -241,13 +244,10 @@ def load_tflite(path: Union[str, os.PathLike]) -> TFLiteModule:
         else:
             raise TFLiteUnsupportedError(f"load_tflite: op {i} is {kind}; supported: CONV_2D, DEPTHWISE_CONV_2D, "
                                          f"ADD, PAD, MAX_POOL_2D, RESIZE_BILINEAR, RESHAPE, LOGISTIC, DEQUANTIZE")
-        if steps and steps[-1].activation == "unsupported":
-            raise TFLiteUnsupportedError(f"load_tflite: op {i} {kind} has a fused activation other than "
-                                         f"NONE, RELU, RELU6, TANH")
     read = {t for s in steps for t in s.inputs}
     used = {t: torch.from_numpy(np.ascontiguousarray(v.astype(np.float32))) for t, v in constants.items()
             if t in read and v.dtype != np.int32}
     inputs = [graph.Inputs(j) for j in range(graph.InputsLength())]
     outputs = [graph.Outputs(j) for j in range(graph.OutputsLength())]
-    module = TFLiteModule(steps, inputs, outputs, [len(shape(t)) for t in outputs], modules, used)
+    module = TFLiteModule(steps, inputs, outputs, modules, used)
     return module.eval()

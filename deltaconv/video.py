@@ -66,6 +66,13 @@ def find_sample_video(name: str = "vtest.avi") -> Path:
                             f"{', ' + _DEBIAN_VTEST if name == 'vtest.avi' else ''}). {SAMPLE_VIDEO_HELP}")
 
 
+def imagenet_to_unit() -> tuple[torch.Tensor, torch.Tensor]:
+    """``(scale, shift)``, ``[1, 3, 1, 1]`` each: an ImageNet-normalised RGB frame ``x`` (:func:`to_tensor`'s) is
+    ``x * scale + shift`` in [0, 1]. Models that take another input scaling put an affine made from it in front,
+    which the converter folds into their first convolution."""
+    return torch.tensor(IMAGENET_STD).view(1, 3, 1, 1), torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
+
+
 def to_tensor(frame_bgr, size: Optional[tuple[int, int]] = None, normalize: bool = True) -> torch.Tensor:
     """An OpenCV BGR ``uint8`` frame ``[H, W, 3]`` as a float tensor ``[1, 3, h, w]`` (RGB, in
     [0, 1], ImageNet-normalised if ``normalize``), resized to ``size = (h, w)`` if given."""
@@ -84,13 +91,19 @@ def to_tensor(frame_bgr, size: Optional[tuple[int, int]] = None, normalize: bool
 
 def read_frames(path: Union[str, os.PathLike, None] = None, max_frames: Optional[int] = None,
                 size: Optional[tuple[int, int]] = None, normalize: bool = True, start: int = 0,
-                stride: int = 1) -> Iterator[torch.Tensor]:
+                stride: int = 1, crop: Optional[tuple[int, int, int, int]] = None) -> Iterator[torch.Tensor]:
     """Yield frames of a video as ``[1, 3, h, w]`` float tensors (see :func:`to_tensor`).
 
     ``path`` defaults to the sample ``vtest.avi``; ``start``/``stride`` select frames;
-    ``max_frames`` bounds how many are yielded.
+    ``max_frames`` bounds how many are yielded; ``crop = (x, y, width, height)`` in the video's pixels takes that
+    region of each frame before the resize to ``size`` (a fixed region of a static camera's view, as a model of
+    person crops watches one person).
     """
     import cv2
+
+    if crop is not None and not (len(crop) == 4 and all(isinstance(v, int) for v in crop) and min(crop) >= 0
+                                 and min(crop[2:]) > 0):
+        raise ValueError(f"read_frames: crop must be (x, y, width, height), ints >= 0 and a size > 0; got {crop!r}")
 
     path = find_sample_video() if path is None else Path(path)
     if not Path(path).is_file():
@@ -105,6 +118,9 @@ def read_frames(path: Union[str, os.PathLike, None] = None, max_frames: Optional
             if not ok:
                 break
             if index >= start and (index - start) % stride == 0:
+                if crop is not None:
+                    x, y, w, h = crop
+                    frame = frame[y:y + h, x:x + w]
                 yield to_tensor(frame, size, normalize)
                 yielded += 1
             index += 1

@@ -7,8 +7,8 @@ A model is named in one of three ways:
   ``craft_mlt_25k.pth``), ``ppocr_det`` (PP-OCRv4's DBNet text detector, RapidOCR's ONNX file
   through onnx2torch), ``mtcnn_pnet`` (MTCNN's face-proposal network, facenet-pytorch's ``pnet.pt``:
   :class:`deltaconv.mtcnn.PNetFaces`) and ``blazepose_full`` (MediaPipe's BlazePose landmark network, the
-  mediapipe wheel's TFLite file: :class:`deltaconv.blazepose.BlazePoseFull`, 256x256 crops only, its
-  ``input_size``);
+  mediapipe wheel's TFLite file: :class:`deltaconv.blazepose.BlazePoseFull`, 256x256 crops only, the
+  ``deltaconv_input_size`` it declares);
 * a **torchvision name** (``torchvision.models.list_models()``: classification, semantic
   segmentation and detection models, keypoint R-CNN included); their pretrained weights are used
   when the file is already in the torch hub cache (nothing is downloaded), else the weights are
@@ -67,7 +67,6 @@ class _Entry:
     task: str
     weights: str
     description: str
-    input_size: Optional[tuple[int, int]] = None
 
 
 def _mobilenet_v2() -> nn.Module:
@@ -112,7 +111,7 @@ REAL_WEIGHT_MODELS: dict[str, _Entry] = {
                          "MTCNN's face-proposal network PNet (per-channel PReLUs, a softmax), real weights"),
     "blazepose_full": _Entry(_blazepose_full, "segmentation", "pose_landmark_full.tflite (mediapipe)",
                              "MediaPipe's BlazePose landmark network (TFLite; 256x256 crops; its person mask drawn), "
-                             "real weights", input_size=(256, 256)),
+                             "real weights"),
 }
 #: other accepted spellings of the real-weight models
 ALIASES = {"craft_mlt_25k": "craft", "mobilenetv2": "mobilenet_v2", "ppocr_v4_det": "ppocr_det", "dbnet": "ppocr_det",
@@ -195,13 +194,19 @@ def _import_path(spec: str) -> ZooModel:
     task = getattr(model, "deltaconv_task", None)
     if task is not None and task not in TASKS:
         raise ValueError(f"model: {spec!r} sets deltaconv_task to {task!r}; expected one of {TASKS}")
+    return ZooModel(spec, model.eval(), task, f"as built by {spec}", getattr(model, "categories", None),
+                    _declared_input_size(model, spec))
+
+
+def _declared_input_size(model: nn.Module, name: str) -> Optional[tuple[int, int]]:
+    """The one input size ``(H, W)`` that ``model`` declares (``deltaconv_input_size``), ``None`` if it declares none;
+    a ``ValueError`` naming ``name`` for anything but two positive ints."""
     size = getattr(model, "deltaconv_input_size", None)
     if size is not None and not (isinstance(size, (tuple, list)) and len(size) == 2
                                  and all(isinstance(v, int) and v > 0 for v in size)):
-        raise ValueError(f"model: {spec!r} sets deltaconv_input_size to {size!r}; expected (height, width), "
+        raise ValueError(f"model: {name!r} sets deltaconv_input_size to {size!r}; expected (height, width), "
                          f"positive ints")
-    return ZooModel(spec, model.eval(), task, f"as built by {spec}", getattr(model, "categories", None),
-                    None if size is None else tuple(size))
+    return None if size is None else tuple(size)
 
 
 def load(name: str) -> ZooModel:
@@ -218,7 +223,8 @@ def load(name: str) -> ZooModel:
     if key in REAL_WEIGHT_MODELS:
         entry = REAL_WEIGHT_MODELS[key]
         categories = imagenet_categories() if entry.task == "classification" else None
-        return ZooModel(key, entry.factory().eval(), entry.task, entry.weights, categories, entry.input_size)
+        model = entry.factory().eval()
+        return ZooModel(key, model, entry.task, entry.weights, categories, _declared_input_size(model, key))
     tv = torchvision_names()
     if key in tv:
         return _torchvision(key, tv[key])

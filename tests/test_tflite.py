@@ -200,20 +200,8 @@ def test_blazepose_in_the_zoo():
 def _vtest_crops(box: tuple[int, int, int], first: int, count: int) -> list[torch.Tensor]:
     """Square crops ``box = (x0, y0, side)`` of vtest.avi frames ``first`` .. ``first + count - 1``, resized to 256x256
     and ImageNet-normalised (a fixed region of the static camera's frame, as a pose stage watches one person)."""
-    import cv2
-
-    from deltaconv.video import find_sample_video, to_tensor
-
-    cap = cv2.VideoCapture(str(find_sample_video()))
-    cap.set(cv2.CAP_PROP_POS_FRAMES, first)
     x0, y0, side = box
-    crops = []
-    for _ in range(count):
-        ok, frame = cap.read()
-        assert ok
-        crops.append(to_tensor(cv2.resize(frame[y0:y0 + side, x0:x0 + side], (256, 256))))
-    cap.release()
-    return crops
+    return list(read_frames(max_frames=count, size=(256, 256), start=first, crop=(x0, y0, side, side)))
 
 
 #: two pedestrians of vtest.avi's frame 30 (boxes found from the difference to the median frame) and an empty corner

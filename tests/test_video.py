@@ -5,6 +5,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 
 from deltaconv import video
 
@@ -72,3 +73,21 @@ def test_find_sample_video_in_the_origins_shared_folder(checkout_and_clone, monk
     monkeypatch.delenv("DELTACONV_VIDEOS", raising=False)
     monkeypatch.setattr(video, "local_origin", lambda root: main.resolve())
     assert video.find_sample_video("clip.mp4") == main.resolve().parent / "shared" / "videos" / "clip.mp4"
+
+
+def test_read_frames_crop():
+    """``crop=(x, y, width, height)`` takes that region of each frame (before any resize); a bad crop is named."""
+    import cv2
+
+    from deltaconv.video import find_sample_video, read_frames, to_tensor
+
+    cap = cv2.VideoCapture(str(find_sample_video()))
+    cap.set(cv2.CAP_PROP_POS_FRAMES, 3)
+    ok, frame = cap.read()
+    cap.release()
+    assert ok
+    got = next(read_frames(max_frames=1, start=3, crop=(100, 50, 40, 30)))
+    assert got.shape == (1, 3, 30, 40)
+    torch.testing.assert_close(got, to_tensor(frame[50:80, 100:140]))
+    with pytest.raises(ValueError, match=r"read_frames: crop must be .* got \(1, 2, 0, 4\)"):
+        next(read_frames(max_frames=1, crop=(1, 2, 0, 4)))
