@@ -100,9 +100,10 @@ def time_frames(fn, frames, warmup: int) -> tuple[float, list]:
 
 def alternate_frames(runs: dict, frames, warmup: int, compared=None) -> tuple[dict, float]:
     """Variants of one model run frame by frame in turn on the same frames: ``{variant: median ms
-    per frame}`` (CUDA events, after ``warmup`` frames) and the largest absolute difference between
-    the output of any variant in ``compared`` (default: all) and the first variant's (0 when they
-    compute the same)."""
+    per frame}`` (CUDA events, after ``warmup`` frames) and the largest absolute difference between the
+    primary output (``deltaconv.fidelity.primary_output``) of any variant in ``compared`` (default: all) and the
+    first variant's (0 when they compute the same)."""
+    from deltaconv.fidelity import primary_output
     times, diff = {v: [] for v in runs}, 0.0
     compared = set(runs if compared is None else compared)
     for i, f in enumerate(frames):
@@ -112,7 +113,7 @@ def alternate_frames(runs: dict, frames, warmup: int, compared=None) -> tuple[di
             if i >= warmup:
                 times[v].append(ms)
             if v in compared or not outs:
-                outs.append((y["out"] if isinstance(y, dict) else y).float())
+                outs.append(primary_output(y).float())
         diff = max([diff] + [(o - outs[0]).abs().max().item() for o in outs[1:]])
     return {v: statistics.median(x) for v, x in times.items()}, diff
 

@@ -323,3 +323,35 @@ def test_layer_density_groups_layers_by_their_stride_against_the_frame():
     assert [r["density"] for r in rows] == pytest.approx([0.5, 20 / 300, 0.05, 1.0])
     assert [r["share_dense"] for r in rows] == pytest.approx([100 / 1100, 300 / 1100, 600 / 1100, 100 / 1100])
     assert [r["share_done"] for r in rows] == pytest.approx([50 / 200, 20 / 200, 30 / 200, 100 / 200])
+
+
+def test_zoo_speed_takes_the_models_own_input_size_and_rejects_another():
+    zs = load("zoo_speed")
+    own = zs.zoo.ZooModel("pose", torch.nn.Identity(), None, "none", input_size=(256, 256))
+    anything = zs.zoo.ZooModel("any", torch.nn.Identity(), None, "none")
+    assert zs.input_size(own, None) == (256, 256)
+    assert zs.input_size(own, [256, 256]) == (256, 256)
+    assert zs.input_size(anything, [576, 768]) == (576, 768)
+    with pytest.raises(ValueError, match=r"--size: pose takes only 256x256, got 576x768"):
+        zs.input_size(own, [576, 768])
+    with pytest.raises(ValueError, match=r"--size: any takes any input size"):
+        zs.input_size(anything, None)
+
+
+def test_zoo_speed_checks_frames_against_warmup():
+    zs = load("zoo_speed")
+    with pytest.raises(SystemExit):
+        zs.main(["--frames", "5", "--warmup", "8"])
+
+
+def test_zoo_speed_output_errors_are_over_the_whole_sequence_after_the_key_frame():
+    zs = load("zoo_speed")
+    ref = [{"a": torch.tensor([9.0]), "p": torch.tensor([0.0])}, {"a": torch.tensor([3.0]), "p": torch.tensor([0.0])},
+           {"a": torch.tensor([4.0]), "p": torch.tensor([1.0])}]
+    got = [{"a": torch.tensor([0.0]), "p": torch.tensor([5.0])}, {"a": torch.tensor([3.0]), "p": torch.tensor([1e-4])},
+           {"a": torch.tensor([4.0 + 5.0]), "p": torch.tensor([1.0])}]
+    errors = zs.output_errors(got, ref)
+    assert errors["a"] == pytest.approx(1.0)  # sqrt(25 / (9 + 16)); the key frame's 9 is not counted
+    assert errors["p"] == pytest.approx(1e-4)  # finite although the reference is 0 on a frame
+    assert zs.named_outputs((torch.ones(1), "x", torch.zeros(1))).keys() == {"out0", "out2"}
+    assert zs.named_outputs(torch.ones(1)).keys() == {"out"}

@@ -230,15 +230,28 @@ def test_blazepose_finds_the_pedestrians():
 @pytest.mark.gpu
 @pytest.mark.skipif(bool(cuda_backend_reason()), reason=cuda_backend_reason() or "ok")
 def test_blazepose_on_the_cuda_backend():
-    """float16 on the CUDA kernels, replayed as a CUDA graph, at threshold 0: the heatmaps and landmarks within the
-    dense float16 model's own rounding."""
+    """float16 on the CUDA kernels, replayed as a CUDA graph, at threshold 0: the heatmaps and landmarks as close to
+    the float32 model (TF32 off) as the dense float16 model is, within 3x its error over the frames. Not to the dense
+    float16 model itself: this network's float16 rounding alone moves its landmarks by 0.2-1.4 % of their norm from
+    frame to frame, so two float16 computations of it differ by as much (an H100 gave 1.4 % on the fourth frame)."""
+    exact = blazepose_full().cuda()
     model = blazepose_full().cuda().half()
-    frames = [f.cuda().half() for f in _crops(4)]
-    dm = deltaconv.convert(model, backend="cuda", example_input=frames[0], cuda_graph=True, check_finite=False)
+    frames = [f.cuda() for f in _crops(6)]
+    dm = deltaconv.convert(model, backend="cuda", example_input=frames[0].half(), cuda_graph=True, check_finite=False)
     assert not dm.report.fallbacks
-    with torch.no_grad():
-        for x in frames:
-            got, ref = dm(x), model(x)
-            for name in ("heatmaps", "landmarks"):
-                err = (got[name].float() - ref[name].float()).norm() / ref[name].float().norm()
-                assert err.item() < 1e-2, name
+    squares = {(who, name): 0.0 for who in ("delta", "dense", "exact") for name in ("heatmaps", "landmarks")}
+    allow_tf32 = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        with torch.no_grad():
+            for x in frames:
+                outs = {"delta": dm(x.half()), "dense": model(x.half()), "exact": exact(x)}
+                for who, out in outs.items():
+                    for name in ("heatmaps", "landmarks"):
+                        diff = out[name].double() - (0 if who == "exact" else outs["exact"][name].double())
+                        squares[who, name] += float(diff.norm() ** 2)
+    finally:
+        torch.backends.cudnn.allow_tf32 = allow_tf32
+    for name in ("heatmaps", "landmarks"):
+        delta, dense = ((squares[who, name] / squares["exact", name]) ** 0.5 for who in ("delta", "dense"))
+        assert delta <= 3 * dense and delta < 0.05, (name, delta, dense)
