@@ -3,11 +3,11 @@
 Subcommands::
 
     deltaconv demo      [--video PATH | --camera N] [--model NAME] [--threshold T] [--device cpu|cuda]
-                        [--max-frames N] [--size HxW] [--out out.mp4] ...
+                        [--max-frames N] [--size HxW] [--crop X,Y,W,H] [--out out.mp4] ...
     deltaconv convert   MODEL --report [--size HxW]
     deltaconv bench     {kernel,video,all} [args forwarded to benchmarks/<name>_sweep.py]
     deltaconv calibrate [--video PATH] [--model NAME] --tolerance E [--start JSON] [--out thresholds.json]
-                        [--frames N] [--size HxW] [--metric M] [--plot PNG]
+                        [--frames N] [--size HxW] [--crop X,Y,W,H] [--metric M] [--plot PNG]
 
 ``main(argv)`` returns the exit status: 0 on success, 1 when the command failed, 2 for a usage error
 (argparse errors exit with status 2 as usual).
@@ -22,6 +22,9 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
+#: the zoo's other real-weight models, named in the help (kept here so that ``--help`` imports no torch; a test
+#: checks it against ``deltaconv.zoo.REAL_WEIGHT_MODELS``)
+REAL_WEIGHT_NAMES = "craft, ppocr_det, mtcnn_pnet, blazepose_full"
 #: the benchmark scripts ``deltaconv bench`` runs, by sweep name
 BENCH_SCRIPTS = {"kernel": "kernel_sweep.py", "video": "video_sweep.py"}
 
@@ -65,6 +68,19 @@ def _count_or_all(text: str) -> Optional[int]:
     return _nonneg_int(text) or None
 
 
+def parse_crop(text: str) -> tuple[int, int, int, int]:
+    """``"X,Y,W,H"`` (e.g. ``"585,227,148,148"``) as ``(x, y, width, height)`` in the video's pixels, the order of
+    :func:`deltaconv.video.read_frames`' ``crop``."""
+    try:
+        x, y, w, h = (int(t) for t in str(text).split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected X,Y,W,H (corner and size in pixels) such as 585,227,148,148, "
+                                         f"got {text!r}") from None
+    if min(x, y) < 0 or min(w, h) < 1:
+        raise argparse.ArgumentTypeError(f"expected a corner >= 0 and a size >= 1, got {text!r}")
+    return x, y, w, h
+
+
 def _float_list(text: str) -> list[float]:
     try:
         values = [float(t) for t in text.split(",") if t.strip()]
@@ -91,8 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--video", metavar="PATH", help="video file (default: the sample vtest.avi)")
     src.add_argument("--camera", metavar="N", type=int, help="camera index for cv2.VideoCapture")
     d.add_argument("--model", default="mobilenet_v2", metavar="NAME",
-                   help="mobilenet_v2 (default, real ImageNet weights), craft, ppocr_det, mtcnn_pnet (real "
-                   "weights), a torchvision name, or pkg.module:factory")
+                   help=f"mobilenet_v2 (default, real ImageNet weights), {REAL_WEIGHT_NAMES} (real weights), a "
+                   "torchvision name, or pkg.module:factory")
     d.add_argument("--threshold", type=_nonneg_float, default=0.02, metavar="T",
                    help="uniform threshold of the sparsifier and non-linear layers (default 0.02)")
     d.add_argument("--thresholds", metavar="JSON", help="per-layer thresholds (from deltaconv calibrate)")
@@ -115,6 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="frames to process (default 150; 0: the whole video)")
     d.add_argument("--size", type=parse_size, metavar="HxW",
                    help="model input size (default: the model's own size if it has one, else the video's)")
+    d.add_argument("--crop", type=parse_crop, metavar="X,Y,W,H",
+                   help="the region of every frame the models see, in the video's pixels, before the resize to "
+                        "--size: a fixed person crop for a pose model such as blazepose_full (default: whole frames)")
     d.add_argument("--out", default="demo.mp4", metavar="out.mp4", help="annotated video to write (default demo.mp4)")
     d.add_argument("--snapshot", metavar="PNG", help="also save one annotated frame as PNG")
     d.add_argument("--snapshot-frame", type=int, default=-1, metavar="I",
@@ -123,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=cmd_demo)
 
     c = sub.add_parser("convert", help="convert a model and print the conversion table",
-                       description="Convert a model (torchvision name, mobilenet_v2, craft, ppocr_det, mtcnn_pnet, or "
+                       description=f"Convert a model (torchvision name, mobilenet_v2, {REAL_WEIGHT_NAMES}, or "
                        "pkg.module:factory) "
                        "and print what became of every node, and the fallbacks.")
     c.add_argument("model", metavar="MODEL")
@@ -169,6 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--frames", type=_positive_int, default=8, metavar="N", help="frames to calibrate on (default 8)")
     k.add_argument("--size", type=parse_size, metavar="HxW",
                    help="model input size (default: the model's own size if it has one, else the video's)")
+    k.add_argument("--crop", type=parse_crop, metavar="X,Y,W,H",
+                   help="calibrate on this region of every frame (as demo --crop; default: whole frames)")
     k.add_argument("--sweep", type=_float_list, default=[0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5], metavar="T,T,...",
                    help="uniform thresholds of the trade-off table and plot")
     k.add_argument("--plot", metavar="PNG", help="trade-off plot (default: <out>.png)")
@@ -201,7 +222,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
              max_frames=args.max_frames, size=args.size, out=args.out, backend=args.backend,
              thresholds=args.thresholds, snapshot=args.snapshot, snapshot_frame=args.snapshot_frame,
              progress=not args.no_progress, verbose=True, dtype=args.dtype, cuda_graph=args.cuda_graph,
-             fold_bn=False if args.no_fold_bn else None, recompute=not args.no_recompute)
+             fold_bn=False if args.no_fold_bn else None, recompute=not args.no_recompute, crop=args.crop)
     return 0
 
 
@@ -284,14 +305,24 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return status
 
 
-def _load_frames(video, frames: int, size, normalize: bool = True):
+def _load_frames(video, frames: int, size, normalize: bool = True, crop=None):
     from .video import read_frames
 
     if video is not None and not Path(video).is_file():
         from .video import SAMPLE_VIDEO_HELP
 
         raise CLIError(f"--video: {video!r} does not exist. {SAMPLE_VIDEO_HELP}")
-    out = list(read_frames(video, max_frames=frames, size=size, normalize=normalize))
+    if crop is not None:  # inside the video's frames, or an error that names the option
+        import numpy as np
+
+        from .video import crop_frame, find_sample_video, video_info
+
+        info = video_info(video if video is not None else find_sample_video())
+        try:
+            crop_frame(np.empty((info["height"], info["width"]), np.uint8), crop, "--crop")
+        except ValueError as error:
+            raise CLIError(str(error)) from None
+    out = list(read_frames(video, max_frames=frames, size=size, normalize=normalize, crop=crop))
     if len(out) < 2:
         raise CLIError(f"--video: {str(video)!r} gave {len(out)} frame(s); at least 2 are needed")
     return out
@@ -350,7 +381,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         from .detection import backbone_input, feature_maps
 
         full_model = entry.model.to(args.device, dtype).eval()
-        images = _load_frames(video, args.frames, args.size, normalize=False)  # the detector normalises itself
+        images = _load_frames(video, args.frames, args.size, normalize=False, crop=args.crop)  # normalised by it
         model = full_model.backbone
         frames = [backbone_input(full_model, f.to(args.device, dtype)) for f in images]
         output_fn, what = feature_maps, f"{entry.name}'s backbone"
@@ -358,7 +389,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     else:
         model = entry.model.to(args.device, dtype)
         size = args.size or entry.input_size  # the one size the model takes, else the video's
-        frames = [f.to(args.device, dtype) for f in _load_frames(video, args.frames, size)]
+        frames = [f.to(args.device, dtype) for f in _load_frames(video, args.frames, size, crop=args.crop)]
     if args.cost != "flops":
         kwargs["cost"] = args.cost
     backend = args.backend

@@ -20,7 +20,7 @@ import torch
 
 from . import fidelity as _fid
 from .fidelity import primary_output
-from .video import SAMPLE_VIDEO_HELP, find_sample_video, to_tensor
+from .video import SAMPLE_VIDEO_HELP, check_crop, crop_frame, find_sample_video, to_tensor
 
 #: height of each panel of the demo video (pixels); widths keep the frame's aspect ratio
 PANEL_HEIGHT = 288
@@ -307,7 +307,8 @@ def run_demo(video: Union[str, os.PathLike, None] = None, camera: Optional[int] 
              backend: str = "auto", thresholds: Union[None, dict, str] = None,
              snapshot: Union[str, os.PathLike, None] = None, snapshot_frame: int = -1,
              progress: bool = True, verbose: bool = True, dtype: Union[None, str, torch.dtype] = None,
-             cuda_graph: Optional[bool] = None, fold_bn: Optional[bool] = None, recompute: bool = True) -> dict:
+             cuda_graph: Optional[bool] = None, fold_bn: Optional[bool] = None, recompute: bool = True,
+             crop: Optional[tuple[int, int, int, int]] = None) -> dict:
     """Run the dense ``model`` and its converted delta model side by side on a video.
 
     Args:
@@ -333,9 +334,12 @@ def run_demo(video: Union[str, os.PathLike, None] = None, camera: Optional[int] 
             the thresholds file records it, else folded).
         recompute: value mode where the graph allows (``convert(..., recompute=...)``, the default);
             ``False``: delta mode everywhere.
+        crop: ``(x, y, width, height)`` in the video's pixels: the region of every frame the models see (and the
+            panels show), before the resize to ``size``: a fixed person crop for a pose model such as
+            ``blazepose_full``, which takes 256x256 crops (``None``: the whole frame).
 
     Returns the summary dict (also printed when ``verbose``): frame count, ``thresholds`` (what was
-    used, in words), ``dtype``, ``cuda_graph``, ``fold_bn``, ``recompute``,
+    used, in words), ``size``, ``crop``, ``dtype``, ``cuda_graph``, ``fold_bn``, ``recompute``,
     mean dense and delta milliseconds and their ratio ``speedup`` over the non-key frames (the first,
     and in float16 / bfloat16, and float32 in TF32 on a GPU, one every 1,000 frames,
     ``refresh_every="auto"``) and those that
@@ -355,6 +359,7 @@ def run_demo(video: Union[str, os.PathLike, None] = None, camera: Optional[int] 
         raise ValueError(f"--max-frames: must be >= 1, got {max_frames!r}")
     if size is not None and (len(size) != 2 or min(size) < 1):
         raise ValueError(f"--size: must be (height, width) >= 1, got {size!r}")
+    check_crop(crop, "--crop")
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError(f"--device: {device!r} asked but torch.cuda.is_available() is False")
@@ -384,7 +389,7 @@ def run_demo(video: Union[str, os.PathLike, None] = None, camera: Optional[int] 
                          "Detection and pose)")
     dense = entry.model.to(dev, dtype)
     cap, source, fps, count = open_source(video, camera)
-    frames = _read(cap, max_frames)
+    frames = (crop_frame(frame, crop, "--crop") for frame in _read(cap, max_frames))
     first = next(frames, None)
     if first is None:
         raise RuntimeError(f"--video: no frame could be read from {source!r}")
@@ -495,7 +500,8 @@ def run_demo(video: Union[str, os.PathLike, None] = None, camera: Optional[int] 
     tops = [r["top1"] for r in rows if r["top1"] is not None]
     summary = {
         "model": entry.name, "weights": entry.weights, "task": task, "source": source, "frames": len(rows),
-        "size": tuple(size), "threshold": float(threshold), "thresholds": threshold_label,
+        "size": tuple(size), "crop": tuple(crop) if crop is not None else None,
+        "threshold": float(threshold), "thresholds": threshold_label,
         "device": dev.type, "backend": used_backend,
         "dtype": str(dtype).split(".")[-1], "cuda_graph": bool(cuda_graph), "fold_bn": dm.fold_bn,
         "recompute": bool(recompute),
@@ -516,8 +522,10 @@ def run_demo(video: Union[str, os.PathLike, None] = None, camera: Optional[int] 
 def format_summary(summary: dict) -> str:
     """The demo summary as a few human-readable lines."""
     s = summary
+    crop = s.get("crop")
+    region = f" (each frame's region x={crop[0]}, y={crop[1]}, width {crop[2]}, height {crop[3]})" if crop else ""
     lines = [f"deltaconv demo: {s['model']} ({s['weights']}) on {s['source']}, {s['frames']} frames at "
-             f"{s['size'][0]}x{s['size'][1]}, {s.get('thresholds') or 'threshold %g' % s['threshold']}, "
+             f"{s['size'][0]}x{s['size'][1]}{region}, {s.get('thresholds') or 'threshold %g' % s['threshold']}, "
              f"{s['device']}/{s['backend']} "
              f"{s.get('dtype', 'float32')}{', both as CUDA graphs' if s.get('cuda_graph') else ''}",
              f"  mean over non-key frames: dense {s['dense_ms']:.1f} ms, delta {s['delta_ms']:.1f} ms, "

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 from typing import Iterator, Optional, Union
 
+import numpy as np
 import torch
 
 #: ImageNet normalisation used by torchvision's pretrained models
@@ -89,6 +90,27 @@ def to_tensor(frame_bgr, size: Optional[tuple[int, int]] = None, normalize: bool
     return rgb.unsqueeze(0).contiguous(memory_format=torch.channels_last)
 
 
+def check_crop(crop: Optional[tuple[int, int, int, int]], name: str = "crop") -> None:
+    """Raise a ``ValueError`` naming ``name`` unless ``crop`` is ``None`` or ``(x, y, width, height)``: ints, the
+    corner >= 0 and the size > 0."""
+    if crop is not None and not (isinstance(crop, (tuple, list)) and len(crop) == 4
+                                 and all(isinstance(v, int) for v in crop) and min(crop) >= 0 and min(crop[2:]) > 0):
+        raise ValueError(f"{name} must be (x, y, width, height), ints >= 0 and a size > 0; got {crop!r}")
+
+
+def crop_frame(frame: np.ndarray, crop: Optional[tuple[int, int, int, int]], name: str = "crop") -> np.ndarray:
+    """The region ``crop = (x, y, width, height)`` of an image ``[H, W, ...]`` (all of it for ``None``); a
+    ``ValueError`` naming ``name`` and the frame's size when the region does not lie inside the frame."""
+    if crop is None:
+        return frame
+    x, y, w, h = crop
+    height, width = frame.shape[:2]
+    if x + w > width or y + h > height:
+        raise ValueError(f"{name}: the region (x={x}, y={y}, width={w}, height={h}) does not lie inside the "
+                         f"{width}x{height} (width x height) frame")
+    return frame[y:y + h, x:x + w]
+
+
 def read_frames(path: Union[str, os.PathLike, None] = None, max_frames: Optional[int] = None,
                 size: Optional[tuple[int, int]] = None, normalize: bool = True, start: int = 0,
                 stride: int = 1, crop: Optional[tuple[int, int, int, int]] = None) -> Iterator[torch.Tensor]:
@@ -101,10 +123,7 @@ def read_frames(path: Union[str, os.PathLike, None] = None, max_frames: Optional
     """
     import cv2
 
-    if crop is not None and not (len(crop) == 4 and all(isinstance(v, int) for v in crop) and min(crop) >= 0
-                                 and min(crop[2:]) > 0):
-        raise ValueError(f"read_frames: crop must be (x, y, width, height), ints >= 0 and a size > 0; got {crop!r}")
-
+    check_crop(crop, "read_frames: crop")
     path = find_sample_video() if path is None else Path(path)
     if not Path(path).is_file():
         raise FileNotFoundError(f"read_frames: video {str(path)!r} does not exist. {SAMPLE_VIDEO_HELP}")
@@ -118,10 +137,7 @@ def read_frames(path: Union[str, os.PathLike, None] = None, max_frames: Optional
             if not ok:
                 break
             if index >= start and (index - start) % stride == 0:
-                if crop is not None:
-                    x, y, w, h = crop
-                    frame = frame[y:y + h, x:x + w]
-                yield to_tensor(frame, size, normalize)
+                yield to_tensor(crop_frame(frame, crop, "read_frames: crop"), size, normalize)
                 yielded += 1
             index += 1
     finally:

@@ -33,6 +33,20 @@ def test_parse_size():
             cli.parse_size(bad)
 
 
+def test_parse_crop():
+    assert cli.parse_crop("585,227,148,148") == (585, 227, 148, 148)
+    assert cli.parse_crop(" 0, 0,1,2") == (0, 0, 1, 2)
+    for bad in ("1,2,3", "a,b,c,d", "1,2,0,4", "-1,2,3,4", "1x2x3x4"):
+        with pytest.raises(Exception, match=repr(bad)):
+            cli.parse_crop(bad)
+
+
+def test_help_names_every_real_weight_model():
+    from deltaconv import zoo
+
+    assert cli.REAL_WEIGHT_NAMES.split(", ") == [n for n in zoo.REAL_WEIGHT_MODELS if n != "mobilenet_v2"]
+
+
 def test_demo_defaults():
     args = cli.build_parser().parse_args(["demo"])
     assert args.model == "mobilenet_v2" and args.video is None and args.camera is None
@@ -49,6 +63,7 @@ def test_demo_defaults():
     (["demo", "--device", "tpu"], ["argument --device", "'tpu'"]),
     (["demo", "--video", "a.avi", "--camera", "0"], ["argument --camera", "not allowed with argument --video"]),
     (["calibrate"], ["--tolerance"]),
+    (["demo", "--crop", "1,2,3"], ["argument --crop", "'1,2,3'"]),
     (["bench", "gpu"], ["argument sweep", "'gpu'"]),
     ([], ["demo,convert,bench,calibrate"]),
 ])
@@ -198,6 +213,21 @@ def test_calibrate_writes_loadable_thresholds_table_and_plot(capsys, tmp_path, m
     from deltaconv.weights import mobilenet_v2_imagenet
     dm = deltaconv.convert(mobilenet_v2_imagenet(), thresholds=str(out))  # the format convert loads
     assert set(dm.thresholds().values()) == {0.01}
+
+
+def test_calibrate_crop_takes_a_region_and_names_one_outside_the_frame(capsys, tmp_path, monkeypatch):
+    calls = {}
+
+    def fake_calibrate(model, frames, tolerance, metric="rel_err", **kw):
+        calls.update(shape=tuple(frames[0].shape))
+        return {}
+
+    monkeypatch.setitem(sys.modules, "deltaconv.calibrate", types.SimpleNamespace(calibrate=fake_calibrate))
+    common = ("calibrate", "--tolerance", "0.05", "--frames", "2", "--sweep", "0", "--out", str(tmp_path / "t.json"))
+    status, _, err = run(capsys, *common, "--crop", "700,500,69,77")  # vtest.avi is 768x576
+    assert status == 2 and "--crop: the region (x=700, y=500, width=69, height=77) does not lie inside the 768x576" in err
+    run(capsys, *common, "--crop", "700,500,68,76")
+    assert calls == {"shape": (1, 3, 76, 68)}  # the region at its own size (no --size)
 
 
 # ----------------------------------------------------------------------------- entry points
