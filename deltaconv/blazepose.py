@@ -22,6 +22,24 @@ from .tflite_models import TFLiteModule, load_tflite
 OUTPUT_NAMES = ("out", "heatmaps", "landmarks", "pose_flag", "world_landmarks")
 #: the crop size the file was made for
 INPUT_SIZE = (256, 256)
+#: the body landmarks among the 39 (the last 6 are MediaPipe's auxiliary ones for its crop tracking)
+BODY_LANDMARKS = 33
+#: the skeleton's edges between body landmarks (MediaPipe's ``POSE_CONNECTIONS``,
+#: ``mediapipe/python/solutions/pose_connections.py``, Apache-2.0)
+POSE_CONNECTIONS = ((0, 1), (1, 2), (2, 3), (3, 7), (0, 4), (4, 5), (5, 6), (6, 8), (9, 10), (11, 12), (11, 13),
+                    (13, 15), (15, 17), (15, 19), (15, 21), (17, 19), (12, 14), (14, 16), (16, 18), (16, 20),
+                    (16, 22), (18, 20), (11, 23), (12, 24), (23, 24), (23, 25), (24, 26), (25, 27), (26, 28),
+                    (27, 29), (28, 30), (29, 31), (30, 32), (27, 31), (28, 32))
+
+
+def keypoints(landmarks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The body landmarks of the ``"landmarks"`` output ``[N, 195]`` (39 x (x, y, z, visibility, presence), x and y
+    in input pixels): their ``(x, y)`` ``[N, 33, 2]`` and their visibility as a probability ``[N, 33]`` (the
+    sigmoid of the visibility logit, as MediaPipe decodes it)."""
+    if landmarks.dim() != 2 or landmarks.shape[1] != 195:
+        raise ValueError(f"keypoints: landmarks must be [N, 195] (39 landmarks x 5), got {tuple(landmarks.shape)}")
+    points = landmarks.reshape(-1, 39, 5)[:, :BODY_LANDMARKS]
+    return points[..., :2], torch.sigmoid(points[..., 3])
 
 
 class BlazePoseFull(nn.Module):
@@ -31,7 +49,7 @@ class BlazePoseFull(nn.Module):
     :func:`deltaconv.fidelity.primary_output` compares), then ``"heatmaps"`` ``[N, 39, 64, 64]``, ``"landmarks"``
     ``[N, 195]``, ``"pose_flag"`` ``[N, 1]``, ``"world_landmarks"`` ``[N, 117]``."""
 
-    deltaconv_task = "segmentation"      # its person mask, what the demo draws
+    deltaconv_task = "pose"              # the demo draws its person mask and its skeleton (keypoints())
     deltaconv_input_size = INPUT_SIZE    # the one size it takes (the zoo, the demo and the CLI read it)
 
     def __init__(self, network: TFLiteModule) -> None:

@@ -3,7 +3,7 @@
 Subcommands::
 
     deltaconv demo      [--video PATH | --camera N] [--model NAME] [--threshold T] [--device cpu|cuda]
-                        [--max-frames N] [--size HxW] [--crop X,Y,W,H] [--out out.mp4] ...
+                        [--max-frames N] [--start N] [--size HxW] [--crop X,Y,W,H] [--out out.mp4] ...
     deltaconv convert   MODEL --report [--size HxW]
     deltaconv bench     {kernel,video,all} [args forwarded to benchmarks/<name>_sweep.py]
     deltaconv calibrate [--video PATH] [--model NAME] --tolerance E [--start JSON] [--out thresholds.json]
@@ -62,6 +62,7 @@ def _number(parse, valid, expected: str):
 _nonneg_float = _number(float, lambda v: math.isfinite(v) and v >= 0, "a number >= 0")
 _positive_int = _number(int, lambda v: v >= 1, "an integer >= 1")
 _nonneg_int = _number(int, lambda v: v >= 0, "an integer >= 0 (0: all frames)")
+_frame_index = _number(int, lambda v: v >= 0, "a frame index >= 0")
 
 
 def _count_or_all(text: str) -> Optional[int]:
@@ -134,6 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--crop", type=parse_crop, metavar="X,Y,W,H",
                    help="the region of every frame the models see, in the video's pixels, before the resize to "
                         "--size: a fixed person crop for a pose model such as blazepose_full (default: whole frames)")
+    d.add_argument("--start", type=_frame_index, default=0, metavar="N",
+                   help="the first frame of the video to run (default 0)")
     d.add_argument("--out", default="demo.mp4", metavar="out.mp4", help="annotated video to write (default demo.mp4)")
     d.add_argument("--snapshot", metavar="PNG", help="also save one annotated frame as PNG")
     d.add_argument("--snapshot-frame", type=int, default=-1, metavar="I",
@@ -222,7 +225,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
              max_frames=args.max_frames, size=args.size, out=args.out, backend=args.backend,
              thresholds=args.thresholds, snapshot=args.snapshot, snapshot_frame=args.snapshot_frame,
              progress=not args.no_progress, verbose=True, dtype=args.dtype, cuda_graph=args.cuda_graph,
-             fold_bn=False if args.no_fold_bn else None, recompute=not args.no_recompute, crop=args.crop)
+             fold_bn=False if args.no_fold_bn else None, recompute=not args.no_recompute, crop=args.crop,
+             start=args.start)
     return 0
 
 

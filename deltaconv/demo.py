@@ -53,9 +53,13 @@ def open_source(video: Union[str, os.PathLike, None] = None, camera: Optional[in
     return cap, str(path), float(fps) if fps and fps > 0 else 10.0, count if count > 0 else None
 
 
-def _read(cap, max_frames: Optional[int]) -> Iterator[np.ndarray]:
+def _read(cap, max_frames: Optional[int], start: int = 0) -> Iterator[np.ndarray]:
+    """Up to ``max_frames`` frames of ``cap`` after skipping its first ``start`` (read, so exact for any codec)."""
     n = 0
     try:
+        for _ in range(start):
+            if not cap.grab():
+                return
         while max_frames is None or n < max_frames:
             ok, frame = cap.read()
             if not ok:
@@ -170,7 +174,8 @@ def draw_result(panel: np.ndarray, out: Any, task: str, categories: Optional[Seq
     ``classification``: top-1 name and softmax confidence (green when it equals ``ref_label``, red
     when not); ``segmentation``: argmax classes in VOC colours over the frame (a heat map for one
     channel); ``text``: CRAFT's region score (PP-OCR's text probability) as a heat map; ``faces``: the face
-    probability map as a heat map.
+    probability map as a heat map; ``pose``: BlazePose's person mask as a heat map and its skeleton (landmarks whose
+    visibility is below 0.5 left out; their pixels are those of the mask, the model's input).
     """
     import cv2
 
@@ -190,6 +195,9 @@ def draw_result(panel: np.ndarray, out: Any, task: str, categories: Optional[Seq
         heat = _heat(score, (w, h), cv2.COLORMAP_JET)
         alpha = np.clip(cv2.resize(score, (w, h)), 0, 1)[..., None] * 0.7 + 0.15
         return (img * (1 - alpha) + heat * alpha).astype(np.uint8)
+    if task == "pose":
+        return _draw_pose(cv2.addWeighted(img, 0.6, _heat(torch.sigmoid(t[0, 0]).numpy(), (w, h), cv2.COLORMAP_JET),
+                                          0.4, 0), out, t.shape[-2:])
     if task == "segmentation":
         if t.dim() != 4:
             raise ValueError(f"draw_result: segmentation output must be [N, C, h, w], got shape {tuple(t.shape)}")
@@ -202,7 +210,27 @@ def draw_result(panel: np.ndarray, out: Any, task: str, categories: Optional[Seq
         colors = _palette(int(t.shape[1]))[cls]
         fg = (cls > 0)[..., None]
         return np.where(fg, (img * 0.45 + colors * 0.55).astype(np.uint8), img)
-    raise ValueError(f"draw_result: task must be one of classification, segmentation, text, faces; got {task!r}")
+    raise ValueError(f"draw_result: task must be one of classification, segmentation, text, faces, pose; got {task!r}")
+
+
+def _draw_pose(img: np.ndarray, out: dict, input_hw) -> np.ndarray:
+    """BlazePose's skeleton on ``img`` (in place): its body landmarks (``out["landmarks"]``, in pixels of an input of
+    ``input_hw``) scaled to the panel, the visible ones (visibility >= 0.5) and the edges between them."""
+    import cv2
+
+    from .blazepose import POSE_CONNECTIONS, keypoints
+
+    xy, visible = keypoints(out["landmarks"].detach().float().cpu())
+    h, w = img.shape[:2]
+    points = (xy[0] * torch.tensor([w / input_hw[1], h / input_hw[0]])).round().int().tolist()
+    shown = (visible[0] >= 0.5).tolist()
+    for a, b in POSE_CONNECTIONS:
+        if shown[a] and shown[b]:
+            cv2.line(img, tuple(points[a]), tuple(points[b]), (255, 255, 255), 2, cv2.LINE_AA)
+    for (x, y), on in zip(points, shown):
+        if on:
+            cv2.circle(img, (x, y), 3, (0, 220, 255), -1, cv2.LINE_AA)
+    return img
 
 
 def draw_mask(panel: np.ndarray, mask: Optional[torch.Tensor]) -> np.ndarray:
@@ -308,7 +336,7 @@ def run_demo(video: Union[str, os.PathLike, None] = None, camera: Optional[int] 
              snapshot: Union[str, os.PathLike, None] = None, snapshot_frame: int = -1,
              progress: bool = True, verbose: bool = True, dtype: Union[None, str, torch.dtype] = None,
              cuda_graph: Optional[bool] = None, fold_bn: Optional[bool] = None, recompute: bool = True,
-             crop: Optional[tuple[int, int, int, int]] = None) -> dict:
+             crop: Optional[tuple[int, int, int, int]] = None, start: int = 0) -> dict:
     """Run the dense ``model`` and its converted delta model side by side on a video.
 
     Args:
@@ -337,9 +365,10 @@ def run_demo(video: Union[str, os.PathLike, None] = None, camera: Optional[int] 
         crop: ``(x, y, width, height)`` in the video's pixels: the region of every frame the models see (and the
             panels show), before the resize to ``size``: a fixed person crop for a pose model such as
             ``blazepose_full``, which takes 256x256 crops (``None``: the whole frame).
+        start: the first frame of the video to run (the ones before are skipped).
 
     Returns the summary dict (also printed when ``verbose``): frame count, ``thresholds`` (what was
-    used, in words), ``size``, ``crop``, ``dtype``, ``cuda_graph``, ``fold_bn``, ``recompute``,
+    used, in words), ``size``, ``crop``, ``start``, ``dtype``, ``cuda_graph``, ``fold_bn``, ``recompute``,
     mean dense and delta milliseconds and their ratio ``speedup`` over the non-key frames (the first,
     and in float16 / bfloat16, and float32 in TF32 on a GPU, one every 1,000 frames,
     ``refresh_every="auto"``) and those that
@@ -360,6 +389,8 @@ def run_demo(video: Union[str, os.PathLike, None] = None, camera: Optional[int] 
     if size is not None and (len(size) != 2 or min(size) < 1):
         raise ValueError(f"--size: must be (height, width) >= 1, got {size!r}")
     check_crop(crop, "--crop")
+    if not isinstance(start, int) or start < 0:
+        raise ValueError(f"--start: must be an integer >= 0, got {start!r}")
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError(f"--device: {device!r} asked but torch.cuda.is_available() is False")
@@ -389,10 +420,13 @@ def run_demo(video: Union[str, os.PathLike, None] = None, camera: Optional[int] 
                          "Detection and pose)")
     dense = entry.model.to(dev, dtype)
     cap, source, fps, count = open_source(video, camera)
-    frames = (crop_frame(frame, crop, "--crop") for frame in _read(cap, max_frames))
+    frames = (crop_frame(frame, crop, "--crop") for frame in _read(cap, max_frames, start))
     first = next(frames, None)
     if first is None:
-        raise RuntimeError(f"--video: no frame could be read from {source!r}")
+        raise RuntimeError(f"--video: no frame could be read from {source!r}"
+                           + (f" after skipping {start} (--start)" if start else ""))
+    if count is not None:
+        count = max(count - start, 1)
     if size is None:  # the one size the model takes (zoo input_size), else the video's
         size = entry.input_size or tuple(first.shape[:2])
     x0 = to_tensor(first, size).to(dev, dtype)
@@ -500,7 +534,7 @@ def run_demo(video: Union[str, os.PathLike, None] = None, camera: Optional[int] 
     tops = [r["top1"] for r in rows if r["top1"] is not None]
     summary = {
         "model": entry.name, "weights": entry.weights, "task": task, "source": source, "frames": len(rows),
-        "size": tuple(size), "crop": tuple(crop) if crop is not None else None,
+        "size": tuple(size), "crop": tuple(crop) if crop is not None else None, "start": start,
         "threshold": float(threshold), "thresholds": threshold_label,
         "device": dev.type, "backend": used_backend,
         "dtype": str(dtype).split(".")[-1], "cuda_graph": bool(cuda_graph), "fold_bn": dm.fold_bn,
@@ -524,7 +558,8 @@ def format_summary(summary: dict) -> str:
     s = summary
     crop = s.get("crop")
     region = f" (each frame's region x={crop[0]}, y={crop[1]}, width {crop[2]}, height {crop[3]})" if crop else ""
-    lines = [f"deltaconv demo: {s['model']} ({s['weights']}) on {s['source']}, {s['frames']} frames at "
+    first = f" from frame {s['start']}" if s.get("start") else ""
+    lines = [f"deltaconv demo: {s['model']} ({s['weights']}) on {s['source']}, {s['frames']} frames{first} at "
              f"{s['size'][0]}x{s['size'][1]}{region}, {s.get('thresholds') or 'threshold %g' % s['threshold']}, "
              f"{s['device']}/{s['backend']} "
              f"{s.get('dtype', 'float32')}{', both as CUDA graphs' if s.get('cuda_graph') else ''}",

@@ -32,7 +32,7 @@ import torch
 import torch.nn as nn
 
 #: tasks of the zoo's models; the demo draws all but ``"detection"``; ``None`` means "infer from the output"
-TASKS = ("classification", "segmentation", "text", "faces", "detection")
+TASKS = ("classification", "segmentation", "text", "faces", "pose", "detection")
 
 
 class UnknownModelError(ValueError):
@@ -46,7 +46,8 @@ class ZooModel:
     ``task``: ``"classification"`` (logits ``[N, classes]``), ``"segmentation"`` (``[N, C, h, w]``
     class scores, or a dict with ``"out"``), ``"text"`` (CRAFT's ``(score [N, h, w, 2], feature)``, or
     PP-OCR's text probability ``[N, 1, H, W]``), ``"faces"`` (MTCNN PNet's face probability ``[N, 1, h, w]``
-    first, then its boxes),
+    first, then its boxes), ``"pose"`` (BlazePose's dict: person mask logits ``"out"`` ``[N, 1, H, W]``, and
+    ``"landmarks"`` ``[N, 195]``, :func:`deltaconv.blazepose.keypoints`),
     ``"detection"`` (torchvision's detection models: a list of images in, a list of dicts of boxes
     out) or ``None`` (unknown: the demo infers it from the output's shape). ``weights`` says where the
     weights come from; ``categories`` names the classes when known; ``input_size`` ``(H, W)`` is the only
@@ -109,9 +110,9 @@ REAL_WEIGHT_MODELS: dict[str, _Entry] = {
                         "PP-OCRv4 text detector (DBNet, ONNX through onnx2torch), real weights"),
     "mtcnn_pnet": _Entry(_mtcnn_pnet, "faces", "pnet.pt (facenet-pytorch)",
                          "MTCNN's face-proposal network PNet (per-channel PReLUs, a softmax), real weights"),
-    "blazepose_full": _Entry(_blazepose_full, "segmentation", "pose_landmark_full.tflite (mediapipe)",
-                             "MediaPipe's BlazePose landmark network (TFLite; 256x256 crops; its person mask drawn), "
-                             "real weights"),
+    "blazepose_full": _Entry(_blazepose_full, "pose", "pose_landmark_full.tflite (mediapipe)",
+                             "MediaPipe's BlazePose landmark network (TFLite; 256x256 crops; its person mask and "
+                             "skeleton drawn), real weights"),
 }
 #: other accepted spellings of the real-weight models
 ALIASES = {"craft_mlt_25k": "craft", "mobilenetv2": "mobilenet_v2", "ppocr_v4_det": "ppocr_det", "dbnet": "ppocr_det",

@@ -64,6 +64,7 @@ def test_demo_defaults():
     (["demo", "--video", "a.avi", "--camera", "0"], ["argument --camera", "not allowed with argument --video"]),
     (["calibrate"], ["--tolerance"]),
     (["demo", "--crop", "1,2,3"], ["argument --crop", "'1,2,3'"]),
+    (["demo", "--start", "-2"], ["argument --start", "a frame index >= 0", "'-2'"]),
     (["bench", "gpu"], ["argument sweep", "'gpu'"]),
     ([], ["demo,convert,bench,calibrate"]),
 ])

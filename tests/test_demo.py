@@ -49,19 +49,25 @@ def test_tiny_demo_mobilenet_v2_real_weights(tmp_path):
     assert s["thresholds"] == "threshold 0" and "threshold 0," in text
 
 
-def test_demo_crop_runs_the_models_on_a_region_of_each_frame():
-    """``crop``: the models see (and the panels show) a fixed region of every frame; one outside the frame is named."""
+def test_demo_crop_and_start_choose_what_the_models_see():
+    """``crop``: the models see (and the panels show) a fixed region of every frame; one outside the frame is named.
+    ``start``: the first frame run is that frame of the video."""
+    import unittest.mock
+
+    import cv2
+
+    from deltaconv import zoo
+    from deltaconv.video import find_sample_video, to_tensor
+
     seen = []
     model = nn.Conv2d(3, 2, 3, padding=1)
-    model.register_forward_pre_hook(lambda module, args: seen.append(tuple(args[0].shape)))
-    from deltaconv import zoo
+    model.register_forward_pre_hook(lambda module, args: seen.append(args[0].detach().clone()))
     entry = zoo.ZooModel("conv", model, "segmentation", "random")
-    import unittest.mock
     with unittest.mock.patch.object(zoo, "load", lambda name: entry):
         s = demo.run_demo(model="conv", device="cpu", max_frames=2, out=None, crop=(100, 50, 40, 30), progress=False,
                           verbose=False)
         assert s["crop"] == (100, 50, 40, 30) and s["size"] == (30, 40)  # the region's own size without --size
-        assert set(seen) == {(1, 3, 30, 40)}
+        assert {tuple(x.shape) for x in seen} == {(1, 3, 30, 40)}
         assert "each frame's region x=100, y=50, width 40, height 30" in demo.format_summary(s)
         with pytest.raises(ValueError, match=r"--crop: the region \(x=700, y=0, width=100, height=10\) does not lie "
                                              r"inside the 768x576"):
@@ -69,6 +75,17 @@ def test_demo_crop_runs_the_models_on_a_region_of_each_frame():
                           verbose=False)
         with pytest.raises(ValueError, match=r"--crop must be \(x, y, width, height\).* got \(1, 2, 3\)"):
             demo.run_demo(model="conv", out=None, crop=(1, 2, 3))
+        seen.clear()
+        s = demo.run_demo(model="conv", device="cpu", max_frames=1, out=None, start=5, size=(8, 8), progress=False,
+                          verbose=False)
+        assert s["start"] == 5 and "1 frames from frame 5 at" in demo.format_summary(s)
+        with pytest.raises(ValueError, match=r"--start: must be an integer >= 0, got -1"):
+            demo.run_demo(model="conv", out=None, start=-1)
+    cap = cv2.VideoCapture(str(find_sample_video()))
+    frames = [cap.read()[1] for _ in range(6)]
+    cap.release()
+    torch.testing.assert_close(seen[0], to_tensor(frames[5], (8, 8)))  # frame 5, not 4 or 6
+    assert not torch.equal(seen[0], to_tensor(frames[4], (8, 8)))
 
 
 def test_demo_names_per_layer_thresholds(tmp_path):

@@ -8,6 +8,7 @@ import importlib.util
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 import deltaconv
 from deltaconv.blazepose import OUTPUT_NAMES, blazepose_full
@@ -184,17 +185,17 @@ def test_blazepose_converts_and_equals_dense():
 
 
 def test_blazepose_in_the_zoo():
-    """The zoo's blazepose_full (alias blazepose): BlazePoseFull with its input size, its person mask the output the
-    demo draws (task segmentation, one channel)."""
+    """The zoo's blazepose_full (alias blazepose): BlazePoseFull with its input size and task pose (the demo draws its
+    person mask and its skeleton)."""
     from deltaconv import zoo
     from deltaconv.blazepose import BlazePoseFull
 
     entry = zoo.load("BlazePose")
     assert entry.name == "blazepose_full" and isinstance(entry.model, BlazePoseFull)
-    assert entry.input_size == (256, 256) and entry.task == "segmentation" and "mediapipe" in entry.weights
+    assert entry.input_size == (256, 256) and entry.task == "pose" and "mediapipe" in entry.weights
     assert "blazepose_full" in zoo.names() and zoo.load("mobilenet_v2").input_size is None
     by_path = zoo.load("deltaconv.blazepose:blazepose_full")  # the module names its size and task itself
-    assert by_path.input_size == (256, 256) and by_path.task == "segmentation"
+    assert by_path.input_size == (256, 256) and by_path.task == "pose"
 
 
 def _vtest_crops(box: tuple[int, int, int], first: int, count: int) -> list[torch.Tensor]:
@@ -206,6 +207,35 @@ def _vtest_crops(box: tuple[int, int, int], first: int, count: int) -> list[torc
 
 #: two pedestrians of vtest.avi's frame 30 (boxes found from the difference to the median frame) and an empty corner
 _PEDESTRIANS, _EMPTY = ((585, 227, 148), (318, 154, 166)), (0, 0, 150)
+
+
+def test_blazepose_keypoints_lie_on_the_person_and_the_demo_draws_them():
+    """keypoints(): (x, y) in input pixels and a visibility probability; on two pedestrians of vtest.avi most body
+    landmarks are visible and lie on the network's own person mask; the demo's pose panel draws them."""
+    from deltaconv import demo
+    from deltaconv.blazepose import keypoints
+
+    model = blazepose_full()
+    for box in _PEDESTRIANS:
+        with torch.no_grad():
+            out = model(_vtest_crops(box, 30, 1)[0])
+        xy, visible = keypoints(out["landmarks"])
+        assert xy.shape == (1, 33, 2) and visible.shape == (1, 33) and 0 <= visible.min() <= visible.max() <= 1
+        shown = visible[0] >= 0.5
+        assert shown.sum() >= 20, box
+        px = xy[0][shown].round().long().clamp(0, 255)
+        # the mask (sigmoid > 0.5 covers 8-9 % of the crop) grown by 4 pixels: hands and feet sit on its edge
+        person = F.max_pool2d((out["out"] > 0).float(), 9, stride=1, padding=4)[0, 0] > 0
+        on_person, swapped = (person[px[:, 1], px[:, 0]].float().mean().item(),
+                              person[px[:, 0], px[:, 1]].float().mean().item())
+        assert on_person > 0.85 and swapped < 0.5, (box, on_person, swapped)  # 0.92-0.96 and 0.17 here
+    panel = np.full((128, 128, 3), 128, np.uint8)
+    drawn = demo.draw_result(panel, out, "pose")
+    points = (xy[0][shown] / 2).round().long().clamp(0, 127)  # the panel is half the input's size
+    colours = drawn[points[:, 1], points[:, 0]].astype(int)  # BGR: the landmarks' amber dots, over mask and lines
+    assert ((colours[:, 0] < 60) & (colours[:, 1] > 180) & (colours[:, 2] > 220)).mean() > 0.8
+    with pytest.raises(ValueError, match=r"keypoints: landmarks must be \[N, 195\].*got \(1, 117\)"):
+        keypoints(out["world_landmarks"])
 
 
 def test_blazepose_finds_the_pedestrians():
