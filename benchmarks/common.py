@@ -94,8 +94,20 @@ def time_frames(fn, frames, warmup: int) -> tuple[float, list]:
         ms, y = timed_call(fn, f)
         if i >= warmup:
             times.append(ms)
-        outs.append({k: v.clone() for k, v in y.items()} if isinstance(y, dict) else y.clone())
+        outs.append(cloned_output(y))
     return statistics.median(times), outs
+
+
+def cloned_output(y):
+    """A copy of a model's output: a tensor, or a dict, tuple or list of them (nested), other values as they are (a
+    CUDA graph's outputs are overwritten by its next replay)."""
+    if torch.is_tensor(y):
+        return y.clone()
+    if isinstance(y, dict):
+        return {k: cloned_output(v) for k, v in y.items()}
+    if isinstance(y, (tuple, list)):
+        return type(y)(cloned_output(v) for v in y)
+    return y
 
 
 def alternate_frames(runs: dict, frames, warmup: int, compared=None) -> tuple[dict, float]:

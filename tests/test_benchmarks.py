@@ -355,3 +355,13 @@ def test_zoo_speed_output_errors_are_over_the_whole_sequence_after_the_key_frame
     assert errors["p"] == pytest.approx(1e-4)  # finite although the reference is 0 on a frame
     assert zs.named_outputs((torch.ones(1), "x", torch.zeros(1))).keys() == {"out0", "out2"}
     assert zs.named_outputs(torch.ones(1)).keys() == {"out"}
+
+
+def test_cloned_output_copies_tensors_in_any_nesting():
+    common = load("common")
+    a, b = torch.zeros(2), torch.ones(1)
+    got = common.cloned_output({"out": a, "rest": (b, [a], "name")})
+    a.add_(5)
+    b.add_(5)
+    assert torch.equal(got["out"], torch.zeros(2)) and torch.equal(got["rest"][0], torch.ones(1))
+    assert isinstance(got["rest"], tuple) and torch.equal(got["rest"][1][0], torch.zeros(2)) and got["rest"][2] == "name"
