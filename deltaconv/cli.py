@@ -412,7 +412,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                            change_detector=detector, truncation=args.truncation, fold_bn=not args.no_fold_bn,
                            **sweep_kw)
     h, w = frames[0].shape[-2:]
-    print(f"calibrated {len(thresholds)} thresholds of {what} on {len(frames)} frames of {video} at {h}x{w} "
+    from .video import describe_crop
+
+    print(f"calibrated {len(thresholds)} thresholds of {what} on {len(frames)} frames of {video} at {h}x{w}"
+          f"{describe_crop(args.crop)} "
           f"in {args.dtype} on {args.device} ({backend} backend) for tolerance {args.tolerance:g} ({args.metric}); "
           f"wrote {out}")
     if output_fn is not None:

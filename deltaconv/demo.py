@@ -20,7 +20,7 @@ import torch
 
 from . import fidelity as _fid
 from .fidelity import primary_output
-from .video import SAMPLE_VIDEO_HELP, check_crop, crop_frame, find_sample_video, to_tensor
+from .video import SAMPLE_VIDEO_HELP, check_crop, crop_frame, describe_crop, find_sample_video, to_tensor
 
 #: height of each panel of the demo video (pixels); widths keep the frame's aspect ratio
 PANEL_HEIGHT = 288
@@ -556,8 +556,7 @@ def run_demo(video: Union[str, os.PathLike, None] = None, camera: Optional[int] 
 def format_summary(summary: dict) -> str:
     """The demo summary as a few human-readable lines."""
     s = summary
-    crop = s.get("crop")
-    region = f" (each frame's region x={crop[0]}, y={crop[1]}, width {crop[2]}, height {crop[3]})" if crop else ""
+    region = describe_crop(s.get("crop"))
     first = f" from frame {s['start']}" if s.get("start") else ""
     lines = [f"deltaconv demo: {s['model']} ({s['weights']}) on {s['source']}, {s['frames']} frames{first} at "
              f"{s['size'][0]}x{s['size'][1]}{region}, {s.get('thresholds') or 'threshold %g' % s['threshold']}, "

@@ -111,6 +111,15 @@ def crop_frame(frame: np.ndarray, crop: Optional[tuple[int, int, int, int]], nam
     return frame[y:y + h, x:x + w]
 
 
+def describe_crop(crop: Optional[tuple[int, int, int, int]]) -> str:
+    """`` (each frame's region x=..., y=..., width ..., height ...)`` for a crop, ``""`` for ``None`` (the demo's and
+    the CLI's summaries)."""
+    if crop is None:
+        return ""
+    x, y, w, h = crop
+    return f" (each frame's region x={x}, y={y}, width {w}, height {h})"
+
+
 def read_frames(path: Union[str, os.PathLike, None] = None, max_frames: Optional[int] = None,
                 size: Optional[tuple[int, int]] = None, normalize: bool = True, start: int = 0,
                 stride: int = 1, crop: Optional[tuple[int, int, int, int]] = None) -> Iterator[torch.Tensor]:
