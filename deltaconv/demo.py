@@ -220,6 +220,9 @@ def _draw_pose(img: np.ndarray, out: dict, input_hw) -> np.ndarray:
 
     from .blazepose import POSE_CONNECTIONS, keypoints
 
+    if not isinstance(out, dict) or not torch.is_tensor(out.get("landmarks")):
+        raise ValueError(f"draw_result: a pose output must be a dict with BlazePose's 'landmarks' [N, 195], got "
+                         f"{type(out).__name__}" + (f" with keys {sorted(out)}" if isinstance(out, dict) else ""))
     xy, visible = keypoints(out["landmarks"].detach().float().cpu())
     h, w = img.shape[:2]
     points = (xy[0] * torch.tensor([w / input_hw[1], h / input_hw[0]])).round().int().tolist()

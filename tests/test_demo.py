@@ -165,6 +165,9 @@ def test_draw_result_tasks():
     assert np.abs(img[30:, 40:].astype(int) - 128).max() < 40
     with pytest.raises(ValueError, match="task must be one of .* got 'boxes'"):
         demo.draw_result(panel, logits, "boxes")
+    with pytest.raises(ValueError, match=r"a pose output must be a dict with BlazePose's 'landmarks' \[N, 195\], got "
+                                         r"dict with keys \['out'\]"):
+        demo.draw_result(panel, {"out": faces}, "pose")
     mask = torch.zeros(1, 1, 12, 16, dtype=torch.bool)
     mask[..., :4, :4] = True
     m = demo.draw_mask(panel, mask)
