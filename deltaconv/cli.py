@@ -7,7 +7,7 @@ Subcommands::
     deltaconv convert   MODEL --report [--size HxW]
     deltaconv bench     {kernel,video,all} [args forwarded to benchmarks/<name>_sweep.py]
     deltaconv calibrate [--video PATH] [--model NAME] --tolerance E [--start JSON] [--out thresholds.json]
-                        [--frames N] [--size HxW] [--crop X,Y,W,H] [--metric M] [--plot PNG]
+                        [--frames N] [--size HxW] [--crop X,Y,W,H] [--output NAME] [--metric M] [--plot PNG]
 
 ``main(argv)`` returns the exit status: 0 on success, 1 when the command failed, 2 for a usage error
 (argparse errors exit with status 2 as usual).
@@ -193,6 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="model input size (default: the model's own size if it has one, else the video's)")
     k.add_argument("--crop", type=parse_crop, metavar="X,Y,W,H",
                    help="calibrate on this region of every frame (as demo --crop; default: whole frames)")
+    k.add_argument("--output", metavar="NAME",
+                   help="the output the error is measured on: a key of a dict output (landmarks of blazepose_full) "
+                        "or the index of a tuple's (default: the primary output, a dict's 'out' or first value)")
     k.add_argument("--sweep", type=_float_list, default=[0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5], metavar="T,T,...",
                    help="uniform thresholds of the trade-off table and plot")
     k.add_argument("--plot", metavar="PNG", help="trade-off plot (default: <out>.png)")
@@ -381,6 +384,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.step is not None:
         kwargs["step"] = args.step
     output_fn, what = None, entry.name
+    if args.output is not None and entry.task == "detection":
+        raise CLIError(f"--output: a detector's backbone is calibrated on all its feature maps; got --output "
+                       f"{args.output!r} for {entry.name}")
     if entry.task == "detection":  # calibrate the backbone that convert_backbone converts, on every pyramid level
         from .detection import backbone_input, feature_maps
 
@@ -394,6 +400,11 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         model = entry.model.to(args.device, dtype)
         size = args.size or entry.input_size  # the one size the model takes, else the video's
         frames = [f.to(args.device, dtype) for f in _load_frames(video, args.frames, size, crop=args.crop)]
+        if args.output is not None:
+            from .fidelity import OutputPicker
+
+            output_fn, what = OutputPicker(args.output), f"{entry.name} ({args.output})"
+            kwargs["output_fn"] = output_fn
     if args.cost != "flops":
         kwargs["cost"] = args.cost
     backend = args.backend
@@ -418,7 +429,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
           f"{describe_crop(args.crop)} "
           f"in {args.dtype} on {args.device} ({backend} backend) for tolerance {args.tolerance:g} ({args.metric}); "
           f"wrote {out}")
-    if output_fn is not None:
+    if entry.task == "detection":
         print(f"use them with deltaconv.convert_backbone(model, frames, thresholds={str(out)!r})")
     print(format_sweep(rows))
     plot = Path(args.plot) if args.plot else out.with_suffix(".png")

@@ -31,7 +31,7 @@ import torch
 Tensor = torch.Tensor
 
 __all__ = ["relative_error", "topk_contains", "top1_agrees", "mask_iou", "label_iou", "flops_density", "flops_totals",
-           "element_density", "cost_totals", "COSTS", "primary_output", "METRICS", "TASK_METRICS", "FidelityReport", "compare", "video_frames"]
+           "element_density", "cost_totals", "COSTS", "primary_output", "OutputPicker", "METRICS", "TASK_METRICS", "FidelityReport", "compare", "video_frames"]
 
 
 # ----------------------------------------------------------------------------- per-frame metrics
@@ -150,6 +150,27 @@ def primary_output(out) -> Tensor:
     if isinstance(out, (tuple, list)):
         return primary_output(out[0])
     raise TypeError(f"primary_output: expected a tensor, dict or tuple output, got {type(out).__name__}")
+
+
+class OutputPicker:
+    """An ``output_fn`` that picks one named output: ``out[name]`` of a dict output, ``out[int(name)]`` of a tuple or
+    list (``deltaconv calibrate --output landmarks`` for BlazePose's landmarks instead of its mask); a ``ValueError``
+    that lists the names the output has otherwise. A class, not a closure, so that it pickles."""
+
+    def __init__(self, name: str) -> None:
+        self.name = str(name)
+
+    def __call__(self, out) -> Tensor:
+        if isinstance(out, dict) and self.name in out:
+            return out[self.name]
+        if isinstance(out, (tuple, list)) and self.name.lstrip("-").isdigit() and -len(out) <= int(self.name) < len(out):
+            return out[int(self.name)]
+        names = (sorted(out) if isinstance(out, dict) else list(range(len(out))) if isinstance(out, (tuple, list))
+                 else "none (a single tensor)")
+        raise ValueError(f"output: the model's output has no {self.name!r}; its outputs: {names}")
+
+    def __repr__(self) -> str:
+        return f"OutputPicker({self.name!r})"
 
 
 # ----------------------------------------------------------------------------- running both models

@@ -232,6 +232,56 @@ def test_calibrate_crop_takes_a_region_and_names_one_outside_the_frame(capsys, t
     assert "at 76x68 (each frame's region x=700, y=500, width 68, height 76)" in out, (status, out, err)
 
 
+def test_calibrate_output_measures_the_named_output(capsys, tmp_path, monkeypatch):
+    """--output NAME: calibrate() and the trade-off table compare that output of a dict (or tuple) model."""
+    import torch
+    import torch.nn as nn
+
+    from deltaconv import zoo
+    from deltaconv.fidelity import OutputPicker
+
+    class TwoHeads(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Conv2d(3, 2, 3, padding=1), nn.Conv2d(3, 1, 1)
+
+        def forward(self, x):
+            return {"out": self.a(x), "aux": self.b(x)}
+
+    calls = {}
+
+    def fake_calibrate(model, frames, tolerance, metric="rel_err", **kw):
+        calls.update(kw)
+        return {}
+
+    entry = zoo.ZooModel("two_heads", TwoHeads().eval(), "segmentation", "random")
+    monkeypatch.setattr(zoo, "load", lambda name: entry)
+    monkeypatch.setitem(sys.modules, "deltaconv.calibrate", types.SimpleNamespace(calibrate=fake_calibrate))
+    common = ("calibrate", "--tolerance", "0.05", "--frames", "2", "--size", "16x24", "--sweep", "0",
+              "--out", str(tmp_path / "t.json"))
+    status, out, err = run(capsys, *common, "--output", "aux")
+    assert status == 0, err
+    assert isinstance(calls["output_fn"], OutputPicker) and calls["output_fn"].name == "aux"
+    assert "thresholds of two_heads (aux) on 2 frames" in out and "convert_backbone" not in out
+    x = torch.zeros(1, 3, 4, 4)
+    assert calls["output_fn"](entry.model(x)).shape == (1, 1, 4, 4)
+    status, out, err = run(capsys, *common, "--output", "landmarks")
+    assert status != 0 and "output: the model's output has no 'landmarks'; its outputs: ['aux', 'out']" in out + err
+
+
+def test_output_picker_names_what_there_is():
+    import torch
+
+    from deltaconv.fidelity import OutputPicker
+
+    t = torch.ones(1)
+    assert OutputPicker("1")((t, 2 * t))[0] == 2 and OutputPicker("-1")([t, 3 * t])[0] == 3
+    with pytest.raises(ValueError, match=r"no '2'; its outputs: \[0, 1\]"):
+        OutputPicker("2")((t, t))
+    with pytest.raises(ValueError, match=r"no 'x'; its outputs: none \(a single tensor\)"):
+        OutputPicker("x")(t)
+
+
 # ----------------------------------------------------------------------------- entry points
 def test_console_script_declared():
     try:
