@@ -1,5 +1,5 @@
 """Any zoo model (``deltaconv.zoo.load``: a real-weight entry such as ``mtcnn_pnet`` or ``blazepose_full``, a
-torchvision name, or an import path) converted and timed against the same dense model on real video.
+torchvision name, an import path or a ``.onnx`` / ``.tflite`` file) converted and timed against the same dense model on real video.
 
 For each model and threshold, three variants run frame by frame in turn on the same frames (CUDA events around
 each call, medians after ``--warmup`` frames): the dense model eager, the dense model replayed as a CUDA graph
@@ -127,6 +127,8 @@ def main(argv=None) -> None:
     p.add_argument("--video", default="vtest.avi")
     p.add_argument("--size", nargs=2, type=int, metavar=("H", "W"), help="default: the model's own input size")
     p.add_argument("--crop", nargs=4, type=int, metavar=("X", "Y", "W", "H"), help="a fixed region of each frame")
+    p.add_argument("--input-range", choices=("imagenet", "unit", "signed", "byte"),
+                   help="a model file's input scaling (deltaconv.model_files; default: its format's)")
     p.add_argument("--start", type=int, default=0, help="first frame")
     p.add_argument("--frames", type=int, default=60, help="frames, the key frame and capture frame included")
     p.add_argument("--warmup", type=int, default=8)
@@ -141,7 +143,7 @@ def main(argv=None) -> None:
     torch.backends.cudnn.benchmark = True
     video, rows = find_sample_video(a.video), []
     for name in a.models:
-        entry = zoo.load(name)
+        entry = zoo.load(name, a.input_range)
         size = input_size(entry, a.size)
         frames = [f.to("cuda", getattr(torch, a.dtype)) for f in
                   read_frames(video, max_frames=a.frames, size=size, start=a.start,
