@@ -1,5 +1,6 @@
 """Any zoo model (``deltaconv.zoo.load``: a real-weight entry such as ``mtcnn_pnet`` or ``blazepose_full``, a
-torchvision name, an import path or a ``.onnx`` / ``.tflite`` file) converted and timed against the same dense model on real video.
+torchvision name, an import path or a ``.onnx`` / ``.tflite`` file) converted and timed against the same dense model
+on real video.
 
 For each model and threshold, three variants run frame by frame in turn on the same frames (CUDA events around
 each call, medians after ``--warmup`` frames): the dense model eager, the dense model replayed as a CUDA graph
