@@ -31,7 +31,8 @@ import torch
 Tensor = torch.Tensor
 
 __all__ = ["relative_error", "topk_contains", "top1_agrees", "mask_iou", "label_iou", "flops_density", "flops_totals",
-           "element_density", "cost_totals", "COSTS", "primary_output", "OutputPicker", "METRICS", "TASK_METRICS", "FidelityReport", "compare", "video_frames"]
+           "element_density", "cost_totals", "COSTS", "primary_output", "OutputPicker", "METRICS", "TASK_METRICS",
+           "FidelityReport", "compare", "video_frames"]
 
 
 # ----------------------------------------------------------------------------- per-frame metrics
@@ -163,8 +164,9 @@ class OutputPicker:
     def __call__(self, out) -> Tensor:
         if isinstance(out, dict) and self.name in out:
             return out[self.name]
-        if isinstance(out, (tuple, list)) and self.name.lstrip("-").isdigit() and -len(out) <= int(self.name) < len(out):
-            return out[int(self.name)]
+        index = int(self.name) if self.name.lstrip("-").isdigit() else None
+        if isinstance(out, (tuple, list)) and index is not None and -len(out) <= index < len(out):
+            return out[index]
         names = (sorted(out) if isinstance(out, dict) else list(range(len(out))) if isinstance(out, (tuple, list))
                  else "none (a single tensor)")
         raise ValueError(f"output: the model's output has no {self.name!r}; its outputs: {names}")

@@ -226,7 +226,8 @@ def test_calibrate_crop_takes_a_region_and_names_one_outside_the_frame(capsys, t
     monkeypatch.setitem(sys.modules, "deltaconv.calibrate", types.SimpleNamespace(calibrate=fake_calibrate))
     common = ("calibrate", "--tolerance", "0.05", "--frames", "2", "--sweep", "0", "--out", str(tmp_path / "t.json"))
     status, _, err = run(capsys, *common, "--crop", "700,500,69,77")  # vtest.avi is 768x576
-    assert status == 2 and "--crop: the region (x=700, y=500, width=69, height=77) does not lie inside the 768x576" in err
+    assert status == 2
+    assert "--crop: the region (x=700, y=500, width=69, height=77) does not lie inside the 768x576" in err
     status, out, err = run(capsys, *common, "--crop", "700,500,68,76")
     assert calls == {"shape": (1, 3, 76, 68)}  # the region at its own size (no --size)
     assert "at 76x68 (each frame's region x=700, y=500, width 68, height 76)" in out, (status, out, err)

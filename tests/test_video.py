@@ -91,6 +91,6 @@ def test_read_frames_crop():
     torch.testing.assert_close(got, to_tensor(frame[50:80, 100:140]))
     with pytest.raises(ValueError, match=r"read_frames: crop must be .* got \(1, 2, 0, 4\)"):
         next(read_frames(max_frames=1, crop=(1, 2, 0, 4)))
-    with pytest.raises(ValueError, match=r"read_frames: crop: the region \(x=760, y=0, width=9, height=4\) does not lie "
-                                         r"inside the 768x576 \(width x height\) frame"):
+    with pytest.raises(ValueError, match=r"read_frames: crop: the region \(x=760, y=0, width=9, height=4\) does "
+                                         r"not lie inside the 768x576 \(width x height\) frame"):
         next(read_frames(max_frames=1, crop=(760, 0, 9, 4)))
