@@ -3,18 +3,23 @@
 A ``.tflite`` file's graph (one subgraph of float32 activations; weights in float32, or float16 behind
 ``DEQUANTIZE`` ops) becomes a :class:`TFLiteModule` that runs the same ops channels-first: each
 convolution an ``nn.Conv2d`` (its weights ``[O, KH, KW, I]`` / depthwise ``[1, KH, KW, O]`` transposed to
-PyTorch's), fused activations as ``F.relu`` / ``F.relu6`` / ``torch.tanh`` calls, ``PAD`` and TensorFlow's
-``SAME`` padding of strided ops as ``F.pad`` (TensorFlow pads the extra row and column at the bottom and
-right), ``RESIZE_BILINEAR`` as ``F.interpolate`` (``half_pixel_centers``, PyTorch's ``align_corners=False``),
-``MAX_POOL_2D`` as ``nn.MaxPool2d``, ``RESHAPE`` of a map in TensorFlow's NHWC element order. Its forward
-is a fixed sequence of these calls, so it traces with torch.fx like any model.
+PyTorch's), ``FULLY_CONNECTED`` an ``nn.Linear`` (a map flattened in TensorFlow's NHWC element order), ``PRELU``
+an ``nn.PReLU`` of one slope per channel, fused activations and ``RELU`` / ``RELU6`` / ``TANH`` / ``HARD_SWISH``
+as ``F.relu`` / ``F.relu6`` / ``torch.tanh`` / ``F.hardswish`` calls, ``PAD`` (of height, width or channels) and
+TensorFlow's ``SAME`` padding of strided ops as ``F.pad`` (TensorFlow pads the extra row and column at the bottom
+and right), ``RESIZE_BILINEAR`` as ``F.interpolate`` (``half_pixel_centers``, PyTorch's ``align_corners=False``),
+``MAX_POOL_2D`` as ``nn.MaxPool2d``, ``MEAN`` over height and width, ``CONCATENATION`` along the axis's
+channels-first dim, ``RESHAPE`` of a map in TensorFlow's NHWC element order. Its forward is a fixed sequence of these
+calls, so it traces with torch.fx like any model.
 
 Input: ``[N, C, H, W]`` (the file's one NHWC input, channels first). Outputs: the file's outputs in order, 4-D ones
 channels first (``[N, C, H, W]``), the others as TFLite gives them; one output is returned as a tensor, several
 as a tuple.
 
-Supported builtin ops (the error names any other): ``CONV_2D``, ``DEPTHWISE_CONV_2D``, ``ADD``, ``PAD``,
-``MAX_POOL_2D``, ``RESIZE_BILINEAR``, ``RESHAPE``, ``LOGISTIC``, ``DEQUANTIZE`` (of constant float16 tensors).
+Supported builtin ops (:data:`SUPPORTED_OPS`; the error names any other): the above, ``ADD`` of two activations,
+``LOGISTIC`` and ``DEQUANTIZE`` (of constant float16 tensors); sparse weights (``DENSIFY``) and custom ops are not.
+Eight of the 14 models in the ``mediapipe==0.10.14`` wheel load (pose, hand and face landmarks, iris, palm and
+short-range face detection), equal TFLite's runtime and convert with no fallback (``tests/test_tflite.py``).
 Parsing uses the PyPI package ``tflite`` (flatbuffer bindings of TFLite's schema), imported lazily.
 """
 from __future__ import annotations
@@ -36,6 +41,12 @@ _NUMPY_TYPES = {_FLOAT32: np.float32, _FLOAT16: np.float16, _INT32: np.int32}
 _FUSED = {0: None, 1: "relu", 3: "relu6", 4: "tanh"}
 #: Padding: SAME = 0, VALID = 1
 _SAME = 0
+#: a 4-D tensor's NHWC axis -> its dim channels first
+_NHWC_TO_NCHW = {0: 0, 1: 2, 2: 3, 3: 1}
+#: the builtin ops load_tflite translates
+SUPPORTED_OPS = ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED", "ADD", "CONCATENATION", "PAD", "MAX_POOL_2D",
+                 "MEAN", "RESIZE_BILINEAR", "RESHAPE", "LOGISTIC", "RELU", "RELU6", "TANH", "HARD_SWISH", "PRELU",
+                 "DEQUANTIZE")
 
 
 class TFLiteUnsupportedError(ValueError):
@@ -53,7 +64,9 @@ class _Step:
     pad: tuple = ()               # F.pad's (left, right, top, bottom) before the op
     activation: Optional[str] = None
     size: tuple = ()              # RESIZE_BILINEAR's output size; RESHAPE's target shape
-    from_map: bool = False        # RESHAPE of a 4-D map (its elements read in NHWC order)
+    from_map: bool = False        # RESHAPE / FULLY_CONNECTED of a 4-D map (its elements read in NHWC order)
+    dims: tuple = ()              # CONCATENATION's dim (one), MEAN's dims, channels first
+    keep: bool = False            # MEAN's keep_dims
 
 
 def _import_tflite():
@@ -103,10 +116,25 @@ class TFLiteModule(nn.Module):
             x = [self._tensor(env, t) for t in step.inputs]
             if step.pad:
                 x[0] = F.pad(x[0], step.pad)
-            if step.kind in ("CONV_2D", "DEPTHWISE_CONV_2D", "MAX_POOL_2D"):
+            if step.kind in ("CONV_2D", "DEPTHWISE_CONV_2D", "MAX_POOL_2D", "PRELU"):
                 y = self.layers[step.module](x[0])
+            elif step.kind == "FULLY_CONNECTED":  # TFLite flattens its input to [-1, in_features], NHWC order
+                flat = x[0].permute(0, 2, 3, 1) if step.from_map else x[0]
+                y = self.layers[step.module](flat.reshape(-1, self.layers[step.module].in_features))
             elif step.kind == "ADD":
                 y = x[0] + x[1]
+            elif step.kind == "CONCATENATION":
+                y = torch.cat(x, dim=step.dims[0])
+            elif step.kind == "MEAN":
+                y = x[0].mean(dim=step.dims, keepdim=step.keep)
+            elif step.kind == "RELU":
+                y = F.relu(x[0])
+            elif step.kind == "RELU6":
+                y = F.relu6(x[0])
+            elif step.kind == "HARD_SWISH":
+                y = F.hardswish(x[0])
+            elif step.kind == "TANH":
+                y = torch.tanh(x[0])
             elif step.kind == "PAD":
                 y = x[0]
             elif step.kind == "RESIZE_BILINEAR":
@@ -157,6 +185,9 @@ def load_tflite(path: Union[str, os.PathLike]) -> TFLiteModule:
         data = model.Buffers(t.Buffer()).DataAsNumpy()
         if isinstance(data, int) or data.size == 0:
             return None
+        if t.Sparsity() is not None:
+            raise TFLiteUnsupportedError(f"load_tflite: constant tensor {t.Name().decode()!r} is sparse (read by "
+                                         f"DENSIFY); sparse weights are not supported")
         if t.Type() not in _NUMPY_TYPES:
             raise TFLiteUnsupportedError(f"load_tflite: constant tensor {t.Name().decode()!r} has TFLite type "
                                          f"{t.Type()}; float32, float16 and int32 are supported")
@@ -194,10 +225,10 @@ def load_tflite(path: Union[str, os.PathLike]) -> TFLiteModule:
                 raise TFLiteUnsupportedError(f"load_tflite: op {i} CONV_2D is grouped ({c} input channels, filters "
                                              f"of {weight.shape[3]}); grouped CONV_2D is not supported")
             if kind == "CONV_2D":  # [O, KH, KW, I] -> [O, I, KH, KW]
-                w_t = torch.from_numpy(np.ascontiguousarray(weight.transpose(0, 3, 1, 2)))
+                w_t = torch.from_numpy(weight.transpose(0, 3, 1, 2).copy())  # a copy: the file's buffer is read-only
                 groups = 1
             else:  # [1, KH, KW, C * M] -> [C * M, 1, KH, KW]
-                w_t = torch.from_numpy(np.ascontiguousarray(weight.transpose(3, 0, 1, 2)))
+                w_t = torch.from_numpy(weight.transpose(3, 0, 1, 2).copy())  # a copy: the file's buffer is read-only
                 groups = c
             cout, _, kh, kw = w_t.shape
             stride, dilation = (opts.StrideH(), opts.StrideW()), (opts.DilationHFactor(), opts.DilationWFactor())
@@ -216,19 +247,73 @@ def load_tflite(path: Union[str, os.PathLike]) -> TFLiteModule:
         elif kind == "ADD":
             opts = tflite.AddOptions()
             opts.Init(options.Bytes, options.Pos)
+            if any(t in constants for t in ins) and len(shape(out)) == 4:
+                raise TFLiteUnsupportedError(f"load_tflite: op {i} ADD of a constant to a map (its layout) is not "
+                                             f"supported")
             steps.append(_Step(kind, tuple(ins), out, activation=_fused_activation(opts, i, kind)))
+        elif kind == "CONCATENATION":
+            opts = tflite.ConcatenationOptions()
+            opts.Init(options.Bytes, options.Pos)
+            rank = len(shape(out))
+            axis = opts.Axis() % rank
+            steps.append(_Step(kind, tuple(ins), out, dims=(_NHWC_TO_NCHW[axis] if rank == 4 else axis,),
+                               activation=_fused_activation(opts, i, kind)))
+        elif kind in ("RELU", "RELU6", "HARD_SWISH", "TANH"):
+            steps.append(_Step(kind, (ins[0],), out))
+        elif kind == "PRELU":
+            alpha = constants.get(ins[1])
+            channels = shape(ins[0])[-1]
+            if alpha is None or alpha.size != channels or alpha.shape[-1] != channels:
+                raise TFLiteUnsupportedError(f"load_tflite: op {i} PRELU needs one constant slope per channel "
+                                             f"({channels}), got {None if alpha is None else alpha.shape}")
+            prelu = nn.PReLU(channels)
+            with torch.no_grad():
+                prelu.weight.copy_(torch.from_numpy(alpha.astype(np.float32).reshape(-1)))
+            modules[name] = prelu
+            steps.append(_Step(kind, (ins[0],), out, name))
+        elif kind == "MEAN":
+            opts = tflite.ReducerOptions()
+            opts.Init(options.Bytes, options.Pos)
+            axes = constants.get(ins[1])
+            rank = len(shape(ins[0]))
+            axes = None if axes is None else sorted(int(a) % rank for a in np.atleast_1d(axes))
+            if rank != 4 or axes is None or not set(axes) <= {1, 2}:
+                raise TFLiteUnsupportedError(f"load_tflite: op {i} MEAN must average a map over its height and width, "
+                                             f"got axes {axes} of a rank-{rank} tensor")
+            steps.append(_Step(kind, (ins[0],), out, dims=tuple(_NHWC_TO_NCHW[a] for a in axes),
+                               keep=bool(opts.KeepDims())))
+        elif kind == "FULLY_CONNECTED":
+            opts = tflite.FullyConnectedOptions()
+            opts.Init(options.Bytes, options.Pos)
+            weight = constants.get(ins[1])
+            bias = constants.get(ins[2]) if len(ins) > 2 and ins[2] >= 0 else None
+            if weight is None or weight.ndim != 2 or opts.KeepNumDims() or opts.WeightsFormat() != 0:
+                raise TFLiteUnsupportedError(f"load_tflite: op {i} FULLY_CONNECTED needs constant [out, in] weights "
+                                             f"in the default format, without keep_num_dims")
+            linear = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
+            with torch.no_grad():
+                linear.weight.copy_(torch.from_numpy(weight.astype(np.float32)))
+                if bias is not None:
+                    linear.bias.copy_(torch.from_numpy(bias.astype(np.float32)))
+            modules[name] = linear
+            steps.append(_Step(kind, (ins[0],), out, name, activation=_fused_activation(opts, i, kind),
+                               from_map=len(shape(ins[0])) == 4))
         elif kind == "PAD":
             pads = constants.get(ins[1])
-            if pads is None or pads.shape != (4, 2) or pads[0].any() or pads[3].any():
-                raise TFLiteUnsupportedError(f"load_tflite: op {i} PAD must pad H and W only, by constants")
-            steps.append(_Step(kind, (ins[0],), out, pad=(int(pads[2, 0]), int(pads[2, 1]), int(pads[1, 0]),
-                                                          int(pads[1, 1]))))
+            if pads is None or pads.shape != (4, 2) or pads[0].any() or (pads < 0).any():
+                raise TFLiteUnsupportedError(f"load_tflite: op {i} PAD must pad H, W or C of a map by constants")
+            pad = (int(pads[2, 0]), int(pads[2, 1]), int(pads[1, 0]), int(pads[1, 1]))  # F.pad's order: W, H, C
+            steps.append(_Step(kind, (ins[0],), out, pad=pad + (int(pads[3, 0]), int(pads[3, 1])) if pads[3].any()
+                               else pad))
         elif kind == "MAX_POOL_2D":
             opts = tflite.Pool2DOptions()
             opts.Init(options.Bytes, options.Pos)
-            if opts.Padding() == _SAME:
-                raise TFLiteUnsupportedError(f"load_tflite: op {i} MAX_POOL_2D with SAME padding")
-            modules[name] = nn.MaxPool2d((opts.FilterHeight(), opts.FilterWidth()), (opts.StrideH(), opts.StrideW()))
+            kernel, stride = (opts.FilterHeight(), opts.FilterWidth()), (opts.StrideH(), opts.StrideW())
+            _, h, w, _ = shape(ins[0])
+            if opts.Padding() == _SAME and (any(_same_padding(h, kernel[0], stride[0], 1))
+                                            or any(_same_padding(w, kernel[1], stride[1], 1))):
+                raise TFLiteUnsupportedError(f"load_tflite: op {i} MAX_POOL_2D with SAME padding that pads")
+            modules[name] = nn.MaxPool2d(kernel, stride)
             steps.append(_Step(kind, (ins[0],), out, name, activation=_fused_activation(opts, i, kind)))
         elif kind == "RESIZE_BILINEAR":
             opts = tflite.ResizeBilinearOptions()
@@ -242,8 +327,7 @@ def load_tflite(path: Union[str, os.PathLike]) -> TFLiteModule:
         elif kind == "RESHAPE":
             steps.append(_Step(kind, (ins[0],), out, size=tuple(shape(out)), from_map=len(shape(ins[0])) == 4))
         else:
-            raise TFLiteUnsupportedError(f"load_tflite: op {i} is {kind}; supported: CONV_2D, DEPTHWISE_CONV_2D, "
-                                         f"ADD, PAD, MAX_POOL_2D, RESIZE_BILINEAR, RESHAPE, LOGISTIC, DEQUANTIZE")
+            raise TFLiteUnsupportedError(f"load_tflite: op {i} is {kind}; supported: {', '.join(SUPPORTED_OPS)}")
     read = {t for s in steps for t in s.inputs}
     used = {t: torch.from_numpy(np.ascontiguousarray(v.astype(np.float32))) for t, v in constants.items()
             if t in read and v.dtype != np.int32}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+from typing import Optional
 
 import numpy as np
 import pytest
@@ -103,31 +104,45 @@ def _one_op_model(op_code: int) -> bytes:
     return bytes(b.Output())
 
 
-def test_one_op_graph_and_an_unsupported_op(tmp_path):
-    """A one-op graph (LOGISTIC) loads and computes torch.sigmoid (and what TFLite's runtime computes, where it is
-    installed); an op the loader does not translate (TANH as an op) is a TFLiteUnsupportedError naming it."""
+def _litert_outputs(path, x: torch.Tensor) -> Optional[dict]:
+    """TFLite's runtime's outputs by tensor id for the NHWC input ``x`` (``None`` without ai-edge-litert)."""
+    if importlib.util.find_spec("ai_edge_litert") is None:
+        return None
+    from ai_edge_litert.interpreter import Interpreter
+
+    interpreter = Interpreter(model_path=str(path))
+    interpreter.allocate_tensors()
+    interpreter.set_tensor(interpreter.get_input_details()[0]["index"], x.numpy().copy())
+    interpreter.invoke()
+    return {d["index"]: interpreter.get_tensor(d["index"]) for d in interpreter.get_output_details()}
+
+
+@pytest.mark.parametrize("op, torch_fn", [("LOGISTIC", torch.sigmoid), ("RELU", F.relu), ("RELU6", F.relu6),
+                                          ("TANH", torch.tanh), ("HARD_SWISH", F.hardswish)])
+def test_one_op_graphs(tmp_path, op, torch_fn):
+    """A one-op graph of each element-wise op loads and computes its torch function (and what TFLite's runtime
+    computes, where it is installed)."""
+    import tflite
+
+    path = tmp_path / f"{op}.tflite"
+    path.write_bytes(_one_op_model(getattr(tflite.BuiltinOperator, op)))
+    x = torch.linspace(-8, 8, 48).view(1, 4, 4, 3)
+    with torch.no_grad():
+        y = load_tflite(path)(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
+    torch.testing.assert_close(y, torch_fn(x))
+    ref = _litert_outputs(path, x)
+    if ref is not None:
+        np.testing.assert_allclose(y.numpy(), ref[1], rtol=1e-6, atol=1e-6)
+
+
+def test_an_unsupported_op_is_named(tmp_path):
     import tflite
 
     from deltaconv.tflite_models import TFLiteUnsupportedError
 
-    path = tmp_path / "logistic.tflite"
-    path.write_bytes(_one_op_model(tflite.BuiltinOperator.LOGISTIC))
-    x = torch.linspace(-4, 4, 48).view(1, 4, 4, 3)
-    with torch.no_grad():
-        y = load_tflite(path)(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
-    torch.testing.assert_close(y, torch.sigmoid(x))
-    if importlib.util.find_spec("ai_edge_litert") is not None:
-        from ai_edge_litert.interpreter import Interpreter
-
-        interpreter = Interpreter(model_path=str(path))
-        interpreter.allocate_tensors()
-        interpreter.set_tensor(interpreter.get_input_details()[0]["index"], x.numpy())
-        interpreter.invoke()
-        ref = interpreter.get_tensor(interpreter.get_output_details()[0]["index"])
-        np.testing.assert_allclose(y.numpy(), ref, rtol=1e-6, atol=1e-6)
-    path = tmp_path / "tanh.tflite"
-    path.write_bytes(_one_op_model(tflite.BuiltinOperator.TANH))
-    with pytest.raises(TFLiteUnsupportedError, match="load_tflite: op 0 is TANH; supported: CONV_2D"):
+    path = tmp_path / "exp.tflite"
+    path.write_bytes(_one_op_model(tflite.BuiltinOperator.EXP))
+    with pytest.raises(TFLiteUnsupportedError, match="load_tflite: op 0 is EXP; supported: CONV_2D"):
         load_tflite(path)
 
 
@@ -285,3 +300,61 @@ def test_blazepose_on_the_cuda_backend():
     for name in ("heatmaps", "landmarks"):
         delta, dense = ((squares[who, name] / squares["exact", name]) ** 0.5 for who in ("delta", "dense"))
         assert delta <= 3 * dense and delta < 0.05, (name, delta, dense)
+
+
+# ----------------------------------------------------------------------------- the other MediaPipe models
+#: MediaPipe's other models that load (file, its layers converted): PReLUs, channel pads, concatenations of the
+#: reshaped detection heads, a mean and fully connected layers (the hand landmarks)
+MEDIAPIPE_MODELS = [("face_detection_short_range.tflite", 98), ("face_landmark.tflite", 104),
+                    ("hand_landmark_full.tflite", 104), ("hand_landmark_lite.tflite", 106),
+                    ("iris_landmark.tflite", 172), ("palm_detection_full.tflite", 148),
+                    ("palm_detection_lite.tflite", 128)]
+
+
+def _mediapipe_file(filename: str):
+    from deltaconv.weights import packaged_file
+
+    try:
+        return packaged_file("mediapipe==0.10.14", "mediapipe", filename)
+    except FileNotFoundError as error:
+        pytest.skip(str(error))
+
+
+@pytest.mark.parametrize("filename, converted", MEDIAPIPE_MODELS, ids=[m[0].split(".")[0] for m in MEDIAPIPE_MODELS])
+def test_mediapipe_model_equals_tflite_runtime_and_converts(filename, converted):
+    """Each file loads at its own input size; on a vtest.avi crop every output equals TFLite's runtime's (relative
+    error <= 1e-4; measured <= 6e-6), and converted it has no fallback and equals the loaded network at threshold 0
+    (float64, reference backend)."""
+    path = _mediapipe_file(filename)
+    network = load_tflite(path)
+    h, w = network.input_hw
+    x = next(read_frames(max_frames=1, start=30, size=(h, w), crop=(585, 227, 148, 148), normalize=False))
+    with torch.no_grad():
+        outs = network(x)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    ref = _litert_outputs(path, x.permute(0, 2, 3, 1))
+    if ref is not None:
+        for tid, out in zip(network.output_ids, outs):
+            want = ref[tid].transpose(0, 3, 1, 2) if ref[tid].ndim == 4 else ref[tid]
+            err = np.linalg.norm(out.numpy() - want) / np.linalg.norm(want)
+            assert err <= 1e-4, (filename, tid, err)
+    network = network.double()
+    dm = deltaconv.convert(network, example_input=x.double())
+    assert not dm.report.fallbacks and len(dm.report.converted) == converted
+    with torch.no_grad():
+        for frame in (x, x.flip(-1), x):
+            got, want = dm(frame.double()), network(frame.double())
+            for g, w_ in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+                torch.testing.assert_close(g, w_, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("filename, message", [
+    ("pose_detection.tflite", "is sparse \\(read by DENSIFY\\); sparse weights are not supported"),
+    ("selfie_segmentation.tflite", "op 12 is AVERAGE_POOL_2D; supported: "),
+    ("hand_recrop.tflite", "op 49 is STRIDED_SLICE; supported: "),
+])
+def test_mediapipe_models_that_do_not_load_say_why(filename, message):
+    from deltaconv.tflite_models import TFLiteUnsupportedError
+
+    with pytest.raises(TFLiteUnsupportedError, match=message):
+        load_tflite(_mediapipe_file(filename))
