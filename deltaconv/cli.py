@@ -118,6 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"mobilenet_v2 (default, real ImageNet weights), {REAL_WEIGHT_NAMES} (real weights), a "
                    "torchvision name, pkg.module:factory, or a .onnx / .tflite file")
     _add_input_range(d)
+    d.add_argument("--task", choices=("classification", "segmentation", "text", "faces", "pose"),  # demo.DRAWN_TASKS
+                   help="how to draw the output (default: the zoo's for the model, else inferred from its shape)")
     d.add_argument("--threshold", type=_nonneg_float, default=0.02, metavar="T",
                    help="uniform threshold of the sparsifier and non-linear layers (default 0.02)")
     d.add_argument("--thresholds", metavar="JSON", help="per-layer thresholds (from deltaconv calibrate)")
@@ -239,7 +241,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
              thresholds=args.thresholds, snapshot=args.snapshot, snapshot_frame=args.snapshot_frame,
              progress=not args.no_progress, verbose=True, dtype=args.dtype, cuda_graph=args.cuda_graph,
              fold_bn=False if args.no_fold_bn else None, recompute=not args.no_recompute, crop=args.crop,
-             start=args.start, input_range=args.input_range)
+             start=args.start, input_range=args.input_range, task=args.task)
     return 0
 
 

@@ -22,6 +22,8 @@ from . import fidelity as _fid
 from .fidelity import primary_output
 from .video import SAMPLE_VIDEO_HELP, check_crop, crop_frame, describe_crop, find_sample_video, to_tensor
 
+#: the tasks whose output the demo draws (draw_result)
+DRAWN_TASKS = ("classification", "segmentation", "text", "faces", "pose")
 #: height of each panel of the demo video (pixels); widths keep the frame's aspect ratio
 PANEL_HEIGHT = 288
 _FONT = 0  # cv2.FONT_HERSHEY_SIMPLEX
@@ -210,7 +212,7 @@ def draw_result(panel: np.ndarray, out: Any, task: str, categories: Optional[Seq
         colors = _palette(int(t.shape[1]))[cls]
         fg = (cls > 0)[..., None]
         return np.where(fg, (img * 0.45 + colors * 0.55).astype(np.uint8), img)
-    raise ValueError(f"draw_result: task must be one of classification, segmentation, text, faces, pose; got {task!r}")
+    raise ValueError(f"draw_result: task must be one of {', '.join(DRAWN_TASKS)}; got {task!r}")
 
 
 def _draw_pose(img: np.ndarray, out: dict, input_hw) -> np.ndarray:
@@ -340,7 +342,7 @@ def run_demo(video: Union[str, os.PathLike, None] = None, camera: Optional[int] 
              progress: bool = True, verbose: bool = True, dtype: Union[None, str, torch.dtype] = None,
              cuda_graph: Optional[bool] = None, fold_bn: Optional[bool] = None, recompute: bool = True,
              crop: Optional[tuple[int, int, int, int]] = None, start: int = 0,
-             input_range: Optional[str] = None) -> dict:
+             input_range: Optional[str] = None, task: Optional[str] = None) -> dict:
     """Run the dense ``model`` and its converted delta model side by side on a video.
 
     Args:
@@ -371,6 +373,8 @@ def run_demo(video: Union[str, os.PathLike, None] = None, camera: Optional[int] 
         start: the first frame of the video to run (the ones before are skipped).
         input_range: a model file's input scaling (``.onnx`` / ``.tflite`` as ``model``;
             :data:`deltaconv.model_files.INPUT_RANGES`, default: its format's).
+        task: how to draw the output (:data:`DRAWN_TASKS`; default: the zoo's task for the model, else inferred
+            from the output's shape), for a model file or an import path whose output the zoo does not know.
 
     Returns the summary dict (also printed when ``verbose``): frame count, ``thresholds`` (what was
     used, in words), ``size``, ``crop``, ``start``, ``dtype``, ``cuda_graph``, ``fold_bn``, ``recompute``,
@@ -394,6 +398,8 @@ def run_demo(video: Union[str, os.PathLike, None] = None, camera: Optional[int] 
     if size is not None and (len(size) != 2 or min(size) < 1):
         raise ValueError(f"--size: must be (height, width) >= 1, got {size!r}")
     check_crop(crop, "--crop")
+    if task is not None and task not in DRAWN_TASKS:
+        raise ValueError(f"--task: must be one of {', '.join(DRAWN_TASKS)}, got {task!r}")
     if not isinstance(start, int) or start < 0:
         raise ValueError(f"--start: must be an integer >= 0, got {start!r}")
     dev = torch.device(device)
@@ -464,7 +470,7 @@ def run_demo(video: Union[str, os.PathLike, None] = None, camera: Optional[int] 
     if out is not None:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
-    task = entry.task
+    task = task or entry.task
     snap_img = None
     agree_so_far = []
     try:

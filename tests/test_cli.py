@@ -41,6 +41,14 @@ def test_parse_crop():
             cli.parse_crop(bad)
 
 
+def test_demo_task_choices_are_the_drawn_tasks():
+    from deltaconv.demo import DRAWN_TASKS
+
+    demo_parser = cli.build_parser()._subparsers._group_actions[0].choices["demo"]
+    task = next(a for a in demo_parser._actions if a.dest == "task")
+    assert tuple(task.choices) == DRAWN_TASKS
+
+
 def test_help_names_every_real_weight_model():
     from deltaconv import zoo
 
@@ -65,6 +73,7 @@ def test_demo_defaults():
     (["calibrate"], ["--tolerance"]),
     (["demo", "--crop", "1,2,3"], ["argument --crop", "'1,2,3'"]),
     (["demo", "--start", "-2"], ["argument --start", "a frame index >= 0", "'-2'"]),
+    (["demo", "--task", "boxes"], ["argument --task", "'boxes'"]),
     (["bench", "gpu"], ["argument sweep", "'gpu'"]),
     ([], ["demo,convert,bench,calibrate"]),
 ])

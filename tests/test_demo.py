@@ -81,6 +81,11 @@ def test_demo_crop_and_start_choose_what_the_models_see():
         assert s["start"] == 5 and "1 frames from frame 5 at" in demo.format_summary(s)
         with pytest.raises(ValueError, match=r"--start: must be an integer >= 0, got -1"):
             demo.run_demo(model="conv", out=None, start=-1)
+        s = demo.run_demo(model="conv", device="cpu", max_frames=1, out=None, size=(8, 8), task="faces",
+                          progress=False, verbose=False)
+        assert s["task"] == "faces"  # the given task over the zoo's ("segmentation")
+        with pytest.raises(ValueError, match=r"--task: must be one of classification, .*, pose, got 'boxes'"):
+            demo.run_demo(model="conv", out=None, task="boxes")
     cap = cv2.VideoCapture(str(find_sample_video()))
     frames = [cap.read()[1] for _ in range(6)]
     cap.release()
