@@ -74,8 +74,10 @@ def _read(cap, max_frames: Optional[int], start: int = 0) -> Iterator[np.ndarray
 
 # ----------------------------------------------------------------------------- outputs
 def infer_task(out: Any) -> str:
-    """``classification`` for ``[N, C]`` outputs, else ``segmentation`` (``[N, C, h, w]``)."""
-    return "classification" if primary_output(out).dim() == 2 else "segmentation"
+    """``classification`` for ``[N, C]`` outputs, ``segmentation`` for ``[N, C, h, w]``, else ``"none"`` (an output
+    the demo does not draw, such as a detector's ``[N, anchors, values]``; its error and timings are still shown)."""
+    rank = primary_output(out).dim()
+    return "classification" if rank == 2 else "segmentation" if rank == 4 else "none"
 
 
 def relative_error(out: Any, ref: Any) -> float:
@@ -177,13 +179,17 @@ def draw_result(panel: np.ndarray, out: Any, task: str, categories: Optional[Seq
     when not); ``segmentation``: argmax classes in VOC colours over the frame (a heat map for one
     channel); ``text``: CRAFT's region score (PP-OCR's text probability) as a heat map; ``faces``: the face
     probability map as a heat map; ``pose``: BlazePose's person mask as a heat map and its skeleton (landmarks whose
-    visibility is below 0.5 left out; their pixels are those of the mask, the model's input).
+    visibility is below 0.5 left out; their pixels are those of the mask, the model's input); ``none``: the frame
+    with the output's shape (:func:`infer_task` for an output it cannot draw).
     """
     import cv2
 
     img = panel.copy()
     h, w = img.shape[:2]
     t = primary_output(out).detach().float().cpu()
+    if task == "none":
+        _text(img, f"output {list(t.shape)} not drawn (--task)", (6, h - 10), 0.45)
+        return img
     if task == "classification":
         prob = torch.softmax(t[0].flatten(), 0)
         conf, idx = prob.max(0)
@@ -212,7 +218,7 @@ def draw_result(panel: np.ndarray, out: Any, task: str, categories: Optional[Seq
         colors = _palette(int(t.shape[1]))[cls]
         fg = (cls > 0)[..., None]
         return np.where(fg, (img * 0.45 + colors * 0.55).astype(np.uint8), img)
-    raise ValueError(f"draw_result: task must be one of {', '.join(DRAWN_TASKS)}; got {task!r}")
+    raise ValueError(f"draw_result: task must be one of {', '.join(DRAWN_TASKS)} or none; got {task!r}")
 
 
 def _draw_pose(img: np.ndarray, out: dict, input_hw) -> np.ndarray:

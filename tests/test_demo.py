@@ -170,6 +170,10 @@ def test_draw_result_tasks():
     assert np.abs(img[30:, 40:].astype(int) - 128).max() < 40
     with pytest.raises(ValueError, match="task must be one of .* got 'boxes'"):
         demo.draw_result(panel, logits, "boxes")
+    anchors = (torch.zeros(1, 896, 16), torch.zeros(1, 896, 1))  # a detector's boxes and scores (BlazeFace)
+    assert demo.infer_task(anchors) == "none" and demo.infer_task(seg) == "segmentation"
+    img = demo.draw_result(panel, anchors, "none")
+    assert img.shape == panel.shape and np.array_equal(img[:20], panel[:20]) and not np.array_equal(img, panel)
     with pytest.raises(ValueError, match=r"a pose output must be a dict with BlazePose's 'landmarks' \[N, 195\], got "
                                          r"dict with keys \['out'\]"):
         demo.draw_result(panel, {"out": faces}, "pose")
