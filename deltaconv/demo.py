@@ -172,12 +172,14 @@ def _palette(n: int) -> np.ndarray:
 
 
 def draw_result(panel: np.ndarray, out: Any, task: str, categories: Optional[Sequence[str]] = None,
-                ref_label: Optional[int] = None) -> np.ndarray:
+                ref_label: Optional[int] = None, probabilities: Optional[bool] = None) -> np.ndarray:
     """Draw a model's output on a BGR panel (a copy is returned).
 
     ``classification``: top-1 name and softmax confidence (green when it equals ``ref_label``, red
     when not); ``segmentation``: argmax classes in VOC colours over the frame (a heat map for one
-    channel); ``text``: CRAFT's region score (PP-OCR's text probability) as a heat map; ``faces``: the face
+    channel: of its values if ``probabilities`` (default: whether they all lie in [0, 1]; the demo decides once, from
+    the dense model's first output, so that the converted model's small excursions do not change the drawing), else
+    of their sigmoid); ``text``: CRAFT's region score (PP-OCR's text probability) as a heat map; ``faces``: the face
     probability map as a heat map; ``pose``: BlazePose's person mask as a heat map and its skeleton (landmarks whose
     visibility is below 0.5 left out; their pixels are those of the mask, the model's input); ``none``: the frame
     with the output's shape (:func:`infer_task` for an output it cannot draw).
@@ -209,8 +211,10 @@ def draw_result(panel: np.ndarray, out: Any, task: str, categories: Optional[Seq
     if task == "segmentation":
         if t.dim() != 4:
             raise ValueError(f"draw_result: segmentation output must be [N, C, h, w], got shape {tuple(t.shape)}")
-        if t.shape[1] == 1:
-            s = torch.sigmoid(t[0, 0]).numpy()
+        if t.shape[1] == 1:  # a probability map as it is (MediaPipe's selfie mask), logits through a sigmoid
+            if probabilities is None:
+                probabilities = is_probability_map(t)
+            s = (t[0, 0].clamp(0, 1) if probabilities else torch.sigmoid(t[0, 0])).numpy()
             return cv2.addWeighted(img, 0.5, _heat(s, (w, h), cv2.COLORMAP_JET), 0.5, 0)
         cls = t[0].argmax(0).numpy().astype(np.int32)
         cls = cv2.resize(cls.astype(np.uint8) if cls.max() < 256 else cls.astype(np.float32), (w, h),
@@ -219,6 +223,11 @@ def draw_result(panel: np.ndarray, out: Any, task: str, categories: Optional[Seq
         fg = (cls > 0)[..., None]
         return np.where(fg, (img * 0.45 + colors * 0.55).astype(np.uint8), img)
     raise ValueError(f"draw_result: task must be one of {', '.join(DRAWN_TASKS)} or none; got {task!r}")
+
+
+def is_probability_map(t: torch.Tensor) -> bool:
+    """Whether a one-channel map holds probabilities (all its values in [0, 1]) rather than logits."""
+    return bool(0 <= t.min() and t.max() <= 1)
 
 
 def _draw_pose(img: np.ndarray, out: dict, input_hw) -> np.ndarray:
@@ -477,6 +486,7 @@ def run_demo(video: Union[str, os.PathLike, None] = None, camera: Optional[int] 
         Path(out).parent.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
     task = task or entry.task
+    probabilities = None  # whether a one-channel map is drawn as probabilities (draw_result)
     snap_img = None
     agree_so_far = []
     try:
@@ -514,8 +524,12 @@ def run_demo(video: Union[str, os.PathLike, None] = None, camera: Optional[int] 
 
             base = _panel(frame)
             categories = entry.categories
-            p_dense = _titled(draw_result(base, y_dense, task, categories), f"dense {entry.name}")
-            p_delta = _titled(draw_result(base, y_delta, task, categories, ref_label), "delta (converted)")
+            if probabilities is None:  # decided once, from the dense model's first output
+                probabilities = is_probability_map(primary_output(y_dense).detach().float())
+            p_dense = _titled(draw_result(base, y_dense, task, categories, probabilities=probabilities),
+                              f"dense {entry.name}")
+            p_delta = _titled(draw_result(base, y_delta, task, categories, ref_label, probabilities),
+                              "delta (converted)")
             p_mask = _titled(draw_mask(base, mask), "update mask (input sparsifier)")
             speed = ms_dense / ms_delta if ms_delta > 0 else math.nan
             agree = (f"top-1 {'agrees' if row['top1'] else 'DIFFERS'} ({sum(agree_so_far)}/{len(agree_so_far)})"

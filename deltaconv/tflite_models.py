@@ -8,18 +8,20 @@ an ``nn.PReLU`` of one slope per channel, fused activations and ``RELU`` / ``REL
 as ``F.relu`` / ``F.relu6`` / ``torch.tanh`` / ``F.hardswish`` calls, ``PAD`` (of height, width or channels) and
 TensorFlow's ``SAME`` padding of strided ops as ``F.pad`` (TensorFlow pads the extra row and column at the bottom
 and right), ``RESIZE_BILINEAR`` as ``F.interpolate`` (``half_pixel_centers``, PyTorch's ``align_corners=False``),
-``MAX_POOL_2D`` as ``nn.MaxPool2d``, ``MEAN`` over height and width, ``CONCATENATION`` along the axis's
-channels-first dim, ``RESHAPE`` of a map in TensorFlow's NHWC element order. Its forward is a fixed sequence of these
-calls, so it traces with torch.fx like any model.
+``MAX_POOL_2D`` / ``AVERAGE_POOL_2D`` as ``nn.MaxPool2d`` / ``nn.AvgPool2d``, ``MEAN`` over height and width,
+``CONCATENATION`` along the axis's channels-first dim, ``RESHAPE`` of a map in TensorFlow's NHWC element order. Its
+forward is a fixed sequence of these calls, so it traces with torch.fx like any model.
 
 Input: ``[N, C, H, W]`` (the file's one NHWC input, channels first). Outputs: the file's outputs in order, 4-D ones
 channels first (``[N, C, H, W]``), the others as TFLite gives them; one output is returned as a tensor, several
 as a tuple.
 
-Supported builtin ops (:data:`SUPPORTED_OPS`; the error names any other): the above, ``ADD`` of two activations,
-``LOGISTIC`` and ``DEQUANTIZE`` (of constant float16 tensors); sparse weights (``DENSIFY``) and custom ops are not.
-Eight of the 14 models in the ``mediapipe==0.10.14`` wheel load (pose, hand and face landmarks, iris, palm and
-short-range face detection), equal TFLite's runtime and convert with no fallback (``tests/test_tflite.py``).
+Supported ops (:data:`SUPPORTED_OPS`; the error names any other): the above, ``ADD`` and ``MUL`` of two activations,
+``AVERAGE_POOL_2D``, ``LOGISTIC``, ``DEQUANTIZE`` (of constant float16 tensors) and MediaPipe's custom
+``Convolution2DTransposeBias`` (an ``nn.ConvTranspose2d``); sparse weights (``DENSIFY``) and other custom ops are
+not. Ten of the 14 models in the ``mediapipe==0.10.14`` wheel load (pose, hand and face landmarks, iris, palm and
+short-range face detection, selfie segmentation), equal TFLite's runtime (MediaPipe's own for the selfie models, whose
+custom op TFLite's lacks) and convert with no fallback (``tests/test_tflite.py``).
 Parsing uses the PyPI package ``tflite`` (flatbuffer bindings of TFLite's schema), imported lazily.
 """
 from __future__ import annotations
@@ -44,9 +46,9 @@ _SAME = 0
 #: a 4-D tensor's NHWC axis -> its dim channels first
 _NHWC_TO_NCHW = {0: 0, 1: 2, 2: 3, 3: 1}
 #: the builtin ops load_tflite translates
-SUPPORTED_OPS = ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED", "ADD", "CONCATENATION", "PAD", "MAX_POOL_2D",
-                 "MEAN", "RESIZE_BILINEAR", "RESHAPE", "LOGISTIC", "RELU", "RELU6", "TANH", "HARD_SWISH", "PRELU",
-                 "DEQUANTIZE")
+SUPPORTED_OPS = ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED", "ADD", "MUL", "CONCATENATION", "PAD", "MAX_POOL_2D",
+                 "AVERAGE_POOL_2D", "MEAN", "RESIZE_BILINEAR", "RESHAPE", "LOGISTIC", "RELU", "RELU6", "TANH",
+                 "HARD_SWISH", "PRELU", "DEQUANTIZE", "CUSTOM:Convolution2DTransposeBias")
 
 
 class TFLiteUnsupportedError(ValueError):
@@ -87,6 +89,37 @@ def _fused_activation(opts, i: int, kind: str) -> Optional[str]:
     return _FUSED[code]
 
 
+def _transpose_conv_bias(op, constants: dict, in_shape: list, out_shape: list, ins: list, i: int) -> nn.ConvTranspose2d:
+    """MediaPipe's custom ``Convolution2DTransposeBias`` (inputs: the map, weights ``[O, KH, KW, I]``, bias ``[O]``;
+    custom options: int32 padding (1 SAME, 2 VALID), stride width, stride height) as an ``nn.ConvTranspose2d``: the
+    weights as PyTorch's ``[I, O, KH, KW]`` (the gradient of the convolution whose filters they are, unflipped). SAME
+    padding that would crop the output unevenly is not supported."""
+    weight, bias = constants.get(ins[1]), constants.get(ins[2]) if len(ins) > 2 else None
+    params = op.CustomOptionsAsNumpy()
+    if weight is None or isinstance(params, int) or params.size != 12:
+        raise TFLiteUnsupportedError(f"load_tflite: op {i} Convolution2DTransposeBias needs constant weights and "
+                                     f"12 bytes of options (padding, stride width, stride height)")
+    padding, stride_w, stride_h = params.view(np.int32).tolist()
+    o, kh, kw, c = weight.shape
+    pads = []
+    for size, out, k, s in ((in_shape[1], out_shape[1], kh, stride_h), (in_shape[2], out_shape[2], kw, stride_w)):
+        total = (size - 1) * s + k - out if padding == 1 else 0
+        if total < 0 or total % 2:
+            raise TFLiteUnsupportedError(f"load_tflite: op {i} Convolution2DTransposeBias pads its output unevenly "
+                                         f"(padding {padding}, kernel {k}, stride {s}, {size} -> {out})")
+        pads.append(total // 2)
+    conv = nn.ConvTranspose2d(c, o, (kh, kw), (stride_h, stride_w), tuple(pads), bias=bias is not None)
+    with torch.no_grad():
+        conv.weight.copy_(torch.from_numpy(weight.transpose(3, 0, 1, 2).copy()))
+        if bias is not None:
+            conv.bias.copy_(torch.from_numpy(bias.astype(np.float32)))
+    expected = [(in_shape[1] - 1) * stride_h - 2 * pads[0] + kh, (in_shape[2] - 1) * stride_w - 2 * pads[1] + kw]
+    if expected != list(out_shape[1:3]):
+        raise TFLiteUnsupportedError(f"load_tflite: op {i} Convolution2DTransposeBias makes {expected}, the file says "
+                                     f"{out_shape[1:3]}")
+    return conv
+
+
 def _same_padding(size: int, kernel: int, stride: int, dilation: int) -> tuple[int, int]:
     """TensorFlow's SAME padding of one spatial dim: (before, after), the odd one after."""
     out = -(-size // stride)
@@ -116,13 +149,16 @@ class TFLiteModule(nn.Module):
             x = [self._tensor(env, t) for t in step.inputs]
             if step.pad:
                 x[0] = F.pad(x[0], step.pad)
-            if step.kind in ("CONV_2D", "DEPTHWISE_CONV_2D", "MAX_POOL_2D", "PRELU"):
+            if step.kind in ("CONV_2D", "DEPTHWISE_CONV_2D", "CONV_TRANSPOSE_2D", "MAX_POOL_2D", "AVERAGE_POOL_2D",
+                             "PRELU"):
                 y = self.layers[step.module](x[0])
             elif step.kind == "FULLY_CONNECTED":  # TFLite flattens its input to [-1, in_features], NHWC order
                 flat = x[0].permute(0, 2, 3, 1) if step.from_map else x[0]
                 y = self.layers[step.module](flat.reshape(-1, self.layers[step.module].in_features))
             elif step.kind == "ADD":
                 y = x[0] + x[1]
+            elif step.kind == "MUL":
+                y = x[0] * x[1]
             elif step.kind == "CONCATENATION":
                 y = torch.cat(x, dim=step.dims[0])
             elif step.kind == "MEAN":
@@ -200,6 +236,8 @@ def load_tflite(path: Union[str, os.PathLike]) -> TFLiteModule:
         op = graph.Operators(i)
         code = model.OperatorCodes(op.OpcodeIndex())
         kind = names.get(max(code.BuiltinCode(), code.DeprecatedBuiltinCode()), "CUSTOM")
+        if kind == "CUSTOM":
+            kind = f"CUSTOM:{(code.CustomCode() or b'').decode()}"
         ins = [op.Inputs(j) for j in range(op.InputsLength())]
         out = op.Outputs(0)
         for tid in ins:
@@ -244,11 +282,11 @@ def load_tflite(path: Union[str, os.PathLike]) -> TFLiteModule:
             modules[name] = conv
             steps.append(_Step(kind, (ins[0],), out, name, () if symmetric else (*pad_w, *pad_h),
                                _fused_activation(opts, i, kind)))
-        elif kind == "ADD":
-            opts = tflite.AddOptions()
+        elif kind in ("ADD", "MUL"):
+            opts = (tflite.AddOptions if kind == "ADD" else tflite.MulOptions)()
             opts.Init(options.Bytes, options.Pos)
             if any(t in constants for t in ins) and len(shape(out)) == 4:
-                raise TFLiteUnsupportedError(f"load_tflite: op {i} ADD of a constant to a map (its layout) is not "
+                raise TFLiteUnsupportedError(f"load_tflite: op {i} {kind} of a constant and a map (its layout) is not "
                                              f"supported")
             steps.append(_Step(kind, tuple(ins), out, activation=_fused_activation(opts, i, kind)))
         elif kind == "CONCATENATION":
@@ -305,15 +343,15 @@ def load_tflite(path: Union[str, os.PathLike]) -> TFLiteModule:
             pad = (int(pads[2, 0]), int(pads[2, 1]), int(pads[1, 0]), int(pads[1, 1]))  # F.pad's order: W, H, C
             steps.append(_Step(kind, (ins[0],), out, pad=pad + (int(pads[3, 0]), int(pads[3, 1])) if pads[3].any()
                                else pad))
-        elif kind == "MAX_POOL_2D":
+        elif kind in ("MAX_POOL_2D", "AVERAGE_POOL_2D"):
             opts = tflite.Pool2DOptions()
             opts.Init(options.Bytes, options.Pos)
             kernel, stride = (opts.FilterHeight(), opts.FilterWidth()), (opts.StrideH(), opts.StrideW())
             _, h, w, _ = shape(ins[0])
             if opts.Padding() == _SAME and (any(_same_padding(h, kernel[0], stride[0], 1))
                                             or any(_same_padding(w, kernel[1], stride[1], 1))):
-                raise TFLiteUnsupportedError(f"load_tflite: op {i} MAX_POOL_2D with SAME padding that pads")
-            modules[name] = nn.MaxPool2d(kernel, stride)
+                raise TFLiteUnsupportedError(f"load_tflite: op {i} {kind} with SAME padding that pads")
+            modules[name] = (nn.MaxPool2d if kind == "MAX_POOL_2D" else nn.AvgPool2d)(kernel, stride)
             steps.append(_Step(kind, (ins[0],), out, name, activation=_fused_activation(opts, i, kind)))
         elif kind == "RESIZE_BILINEAR":
             opts = tflite.ResizeBilinearOptions()
@@ -326,6 +364,9 @@ def load_tflite(path: Union[str, os.PathLike]) -> TFLiteModule:
             steps.append(_Step(kind, (ins[0],), out))
         elif kind == "RESHAPE":
             steps.append(_Step(kind, (ins[0],), out, size=tuple(shape(out)), from_map=len(shape(ins[0])) == 4))
+        elif kind == "CUSTOM:Convolution2DTransposeBias":  # MediaPipe's: TF's conv2d_transpose, then a bias
+            modules[name] = _transpose_conv_bias(op, constants, shape(ins[0]), shape(out), ins, i)
+            steps.append(_Step("CONV_TRANSPOSE_2D", (ins[0],), out, name))
         else:
             raise TFLiteUnsupportedError(f"load_tflite: op {i} is {kind}; supported: {', '.join(SUPPORTED_OPS)}")
     read = {t for s in steps for t in s.inputs}

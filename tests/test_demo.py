@@ -170,6 +170,16 @@ def test_draw_result_tasks():
     assert np.abs(img[30:, 40:].astype(int) - 128).max() < 40
     with pytest.raises(ValueError, match="task must be one of .* got 'boxes'"):
         demo.draw_result(panel, logits, "boxes")
+    probability = torch.zeros(1, 1, 12, 16)
+    probability[..., :6, :] = 1.0  # a one-channel probability map is drawn as it is, logits through a sigmoid
+    drawn = demo.draw_result(panel, probability, "segmentation")
+    assert drawn[3, 3, 2] > drawn[40, 3, 2] + 40 and drawn[40, 3, 0] > drawn[3, 3, 0] + 40  # JET's red at 1, blue at 0
+    logits = demo.draw_result(panel, probability * 20 - 10, "segmentation")  # sigmoid(+-10): 1 and 0 to 5e-5
+    assert np.abs(logits.astype(int) - drawn).max() <= 2
+    off = demo.draw_result(panel, probability - 0.01, "segmentation", probabilities=True)  # a delta model's -0.01
+    assert np.abs(off.astype(int) - drawn).max() <= 10 and demo.is_probability_map(probability)
+    guessed = demo.draw_result(panel, probability - 0.01, "segmentation")  # guessed logits: sigmoid, washed out
+    assert np.abs(guessed.astype(int) - drawn).max() > 40
     anchors = (torch.zeros(1, 896, 16), torch.zeros(1, 896, 1))  # a detector's boxes and scores (BlazeFace)
     assert demo.infer_task(anchors) == "none" and demo.infer_task(seg) == "segmentation"
     img = demo.draw_result(panel, anchors, "none")

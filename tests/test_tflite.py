@@ -350,7 +350,7 @@ def test_mediapipe_model_equals_tflite_runtime_and_converts(filename, converted)
 
 @pytest.mark.parametrize("filename, message", [
     ("pose_detection.tflite", "is sparse \\(read by DENSIFY\\); sparse weights are not supported"),
-    ("selfie_segmentation.tflite", "op 12 is AVERAGE_POOL_2D; supported: "),
+    ("face_landmark_with_attention.tflite", "op 192 is CUSTOM:Landmarks2TransformMatrix; supported: "),
     ("hand_recrop.tflite", "op 49 is STRIDED_SLICE; supported: "),
 ])
 def test_mediapipe_models_that_do_not_load_say_why(filename, message):
@@ -358,3 +358,38 @@ def test_mediapipe_models_that_do_not_load_say_why(filename, message):
 
     with pytest.raises(TFLiteUnsupportedError, match=message):
         load_tflite(_mediapipe_file(filename))
+
+
+#: the selfie segmentation files, MediaPipe's solution's model_selection for each, and a vtest.avi region with people
+SELFIE_MODELS = [("selfie_segmentation.tflite", 0, (450, 150, 300, 300)),
+                 ("selfie_segmentation_landscape.tflite", 1, (300, 140, 448, 252))]
+
+
+@pytest.mark.parametrize("filename, selection, crop", SELFIE_MODELS, ids=["general", "landscape"])
+def test_selfie_segmentation_equals_mediapipes_runtime_and_converts(filename, selection, crop):
+    """MediaPipe's selfie segmentation (squeeze-excite MULs, AVERAGE_POOL_2D or MEAN, HARD_SWISH, and its custom
+    Convolution2DTransposeBias as an nn.ConvTranspose2d): on a vtest.avi region with people, at the file's own size,
+    its mask equals what MediaPipe's own runtime (its SelfieSegmentation solution, which registers the custom op)
+    computes, within 1e-4 of its norm (measured 1.3e-5 / 8.6e-6); converted, no fallback and equal at threshold 0
+    (float64, reference backend)."""
+    path = _mediapipe_file(filename)
+    network = load_tflite(path)
+    h, w = network.input_hw
+    x = next(read_frames(max_frames=1, start=30, size=(h, w), crop=crop, normalize=False))
+    rgb = (x[0].permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)
+    x = torch.from_numpy(rgb).permute(2, 0, 1)[None].float() / 255  # the uint8 frame MediaPipe gets, as it scales it
+    with torch.no_grad():
+        mask = network(x)[0, 0].numpy()
+    try:
+        from mediapipe.python.solutions import selfie_segmentation
+    except ImportError as error:  # mediapipe's runtime needs attrs (requirements-dev.txt)
+        pytest.skip(f"MediaPipe's runtime does not import: {error}")
+    ref = selfie_segmentation.SelfieSegmentation(model_selection=selection).process(rgb).segmentation_mask
+    assert ref.shape == mask.shape and (ref > 0.5).mean() > 0.01  # people in the region
+    assert np.linalg.norm(mask - ref) / np.linalg.norm(ref) <= 1e-4
+    network = network.double()
+    dm = deltaconv.convert(network, example_input=x.double())
+    assert not dm.report.fallbacks
+    with torch.no_grad():
+        for frame in (x, x.flip(-1), x):
+            torch.testing.assert_close(dm(frame.double()), network(frame.double()), rtol=1e-9, atol=1e-9)
