@@ -24,7 +24,7 @@ from typing import Optional, Sequence
 
 #: the zoo's other real-weight models, named in the help (kept here so that ``--help`` imports no torch; a test
 #: checks it against ``deltaconv.zoo.REAL_WEIGHT_MODELS``)
-REAL_WEIGHT_NAMES = "craft, ppocr_det, mtcnn_pnet, blazepose_full"
+REAL_WEIGHT_NAMES = "craft, ppocr_det, mtcnn_pnet, selfie_segmentation, blazepose_full"
 #: the benchmark scripts ``deltaconv bench`` runs, by sweep name
 BENCH_SCRIPTS = {"kernel": "kernel_sweep.py", "video": "video_sweep.py"}
 

@@ -82,6 +82,12 @@ def mtcnn_pnet_state_dict() -> Path:
     return packaged_file(*MTCNN_PNET_FILE)
 
 
+def mediapipe_tflite(filename: str) -> Path:
+    """Path of one of the ``.tflite`` models the mediapipe wheel ships (``modules/**/<filename>``), found without
+    importing the package."""
+    return packaged_file(BLAZEPOSE_FULL_FILE[0], BLAZEPOSE_FULL_FILE[1], filename)
+
+
 def blazepose_full_tflite() -> Path:
     """Path of MediaPipe's BlazePose full landmark model (``pose_landmark_full.tflite``) shipped by mediapipe (found
     without importing the package, whose own dependencies are not needed)."""

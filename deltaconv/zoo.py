@@ -6,8 +6,9 @@ A model is named in one of four ways:
   ``mobilenet_v2`` (torchvision, ImageNet ``IMAGENET1K_V1``), ``craft`` (CRAFT text detector,
   ``craft_mlt_25k.pth``), ``ppocr_det`` (PP-OCRv4's DBNet text detector, RapidOCR's ONNX file
   through onnx2torch), ``mtcnn_pnet`` (MTCNN's face-proposal network, facenet-pytorch's ``pnet.pt``:
-  :class:`deltaconv.mtcnn.PNetFaces`) and ``blazepose_full`` (MediaPipe's BlazePose landmark network, the
-  mediapipe wheel's TFLite file: :class:`deltaconv.blazepose.BlazePoseFull`, 256x256 crops only, the
+  :class:`deltaconv.mtcnn.PNetFaces`), ``selfie_segmentation`` (MediaPipe's person segmentation, the mediapipe
+  wheel's TFLite file as a :class:`deltaconv.model_files.FileModel`, 256x256) and ``blazepose_full`` (MediaPipe's
+  BlazePose landmark network, its TFLite file: :class:`deltaconv.blazepose.BlazePoseFull`, 256x256 crops only, the
   ``deltaconv_input_size`` it declares);
 * a **torchvision name** (``torchvision.models.list_models()``: classification, semantic
   segmentation and detection models, keypoint R-CNN included); their pretrained weights are used
@@ -97,6 +98,13 @@ def _blazepose_full() -> nn.Module:
     return blazepose_full()
 
 
+def _selfie_segmentation() -> nn.Module:
+    from .model_files import load_model_file
+    from .weights import mediapipe_tflite
+
+    return load_model_file(mediapipe_tflite("selfie_segmentation.tflite"), "unit")
+
+
 def _ppocr_det() -> nn.Module:
     from .ppocr import ppocr_v4_det
 
@@ -113,13 +121,16 @@ REAL_WEIGHT_MODELS: dict[str, _Entry] = {
                         "PP-OCRv4 text detector (DBNet, ONNX through onnx2torch), real weights"),
     "mtcnn_pnet": _Entry(_mtcnn_pnet, "faces", "pnet.pt (facenet-pytorch)",
                          "MTCNN's face-proposal network PNet (per-channel PReLUs, a softmax), real weights"),
+    "selfie_segmentation": _Entry(_selfie_segmentation, "segmentation", "selfie_segmentation.tflite (mediapipe)",
+                                  "MediaPipe's selfie segmentation (TFLite; 256x256; the person probability drawn), "
+                                  "real weights"),
     "blazepose_full": _Entry(_blazepose_full, "pose", "pose_landmark_full.tflite (mediapipe)",
                              "MediaPipe's BlazePose landmark network (TFLite; 256x256 crops; its person mask and "
                              "skeleton drawn), real weights"),
 }
 #: other accepted spellings of the real-weight models
 ALIASES = {"craft_mlt_25k": "craft", "mobilenetv2": "mobilenet_v2", "ppocr_v4_det": "ppocr_det", "dbnet": "ppocr_det",
-           "pnet": "mtcnn_pnet", "mtcnn": "mtcnn_pnet", "blazepose": "blazepose_full"}
+           "pnet": "mtcnn_pnet", "mtcnn": "mtcnn_pnet", "blazepose": "blazepose_full", "selfie": "selfie_segmentation"}
 
 
 def imagenet_categories() -> list[str]:

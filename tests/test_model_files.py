@@ -92,3 +92,21 @@ def test_cli_converts_a_model_file_and_names_a_misplaced_input_range(capsys):
     assert "pose_landmark_full: 231 nodes: 223 converted" in out and "fallbacks: none" in out
     assert cli.main(["convert", "mobilenet_v2", "--input-range", "unit"]) == 1
     assert "--input-range: applies to model files" in capsys.readouterr().err
+
+
+def test_selfie_segmentation_in_the_zoo():
+    """The zoo's selfie_segmentation (alias selfie): MediaPipe's file behind the [0, 1] affine, 256x256, drawn as a
+    segmentation (its one-channel probability map)."""
+    pytest.importorskip("tflite")
+    from deltaconv.weights import mediapipe_tflite
+
+    try:
+        path = mediapipe_tflite("selfie_segmentation.tflite")
+    except FileNotFoundError as error:
+        pytest.skip(str(error))
+    entry = zoo.load("selfie")
+    assert entry.name == "selfie_segmentation" and entry.task == "segmentation" and entry.input_size == (256, 256)
+    assert isinstance(entry.model, FileModel) and entry.model.input_range == "unit" and "mediapipe" in entry.weights
+    x = torch.randn(1, 3, 256, 256)
+    with torch.no_grad():
+        torch.testing.assert_close(entry.model(x), zoo.load(str(path)).model(x))  # the file by its path, the same
