@@ -333,7 +333,7 @@ def calibrate(model: nn.Module, frames, tolerance: float = 2e-2, metric: Union[s
             it better than its first frames alone. Clips should be long (tens of frames): pending
             sub-threshold change builds up over time, so short clips under-estimate the error.
         tolerance: the largest admissible error: for ``"rel_err"`` the output relative error,
-            for ``"top5"`` / ``"top1"`` / ``"iou"`` / ``"miou"`` one minus the mean score.
+            for ``"top5"`` / ``"top1"`` / ``"iou"`` / ``"prob_iou"`` / ``"miou"`` one minus the mean score.
         metric: a name of :data:`deltaconv.fidelity.METRICS` or ``fn(y, ref) -> error`` (lower
             is better).
         reduce: how per-frame errors combine: ``"mean"``, ``"max"`` or ``"p95"``.

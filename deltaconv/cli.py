@@ -181,9 +181,11 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--model", default="mobilenet_v2", metavar="NAME")
     _add_input_range(k)
     k.add_argument("--tolerance", type=_nonneg_float, required=True, metavar="E",
-                   help="largest acceptable error: relative error for rel_err, 1 - score for top1/top5/iou/miou")
+                   help="largest acceptable error: relative error for rel_err, 1 - score for "
+                        "top1/top5/iou/prob_iou/miou")
     k.add_argument("--metric", default="rel_err",
-                   help="error metric of deltaconv.calibrate: rel_err (default), top1, top5, iou, miou")
+                   help="error metric of deltaconv.calibrate: rel_err (default), top1, top5, iou (of logits > 0), "
+                        "prob_iou (of probabilities > 0.5), miou")
     k.add_argument("--max-evals", type=_positive_int, default=None, metavar="N",
                    help="model runs the calibration may spend (default: deltaconv.calibrate's)")
     k.add_argument("--truncation", default="max", choices=("max", "rms", "pooled", "hybrid"),

@@ -86,12 +86,14 @@ def label_iou(y: Tensor, ref: Tensor) -> Tensor:
     return torch.tensor(out, dtype=torch.float64)
 
 
-#: metric name -> (function(y, ref) -> [N], higher_is_better)
+#: metric name -> (function(y, ref) -> [N], higher_is_better); ``iou`` thresholds logits at 0, ``prob_iou``
+#: probabilities at 0.5 (a sigmoid output such as MediaPipe's selfie mask, whose values are all > 0)
 METRICS: dict[str, tuple[Callable[[Tensor, Tensor], Tensor], bool]] = {
     "rel_err": (relative_error, False),
     "top5": (lambda y, r: topk_contains(y, r, 5), True),
     "top1": (top1_agrees, True),
     "iou": (lambda y, r: mask_iou(y, r, 0.0), True),
+    "prob_iou": (lambda y, r: mask_iou(y, r, 0.5), True),
     "miou": (label_iou, True),
 }
 

@@ -54,6 +54,17 @@ def test_mask_iou_and_label_iou():
     assert math.isclose(float(miou[0]), (10 / 12 + 4 / 6) / 2, rel_tol=1e-12)
 
 
+def test_prob_iou_thresholds_probabilities_at_a_half():
+    """``prob_iou``: a sigmoid output's masks (> 0.5); ``iou`` (logits > 0) would count every pixel of it."""
+    ref = torch.full((1, 1, 4, 4), 0.1)
+    y = torch.full((1, 1, 4, 4), 0.2)
+    ref[0, 0, :2, :2] = 0.9
+    y[0, 0, :2, :3] = 0.8
+    prob_iou, _ = F_.METRICS["prob_iou"]
+    iou, _ = F_.METRICS["iou"]
+    assert math.isclose(float(prob_iou(y, ref)[0]), 4 / 6, rel_tol=1e-12) and float(iou(y, ref)[0]) == 1.0
+
+
 def test_flops_density_ignores_layers_without_flops_or_frames():
     stats = [{"flops_dense": 100.0, "mean_flops_done": 25.0}, {"flops_dense": 300.0, "mean_flops_done": 75.0},
              {"flops_dense": 0.0, "mean_flops_done": 0.0}, {"flops_dense": 0.0, "mean_flops_done": float("nan")}]
