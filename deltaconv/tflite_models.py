@@ -9,7 +9,8 @@ as ``F.relu`` / ``F.relu6`` / ``torch.tanh`` / ``F.hardswish`` calls, ``PAD`` (o
 TensorFlow's ``SAME`` padding of strided ops as ``F.pad`` (TensorFlow pads the extra row and column at the bottom
 and right), ``RESIZE_BILINEAR`` as ``F.interpolate`` (``half_pixel_centers``, PyTorch's ``align_corners=False``),
 ``MAX_POOL_2D`` / ``AVERAGE_POOL_2D`` as ``nn.MaxPool2d`` / ``nn.AvgPool2d``, ``MEAN`` over height and width,
-``CONCATENATION`` along the axis's channels-first dim, ``RESHAPE`` of a map in TensorFlow's NHWC element order. Its
+``CONCATENATION`` along the axis's channels-first dim, ``STRIDED_SLICE`` of a box of a map (unit strides) as
+indexing, ``RESHAPE`` of a map in TensorFlow's NHWC element order. Its
 forward is a fixed sequence of these calls, so it traces with torch.fx like any model.
 
 Input: ``[N, C, H, W]`` (the file's one NHWC input, channels first). Outputs: the file's outputs in order, 4-D ones
@@ -19,9 +20,9 @@ as a tuple.
 Supported ops (:data:`SUPPORTED_OPS`; the error names any other): the above, ``ADD`` and ``MUL`` of two activations,
 ``AVERAGE_POOL_2D``, ``LOGISTIC``, ``DEQUANTIZE`` (of constant float16 tensors) and MediaPipe's custom
 ``Convolution2DTransposeBias`` (an ``nn.ConvTranspose2d``); sparse weights (``DENSIFY``) and other custom ops are
-not. Ten of the 14 models in the ``mediapipe==0.10.14`` wheel load (pose, hand and face landmarks, iris, palm and
-short-range face detection, selfie segmentation), equal TFLite's runtime (MediaPipe's own for the selfie models, whose
-custom op TFLite's lacks) and convert with no fallback (``tests/test_tflite.py``).
+not. Eleven of the 14 models in the ``mediapipe==0.10.14`` wheel load (pose, hand and face landmarks, iris, palm and
+short-range face detection, selfie segmentation, hand re-crop), equal TFLite's runtime (MediaPipe's own for the
+selfie models, whose custom op TFLite's lacks) and convert with no fallback (``tests/test_tflite.py``).
 Parsing uses the PyPI package ``tflite`` (flatbuffer bindings of TFLite's schema), imported lazily.
 """
 from __future__ import annotations
@@ -48,7 +49,7 @@ _NHWC_TO_NCHW = {0: 0, 1: 2, 2: 3, 3: 1}
 #: the builtin ops load_tflite translates
 SUPPORTED_OPS = ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED", "ADD", "MUL", "CONCATENATION", "PAD", "MAX_POOL_2D",
                  "AVERAGE_POOL_2D", "MEAN", "RESIZE_BILINEAR", "RESHAPE", "LOGISTIC", "RELU", "RELU6", "TANH",
-                 "HARD_SWISH", "PRELU", "DEQUANTIZE", "CUSTOM:Convolution2DTransposeBias")
+                 "HARD_SWISH", "PRELU", "STRIDED_SLICE", "DEQUANTIZE", "CUSTOM:Convolution2DTransposeBias")
 
 
 class TFLiteUnsupportedError(ValueError):
@@ -87,6 +88,27 @@ def _fused_activation(opts, i: int, kind: str) -> Optional[str]:
         raise TFLiteUnsupportedError(f"load_tflite: op {i} {kind} has fused activation {code}; supported: NONE, RELU, "
                                      f"RELU6, TANH")
     return _FUSED[code]
+
+
+def _strided_slice(options, tflite, constants: dict, ins: list, shape, i: int) -> tuple:
+    """``STRIDED_SLICE`` of a map with unit strides, constant bounds and no ellipsis, new or shrunk axes: its
+    ``(start, stop)`` per channels-first dim (the batch whole)."""
+    opts = tflite.StridedSliceOptions()
+    opts.Init(options.Bytes, options.Pos)
+    dims = shape(ins[0])
+    begin, end, strides = (constants.get(t) for t in ins[1:4])
+    if (len(dims) != 4 or begin is None or end is None or (strides is not None and (strides != 1).any())
+            or opts.EllipsisMask() or opts.NewAxisMask() or opts.ShrinkAxisMask() or opts.Offset()):
+        raise TFLiteUnsupportedError(f"load_tflite: op {i} STRIDED_SLICE must take a box of a map with unit strides "
+                                     f"(no ellipsis, new or shrunk axes)")
+    bounds = []
+    for axis, size in enumerate(dims):  # a masked bound is the whole axis; a negative one counts from its end
+        lo = 0 if opts.BeginMask() >> axis & 1 else int(begin[axis]) + (size if begin[axis] < 0 else 0)
+        hi = size if opts.EndMask() >> axis & 1 else min(int(end[axis]) + (size if end[axis] < 0 else 0), size)
+        bounds.append((lo, hi))
+    if bounds[0] != (0, dims[0]):
+        raise TFLiteUnsupportedError(f"load_tflite: op {i} STRIDED_SLICE slices the batch")
+    return tuple(bounds[a] for a in (0, 3, 1, 2))
 
 
 def _transpose_conv_bias(op, constants: dict, in_shape: list, out_shape: list, ins: list, i: int) -> nn.ConvTranspose2d:
@@ -159,6 +181,8 @@ class TFLiteModule(nn.Module):
                 y = x[0] + x[1]
             elif step.kind == "MUL":
                 y = x[0] * x[1]
+            elif step.kind == "STRIDED_SLICE":  # (start, stop) per channels-first dim
+                y = x[0][tuple(slice(a, b) for a, b in step.size)]
             elif step.kind == "CONCATENATION":
                 y = torch.cat(x, dim=step.dims[0])
             elif step.kind == "MEAN":
@@ -364,6 +388,9 @@ def load_tflite(path: Union[str, os.PathLike]) -> TFLiteModule:
             steps.append(_Step(kind, (ins[0],), out))
         elif kind == "RESHAPE":
             steps.append(_Step(kind, (ins[0],), out, size=tuple(shape(out)), from_map=len(shape(ins[0])) == 4))
+        elif kind == "STRIDED_SLICE":
+            bounds = _strided_slice(options, tflite, constants, ins, shape, i)
+            steps.append(_Step(kind, (ins[0],), out, size=bounds))
         elif kind == "CUSTOM:Convolution2DTransposeBias":  # MediaPipe's: TF's conv2d_transpose, then a bias
             modules[name] = _transpose_conv_bias(op, constants, shape(ins[0]), shape(out), ins, i)
             steps.append(_Step("CONV_TRANSPOSE_2D", (ins[0],), out, name))
