@@ -19,10 +19,11 @@ as a tuple.
 
 Supported ops (:data:`SUPPORTED_OPS`; the error names any other): the above, ``ADD`` and ``MUL`` of two activations,
 ``AVERAGE_POOL_2D``, ``LOGISTIC``, ``DEQUANTIZE`` (of constant float16 tensors) and MediaPipe's custom
-``Convolution2DTransposeBias`` (an ``nn.ConvTranspose2d``); sparse weights (``DENSIFY``) and other custom ops are
-not. Eleven of the 14 models in the ``mediapipe==0.10.14`` wheel load (pose, hand and face landmarks, iris, palm and
-short-range face detection, selfie segmentation, hand re-crop), equal TFLite's runtime (MediaPipe's own for the
-selfie models, whose custom op TFLite's lacks) and convert with no fallback (``tests/test_tflite.py``).
+``Convolution2DTransposeBias`` (an ``nn.ConvTranspose2d``), ``DEPTH_TO_SPACE`` in TensorFlow's channel order, and
+sparse weights behind ``DENSIFY`` whose last dim is compressed (made dense when loaded); other custom ops are not.
+13 of the 14 models in the ``mediapipe==0.10.14`` wheel load (pose, hand and face landmarks, iris, palm, pose and
+face detection, selfie segmentation, hand re-crop), equal TFLite's runtime (MediaPipe's own for the selfie models,
+whose custom op TFLite's lacks) and convert with no fallback (``tests/test_tflite.py``).
 Parsing uses the PyPI package ``tflite`` (flatbuffer bindings of TFLite's schema), imported lazily.
 """
 from __future__ import annotations
@@ -49,7 +50,8 @@ _NHWC_TO_NCHW = {0: 0, 1: 2, 2: 3, 3: 1}
 #: the builtin ops load_tflite translates
 SUPPORTED_OPS = ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED", "ADD", "MUL", "CONCATENATION", "PAD", "MAX_POOL_2D",
                  "AVERAGE_POOL_2D", "MEAN", "RESIZE_BILINEAR", "RESHAPE", "LOGISTIC", "RELU", "RELU6", "TANH",
-                 "HARD_SWISH", "PRELU", "STRIDED_SLICE", "DEQUANTIZE", "CUSTOM:Convolution2DTransposeBias")
+                 "HARD_SWISH", "PRELU", "STRIDED_SLICE", "DEPTH_TO_SPACE", "DEQUANTIZE", "DENSIFY",
+                 "CUSTOM:Convolution2DTransposeBias")
 
 
 class TFLiteUnsupportedError(ValueError):
@@ -88,6 +90,30 @@ def _fused_activation(opts, i: int, kind: str) -> Optional[str]:
         raise TFLiteUnsupportedError(f"load_tflite: op {i} {kind} has fused activation {code}; supported: NONE, RELU, "
                                      f"RELU6, TANH")
     return _FUSED[code]
+
+
+def _densify(values: np.ndarray, sparsity, dims: list, tflite, name: str) -> np.ndarray:
+    """The dense value of a sparse constant whose last dim is compressed (SPARSE_CSR) and the others dense, in
+    their own order and without blocks (the layout of MediaPipe's sparse detectors); other layouts raise."""
+    order = sparsity.TraversalOrderAsNumpy().tolist() if sparsity.TraversalOrderLength() else []
+    meta = [sparsity.DimMetadata(d) for d in range(sparsity.DimMetadataLength())]
+    if (order != list(range(len(dims))) or sparsity.BlockMapLength() or len(meta) != len(dims)
+            or any(m.Format() != 0 for m in meta[:-1]) or meta[-1].Format() != 1):
+        raise TFLiteUnsupportedError(f"load_tflite: constant tensor {name!r} is sparse in a layout other than its last "
+                                     f"dim compressed (CSR) without blocks")
+    vectors = {1: tflite.Int32Vector, 2: tflite.Uint16Vector, 3: tflite.Uint8Vector}
+
+    def array(kind: int, table) -> np.ndarray:
+        vector = vectors[kind]()
+        vector.Init(table.Bytes, table.Pos)
+        return vector.ValuesAsNumpy().astype(np.int64)
+
+    segments = array(meta[-1].ArraySegmentsType(), meta[-1].ArraySegments())
+    columns = array(meta[-1].ArrayIndicesType(), meta[-1].ArrayIndices())
+    dense = np.zeros((int(np.prod(dims[:-1])), dims[-1]), values.dtype)
+    rows = np.repeat(np.arange(len(segments) - 1), np.diff(segments))
+    dense[rows, columns] = values[:len(columns)]
+    return dense.reshape(dims)
 
 
 def _strided_slice(options, tflite, constants: dict, ins: list, shape, i: int) -> tuple:
@@ -181,6 +207,11 @@ class TFLiteModule(nn.Module):
                 y = x[0] + x[1]
             elif step.kind == "MUL":
                 y = x[0] * x[1]
+            elif step.kind == "DEPTH_TO_SPACE":  # TensorFlow's order: channel (i * r + j) * C + c -> pixel (i, j)
+                b, c, h, w = x[0].shape
+                r = step.size[0]
+                y = x[0].reshape(b, r, r, c // (r * r), h, w).permute(0, 3, 4, 1, 5, 2).reshape(b, c // (r * r), h * r,
+                                                                                                   w * r)
             elif step.kind == "STRIDED_SLICE":  # (start, stop) per channels-first dim
                 y = x[0][tuple(slice(a, b) for a, b in step.size)]
             elif step.kind == "CONCATENATION":
@@ -245,13 +276,13 @@ def load_tflite(path: Union[str, os.PathLike]) -> TFLiteModule:
         data = model.Buffers(t.Buffer()).DataAsNumpy()
         if isinstance(data, int) or data.size == 0:
             return None
-        if t.Sparsity() is not None:
-            raise TFLiteUnsupportedError(f"load_tflite: constant tensor {t.Name().decode()!r} is sparse (read by "
-                                         f"DENSIFY); sparse weights are not supported")
         if t.Type() not in _NUMPY_TYPES:
             raise TFLiteUnsupportedError(f"load_tflite: constant tensor {t.Name().decode()!r} has TFLite type "
                                          f"{t.Type()}; float32, float16 and int32 are supported")
-        return data.view(_NUMPY_TYPES[t.Type()]).reshape(shape(tid))
+        values = data.view(_NUMPY_TYPES[t.Type()])
+        if t.Sparsity() is not None:  # read by DENSIFY: its dense value, made here
+            return _densify(values, t.Sparsity(), shape(tid), tflite, t.Name().decode())
+        return values.reshape(shape(tid))
 
     constants: dict[int, np.ndarray] = {}
     steps: list[_Step] = []
@@ -271,7 +302,9 @@ def load_tflite(path: Union[str, os.PathLike]) -> TFLiteModule:
                     constants[tid] = value
         options = op.BuiltinOptions()
         name = f"op{i:03d}_{kind.lower()}"
-        if kind == "DEQUANTIZE":
+        if kind == "DENSIFY":  # the sparse constant is dense already (constant())
+            constants[out] = constants[ins[0]]
+        elif kind == "DEQUANTIZE":
             if ins[0] not in constants:
                 raise TFLiteUnsupportedError(f"load_tflite: op {i} DEQUANTIZE of a non-constant tensor")
             constants[out] = constants[ins[0]].astype(np.float32)
@@ -388,6 +421,10 @@ def load_tflite(path: Union[str, os.PathLike]) -> TFLiteModule:
             steps.append(_Step(kind, (ins[0],), out))
         elif kind == "RESHAPE":
             steps.append(_Step(kind, (ins[0],), out, size=tuple(shape(out)), from_map=len(shape(ins[0])) == 4))
+        elif kind == "DEPTH_TO_SPACE":
+            opts = tflite.DepthToSpaceOptions()
+            opts.Init(options.Bytes, options.Pos)
+            steps.append(_Step(kind, (ins[0],), out, size=(opts.BlockSize(),)))
         elif kind == "STRIDED_SLICE":
             bounds = _strided_slice(options, tflite, constants, ins, shape, i)
             steps.append(_Step(kind, (ins[0],), out, size=bounds))
