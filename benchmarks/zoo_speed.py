@@ -31,6 +31,7 @@ from common import RESULTS, alternate_frames, captured, graphed_model, patched, 
 import deltaconv  # noqa: E402
 from deltaconv import zoo  # noqa: E402
 from deltaconv.fidelity import flops_density, relative_error  # noqa: E402
+from deltaconv.model_files import INPUT_RANGES  # noqa: E402
 from deltaconv.video import find_sample_video, read_frames  # noqa: E402
 
 
@@ -128,7 +129,7 @@ def main(argv=None) -> None:
     p.add_argument("--video", default="vtest.avi")
     p.add_argument("--size", nargs=2, type=int, metavar=("H", "W"), help="default: the model's own input size")
     p.add_argument("--crop", nargs=4, type=int, metavar=("X", "Y", "W", "H"), help="a fixed region of each frame")
-    p.add_argument("--input-range", choices=("imagenet", "unit", "signed", "byte"),
+    p.add_argument("--input-range", choices=INPUT_RANGES,
                    help="a model file's input scaling (deltaconv.model_files; default: its format's)")
     p.add_argument("--start", type=int, default=0, help="first frame")
     p.add_argument("--frames", type=int, default=60, help="frames, the key frame and capture frame included")

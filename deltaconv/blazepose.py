@@ -14,8 +14,8 @@ import os
 from typing import Union
 
 import torch
-import torch.nn as nn
 
+from .model_files import FileModel
 from .tflite_models import TFLiteModule, load_tflite
 
 #: the names of :class:`BlazePoseFull`'s outputs, the file's order after the mask ("out")
@@ -42,28 +42,21 @@ def keypoints(landmarks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return points[..., :2], torch.sigmoid(points[..., 3])
 
 
-class BlazePoseFull(nn.Module):
+class BlazePoseFull(FileModel):
     """The pose landmark network on ImageNet-normalised RGB crops (what :func:`deltaconv.video.read_frames` gives):
-    MediaPipe's [0, 1] input made by a per-channel affine in front (which the converter folds into the first
-    convolution); its outputs as a dict, the segmentation logits first as ``"out"`` (the output that
+    a :class:`~deltaconv.model_files.FileModel` of MediaPipe's file, whose [0, 1] input a per-channel affine in front
+    makes; its outputs as a dict, the segmentation logits first as ``"out"`` (the output that
     :func:`deltaconv.fidelity.primary_output` compares), then ``"heatmaps"`` ``[N, 39, 64, 64]``, ``"landmarks"``
     ``[N, 195]``, ``"pose_flag"`` ``[N, 1]``, ``"world_landmarks"`` ``[N, 117]``."""
 
     deltaconv_task = "pose"              # the demo draws its person mask and its skeleton (keypoints())
-    deltaconv_input_size = INPUT_SIZE    # the one size it takes (the zoo, the demo and the CLI read it)
 
     def __init__(self, network: TFLiteModule) -> None:
-        super().__init__()
-        from .video import imagenet_to_unit
-
-        scale, shift = imagenet_to_unit()
-        self.register_buffer("scale", scale)
-        self.register_buffer("shift", shift)
-        self.network = network
+        super().__init__(network, "unit", INPUT_SIZE)  # the one size it takes (the zoo, the demo and the CLI read it)
 
     def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         """``x``: ``[N, 3, 256, 256]`` ImageNet-normalised RGB; returns the dict of the class docstring."""
-        landmarks, pose_flag, mask, heatmaps, world = self.network(x * self.scale + self.shift)
+        landmarks, pose_flag, mask, heatmaps, world = super().forward(x)
         return {"out": mask, "heatmaps": heatmaps, "landmarks": landmarks, "pose_flag": pose_flag,
                 "world_landmarks": world}
 

@@ -84,7 +84,7 @@ def parse_crop(text: str) -> tuple[int, int, int, int]:
 
 def _add_input_range(parser: argparse.ArgumentParser) -> None:
     """The ``--input-range`` option of a model file (``.onnx`` / ``.tflite`` given as the model)."""
-    parser.add_argument("--input-range", choices=("imagenet", "unit", "signed", "byte"), default=None,
+    parser.add_argument("--input-range", choices=("imagenet", "unit", "signed", "byte"), default=None,  # INPUT_RANGES
                         help="a model file's input scaling: ImageNet-normalised, [0, 1], [-1, 1] or [0, 255] RGB "
                              "(default: unit for .tflite, imagenet for .onnx)")
 
@@ -334,13 +334,11 @@ def _load_frames(video, frames: int, size, normalize: bool = True, crop=None):
 
         raise CLIError(f"--video: {video!r} does not exist. {SAMPLE_VIDEO_HELP}")
     if crop is not None:  # inside the video's frames, or an error that names the option
-        import numpy as np
-
-        from .video import crop_frame, find_sample_video, video_info
+        from .video import check_crop_inside, find_sample_video, video_info
 
         info = video_info(video if video is not None else find_sample_video())
         try:
-            crop_frame(np.empty((info["height"], info["width"]), np.uint8), crop, "--crop")
+            check_crop_inside(crop, info["width"], info["height"], "--crop")
         except ValueError as error:
             raise CLIError(str(error)) from None
     out = list(read_frames(video, max_frames=frames, size=size, normalize=normalize, crop=crop))

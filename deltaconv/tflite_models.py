@@ -41,8 +41,11 @@ import torch.nn.functional as F
 #: TFLite's TensorType codes of the tensors this loader reads (schema.fbs)
 _FLOAT32, _FLOAT16, _INT32 = 0, 1, 2
 _NUMPY_TYPES = {_FLOAT32: np.float32, _FLOAT16: np.float16, _INT32: np.int32}
-#: ActivationFunctionType -> the call after the op (None: no activation)
-_FUSED = {0: None, 1: "relu", 3: "relu6", 4: "tanh"}
+#: element-wise ops, as ops of their own and as fused activations after an op (``_Step.activation``)
+_ELEMENTWISE = {"RELU": F.relu, "RELU6": F.relu6, "TANH": torch.tanh, "HARD_SWISH": F.hardswish,
+                "LOGISTIC": torch.sigmoid}
+#: ActivationFunctionType -> the element-wise op after the op (None: no activation)
+_FUSED = {0: None, 1: "RELU", 3: "RELU6", 4: "TANH"}
 #: Padding: SAME = 0, VALID = 1
 _SAME = 0
 #: a 4-D tensor's NHWC axis -> its dim channels first
@@ -90,6 +93,15 @@ def _fused_activation(opts, i: int, kind: str) -> Optional[str]:
         raise TFLiteUnsupportedError(f"load_tflite: op {i} {kind} has fused activation {code}; supported: NONE, RELU, "
                                      f"RELU6, TANH")
     return _FUSED[code]
+
+
+def _with_parameters(module: nn.Module, weight: np.ndarray, bias: Optional[np.ndarray] = None) -> nn.Module:
+    """``module`` with its ``weight`` (already in PyTorch's layout) and ``bias`` copied from the file's arrays."""
+    with torch.no_grad():
+        module.weight.copy_(torch.from_numpy(np.array(weight, np.float32)).reshape(module.weight.shape))
+        if bias is not None:
+            module.bias.copy_(torch.from_numpy(bias.astype(np.float32)))
+    return module
 
 
 def _densify(values: np.ndarray, sparsity, dims: list, tflite, name: str) -> np.ndarray:
@@ -157,10 +169,7 @@ def _transpose_conv_bias(op, constants: dict, in_shape: list, out_shape: list, i
                                          f"(padding {padding}, kernel {k}, stride {s}, {size} -> {out})")
         pads.append(total // 2)
     conv = nn.ConvTranspose2d(c, o, (kh, kw), (stride_h, stride_w), tuple(pads), bias=bias is not None)
-    with torch.no_grad():
-        conv.weight.copy_(torch.from_numpy(weight.transpose(3, 0, 1, 2).copy()))
-        if bias is not None:
-            conv.bias.copy_(torch.from_numpy(bias.astype(np.float32)))
+    _with_parameters(conv, weight.transpose(3, 0, 1, 2), bias)
     expected = [(in_shape[1] - 1) * stride_h - 2 * pads[0] + kh, (in_shape[2] - 1) * stride_w - 2 * pads[1] + kw]
     if expected != list(out_shape[1:3]):
         raise TFLiteUnsupportedError(f"load_tflite: op {i} Convolution2DTransposeBias makes {expected}, the file says "
@@ -179,9 +188,10 @@ class TFLiteModule(nn.Module):
     """A TFLite graph run channels-first (see the module docstring); build it with :func:`load_tflite`."""
 
     def __init__(self, steps: list[_Step], inputs: list[int], outputs: list[int], modules: dict[str, nn.Module],
-                 constants: dict[int, torch.Tensor]) -> None:
+                 constants: dict[int, torch.Tensor], input_hw: tuple[int, int]) -> None:
         super().__init__()
         self.steps, self.input_ids, self.output_ids = steps, inputs, outputs
+        self.input_hw = input_hw  # the file's input height and width
         self.layers = nn.ModuleDict(modules)
         for tid, value in constants.items():  # buffer constant_<tensor id>
             self.register_buffer(f"constant_{tid}", value)
@@ -218,28 +228,16 @@ class TFLiteModule(nn.Module):
                 y = torch.cat(x, dim=step.dims[0])
             elif step.kind == "MEAN":
                 y = x[0].mean(dim=step.dims, keepdim=step.keep)
-            elif step.kind == "RELU":
-                y = F.relu(x[0])
-            elif step.kind == "RELU6":
-                y = F.relu6(x[0])
-            elif step.kind == "HARD_SWISH":
-                y = F.hardswish(x[0])
-            elif step.kind == "TANH":
-                y = torch.tanh(x[0])
+            elif step.kind in _ELEMENTWISE:
+                y = _ELEMENTWISE[step.kind](x[0])
             elif step.kind == "PAD":
                 y = x[0]
             elif step.kind == "RESIZE_BILINEAR":
                 y = F.interpolate(x[0], size=step.size, mode="bilinear", align_corners=False)
-            elif step.kind == "LOGISTIC":
-                y = torch.sigmoid(x[0])
             else:  # RESHAPE, in TensorFlow's NHWC element order
                 y = (x[0].permute(0, 2, 3, 1) if step.from_map else x[0]).reshape(step.size)
-            if step.activation == "relu":
-                y = F.relu(y)
-            elif step.activation == "relu6":
-                y = F.relu6(y)
-            elif step.activation == "tanh":
-                y = torch.tanh(y)
+            if step.activation is not None:
+                y = _ELEMENTWISE[step.activation](y)
             env[step.output] = y
         outs = tuple(env[t] for t in self.output_ids)
         return outs[0] if len(outs) == 1 else outs
@@ -319,24 +317,16 @@ def load_tflite(path: Union[str, os.PathLike]) -> TFLiteModule:
             if kind == "CONV_2D" and weight.shape[3] != c:
                 raise TFLiteUnsupportedError(f"load_tflite: op {i} CONV_2D is grouped ({c} input channels, filters "
                                              f"of {weight.shape[3]}); grouped CONV_2D is not supported")
-            if kind == "CONV_2D":  # [O, KH, KW, I] -> [O, I, KH, KW]
-                w_t = torch.from_numpy(weight.transpose(0, 3, 1, 2).copy())  # a copy: the file's buffer is read-only
-                groups = 1
-            else:  # [1, KH, KW, C * M] -> [C * M, 1, KH, KW]
-                w_t = torch.from_numpy(weight.transpose(3, 0, 1, 2).copy())  # a copy: the file's buffer is read-only
-                groups = c
+            # [O, KH, KW, I] -> [O, I, KH, KW]; depthwise [1, KH, KW, C * M] -> [C * M, 1, KH, KW]
+            w_t = weight.transpose((0, 3, 1, 2) if kind == "CONV_2D" else (3, 0, 1, 2))
+            groups = 1 if kind == "CONV_2D" else c
             cout, _, kh, kw = w_t.shape
             stride, dilation = (opts.StrideH(), opts.StrideW()), (opts.DilationHFactor(), opts.DilationWFactor())
             pad_h = _same_padding(h, kh, stride[0], dilation[0]) if opts.Padding() == _SAME else (0, 0)
             pad_w = _same_padding(w, kw, stride[1], dilation[1]) if opts.Padding() == _SAME else (0, 0)
             symmetric = pad_h[0] == pad_h[1] and pad_w[0] == pad_w[1]
-            conv = nn.Conv2d(c, cout, (kh, kw), stride, (pad_h[0], pad_w[0]) if symmetric else 0, dilation, groups,
-                             bias=bias is not None)
-            with torch.no_grad():
-                conv.weight.copy_(w_t)
-                if bias is not None:
-                    conv.bias.copy_(torch.from_numpy(bias.astype(np.float32)))
-            modules[name] = conv
+            modules[name] = _with_parameters(nn.Conv2d(c, cout, (kh, kw), stride, (pad_h[0], pad_w[0]) if symmetric
+                                                       else 0, dilation, groups, bias=bias is not None), w_t, bias)
             steps.append(_Step(kind, (ins[0],), out, name, () if symmetric else (*pad_w, *pad_h),
                                _fused_activation(opts, i, kind)))
         elif kind in ("ADD", "MUL"):
@@ -353,7 +343,7 @@ def load_tflite(path: Union[str, os.PathLike]) -> TFLiteModule:
             axis = opts.Axis() % rank
             steps.append(_Step(kind, tuple(ins), out, dims=(_NHWC_TO_NCHW[axis] if rank == 4 else axis,),
                                activation=_fused_activation(opts, i, kind)))
-        elif kind in ("RELU", "RELU6", "HARD_SWISH", "TANH"):
+        elif kind in _ELEMENTWISE:
             steps.append(_Step(kind, (ins[0],), out))
         elif kind == "PRELU":
             alpha = constants.get(ins[1])
@@ -361,10 +351,7 @@ def load_tflite(path: Union[str, os.PathLike]) -> TFLiteModule:
             if alpha is None or alpha.size != channels or alpha.shape[-1] != channels:
                 raise TFLiteUnsupportedError(f"load_tflite: op {i} PRELU needs one constant slope per channel "
                                              f"({channels}), got {None if alpha is None else alpha.shape}")
-            prelu = nn.PReLU(channels)
-            with torch.no_grad():
-                prelu.weight.copy_(torch.from_numpy(alpha.astype(np.float32).reshape(-1)))
-            modules[name] = prelu
+            modules[name] = _with_parameters(nn.PReLU(channels), alpha)
             steps.append(_Step(kind, (ins[0],), out, name))
         elif kind == "MEAN":
             opts = tflite.ReducerOptions()
@@ -385,12 +372,8 @@ def load_tflite(path: Union[str, os.PathLike]) -> TFLiteModule:
             if weight is None or weight.ndim != 2 or opts.KeepNumDims() or opts.WeightsFormat() != 0:
                 raise TFLiteUnsupportedError(f"load_tflite: op {i} FULLY_CONNECTED needs constant [out, in] weights "
                                              f"in the default format, without keep_num_dims")
-            linear = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
-            with torch.no_grad():
-                linear.weight.copy_(torch.from_numpy(weight.astype(np.float32)))
-                if bias is not None:
-                    linear.bias.copy_(torch.from_numpy(bias.astype(np.float32)))
-            modules[name] = linear
+            modules[name] = _with_parameters(nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None), weight,
+                                             bias)
             steps.append(_Step(kind, (ins[0],), out, name, activation=_fused_activation(opts, i, kind),
                                from_map=len(shape(ins[0])) == 4))
         elif kind == "PAD":
@@ -417,8 +400,6 @@ def load_tflite(path: Union[str, os.PathLike]) -> TFLiteModule:
                 raise TFLiteUnsupportedError(f"load_tflite: op {i} RESIZE_BILINEAR needs half_pixel_centers and no "
                                              f"align_corners (PyTorch's align_corners=False)")
             steps.append(_Step(kind, (ins[0],), out, size=tuple(shape(out)[1:3])))
-        elif kind == "LOGISTIC":
-            steps.append(_Step(kind, (ins[0],), out))
         elif kind == "RESHAPE":
             steps.append(_Step(kind, (ins[0],), out, size=tuple(shape(out)), from_map=len(shape(ins[0])) == 4))
         elif kind == "DEPTH_TO_SPACE":
@@ -438,6 +419,5 @@ def load_tflite(path: Union[str, os.PathLike]) -> TFLiteModule:
             if t in read and v.dtype != np.int32}
     inputs = [graph.Inputs(j) for j in range(graph.InputsLength())]
     outputs = [graph.Outputs(j) for j in range(graph.OutputsLength())]
-    module = TFLiteModule(steps, inputs, outputs, modules, used)
-    module.input_hw = tuple(int(v) for v in shape(inputs[0])[1:3])  # the file's input height and width (NHWC)
-    return module.eval()
+    input_hw = tuple(int(v) for v in shape(inputs[0])[1:3])  # NHWC
+    return TFLiteModule(steps, inputs, outputs, modules, used, input_hw).eval()

@@ -98,16 +98,22 @@ def check_crop(crop: Optional[tuple[int, int, int, int]], name: str = "crop") ->
         raise ValueError(f"{name} must be (x, y, width, height), ints >= 0 and a size > 0; got {crop!r}")
 
 
-def crop_frame(frame: np.ndarray, crop: Optional[tuple[int, int, int, int]], name: str = "crop") -> np.ndarray:
-    """The region ``crop = (x, y, width, height)`` of an image ``[H, W, ...]`` (all of it for ``None``); a
-    ``ValueError`` naming ``name`` and the frame's size when the region does not lie inside the frame."""
-    if crop is None:
-        return frame
+def check_crop_inside(crop: tuple[int, int, int, int], width: int, height: int, name: str = "crop") -> None:
+    """A ``ValueError`` naming ``name`` and the frame's size when the region ``crop`` does not lie inside a frame of
+    ``width`` x ``height``."""
     x, y, w, h = crop
-    height, width = frame.shape[:2]
     if x + w > width or y + h > height:
         raise ValueError(f"{name}: the region (x={x}, y={y}, width={w}, height={h}) does not lie inside the "
                          f"{width}x{height} (width x height) frame")
+
+
+def crop_frame(frame: np.ndarray, crop: Optional[tuple[int, int, int, int]], name: str = "crop") -> np.ndarray:
+    """The region ``crop = (x, y, width, height)`` of an image ``[H, W, ...]`` (all of it for ``None``); a
+    ``ValueError`` (:func:`check_crop_inside`) when the region does not lie inside the frame."""
+    if crop is None:
+        return frame
+    check_crop_inside(crop, frame.shape[1], frame.shape[0], name)
+    x, y, w, h = crop
     return frame[y:y + h, x:x + w]
 
 

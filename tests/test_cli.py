@@ -49,6 +49,14 @@ def test_demo_task_choices_are_the_drawn_tasks():
     assert tuple(task.choices) == DRAWN_TASKS
 
 
+def test_input_range_choices_are_the_model_files_ranges():
+    from deltaconv.model_files import INPUT_RANGES
+
+    for command in ("demo", "convert", "calibrate"):
+        sub = cli.build_parser()._subparsers._group_actions[0].choices[command]
+        assert tuple(next(a for a in sub._actions if a.dest == "input_range").choices) == INPUT_RANGES
+
+
 def test_help_names_every_real_weight_model():
     from deltaconv import zoo
 

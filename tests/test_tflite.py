@@ -314,10 +314,10 @@ MEDIAPIPE_MODELS = [("face_detection_short_range.tflite", 98), ("face_landmark.t
 
 
 def _mediapipe_file(filename: str):
-    from deltaconv.weights import packaged_file
+    from deltaconv.weights import mediapipe_tflite
 
     try:
-        return packaged_file("mediapipe==0.10.14", "mediapipe", filename)
+        return mediapipe_tflite(filename)
     except FileNotFoundError as error:
         pytest.skip(str(error))
 
