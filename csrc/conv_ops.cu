@@ -1532,20 +1532,22 @@ std::tuple<Tensor, Tensor> run_max_pool2d(const char* op, const Tensor& delta, c
                     reinterpret_cast<const scalar_t*>(x.const_data_ptr()), m.data_ptr<bool>(), acc->data_ptr<float>(),
                     as, (int)C, (int)H, (int)W, in_pix);
     }
-    // channels_last source and states, C % 4 == 0 and C <= 512: the vectorised kernel (y is channels_last),
-    // 16-byte loads of the pooled map where C allows (8 whole values of 2 bytes need C % 8 == 0)
+    // channels_last source and states, C <= 512: the kernel of lane groups sized to C (y is channels_last),
+    // 16-byte loads of the pooled map where C allows (8 whole values of 2 bytes need C % 8 == 0), else packs of
+    // 4, 2 or 1 channels (MTCNN's 10 channels: 2 per lane, 8 lanes per pixel instead of a warp)
     const bool cl = src.is_contiguous(at::MemoryFormat::ChannelsLast) &&
-                    sent.is_contiguous(at::MemoryFormat::ChannelsLast) && C % 4 == 0 &&
-                    C <= conv::kMaxpoolMaxChannels && aligned16(src.const_data_ptr()) &&
-                    aligned16(sent.data_ptr()) && aligned16(y.data_ptr());
+                    sent.is_contiguous(at::MemoryFormat::ChannelsLast) && C <= conv::kMaxpoolMaxChannels &&
+                    aligned16(src.const_data_ptr()) && aligned16(sent.data_ptr()) && aligned16(y.data_ptr());
     const auto launch = [&](auto source) {  // source: the pooled map's elements (const float* or const scalar_t*)
       using S = std::remove_const_t<std::remove_pointer_t<decltype(source)>>;
       if (cl) {
         constexpr int kWide = conv::maxpool_vec<S>();
-        const bool wide = C % kWide == 0;
-        const int log2_lanes = log2_lanes_for(C, wide ? kWide : 4);
-        const auto kernel = wide ? conv::maxpool_out_cl_kernel<scalar_t, S, kWide>
-                                 : conv::maxpool_out_cl_kernel<scalar_t, S, 4>;
+        const int vec = C % kWide == 0 ? kWide : C % 4 == 0 ? 4 : C % 2 == 0 ? 2 : 1;
+        const int log2_lanes = log2_lanes_for(C, vec);
+        const auto kernel = vec == kWide ? conv::maxpool_out_cl_kernel<scalar_t, S, kWide>
+                            : vec == 4   ? conv::maxpool_out_cl_kernel<scalar_t, S, 4>
+                            : vec == 2   ? conv::maxpool_out_cl_kernel<scalar_t, S, 2>
+                                         : conv::maxpool_out_cl_kernel<scalar_t, S, 1>;
         launch_kernel(kernel, persistent_grid(kernel, 256, group_blocks(total_pix, log2_lanes, 256)), 256, 0, stream,
                       m.data_ptr<bool>(), source, reinterpret_cast<scalar_t*>(sent.data_ptr()), key_ptr(key),
                       reinterpret_cast<scalar_t*>(y.data_ptr()), mask_out.data_ptr<bool>(), g,

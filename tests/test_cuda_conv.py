@@ -1337,9 +1337,12 @@ MAXPOOL_CASES = [
     (96, 5, 3, 2, 1, True, (31, 45)),
     (33, (3, 2), (2, 1), (1, 0), (1, 2), True, (13, 17)),
     (8, 3, 1, 1, 1, False, (600, 640)),  # more pixels than the persistent kernels' resident threads
-    # channels_last states with C % 4 == 0 and C <= 512 take maxpool_out_cl_kernel: one lane, several
-    # chunks of 128 channels per lane group (float32 acc; 256 channels of 2-byte whole values); 4 and 12
-    # whole values of 2 bytes load 4 per lane (C % 8 != 0); 516 channels take maxpool_out_kernel
+    # channels_last states with C <= 512 take maxpool_out_cl_kernel: one lane, several chunks of 128
+    # channels per lane group (float32 acc; 256 channels of 2-byte whole values); 4 and 12 whole values of
+    # 2 bytes load 4 per lane (C % 8 != 0), 10 and 6 channels 2 (MTCNN's PNet pools 10 with a 2x2 window),
+    # 3, 17 and 33 one (above); 516 channels take maxpool_out_kernel
+    (10, 2, 2, 0, 1, True, (31, 45)),
+    (6, 3, 2, 1, 1, False, (13, 17)),
     (4, 3, 2, 1, 1, True, (13, 17)),
     (12, 3, 2, 1, 1, False, (13, 17)),
     (256, 3, 2, 1, 1, False, (13, 17)),

@@ -7,10 +7,11 @@
 //                          y = max(src) over the window (src: acc, or the input's whole values); send y - sent when its size (max or rms
 //                          over the channels, pw::PendingSize) > thr (or key): pw::send_element
 //                          (tf32, float32: the changes rounded to TF32, as the activation sends them)
-//   maxpool_out_cl_kernel  the same for channels_last acc and sent with C % 4 == 0, C <= 512: a
-//                          group of C / VEC lanes (at most 32) per output pixel, 16-byte loads of the
-//                          pooled map (VEC = 4 float32 acc or 8 whole float16 / bfloat16 values),
-//                          the window maxima kept in registers from the send decision to the send
+//   maxpool_out_cl_kernel  the same for channels_last acc and sent with C <= 512: a group of C / VEC
+//                          lanes (at most 32) per output pixel, 16-byte loads of the pooled map where C
+//                          allows (VEC = 4 float32 acc or 8 whole float16 / bfloat16 values), else packs
+//                          of 4, 2 or 1 channels; the window maxima kept in registers from the send
+//                          decision to the send
 //   avgpool_kernel         one thread per output element; mask = window holds an active pixel
 //   adaptive_avgpool_kernel one block per (output pixel, chunk of 256 window pixels, 256 channels):
 //     lists the chunk's active pixels, sums them per channel; adaptive_avgpool_finish_kernel one
@@ -150,9 +151,10 @@ constexpr int maxpool_vec() {
 
 // acc [N, C, H, W] (S: float32, or T whole values as in maxpool_out_kernel) and sent [N, C, Ho, Wo]
 // channels_last (C % VEC == 0, C <= kMaxpoolMaxChannels, 16-byte aligned); y [N, C, Ho, Wo] channels_last.
-// VEC: channels per lane and load, maxpool_vec<S>() (a 16-byte load), or 4 for a 2-byte S whose C is not a
-// multiple of 8. log2_lanes: lanes per output pixel, C / VEC rounded up to a power of two (at most 32). Same
-// results as maxpool_out_kernel (the same window order and NaN rule).
+// VEC: channels per lane and load, maxpool_vec<S>() (a 16-byte load), else the largest of 4, 2, 1 that divides
+// C. log2_lanes: lanes per output pixel, log2_lanes_for(C, VEC) (C / VEC, or C / 4 for VEC 1, rounded up to a
+// power of two, at most 32), so that C <= kChunks * 32 * VEC lanes' chunks. Same results as maxpool_out_kernel
+// (the same window order and NaN rule).
 template <typename T, typename S = float, int VEC = maxpool_vec<S>()>
 __global__ void __launch_bounds__(256)
     maxpool_out_cl_kernel(const bool* __restrict__ mask, const S* __restrict__ acc, T* __restrict__ sent,
