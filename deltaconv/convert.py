@@ -19,7 +19,7 @@ from .exported import fold_constant_affines, fold_hardswish, fold_input_affines
 from .backends.reference import check_truncation
 from .modules import (DCActivation, DCAdd, DCConv2d, DCDensify, DCFallback, DCModule, DCMul, DCPad2d, DCResample,
                       DCSparsify)
-from .modules.linear import DCBatchNorm2d, DCConvTranspose2d, DCLinear, DCUpsample
+from .modules.linear import DCBatchNorm2d, DCConvTranspose2d, DCLinear, DCScale, DCUpsample
 from .modules.nonlinear import DCLayerNorm, DCMaxPool2d
 from .layout import (CHANNELS_FIRST, LAYOUT_PERMUTE, fold_channel_shuffles, fold_shuffled_concatenations,
                      folded_note, keep_channels_first)
@@ -30,14 +30,16 @@ from .rules import (CHANNELS_FIRST_RULES, FUNCTION_RULES, MODULE_RULES, PASSTHRO
 #: DC classes that carry the dense module's parameters under the same names (replace it in place)
 _ADOPTING = (DCConv2d, DCConvTranspose2d, DCLinear, DCBatchNorm2d, DCLayerNorm)
 
-#: Convolutions of fewer input channels (the stems, reading the frame) stay in delta mode under
-#: ``recompute``: their tensor-core kernel reads a copy of the input padded to 8 channels, which value
-#: mode has to pad at every pixel of every frame; that cost what the stem's activation saved on busy
-#: frames, and frames with nothing changed were up to 8 % slower (H200, 2026-11-29,
-#: ``benchmarks/results/value_mode.txt`` section 3). Measured again once the ResNets' stem activation had
-#: readers taking whole values (whole max pooling): busy frames within 1-2 %, frames with nothing changed
-#: up to 5 % slower (2026-12-02, section 17).
-MIN_RECOMPUTE_CHANNELS = 8
+#: Convolutions of fewer input channels stay in delta mode under ``recompute``. Since 2026-12-07 that is none:
+#: the stems (3 input channels) recompute too. In delta mode a stem's activation summed the stem's changes,
+#: each rounded to float16, in its float32 accumulator, and those roundings add up from frame to frame: on
+#: MediaPipe's hand landmark model the landmarks were 7x further from float64 than the dense float16 model's
+#: after 30 vtest frames at threshold 0 (3.9e-3 against 5.5e-4), 9.4e-4 with the stem recomputing (and the
+#: file's input affine giving whole values, ``gives_whole``; ``benchmarks/results/stem_value_mode.txt``).
+#: Speed: busy frames within 1-2 % either way, frames with nothing changed up to 5 % slower (their
+#: tensor-core kernel reads the frame padded to 8 channels, which value mode pads at every active pixel;
+#: H200, 2026-12-02, ``benchmarks/results/value_mode.txt`` section 17). 8 restores the delta-mode stems.
+MIN_RECOMPUTE_CHANNELS = 1
 
 #: Value mode through linear layers' outputs as well ("whole sums"): a 1x1 convolution whose readers all
 #: take whole values keeps its whole output, and an add not fused with an activation whose operands are
@@ -560,6 +562,7 @@ class _Converter:
             self._mark_whole_products(sites, whole)
         if WHOLE_MAX_POOLING:
             self._mark_whole_max_pooling(sites)
+        self._mark_whole_givers()
         if SKIP_UNREAD_CHANGES:
             self._mark_unread_changes(sites)
 
@@ -642,7 +645,47 @@ class _Converter:
         layer = self.root.get_submodule(node.target)
         if isinstance(layer, DCPad2d):
             return len(node.args) == 1 and self._keeps_whole(node.args[0])
+        operand = self._static_operation_input(node)
+        if operand is not None:
+            return self._keeps_whole(operand)
         return isinstance(layer, kinds)
+
+    def _static_operation_input(self, node: fx.Node) -> Optional[fx.Node]:
+        """The changing operand of ``node`` when it is a product with or sum with a static operand (``DCScale``, a
+        ``DCAdd`` of one changing tensor) called at one site, which can give its whole output
+        (``gives_whole``); else ``None``."""
+        layer = self.root.get_submodule(node.target)
+        if not isinstance(layer, (DCScale, DCAdd)) or node.kwargs or self._module_sites()[node.target] != 1:
+            return None
+        changing = [a for a in node.args if isinstance(a, fx.Node) and a in self.delta_nodes]
+        return changing[0] if len(changing) == 1 and len(node.args) == 2 else None
+
+    def _mark_whole_givers(self) -> None:
+        """Set ``gives_whole`` on the static products and sums (:meth:`_static_operation_input`) whose whole
+        output a layer taking whole values reads (through paddings and other such layers): a model file's
+        input affine before its stem, which then recomputes instead of summing rounded changes."""
+        def give(node) -> None:
+            if not (isinstance(node, fx.Node) and node.op == "call_module"):
+                return
+            layer = self.root.get_submodule(node.target)
+            if isinstance(layer, DCPad2d) and len(node.args) == 1:
+                give(node.args[0])
+            operand = self._static_operation_input(node)
+            if operand is not None and self._keeps_whole(operand):
+                if not layer.gives_whole:
+                    self._append_note(node.target, "gives its whole output")
+                layer.gives_whole = True
+                give(operand)
+
+        for node in self.graph.nodes:
+            if node.op != "call_module":
+                continue
+            layer = self.root.get_submodule(node.target)
+            if ((type(layer) is DCConv2d and (layer.recomputes or layer.keeps_output))
+                    or (isinstance(layer, DCAdd) and (layer.keeps_sum or layer.fuse_with_next))
+                    or (isinstance(layer, (DCMul, DCMaxPool2d)) and layer.takes_whole)):
+                for arg in node.args:
+                    give(arg)
 
     def _passthrough(self, key, node: fx.Node) -> bool:
         if key not in PASSTHROUGH_CALLS:

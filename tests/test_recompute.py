@@ -40,8 +40,19 @@ def pairs(dm) -> list[str]:
     return [n.layer for n in dm.report.nodes if n.note and "recomputes for" in n.note]
 
 
+def assert_value_equals_delta(value, delta, model, frames, t: float) -> None:
+    """``value`` (value mode) gives ``delta``'s (delta mode) outputs on ``frames`` to float64 rounding, and at
+    threshold ``t`` 0 the dense ``model``'s."""
+    with torch.no_grad():
+        for f in frames:
+            got = value(f)
+            torch.testing.assert_close(got, delta(f), rtol=0, atol=1e-12)
+            if t == 0:
+                torch.testing.assert_close(got, model(f), rtol=0, atol=1e-12)
+
+
 @pytest.mark.parametrize("truncation", ["max", "rms", "pooled"])
-@pytest.mark.parametrize("name, expected", [("resnet18", 8), ("mobilenet_v2", 34)])
+@pytest.mark.parametrize("name, expected", [("resnet18", 9), ("mobilenet_v2", 35)])
 def test_recompute_equals_delta_mode_on_the_reference(name, expected, truncation):
     """float64, reference backend: value mode gives delta mode's outputs (to float64 rounding) at
     threshold 0 and above, and at threshold 0 the dense model's."""
@@ -96,12 +107,7 @@ def test_functional_prelu_takes_value_mode_and_the_fused_add():
         assert "recomputes for prelu_1" in notes["c1"] and "fused with prelu_2" in notes["add"], notes
         assert "recomputes for prelu_2 (output kept, summed by add)" in notes["c2"], notes
         assert not delta.report.fallbacks and not value.report.fallbacks and not pairs(delta)
-        with torch.no_grad():
-            for f in frames:
-                a = value(f)
-                torch.testing.assert_close(a, delta(f), rtol=0, atol=1e-12)
-                if t == 0:
-                    torch.testing.assert_close(a, model(f), rtol=0, atol=1e-12)
+        assert_value_equals_delta(value, delta, model, frames, t)
 
 
 def test_recomputed_activations_keep_no_accumulator():
@@ -113,7 +119,7 @@ def test_recomputed_activations_keep_no_accumulator():
         for f in frames:
             delta(f), value(f)
     recomputed = {n.layer for n in value.report.nodes if n.note and "recomputed by" in n.note}
-    assert len(recomputed) == 8 and len(value.report.recomputing) == 16 and not delta.report.recomputing
+    assert len(recomputed) == 9 and len(value.report.recomputing) == 18 and not delta.report.recomputing
     for layer in value.delta_layers():
         if layer.layer_name in recomputed:
             assert "acc" not in layer._buffers and layer._buffers["sent"] is not None
@@ -122,20 +128,25 @@ def test_recomputed_activations_keep_no_accumulator():
 
 def test_only_convolutions_between_a_whole_source_and_a_lone_activation_recompute(monkeypatch):
     """mobilenet_v2 (the default conversion): every depthwise conv (after the expansion's ReLU6) and
-    every expansion (after a kept sum or a kept projection) recomputes; the stem (3 input channels)
-    and the projections (read by an add or the next block: they keep their outputs) do not. Without
-    whole sums the expansions do not either; recompute=False: none."""
+    every expansion (after a kept sum or a kept projection) recomputes, and so does the stem (3 input
+    channels; since 2026-12-07, ``MIN_RECOMPUTE_CHANNELS``); the projections (read by an add or the next
+    block: they keep their outputs) do not. Without whole sums the expansions do not either;
+    ``MIN_RECOMPUTE_CHANNELS = 8``: not the stem; recompute=False: none."""
     example = torch.zeros(1, 3, 64, 64)
     dm = deltaconv.convert(build("mobilenet_v2"), backend="reference", example_input=example)
     marked = sorted(name for name, m in dm.named_modules() if isinstance(m, DCConv2d) and m.recomputes)
     assert {"features.1.conv.0.0", "features.2.conv.1.0", "features.2.conv.0.0", "features.18.0"} <= set(marked)
-    assert "features.0.0" not in marked and "features.2.conv.2" not in marked and len(marked) == 34
+    assert "features.0.0" in marked and "features.2.conv.2" not in marked and len(marked) == 35
+    monkeypatch.setattr(importlib.import_module("deltaconv.convert"), "MIN_RECOMPUTE_CHANNELS", 8)
+    stem_in_delta_mode = deltaconv.convert(build("mobilenet_v2"), backend="reference", example_input=example)
+    assert sorted(name for name, m in stem_in_delta_mode.named_modules()
+                  if isinstance(m, DCConv2d) and m.recomputes) == [n for n in marked if n != "features.0.0"]
     monkeypatch.setattr(importlib.import_module("deltaconv.convert"), "WHOLE_SUMS", False)
     before = deltaconv.convert(build("mobilenet_v2"), backend="reference", example_input=example)
     marked = sorted(name for name, m in before.named_modules() if isinstance(m, DCConv2d) and m.recomputes)
     assert "features.1.conv.0.0" in marked and "features.2.conv.1.0" in marked
     assert "features.0.0" not in marked and "features.2.conv.0.0" not in marked and "features.2.conv.2" not in marked
-    assert len(marked) == 17
+    assert len(marked) == 17  # MIN_RECOMPUTE_CHANNELS still 8 here: the stem in delta mode
     off = deltaconv.convert(build("mobilenet_v2"), backend="reference", example_input=example, recompute=False)
     assert not any(isinstance(m, DCConv2d) and m.recomputes for m in off.modules()) and not pairs(off)
 
@@ -377,7 +388,7 @@ def test_bottleneck_adds_of_whole_operands_are_marked():
     assert "recomputes for layer1.1.relu_2 (output kept, summed by layer1.1.add)" in notes["layer1.1.conv3"]
     assert "recomputed by layer1.1.conv3 through layer1.1.add" in notes["layer1.1.relu_2"]
     assert "recomputes for layer2.0.relu_2 (output kept, summed by layer2.0.add)" in notes["layer2.0.downsample.0"]
-    assert len(dm.report.recomputing) == 2 * 32 + 20 + 16  # the pairs; a summing ReLU notes both of its convolutions
+    assert len(dm.report.recomputing) == 2 * 33 + 20 + 16  # the pairs (the stem too); a summing ReLU notes both
     off = deltaconv.convert(build("resnet50"), backend="reference", example_input=example, recompute=False)
     assert not kept(off) and not summing(off)
     unfused = deltaconv.convert(build("resnet50"), backend="reference", example_input=example, fuse=False)
@@ -669,9 +680,9 @@ def test_an_add_of_two_kept_outputs():
 
 
 def test_accumulator_share_counts_the_layers_left_in_delta_mode():
-    """benchmarks/experiments/accumulator_share.py (README, What remains): resnet50 keeps an accumulator
-    in its stem's ReLU only (the max pooling after it takes its whole values, ``WHOLE_MAX_POOLING``);
-    resnet18 in its stem's ReLU and its 8 blocks' fused adds (no bottleneck)."""
+    """benchmarks/experiments/accumulator_share.py (README, What remains): resnet50 keeps no accumulator
+    (its stem recomputes since 2026-12-07, and the max pooling after the stem's ReLU takes its whole values,
+    ``WHOLE_MAX_POOLING``); resnet18 in its 8 blocks' fused adds (no bottleneck)."""
     import importlib.util
     from pathlib import Path
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "experiments" / "accumulator_share.py"
@@ -679,9 +690,9 @@ def test_accumulator_share_counts_the_layers_left_in_delta_mode():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     n_acc, n, share, kinds = module.accumulator_share("resnet50", (64, 64))
-    assert (n_acc, n) == (1, 50) and 0 < share < 0.5 and set(kinds) == {"activation"}
+    assert (n_acc, n, share) == (0, 50, 0.0) and not kinds
     n_acc, n, _, _ = module.accumulator_share("resnet18", (64, 64))
-    assert (n_acc, n) == (9, 18)
+    assert (n_acc, n) == (8, 18)
 
 
 # ----------------------------------------------------------------------------- whole sums (WHOLE_SUMS)
@@ -693,18 +704,18 @@ def accumulators(dm) -> list[str]:
 
 def test_whole_sums_mark_the_projections_adds_and_expansions(monkeypatch):
     """mobilenet_v2: the 17 projections keep their outputs, the 10 adds between blocks their sums, and
-    every expansion after them recomputes (34 recomputing convolutions instead of 17): after a frame
-    only the stem's activation keeps an accumulator (18 without WHOLE_SUMS). resnet50 is marked as
+    every expansion after them recomputes (35 recomputing convolutions with the stem instead of 18):
+    after a frame no activation keeps an accumulator (17 without WHOLE_SUMS). resnet50 is marked as
     without it. The report notes the pairs."""
     example = torch.zeros(1, 3, 64, 64)
     dm = deltaconv.convert(build("mobilenet_v2"), backend="reference", example_input=example)
     keeping = sorted(n for n, m in dm.named_modules() if getattr(m, "keeps_output", False))
     summing_adds = sorted(n for n, m in dm.named_modules() if getattr(m, "keeps_sum", False))
     assert keeping == sorted(["features.1.conv.1"] + [f"features.{i}.conv.2" for i in range(2, 18)])
-    assert len(summing_adds) == 10 and sum(getattr(m, "recomputes", False) for m in dm.modules()) == 34
+    assert len(summing_adds) == 10 and sum(getattr(m, "recomputes", False) for m in dm.modules()) == 35
     with torch.no_grad():
         dm(example), dm(example + 0.1)
-    assert accumulators(dm) == ["features.0.2"]
+    assert accumulators(dm) == []
     notes = {}
     for n in dm.report.nodes:  # a layer's first entry (a folded BatchNorm's follows its convolution's)
         notes.setdefault(n.layer, n.note)
@@ -717,7 +728,7 @@ def test_whole_sums_mark_the_projections_adds_and_expansions(monkeypatch):
     assert not any(getattr(m, "keeps_sum", False) or getattr(m, "keeps_output", False) for m in off.modules())
     with torch.no_grad():
         off(example), off(example + 0.1)
-    assert len(accumulators(off)) == 18
+    assert len(accumulators(off)) == 17
 
 
 def value_against_delta_mode(model, frames, t: float):
@@ -980,3 +991,38 @@ def test_cuda_unread_changes_equal_written_ones(name, graph, monkeypatch):
         for f in frames:
             a, b = main_output(skipping(f)), main_output(writing(f))
             assert torch.equal(a, b)
+
+
+class _AffineStem(torch.nn.Module):
+    """A model file's front: an input affine ``x * scale + shift`` (static per-channel tensors), an explicit
+    SAME padding, a stride-2 stem of 3 input channels, ReLU6, then a pointwise layer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("scale", torch.tensor([0.2, 0.25, 0.3]).view(1, 3, 1, 1))
+        self.register_buffer("shift", torch.tensor([0.5, 0.4, 0.45]).view(1, 3, 1, 1))
+        self.stem = torch.nn.Conv2d(3, 8, 3, stride=2)
+        self.head = torch.nn.Conv2d(8, 8, 1)
+
+    def forward(self, x):
+        x = torch.nn.functional.pad(x * self.scale + self.shift, (0, 1, 0, 1))
+        return torch.relu(self.head(torch.nn.functional.relu6(self.stem(x))))
+
+
+def test_an_input_affine_gives_whole_values_to_the_stem():
+    """The static product and sum before a padding and a stem give their whole outputs (``gives_whole``, noted in
+    the report), the stem recomputes from them; float64, reference backend: the dense model's output at threshold
+    0, delta mode's at 0.03 (``recompute=False``: no whole values given)."""
+    model = _AffineStem().double()
+    frames = moving_frames(5)
+    value = deltaconv.convert(model, backend="reference", example_input=frames[0])
+    layers = dict(value.named_modules())
+    assert layers["mul"].gives_whole and layers["add"].gives_whole and layers["stem"].recomputes
+    notes = {n.layer: n.note for n in value.report.nodes}
+    assert notes["mul"] == notes["add"] == "gives its whole output" and "recomputes for" in notes["stem"]
+    delta = deltaconv.convert(model, recompute=False, backend="reference", example_input=frames[0])
+    assert not any(getattr(m, "gives_whole", False) for m in delta.modules())
+    for t in (0.0, 0.03):
+        value, delta = (deltaconv.convert(model, threshold=t, backend="reference", example_input=frames[0], **kw)
+                        for kw in ({}, {"recompute": False}))
+        assert_value_equals_delta(value, delta, model, frames, t)

@@ -19,7 +19,9 @@ residual adds of whole operands (ResNet's third ReLU per block in delta mode, as
 "value_writing_fused_changes" with only the activations fused with a residual add writing their changes;
 "value_with_stem" lets the stems recompute too
 (3 input channels: their tensor-core kernel reads a copy of the frame padded to 8 channels, which value
-mode pads at every pixel; ``convert`` leaves them in delta mode, ``MIN_RECOMPUTE_CHANNELS``). ``--calibrated``: mobilenet_v2 also at its
+mode pads at every pixel; ``MIN_RECOMPUTE_CHANNELS`` 1, the default since 2026-12-07, so now the same as "value");
+"value_delta_stem" leaves them in delta mode (``MIN_RECOMPUTE_CHANNELS`` 8, the default before).
+``--calibrated``: mobilenet_v2 also at its
 float16 thresholds calibrated for 1 % (``benchmarks/results/fidelity_thresholds_*_0.01_rms_float16.json``).
 """
 from __future__ import annotations
@@ -62,7 +64,8 @@ def only_on_row_lists(dm):
 #: "value_writing_changes": the activations write their changes also where no reader reads them
 #: (``SKIP_UNREAD_CHANGES`` off); "value_writing_fused_changes": only those fused with a residual add do (as
 #: before 2026-12-02 03:20 UTC, :func:`~helpers.writing_changes`); "value_with_stem": the stems (3 input
-#: channels) recompute too (``MIN_RECOMPUTE_CHANNELS`` 1); "value_before_sums": value mode as it was before the
+#: channels) recompute too (``MIN_RECOMPUTE_CHANNELS`` 1, the default since 2026-12-07); "value_delta_stem": they
+#: do not (8, the default before); "value_before_sums": value mode as it was before the
 #: residual adds took it (ResNet's first two ReLUs per block only, every activation writing its changes,
 #: :func:`~helpers.without_kept_outputs`); "value_on_row_lists": the residual adds in value mode only where the
 #: kept outputs are on row lists (:func:`only_on_row_lists`)
@@ -73,6 +76,7 @@ VARIANTS = {"delta": (False, None, {}), "value": (True, None, {}),
             "value_writing_changes": (True, None, {"SKIP_UNREAD_CHANGES": False}),
             "value_writing_fused_changes": (True, partial(writing_changes, fused_only=True), {}),
             "value_with_stem": (True, None, {"MIN_RECOMPUTE_CHANNELS": 1}),
+            "value_delta_stem": (True, None, {"MIN_RECOMPUTE_CHANNELS": 8}),
             "value_before_sums": (True, without_kept_outputs, {}),
             "value_on_row_lists": (True, only_on_row_lists, {}),
             "delta_again": (False, None, {})}

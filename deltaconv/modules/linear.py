@@ -638,6 +638,11 @@ class DCAdd(DCModule):
     #: expansions after a residual add recompute from it. Delta mode on frames where an operand has
     #: no whole values (its producer in delta mode, TF32 sends), which change only with a key frame.
     keeps_sum = False
+    #: with one static operand (set by ``convert`` when a layer taking whole values reads this add, through
+    #: paddings and other such layers): the output also gives the whole sum (``Delta.whole``), computed from
+    #: the changing operand's whole values as the dense model computes it, so that a convolution after it
+    #: can recompute (a model file's input affine ``x * scale + shift`` before its stem)
+    gives_whole = False
     lazy_states = ("sum",)
 
     def __init__(self, alpha: float = 1.0) -> None:
@@ -657,7 +662,10 @@ class DCAdd(DCModule):
             const = const * self.alpha
         else:
             d, const, sign = b, a, self.alpha
-        return self.observe(_with_constant(d, sign, const, self.key))
+        out = _with_constant(d, sign, const, self.key)
+        if self.gives_whole and d.whole is not None:  # as the dense model computes it, every pixel
+            out.whole = torch.add(a.whole if a is d else a, b.whole if b is d else b, alpha=self.alpha)
+        return self.observe(out)
 
     def add(self, a: Delta, b: Delta) -> Delta:
         """The sum of two deltas, observed as this layer's output (with its row list, see ``lists_rows``)."""
@@ -774,6 +782,10 @@ class DCScale(DCModule):
     """Multiplication or division of a delta by a static tensor or number: linear."""
 
     kind = "scale"
+    #: set by ``convert`` when a layer taking whole values reads this one (through paddings and the like):
+    #: the output also gives the whole product (``Delta.whole``, the input's whole values times the
+    #: static operand, every pixel, as the dense model computes it), as :attr:`DCAdd.gives_whole`
+    gives_whole = False
 
     def __init__(self, divide: bool = False) -> None:
         super().__init__()
@@ -781,14 +793,17 @@ class DCScale(DCModule):
 
     def forward(self, a, b) -> Delta:
         d, s = (a, b) if isinstance(a, Delta) else (b, a)
+        whole = None
+        if self.gives_whole and d.whole is not None:
+            whole = d.whole / s if self.divide else d.whole * s  # a division's delta is its dividend
         if not self.divide and _per_channel(s, d.value):  # ConvNeXt's layer_scale: on the active pixels only
             value, mask = self.ops.affine_channel(d.value, d.mask, self.work_vector("scale", s), None, None)
-            return self.observe(Delta(value, mask))
+            return self.observe(Delta(value, mask, whole=whole))
         value = d.value / s if self.divide else d.value * s
         mask = d.mask
         if tuple(value.shape) != tuple(d.value.shape):
             mask = mask.expand(list(value.shape[:1]) + [1] + list(value.shape[2:]))
-        return self.observe(Delta(value, mask))
+        return self.observe(Delta(value, mask, whole=whole))
 
 
 def _per_channel(s, value: torch.Tensor) -> bool:
