@@ -34,7 +34,7 @@ _ADOPTING = (DCConv2d, DCConvTranspose2d, DCLinear, DCBatchNorm2d, DCLayerNorm)
 #: the stems (3 input channels) recompute too. In delta mode a stem's activation summed the stem's changes,
 #: each rounded to float16, in its float32 accumulator, and those roundings add up from frame to frame: on
 #: MediaPipe's hand landmark model the landmarks were 7x further from float64 than the dense float16 model's
-#: after 30 vtest frames at threshold 0 (3.9e-3 against 5.5e-4), 9.4e-4 with the stem recomputing (and the
+#: after 30 vtest frames at threshold 0 (3.9e-3 against 5.3e-4), 9.3e-4 with the stem recomputing (and the
 #: file's input affine giving whole values, ``gives_whole``; ``benchmarks/results/stem_value_mode.txt``).
 #: Speed: busy frames within 1-2 % either way, frames with nothing changed up to 5 % slower (their
 #: tensor-core kernel reads the frame padded to 8 channels, which value mode pads at every active pixel;
