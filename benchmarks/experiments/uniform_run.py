@@ -4,8 +4,10 @@
 import argparse
 import time
 
+import torch
+
 import deltaconv
-from deltaconv.fidelity import FidelityReport, compare
+from deltaconv.fidelity import FidelityReport, compare, video_frames
 
 
 def uniform_run(model, frames: list, dense: list, t: float, t_in: float, truncation: str = "rms",
@@ -33,3 +35,14 @@ def clip_arguments(p: argparse.ArgumentParser, size: tuple[int, int], frames: in
     p.add_argument("--size", type=int, nargs=2, default=size)
     p.add_argument("--start", type=int, default=200)
     p.add_argument("--frames", type=int, default=frames)
+
+
+def clips(model, a: argparse.Namespace, device: str = "cpu"):
+    """``(video, frames, dense)`` of each clip of :func:`clip_arguments`' ``a``: the frames on ``device`` and
+    ``model``'s outputs on them (two CPU threads, TF32 off: float32 as on the CPU)."""
+    torch.set_num_threads(2)
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    for video in a.videos:
+        frames = [x.to(device) for x in video_frames(video, tuple(a.size), a.frames, a.start)]
+        with torch.no_grad():
+            yield video, frames, [model(x) for x in frames]
