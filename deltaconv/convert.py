@@ -809,9 +809,10 @@ def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
             ``benchmarks/experiments/fp16_floor.py``; README, *Fidelity and calibration*).
             ``None`` (the default): as the ``thresholds`` file or Calibration records it (what the
             thresholds were calibrated with), else ``True``.
-        recompute: value mode where the graph allows (the default): a convolution of at least 8 input
-            channels that reads an activation, a max pooling or the input sparsifier, and whose only
-            reader is an activation, computes its whole new output on the active pixels from its
+        recompute: value mode where the graph allows (the default): a convolution (the stems too, since
+            2026-12-07: ``MIN_RECOMPUTE_CHANNELS``) that reads an activation, a max pooling or the input
+            sparsifier (through paddings and static products or sums, which then give their whole
+            outputs: ``gives_whole``), and whose only reader is an activation, computes its whole new output on the active pixels from its
             input's whole values (what that layer has sent), bias included, and the activation after
             it keeps no float32 accumulator. The same convolution work and results (to rounding),
             about half of that activation's memory traffic, 21-25 % less state in ResNet-50 and
