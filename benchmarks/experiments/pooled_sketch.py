@@ -30,16 +30,16 @@ from deltaconv.weights import mobilenet_v2_imagenet  # noqa: E402
 from uniform_run import clip_arguments, clips, summary, uniform_run  # noqa: E402
 
 #: projections per pixel (0: the exact measure)
-SKETCH = {"k": 0}
+SKETCH = {"k": 0, "seed": 0}
 _exceeds = R.exceeds
 _signs: dict = {}
 
 
 def signs(channels: int, k: int, device) -> torch.Tensor:
-    """``[k, C]`` fixed random signs (one set per channel count, seeded by it), float32."""
-    key = (channels, k, str(device))
+    """``[k, C]`` fixed random signs (one set per channel count, seeded by it and ``--seed``), float32."""
+    key = (channels, k, SKETCH["seed"], str(device))
     if key not in _signs:
-        g = torch.Generator().manual_seed(1000 + channels)
+        g = torch.Generator().manual_seed(1000 * (SKETCH["seed"] + 1) + channels)
         _signs[key] = (torch.randint(0, 2, (k, channels), generator=g) * 2 - 1).float().to(device)
     return _signs[key]
 
@@ -66,17 +66,19 @@ def main():
     p.add_argument("--ks", type=int, nargs="+", default=[0, 4, 8, 16], help="projections (0: the exact measure)")
     p.add_argument("--t-in", type=float, default=0.01, help="input sparsifier threshold")
     p.add_argument("--ts", type=float, nargs="+", default=[0.004])
+    p.add_argument("--seeds", type=int, nargs="+", default=[0], help="draws of the signs (0: section 18's)")
     p.add_argument("--device", default="cpu")
     a = p.parse_args()
     model = mobilenet_v2_imagenet().eval().to(a.device)
     for video, frames, dense in clips(model, a, a.device):
         for t in a.ts:
             for k in a.ks:
-                SKETCH["k"] = k
-                rep, seconds = uniform_run(model, frames, dense, t, a.t_in, truncation="pooled")
-                print(f"{video} {a.size[0]}x{a.size[1]} frames {a.start}-{a.start + a.frames - 1} pooled "
-                      f"{'exact' if k == 0 else f'sketch k={k}'} t_in={a.t_in:g} t={t:g}: {summary(rep, seconds)}",
-                      flush=True)
+                for seed in a.seeds if k else [0]:
+                    SKETCH.update(k=k, seed=seed)
+                    rep, seconds = uniform_run(model, frames, dense, t, a.t_in, truncation="pooled")
+                    print(f"{video} {a.size[0]}x{a.size[1]} frames {a.start}-{a.start + a.frames - 1} pooled "
+                          f"{'exact' if k == 0 else f'sketch k={k} seed {seed}'} t_in={a.t_in:g} t={t:g}: "
+                          f"{summary(rep, seconds)}", flush=True)
 
 
 if __name__ == "__main__":
