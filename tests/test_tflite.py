@@ -381,6 +381,33 @@ def test_hand_landmarks_in_float16_stay_as_close_to_float64_as_the_dense_model()
         assert delta[i] <= 3 * dense[i], (i, delta[i], dense[i])
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(bool(cuda_backend_reason()), reason=cuda_backend_reason() or "ok")
+def test_hand_landmarks_on_the_cuda_backend():
+    """The float16 test above on the CUDA kernels, replayed as a CUDA graph, against the float32 model (TF32 off):
+    the landmarks and world landmarks within 3x the dense float16 model's error. On an H200 with the stem in delta
+    mode (2026-12-07 18:45 UTC, ``benchmarks/results/mediapipe_cuda.txt``) they were 6.3x and 4.2x."""
+    from deltaconv import zoo
+
+    entry = zoo.load(str(_mediapipe_file("hand_landmark_full.tflite")))
+    frames = [f.cuda() for f in read_frames(max_frames=10, start=28, size=entry.input_size, crop=(585, 227, 148, 148))]
+    exact, model = copy.deepcopy(entry.model).cuda().eval(), entry.model.cuda().half().eval()
+    dm = deltaconv.convert(model, threshold=0, backend="cuda", example_input=frames[0].half(), cuda_graph=True,
+                           check_finite=False)
+    assert not dm.report.fallbacks
+    allow_tf32 = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        with torch.no_grad():
+            want = [exact(f) for f in frames]
+            dense = _errors([model(f.half()) for f in frames], want)
+            delta = _errors([tuple(o.clone() for o in dm(f.half())) for f in frames], want)
+    finally:
+        torch.backends.cudnn.allow_tf32 = allow_tf32
+    for i in (0, 3):  # landmarks, world landmarks
+        assert delta[i] <= 3 * dense[i], (i, delta[i], dense[i])
+
+
 def test_the_mediapipe_model_that_does_not_load_says_why():
     from deltaconv.tflite_models import TFLiteUnsupportedError
 
