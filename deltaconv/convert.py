@@ -573,22 +573,12 @@ class _Converter:
         their activation that sum whole operands (an operand is a convolution keeping its output or a
         kept sum: ``ops.add_activation_values``, a ResNet bottleneck's identity), and paddings whose
         readers all are such layers (they pad the whole values only)."""
-        def keeps(node) -> bool:  # a layer whose output is kept whole (Delta.recomputed)
-            if not isinstance(node, fx.Node) or node.op != "call_module":
-                return False
-            layer = self.root.get_submodule(node.target)
-            return (type(layer) is DCConv2d and layer.keeps_output) or (isinstance(layer, DCAdd) and layer.keeps_sum)
-
         def reads_whole(user: fx.Node) -> bool:
             if user.op != "call_module" or sites[user.target] != 1:
                 return False
-            layer = self.root.get_submodule(user.target)
-            if isinstance(layer, DCPad2d):
+            if isinstance(self.root.get_submodule(user.target), DCPad2d):
                 return bool(user.users) and all(reads_whole(u) for u in user.users)
-            return ((type(layer) is DCConv2d and (layer.recomputes or layer.keeps_output))
-                    or (isinstance(layer, DCAdd) and layer.keeps_sum)
-                    or (isinstance(layer, (DCMul, DCMaxPool2d)) and layer.takes_whole)
-                    or (self._fused_add(user) and any(keeps(a) for a in user.args)))
+            return self._takes_whole_values(user)
         for node in self.graph.nodes:
             if node.op != "call_module" or sites[node.target] != 1 or not node.users:
                 continue
@@ -650,12 +640,29 @@ class _Converter:
             return self._keeps_whole(operand)
         return isinstance(layer, kinds)
 
+    def _takes_whole_values(self, node: fx.Node) -> bool:
+        """Whether layer ``node`` (marked by value mode) reads its operands' whole values: a convolution that
+        recomputes or keeps its output, an add keeping its sum, a product or max pooling taking whole values, an
+        add fused with its activation with an operand kept whole (a convolution keeping its output or a kept sum:
+        ``ops.add_activation_values``, a ResNet bottleneck's identity)."""
+        def keeps(arg) -> bool:  # a layer whose output is kept whole (Delta.recomputed)
+            if not isinstance(arg, fx.Node) or arg.op != "call_module":
+                return False
+            layer = self.root.get_submodule(arg.target)
+            return (type(layer) is DCConv2d and layer.keeps_output) or (isinstance(layer, DCAdd) and layer.keeps_sum)
+
+        layer = self.root.get_submodule(node.target)
+        return ((type(layer) is DCConv2d and (layer.recomputes or layer.keeps_output))
+                or (isinstance(layer, DCAdd) and layer.keeps_sum)
+                or (isinstance(layer, (DCMul, DCMaxPool2d)) and layer.takes_whole)
+                or (self._fused_add(node) and any(keeps(a) for a in node.args)))
+
     def _static_operation_input(self, node: fx.Node) -> Optional[fx.Node]:
         """The changing operand of ``node`` when it is a product with or sum with a static operand (``DCScale``, a
-        ``DCAdd`` of one changing tensor) called at one site, which can give its whole output
-        (``gives_whole``); else ``None``."""
+        ``DCAdd`` of one changing tensor), which can give its whole output (``gives_whole``); else ``None``. Each
+        such call has a layer of its own (a function call converted), so the mark is per call."""
         layer = self.root.get_submodule(node.target)
-        if not isinstance(layer, (DCScale, DCAdd)) or node.kwargs or self._module_sites()[node.target] != 1:
+        if not isinstance(layer, (DCScale, DCAdd)) or node.kwargs:
             return None
         changing = [a for a in node.args if isinstance(a, fx.Node) and a in self.delta_nodes]
         return changing[0] if len(changing) == 1 and len(node.args) == 2 else None
@@ -678,12 +685,7 @@ class _Converter:
                 give(operand)
 
         for node in self.graph.nodes:
-            if node.op != "call_module":
-                continue
-            layer = self.root.get_submodule(node.target)
-            if ((type(layer) is DCConv2d and (layer.recomputes or layer.keeps_output))
-                    or (isinstance(layer, DCAdd) and (layer.keeps_sum or layer.fuse_with_next))
-                    or (isinstance(layer, (DCMul, DCMaxPool2d)) and layer.takes_whole)):
+            if node.op == "call_module" and self._takes_whole_values(node):
                 for arg in node.args:
                     give(arg)
 
@@ -812,8 +814,8 @@ def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
         recompute: value mode where the graph allows (the default): a convolution (the stems too, since
             2026-12-07: ``MIN_RECOMPUTE_CHANNELS``) that reads an activation, a max pooling or the input
             sparsifier (through paddings and static products or sums, which then give their whole
-            outputs: ``gives_whole``), and whose only reader is an activation, computes its whole new output on the active pixels from its
-            input's whole values (what that layer has sent), bias included, and the activation after
+            outputs: ``gives_whole``), and whose only reader is an activation, computes its whole new
+            output on the active pixels from its input's whole values (what that layer has sent), bias included, and the activation after
             it keeps no float32 accumulator. The same convolution work and results (to rounding),
             about half of that activation's memory traffic, 21-25 % less state in ResNet-50 and
             MobileNetV2 and their busy frames 2.6-9 % faster in float16 (README, *How it works*, Value

@@ -358,17 +358,24 @@ def _errors(outputs: list, reference: list) -> list[float]:
                   / sum(r[i].double().norm() ** 2 for r in reference[1:])) ** 0.5 for i in range(len(reference[0]))]
 
 
+def _hand_landmarks() -> tuple[torch.nn.Module, list[torch.Tensor]]:
+    """MediaPipe's hand landmark file as a model (eval mode, ImageNet-normalised frames in) and 10 vtest frames of a
+    pedestrian crop at its 224x224 (the first the key frame)."""
+    from deltaconv import zoo
+
+    entry = zoo.load(str(_mediapipe_file("hand_landmark_full.tflite")))
+    frames = list(read_frames(max_frames=10, start=28, size=entry.input_size, crop=(585, 227, 148, 148)))
+    return entry.model.eval(), frames
+
+
 def test_hand_landmarks_in_float16_stay_as_close_to_float64_as_the_dense_model():
     """MediaPipe's hand landmark file as a model (its input affine ``x * scale + shift``, then a stem of 3
     input channels), float16, reference backend, threshold 0, 10 vtest frames: the landmarks and world landmarks
     within 3x the dense float16 model's error against float64 (2.4x and 1.5x measured). The input affine gives its
     whole values and the stem recomputes from them; with the stem summing float16-rounded changes in a float32
     accumulator (delta mode, ``MIN_RECOMPUTE_CHANNELS = 8``) the roundings added up to 11x and 7x."""
-    from deltaconv import zoo
-
-    entry = zoo.load(str(_mediapipe_file("hand_landmark_full.tflite")))
-    frames = list(read_frames(max_frames=10, start=28, size=entry.input_size, crop=(585, 227, 148, 148)))
-    exact, model = entry.model.double().eval(), copy.deepcopy(entry.model).half().eval()
+    model, frames = _hand_landmarks()
+    exact, model = model.double(), copy.deepcopy(model).half()
     dm = deltaconv.convert(model, threshold=0, backend="reference", example_input=frames[0].half())
     notes = {n.layer: n.note for n in dm.report.nodes}
     assert "gives its whole output" in notes["mul"] and "gives its whole output" in notes["add"]
@@ -387,11 +394,9 @@ def test_hand_landmarks_on_the_cuda_backend():
     """The float16 test above on the CUDA kernels, replayed as a CUDA graph, against the float32 model (TF32 off):
     the landmarks and world landmarks within 3x the dense float16 model's error. On an H200 with the stem in delta
     mode (2026-12-07 18:45 UTC, ``benchmarks/results/mediapipe_cuda.txt``) they were 6.3x and 4.2x."""
-    from deltaconv import zoo
-
-    entry = zoo.load(str(_mediapipe_file("hand_landmark_full.tflite")))
-    frames = [f.cuda() for f in read_frames(max_frames=10, start=28, size=entry.input_size, crop=(585, 227, 148, 148))]
-    exact, model = copy.deepcopy(entry.model).cuda().eval(), entry.model.cuda().half().eval()
+    model, frames = _hand_landmarks()
+    frames = [f.cuda() for f in frames]
+    exact, model = copy.deepcopy(model).cuda(), model.cuda().half()
     dm = deltaconv.convert(model, threshold=0, backend="cuda", example_input=frames[0].half(), cuda_graph=True,
                            check_finite=False)
     assert not dm.report.fallbacks
