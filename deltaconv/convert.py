@@ -670,11 +670,17 @@ class _Converter:
     def _mark_whole_givers(self) -> None:
         """Set ``gives_whole`` on the static products and sums (:meth:`_static_operation_input`) whose whole
         output a layer taking whole values reads (through paddings and other such layers): a model file's
-        input affine before its stem, which then recomputes instead of summing rounded changes."""
+        input affine before its stem, which then recomputes instead of summing rounded changes; and
+        ``whole_from_frame`` on an input sparsifier read so."""
         def give(node) -> None:
             if not (isinstance(node, fx.Node) and node.op == "call_module"):
                 return
             layer = self.root.get_submodule(node.target)
+            if isinstance(layer, DCSparsify):
+                if not layer.whole_from_frame:
+                    self._append_note(node.target, "gives the frame's values whole")
+                layer.whole_from_frame = True
+                return
             if isinstance(layer, DCPad2d) and len(node.args) == 1:
                 give(node.args[0])
             operand = self._static_operation_input(node)

@@ -1027,3 +1027,37 @@ def test_an_input_affine_gives_whole_values_to_the_stem():
         value, delta = (deltaconv.convert(model, threshold=t, backend="reference", example_input=frames[0], **kw)
                         for kw in ({}, {"recompute": False}))
         assert_value_equals_delta(value, delta, model, frames, t)
+
+
+def test_the_stem_reads_the_frame_not_the_sparsifiers_rounded_sends():
+    """float16, threshold 0: a pixel falling from 1 to 0.0123 changes by an amount float16 cannot hold, so the
+    sparsifier sends it rounded and keeps the residual in ``sent`` (for layers reading changes). Read by a
+    recomputing stem (``whole_from_frame``, noted in the report; not with ``recompute=False``), its whole values
+    are the frame's own on the pixels sent, so the stem's activation equals the dense float16 model's (0 of 392
+    values differ here; at most 1 % allowed for another summation order), where reading ``sent`` put 131 of them
+    an ulp or more off."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, stride=2), torch.nn.ReLU6(), torch.nn.Conv2d(8, 8, 1)).half()
+    first = torch.ones(1, 3, 16, 16, dtype=torch.float16)
+    second = (torch.rand(1, 3, 16, 16) * 0.02 + 0.005).half()  # every pixel falls to 0.005-0.025
+    dm = deltaconv.convert(model, backend="reference", example_input=first)
+    sparsifier = dm.delta_layers()[0]
+    assert sparsifier.whole_from_frame
+    assert {n.layer: n.note for n in dm.report.nodes}[sparsifier.layer_name] == "gives the frame's values whole"
+    plain = deltaconv.convert(model, backend="reference", recompute=False, example_input=first)
+    assert not plain.delta_layers()[0].whole_from_frame
+    seen = []
+    sparsifier.register_forward_hook(lambda mod, inp, out: seen.append(out.whole.clone()))
+    stem_activation = [m for m in dm.delta_layers() if isinstance(m, DCActivation)][0]
+    differing = []
+    for from_frame in (True, False):
+        dm.reset()
+        sparsifier.whole_from_frame = from_frame
+        with torch.no_grad():
+            dm(first)
+            dm(second)
+            want = model[:2](second)
+        differing.append(int((stem_activation.sent != want).sum()))
+    assert not torch.equal(sparsifier.sent, second)  # the residuals this test is about
+    assert torch.equal(seen[1], second) and torch.equal(seen[3], sparsifier.sent)
+    assert differing[0] <= 0.01 * want.numel() and differing[1] > 0.1 * want.numel(), differing

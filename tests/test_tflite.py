@@ -371,9 +371,11 @@ def _hand_landmarks() -> tuple[torch.nn.Module, list[torch.Tensor]]:
 def test_hand_landmarks_in_float16_stay_as_close_to_float64_as_the_dense_model():
     """MediaPipe's hand landmark file as a model (its input affine ``x * scale + shift``, then a stem of 3
     input channels), float16, reference backend, threshold 0, 10 vtest frames: the landmarks and world landmarks
-    within 3x the dense float16 model's error against float64 (2.4x and 1.5x measured). The input affine gives its
-    whole values and the stem recomputes from them; with the stem summing float16-rounded changes in a float32
-    accumulator (delta mode, ``MIN_RECOMPUTE_CHANNELS = 8``) the roundings added up to 11x and 7x."""
+    within 1.5x the dense float16 model's error against float64 (1.19x and 0.99x measured). The input affine gives
+    its whole values and the stem recomputes from them; with the stem summing float16-rounded changes in a float32
+    accumulator (delta mode, ``MIN_RECOMPUTE_CHANNELS = 8``) the roundings added up to 11x and 7x; with the stem
+    reading the sparsifier's rounded sends instead of the frame (before ``whole_from_frame``) and the reference's
+    convolutions rounding before their bias, 2.4x and 1.5x."""
     model, frames = _hand_landmarks()
     exact, model = model.double(), copy.deepcopy(model).half()
     dm = deltaconv.convert(model, threshold=0, backend="reference", example_input=frames[0].half())
@@ -385,15 +387,16 @@ def test_hand_landmarks_in_float16_stay_as_close_to_float64_as_the_dense_model()
         dense = _errors([model(f.half()) for f in frames], want)
         delta = _errors([dm(f.half()) for f in frames], want)
     for i in (0, 3):  # landmarks, world landmarks
-        assert delta[i] <= 3 * dense[i], (i, delta[i], dense[i])
+        assert delta[i] <= 1.5 * dense[i], (i, delta[i], dense[i])
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(bool(cuda_backend_reason()), reason=cuda_backend_reason() or "ok")
 def test_hand_landmarks_on_the_cuda_backend():
     """The float16 test above on the CUDA kernels, replayed as a CUDA graph, against the float32 model (TF32 off):
-    the landmarks and world landmarks within 3x the dense float16 model's error. On an H200 with the stem in delta
-    mode (2026-12-07 18:45 UTC, ``benchmarks/results/mediapipe_cuda.txt``) they were 6.3x and 4.2x."""
+    the landmarks and world landmarks within 2x the dense float16 model's error. On an H200 with the stem in delta
+    mode (2026-12-07 18:45 UTC, ``benchmarks/results/mediapipe_cuda.txt``) they were 6.3x and 4.2x; with it
+    recomputing from the sparsifier's sends (H100, 21:10 UTC) 1.29x and 1.04x."""
     model, frames = _hand_landmarks()
     frames = [f.cuda() for f in frames]
     exact, model = copy.deepcopy(model).cuda(), model.cuda().half()
@@ -410,7 +413,7 @@ def test_hand_landmarks_on_the_cuda_backend():
     finally:
         torch.backends.cudnn.allow_tf32 = allow_tf32
     for i in (0, 3):  # landmarks, world landmarks
-        assert delta[i] <= 3 * dense[i], (i, delta[i], dense[i])
+        assert delta[i] <= 2 * dense[i], (i, delta[i], dense[i])
 
 
 def test_the_mediapipe_model_that_does_not_load_says_why():

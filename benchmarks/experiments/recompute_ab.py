@@ -54,6 +54,13 @@ def only_on_row_lists(dm):
     return writing_changes(dm)
 
 
+def reading_sent(dm) -> None:
+    """The input sparsifiers give their ``sent`` as their whole values (``whole_from_frame`` off)."""
+    for layer in dm.delta_layers():
+        if hasattr(layer, "whole_from_frame"):
+            layer.whole_from_frame = False
+
+
 #: the variants: ``convert(recompute=)``, what is undone before the first frame (``None``: nothing), and the
 #: ``deltaconv.convert`` flags set for the conversion (the others at their defaults);
 #: "value": the default (projections and adds keep whole values: MobileNet's expansions recompute; the
@@ -65,7 +72,9 @@ def only_on_row_lists(dm):
 #: (``SKIP_UNREAD_CHANGES`` off); "value_writing_fused_changes": only those fused with a residual add do (as
 #: before 2026-12-02 03:20 UTC, :func:`~helpers.writing_changes`); "value_with_stem": the stems (3 input
 #: channels) recompute too (``MIN_RECOMPUTE_CHANNELS`` 1, the default since 2026-12-07); "value_delta_stem": they
-#: do not (8, the default before); "value_before_sums": value mode as it was before the
+#: do not (8, the default before); "value_stem_reading_sent": the stems recompute from the sparsifier's ``sent``
+#: instead of the frame's values (``DCSparsify.whole_from_frame`` off, the default before 2026-12-07 22:00 UTC,
+#: :func:`reading_sent`); "value_before_sums": value mode as it was before the
 #: residual adds took it (ResNet's first two ReLUs per block only, every activation writing its changes,
 #: :func:`~helpers.without_kept_outputs`); "value_on_row_lists": the residual adds in value mode only where the
 #: kept outputs are on row lists (:func:`only_on_row_lists`)
@@ -77,6 +86,7 @@ VARIANTS = {"delta": (False, None, {}), "value": (True, None, {}),
             "value_writing_fused_changes": (True, partial(writing_changes, fused_only=True), {}),
             "value_with_stem": (True, None, {"MIN_RECOMPUTE_CHANNELS": 1}),
             "value_delta_stem": (True, None, {"MIN_RECOMPUTE_CHANNELS": 8}),
+            "value_stem_reading_sent": (True, reading_sent, {}),
             "value_before_sums": (True, without_kept_outputs, {}),
             "value_on_row_lists": (True, only_on_row_lists, {}),
             "delta_again": (False, None, {})}

@@ -387,7 +387,10 @@ def conv2d(delta: Tensor, mask: Tensor, weight: Tensor, bias: Optional[Tensor], 
     ``delta`` holds the input's whole values and ``load_mask`` (``[N, 1, H, W]`` bool, all set)
     says which input pixels are read (default ``mask``); ``bias_key`` (``[N]`` bool, all set) says
     which streams' outputs get the bias (default ``key``). The output pixels still follow ``mask``
-    and ``key``: the output then holds the layer's whole new values on them."""
+    and ``key``: the output then holds the layer's whole new values on them.
+
+    The products are summed and the bias added in float32 (float64 for float64), then rounded to the
+    input's dtype once, as a dense convolution with its bias (and the CUDA kernels' epilogues) round."""
     x = _zero_inactive(delta, mask if load_mask is None else load_mask)
     m = mask.to(torch.float32)
     if padding_mode != "zeros":
@@ -395,10 +398,17 @@ def conv2d(delta: Tensor, mask: Tensor, weight: Tensor, bias: Optional[Tensor], 
         x = F.pad(x, pad, mode=padding_mode)
         m = F.pad(m, pad, mode=padding_mode)
         padding = 0
-    out = F.conv2d(x, weight.to(delta.dtype), None, stride, padding, dilation, groups)
+    work = _work_dtype(delta)
+    out = F.conv2d(x.to(work), _rounded(weight, delta, work), None, stride, padding, dilation, groups)
     ones = torch.ones((1, 1) + tuple(weight.shape[-2:]), device=delta.device)
     out_mask = F.conv2d(m, ones, None, stride, padding, dilation) > 0
-    return _add_bias_on_key(out, out_mask, bias, key, bias_key)
+    out, out_mask = _add_bias_on_key(out, out_mask, _rounded(bias, delta, work), key, bias_key)
+    return out.to(delta.dtype), out_mask
+
+
+def _rounded(param: Optional[Tensor], like: Tensor, work: torch.dtype) -> Optional[Tensor]:
+    """A weight or bias rounded to ``like``'s dtype (what the model holds), then in the ``work`` dtype."""
+    return None if param is None else param.to(like.dtype).to(work)
 
 
 def keep_output(out: Tensor, delta: Tensor, mask: Tensor) -> Tensor:
@@ -453,26 +463,31 @@ def conv_transpose2d(delta: Tensor, mask: Tensor, weight: Tensor, bias: Optional
     """Transposed convolution: linear; the mask is scattered through the same footprint. ``counters``
     is not used here (see :func:`conv2d`)."""
     x = _zero_inactive(delta, mask)
-    out = F.conv_transpose2d(x, weight.to(delta.dtype), None, stride, padding, output_padding, groups, dilation)
+    work = _work_dtype(delta)
+    out = F.conv_transpose2d(x.to(work), _rounded(weight, delta, work), None, stride, padding, output_padding,
+                             groups, dilation)
     ones = torch.ones((1, 1) + tuple(weight.shape[-2:]), device=delta.device)
     out_mask = F.conv_transpose2d(mask.to(torch.float32), ones, None, stride, padding, output_padding, 1,
                                   dilation) > 0
-    return _add_bias_on_key(out, out_mask, bias, key)
+    out, out_mask = _add_bias_on_key(out, out_mask, _rounded(bias, delta, work), key)
+    return out.to(delta.dtype), out_mask
 
 
 def linear(delta: Tensor, mask: Tensor, weight: Tensor, bias: Optional[Tensor],
            key: Optional[Tensor]) -> tuple[Tensor, Tensor]:
     """``F.linear`` over the last dim. For rank > 2 the last dim is a pixel dim, so every output
-    along it is active when any input along it is."""
-    out = F.linear(_zero_inactive(delta, mask), weight.to(delta.dtype))
+    along it is active when any input along it is. Summed and biased in float32 (float64), rounded
+    once, as :func:`conv2d`."""
+    work = _work_dtype(delta)
+    out = F.linear(_zero_inactive(delta, mask).to(work), _rounded(weight, delta, work))
     if delta.dim() > 2:
         mask = mask.any(dim=-1, keepdim=True).expand(list(mask.shape[:-1]) + [out.shape[-1]])
     k = _key_view(key, out.dim())
     if k is not None:
         mask = mask | k
         if bias is not None:
-            out = out + bias.to(out.dtype) * k.to(out.dtype)
-    return out, mask
+            out = out + _rounded(bias, delta, work) * k.to(out.dtype)
+    return out.to(delta.dtype), mask
 
 
 # ----------------------------------------------------------------------------- pooling, resizing

@@ -21,6 +21,14 @@ class DCSparsify(DCModule):
 
     kind = "sparsify"
     truncates = True
+    #: set by :func:`~deltaconv.convert` where a layer reads the frame's whole values (a stem that
+    #: recomputes, through a model file's input affine too): those are then the frame's own values on
+    #: the pixels sent (``sent`` elsewhere) instead of ``sent``, which can differ from them by the
+    #: rounding of a change to the frame's dtype (``x - sent`` may need more bits than float16 holds;
+    #: that residual stays pending for the layers reading changes). In float16 the residuals made the
+    #: stem read values an ulp off the frame's at moving pixels, frame after frame
+    #: (``benchmarks/results/stem_value_mode.txt``).
+    whole_from_frame = False
 
     def __init__(self, threshold: float = 0.0, change_detector=None) -> None:
         super().__init__()
@@ -34,7 +42,8 @@ class DCSparsify(DCModule):
             measure = self.change_detector(x.float() - sent.float())
         tf32 = sends_tf32(x)
         value, mask = self.ops.sparsify(x, sent, self.threshold, self.key, measure, tf32=tf32)
-        return self.observe(Delta(value, mask, tf32=tf32, whole=sent))
+        whole = torch.where(mask, x, sent) if self.whole_from_frame else sent
+        return self.observe(Delta(value, mask, tf32=tf32, whole=whole))
 
     def flops_per_output_pixel(self, out: Delta) -> float:
         return 0.0
