@@ -19,12 +19,12 @@ import torch
 import torch.fx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from zoo_speed import input_size, named_outputs  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from stem_fidelity import clip_arguments, model_and_clip  # noqa: E402
+from zoo_speed import named_outputs  # noqa: E402
 
 import deltaconv  # noqa: E402
-from deltaconv import zoo  # noqa: E402
 from deltaconv.modules import DCActivation  # noqa: E402
-from deltaconv.video import find_sample_video, read_frames  # noqa: E402
 
 
 def values(gm: torch.fx.GraphModule, x: torch.Tensor, override: dict | None = None) -> tuple:
@@ -46,17 +46,10 @@ def node_of(layer_name: str, names) -> str | None:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", required=True, help="a zoo name, a torchvision name or a .tflite / .onnx file")
-    p.add_argument("--video", default="vtest.avi")
-    p.add_argument("--size", nargs=2, type=int, metavar=("H", "W"), help="default: the model's own input size")
-    p.add_argument("--crop", nargs=4, type=int, metavar=("X", "Y", "W", "H"))
-    p.add_argument("--start", type=int, default=0)
-    p.add_argument("--frames", type=int, default=10)
+    clip_arguments(p, 10)
     p.add_argument("--head", action="store_true", help="also the outputs of a dense head on the last activation")
     a = p.parse_args(argv)
-    entry = zoo.load(a.model)
-    frames = list(read_frames(find_sample_video(a.video), max_frames=a.frames, size=input_size(entry, a.size),
-                              start=a.start, crop=tuple(a.crop) if a.crop else None))
+    entry, frames = model_and_clip(a)
     half = entry.model.half().eval()
     gm64, gm16 = torch.fx.symbolic_trace(copy.deepcopy(entry.model).double().eval()), torch.fx.symbolic_trace(half)
     names = {n.name for n in gm16.graph.nodes}

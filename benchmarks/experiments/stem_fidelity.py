@@ -41,20 +41,31 @@ def outputs(model, frames, logits) -> list[dict]:
                 for f in frames]
 
 
-def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def clip_arguments(p: argparse.ArgumentParser, frames: int) -> None:
+    """``--model`` and the clip it runs on: ``--video``, ``--size``, ``--crop``, ``--start``, ``--frames``."""
     p.add_argument("--model", required=True, help="a zoo name, a torchvision name or a .tflite / .onnx file")
     p.add_argument("--video", default="vtest.avi")
     p.add_argument("--size", nargs=2, type=int, metavar=("H", "W"), help="default: the model's own input size")
     p.add_argument("--crop", nargs=4, type=int, metavar=("X", "Y", "W", "H"))
     p.add_argument("--start", type=int, default=0)
-    p.add_argument("--frames", type=int, default=30)
-    p.add_argument("--logits", nargs="*", default=[], help="outputs that are probabilities, compared as logits")
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    a = p.parse_args(argv)
+    p.add_argument("--frames", type=int, default=frames)
+
+
+def model_and_clip(a: argparse.Namespace) -> tuple:
+    """``(zoo entry, frames)`` of :func:`clip_arguments`' ``a``: the model loaded, the frames at its input size."""
     entry = zoo.load(a.model)
     frames = list(read_frames(find_sample_video(a.video), max_frames=a.frames, size=input_size(entry, a.size),
                               start=a.start, crop=tuple(a.crop) if a.crop else None))
+    return entry, frames
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    clip_arguments(p, 30)
+    p.add_argument("--logits", nargs="*", default=[], help="outputs that are probabilities, compared as logits")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    a = p.parse_args(argv)
+    entry, frames = model_and_clip(a)
     exact = copy.deepcopy(entry.model).double().eval().to(a.device)
     model = entry.model.half().eval().to(a.device)
     half = [f.to(a.device, torch.float16) for f in frames]
