@@ -807,9 +807,10 @@ def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
             ``False`` keeps every layer's own pass.
         fold_bn: fold each BatchNorm into the convolution (or transposed convolution of one group)
             before it (one layer fewer). In float16 / bfloat16 the folded weights are rounded so that
-            each filter's sum stays close to the exact one (``deltaconv.modules.folding``), which keeps the error at threshold 0 at the
-            dense model's (MobileNetV2 on one-by-one: 6.1-6.6e-3 against the float32 model, the
-            dense float16 model 4.9e-3; rounding each to nearest gave 1.2-1.3e-2). For the most
+            each filter's sum stays close to the exact one (``deltaconv.modules.folding``), which keeps
+            the error at threshold 0 near the dense model's (MobileNetV2 on one-by-one: 6.1-6.6e-3
+            against the float32 model, the dense float16 model 4.9e-3; rounding each to nearest gave
+            1.2-1.3e-2). For the most
             accurate float16 model convert the float32 model and cast the converted one,
             ``convert(model).half()``: the fold is then made from the float32 weights and rounded
             once (4.1-4.8e-3). ``False`` keeps each BatchNorm a layer of its own (a per-channel
@@ -817,29 +818,27 @@ def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
             ``benchmarks/experiments/fp16_floor.py``; README, *Fidelity and calibration*).
             ``None`` (the default): as the ``thresholds`` file or Calibration records it (what the
             thresholds were calibrated with), else ``True``.
-        recompute: value mode where the graph allows (the default): a convolution (the stems too, since
-            2026-12-07: ``MIN_RECOMPUTE_CHANNELS``) that reads an activation, a max pooling or the input
-            sparsifier (through paddings and static products or sums, which then give their whole
-            outputs: ``gives_whole``), and whose only reader is an activation, computes its whole new
-            output on the active pixels from its input's whole values (what that layer has sent), bias included, and the activation after
-            it keeps no float32 accumulator. The same convolution work and results (to rounding),
-            about half of that activation's memory traffic, 21-25 % less state in ResNet-50 and
-            MobileNetV2 and their busy frames 2.6-9 % faster in float16 (README, *How it works*, Value
-            mode). A residual add fused with its activation works so too where both operands are whole:
-            a ResNet bottleneck's conv3 keeps its whole output and the ReLU after the add sums it with
-            the whole identity, the block input or a downsampling 1x1 convolution's kept output
-            (``DCConv2d.keeps_output``; all 16 of resnet50's blocks, busy frames another 4-9 % faster).
-            Not in float32 with TF32 convolutions, whose TF32 sends suit delta mode better
-            (``DCConv2d.recomputes``). MobileNet's projections and the adds between its blocks keep
-            whole values too, so that its expansions recompute (whole sums: mobilenet_v2 5-7 % faster
-            on busy frames, its state 43 % smaller; ``deltaconv.convert.WHOLE_SUMS = False`` turns
-            them off), and so do the squeeze-excite products of MobileNetV3 and EfficientNet, whose
-            operands are both whole (whole products: 2-8 % faster on busy frames, no accumulators;
-            ``deltaconv.convert.WHOLE_PRODUCTS = False`` turns them off), and a max pooling after an
-            activation (``deltaconv.convert.WHOLE_MAX_POOLING``). An activation read only as
+        recompute: value mode where the graph allows (the default): a convolution (the stems too, since 2026-12-07:
+            ``MIN_RECOMPUTE_CHANNELS``) that reads an activation, a max pooling or the input sparsifier (through
+            paddings and static products or sums, which then give their whole outputs: ``gives_whole``; the sparsifier
+            then gives the frame's own values on the pixels it sends, ``whole_from_frame``), and whose only reader is an
+            activation, computes its whole new output on the active pixels from its input's whole values (what that
+            layer has sent), bias included, and the activation after it keeps no float32 accumulator. The same
+            convolution work and results (to rounding), about half of that activation's memory traffic, 21-25 % less
+            state in ResNet-50 and MobileNetV2 and their busy frames 2.6-9 % faster in float16 (README, *How it works*,
+            Value mode). A residual add fused with its activation works so too where both operands are whole: a ResNet
+            bottleneck's conv3 keeps its whole output and the ReLU after the add sums it with the whole identity, the
+            block input or a downsampling 1x1 convolution's kept output (``DCConv2d.keeps_output``; all 16 of resnet50's
+            blocks, busy frames another 4-9 % faster). Not in float32 with TF32 convolutions, whose TF32 sends suit
+            delta mode better (``DCConv2d.recomputes``). MobileNet's projections and the adds between its blocks keep
+            whole values too, so that its expansions recompute (whole sums: mobilenet_v2 5-7 % faster on busy frames,
+            its state 43 % smaller; ``deltaconv.convert.WHOLE_SUMS = False`` turns them off), and so do the
+            squeeze-excite products of MobileNetV3 and EfficientNet, whose operands are both whole (whole products:
+            2-8 % faster on busy frames, no accumulators; ``deltaconv.convert.WHOLE_PRODUCTS = False`` turns them off),
+            and a max pooling after an activation (``deltaconv.convert.WHOLE_MAX_POOLING``). An activation read only as
             whole values, fused with a residual add or not, then writes no changes
-            (``deltaconv.convert.SKIP_UNREAD_CHANGES``). The report
-            notes the pairs ("recomputes for") and the products. ``False``: delta mode everywhere.
+            (``deltaconv.convert.SKIP_UNREAD_CHANGES``). The report notes the pairs ("recomputes for") and the products.
+            ``False``: delta mode everywhere.
     """
     from .model import DeltaModel, read_thresholds
 
