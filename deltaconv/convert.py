@@ -810,8 +810,7 @@ def convert(model: nn.Module, threshold: float = 0.0, backend: str = "auto", *,
             each filter's sum stays close to the exact one (``deltaconv.modules.folding``), which keeps
             the error at threshold 0 near the dense model's (MobileNetV2 on one-by-one: 6.1-6.6e-3
             against the float32 model, the dense float16 model 4.9e-3; rounding each to nearest gave
-            1.2-1.3e-2). For the most
-            accurate float16 model convert the float32 model and cast the converted one,
+            1.2-1.3e-2). For the most accurate float16 model convert the float32 model and cast the converted one,
             ``convert(model).half()``: the fold is then made from the float32 weights and rounded
             once (4.1-4.8e-3). ``False`` keeps each BatchNorm a layer of its own (a per-channel
             scale of the delta in float32, one more pass each, 0.6x the speed in float16;

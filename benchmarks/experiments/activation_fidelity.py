@@ -21,7 +21,7 @@ import torch.fx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from stem_fidelity import clip_arguments, model_and_clip  # noqa: E402
-from zoo_speed import named_outputs  # noqa: E402
+from zoo_speed import named_outputs, output_errors  # noqa: E402
 
 import deltaconv  # noqa: E402
 from deltaconv.modules import DCActivation  # noqa: E402
@@ -63,20 +63,20 @@ def main(argv=None) -> None:
             o64, e64 = values(gm64, f.double())
             o16, e16 = values(gm16, f.half())
             got = dm(f.half())
-            if t == 0:
-                continue  # the key frame
-            for m, n in acts:
-                if m.sent.shape != e64[n].shape:
-                    continue
-                sq[n][0] += float((e16[n].double() - e64[n]).norm() ** 2)
-                sq[n][1] += float((m.sent.double() - e64[n]).norm() ** 2)
-                sq[n][2] += float(e64[n].norm() ** 2)
             outs["exact"].append(named_outputs(o64))
             outs["dense"].append(named_outputs(o16))
             outs["converted"].append(named_outputs(got))
             if a.head:
                 last, n = [(m, n) for m, n in acts if m.sent.dim() == 4][-1]  # the last one over pixels
                 outs["dense head"].append(named_outputs(values(gm16, f.half(), {n: last.sent.contiguous()})[0]))
+            if t == 0:
+                continue  # the key frame (output_errors leaves it out too)
+            for m, n in acts:
+                if m.sent.shape != e64[n].shape:
+                    continue
+                sq[n][0] += float((e16[n].double() - e64[n]).norm() ** 2)
+                sq[n][1] += float((m.sent.double() - e64[n]).norm() ** 2)
+                sq[n][2] += float(e64[n].norm() ** 2)
     print(f"# {a.model}, {a.video} frames {a.start + 1}-{a.start + a.frames - 1} (after the key frame), float16, "
           "threshold 0, reference backend; relative error against float64")
     for n, (d, c, r) in sq.items():
@@ -84,13 +84,8 @@ def main(argv=None) -> None:
             print(f"{n:<28} dense {(d / r) ** 0.5:.3e}  converted {(c / r) ** 0.5:.3e}  ratio {(c / d) ** 0.5:.2f}")
     for kind in ("dense", "converted", "dense head"):
         if outs[kind]:
-            errs = []
-            for key in outs["exact"][0]:
-                num = sum(float((o[key].double() - e[key].double()).norm() ** 2)
-                          for o, e in zip(outs[kind], outs["exact"]))
-                den = sum(float(e[key].double().norm() ** 2) for e in outs["exact"])
-                errs.append(f"{key} {(num / den) ** 0.5:.2e}")
-            print(f"outputs, {kind:<10} " + " ".join(errs))
+            errs = output_errors(outs[kind], outs["exact"])
+            print(f"outputs, {kind:<10} " + " ".join(f"{k} {e:.2e}" for k, e in errs.items()))
 
 
 if __name__ == "__main__":

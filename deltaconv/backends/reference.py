@@ -100,9 +100,10 @@ def _check_tf32(tf32: bool, dtype: torch.dtype) -> bool:
     return bool(tf32)
 
 
-def _target(y: Tensor, sent: Tensor) -> Tensor:
-    """``y`` rounded to ``sent``'s dtype (what downstream can hold), in the work dtype."""
-    return y.to(sent.dtype).to(_work_dtype(sent))
+def _target(y: Optional[Tensor], sent: Tensor) -> Optional[Tensor]:
+    """``y`` rounded to ``sent``'s dtype (what downstream can hold; for a weight or bias, what the model holds), in
+    the work dtype; ``None`` stays ``None``."""
+    return None if y is None else y.to(sent.dtype).to(_work_dtype(sent))
 
 
 #: measures of a change that non-linear layers compare with their threshold (see :func:`exceeds`)
@@ -398,17 +399,11 @@ def conv2d(delta: Tensor, mask: Tensor, weight: Tensor, bias: Optional[Tensor], 
         x = F.pad(x, pad, mode=padding_mode)
         m = F.pad(m, pad, mode=padding_mode)
         padding = 0
-    work = _work_dtype(delta)
-    out = F.conv2d(x.to(work), _rounded(weight, delta, work), None, stride, padding, dilation, groups)
+    out = F.conv2d(x.to(_work_dtype(delta)), _target(weight, delta), None, stride, padding, dilation, groups)
     ones = torch.ones((1, 1) + tuple(weight.shape[-2:]), device=delta.device)
     out_mask = F.conv2d(m, ones, None, stride, padding, dilation) > 0
-    out, out_mask = _add_bias_on_key(out, out_mask, _rounded(bias, delta, work), key, bias_key)
+    out, out_mask = _add_bias_on_key(out, out_mask, _target(bias, delta), key, bias_key)
     return out.to(delta.dtype), out_mask
-
-
-def _rounded(param: Optional[Tensor], like: Tensor, work: torch.dtype) -> Optional[Tensor]:
-    """A weight or bias rounded to ``like``'s dtype (what the model holds), then in the ``work`` dtype."""
-    return None if param is None else param.to(like.dtype).to(work)
 
 
 def keep_output(out: Tensor, delta: Tensor, mask: Tensor) -> Tensor:
@@ -463,13 +458,12 @@ def conv_transpose2d(delta: Tensor, mask: Tensor, weight: Tensor, bias: Optional
     """Transposed convolution: linear; the mask is scattered through the same footprint. ``counters``
     is not used here (see :func:`conv2d`)."""
     x = _zero_inactive(delta, mask)
-    work = _work_dtype(delta)
-    out = F.conv_transpose2d(x.to(work), _rounded(weight, delta, work), None, stride, padding, output_padding,
+    out = F.conv_transpose2d(x.to(_work_dtype(delta)), _target(weight, delta), None, stride, padding, output_padding,
                              groups, dilation)
     ones = torch.ones((1, 1) + tuple(weight.shape[-2:]), device=delta.device)
     out_mask = F.conv_transpose2d(mask.to(torch.float32), ones, None, stride, padding, output_padding, 1,
                                   dilation) > 0
-    out, out_mask = _add_bias_on_key(out, out_mask, _rounded(bias, delta, work), key)
+    out, out_mask = _add_bias_on_key(out, out_mask, _target(bias, delta), key)
     return out.to(delta.dtype), out_mask
 
 
@@ -478,15 +472,14 @@ def linear(delta: Tensor, mask: Tensor, weight: Tensor, bias: Optional[Tensor],
     """``F.linear`` over the last dim. For rank > 2 the last dim is a pixel dim, so every output
     along it is active when any input along it is. Summed and biased in float32 (float64), rounded
     once, as :func:`conv2d`."""
-    work = _work_dtype(delta)
-    out = F.linear(_zero_inactive(delta, mask).to(work), _rounded(weight, delta, work))
+    out = F.linear(_zero_inactive(delta, mask).to(_work_dtype(delta)), _target(weight, delta))
     if delta.dim() > 2:
         mask = mask.any(dim=-1, keepdim=True).expand(list(mask.shape[:-1]) + [out.shape[-1]])
     k = _key_view(key, out.dim())
     if k is not None:
         mask = mask | k
         if bias is not None:
-            out = out + _rounded(bias, delta, work) * k.to(out.dtype)
+            out = out + _target(bias, delta) * k.to(out.dtype)
     return out.to(delta.dtype), mask
 
 
