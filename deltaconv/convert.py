@@ -13,13 +13,15 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 from torch.fx.passes.shape_prop import ShapeProp
+from torch.nn.modules.utils import _pair
 
 from . import backends, onnx_models
 from .exported import fold_constant_affines, fold_hardswish, fold_input_affines
 from .backends.reference import check_truncation
 from .modules import (DCActivation, DCAdd, DCConv2d, DCDensify, DCFallback, DCModule, DCMul, DCPad2d, DCResample,
                       DCSparsify)
-from .modules.linear import DCBatchNorm2d, DCConvTranspose2d, DCLinear, DCScale, DCUpsample
+from .modules.linear import (DCAdaptiveAvgPool2d, DCBatchNorm2d, DCConvTranspose2d, DCLinear, DCLinearFunction,
+                             DCScale, DCUpsample, reshapes_samples)
 from .modules.nonlinear import DCLayerNorm, DCMaxPool2d
 from .layout import (CHANNELS_FIRST, LAYOUT_PERMUTE, fold_channel_shuffles, fold_shuffled_concatenations,
                      folded_note, keep_channels_first)
@@ -65,6 +67,15 @@ WHOLE_PRODUCTS = True
 #: 1080x1920 (H200, 2026-12-02, ``benchmarks/results/value_mode.txt`` section 15). ``False``: the max
 #: poolings keep float32 accumulators of their inputs.
 WHOLE_MAX_POOLING = True
+
+#: Value mode through a classifier's head ("whole heads"): a global average pooling of a layer that keeps its
+#: whole values (an activation), read only by reshapes, linear layers, activations and the outputs, pools
+#: those whole values and the linear layers after it compute their whole outputs from them, which the outputs
+#: return as they are (``DCAdaptiveAvgPool2d.takes_whole``, ``DCDensify.takes_whole``): no rounded changes of
+#: the mean and the logits summed in float32 accumulators. float16 resnet18 at threshold 0 came 1.21x the
+#: dense model's error against float64, most of it from its head (a dense head on the same activations:
+#: 1.02x; this CPU, 2026-12-07, ``benchmarks/results/stem_value_mode.txt``). ``False``: the heads in delta mode.
+WHOLE_HEADS = True
 
 #: An activation whose readers all take its whole values (convolutions in value mode, adds keeping whole
 #: sums, products taking whole operands, adds fused with their activation that sum whole operands: 34 of
@@ -562,6 +573,8 @@ class _Converter:
             self._mark_whole_products(sites, whole)
         if WHOLE_MAX_POOLING:
             self._mark_whole_max_pooling(sites)
+        if WHOLE_HEADS:
+            self._mark_whole_heads(sites)
         self._mark_whole_givers()
         if SKIP_UNREAD_CHANGES:
             self._mark_unread_changes(sites)
@@ -611,6 +624,49 @@ class _Converter:
                 layer.takes_whole = True
                 self._append_note(node.target, "pools its input's whole values (no accumulator)")
 
+    def _mark_whole_heads(self, sites: dict) -> None:
+        """``WHOLE_HEADS``: mark the global average poolings (called at one site) of a layer keeping whole values
+        (``_keeps_whole``) whose readers, and theirs, are only per-sample reshapes, linear layers, activations and
+        outputs (:meth:`_head_after`) as pooling whole values (``DCAdaptiveAvgPool2d.takes_whole``), and those
+        outputs as returning them (``DCDensify.takes_whole``); the report notes both."""
+        for node in self.graph.nodes:
+            if node.op != "call_module" or sites[node.target] != 1 or len(node.args) != 1 or node.kwargs:
+                continue
+            layer = self.root.get_submodule(node.target)
+            arg = node.args[0]
+            if not (isinstance(layer, DCAdaptiveAvgPool2d) and tuple(_pair(layer.output_size)) == (1, 1)
+                    and arg in self.delta_nodes and self._keeps_whole(arg)):
+                continue
+            outputs = self._head_after(node, sites)
+            if not outputs:
+                continue
+            layer.takes_whole = True
+            self._append_note(node.target, "pools its input's whole values (a whole head)")
+            for out in outputs:
+                self.root.get_submodule(out.target).takes_whole = True
+                self._append_note(out.target, "returns the whole head's values")
+
+    def _head_after(self, node: fx.Node, sites: dict) -> Optional[list]:
+        """The output nodes (``DCDensify``) that ``node``'s readers reach through per-sample reshapes, linear
+        layers and activations only, each called at one site; ``None`` where any other reader is on the way."""
+        outputs, todo, seen = [], list(node.users), set()
+        while todo:
+            user = todo.pop()
+            if user in seen:
+                continue
+            seen.add(user)
+            if user.op != "call_module" or sites.get(user.target) != 1:
+                return None
+            layer = self.root.get_submodule(user.target)
+            if isinstance(layer, DCDensify):
+                outputs.append(user)
+                continue
+            if not (isinstance(layer, (DCLinear, DCActivation))
+                    or (isinstance(layer, DCLinearFunction) and reshapes_samples(layer.fn))):
+                return None
+            todo.extend(user.users)
+        return outputs or None
+
     def _equal_delta_operands(self, node: fx.Node) -> bool:
         """Whether ``node``'s arguments are changing tensors (deltas) of one shape and dtype."""
         metas = [a.meta.get("tensor_meta") if isinstance(a, fx.Node) and a in self.delta_nodes else None
@@ -654,7 +710,7 @@ class _Converter:
         layer = self.root.get_submodule(node.target)
         return ((type(layer) is DCConv2d and (layer.recomputes or layer.keeps_output))
                 or (isinstance(layer, DCAdd) and layer.keeps_sum)
-                or (isinstance(layer, (DCMul, DCMaxPool2d)) and layer.takes_whole)
+                or (isinstance(layer, (DCMul, DCMaxPool2d, DCAdaptiveAvgPool2d, DCDensify)) and layer.takes_whole)
                 or (self._fused_add(node) and any(keeps(a) for a in node.args)))
 
     def _static_operation_input(self, node: fx.Node) -> Optional[fx.Node]:

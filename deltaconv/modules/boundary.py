@@ -56,8 +56,13 @@ class DCDensify(DCModule):
     """Output densifier: accumulates deltas and returns the dense output. State: ``acc``."""
 
     kind = "densify"
+    #: set by :func:`~deltaconv.convert` at the end of a whole head (:attr:`DCAdaptiveAvgPool2d.takes_whole`):
+    #: the output is the whole values the layer before gives (a copy), with no accumulator
+    takes_whole = False
 
     def forward(self, delta: Delta) -> torch.Tensor:
+        if self.takes_whole and delta.whole is not None:
+            return delta.whole.clone()
         acc = self.state("acc", delta.shape, delta.device, delta.dtype)
         return self.ops.densify(delta.value, delta.mask, acc, delta.dtype)
 

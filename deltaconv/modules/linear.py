@@ -342,14 +342,7 @@ class DCConv2d(FoldsBatchNorm, DCModule):
         return self.state("output", shape, like.device, like.dtype, sent=True)
 
     def _all_set(self, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """An all-set load mask of ``mask``'s shape and an all-set ``[N]`` bias key, kept while the
-        shape and device stay (made outside a CUDA graph's capture: its first frame runs eagerly)."""
-        held = self.__dict__.get("_all_set_flags")
-        if held is None or held[0].shape != mask.shape or held[0].device != mask.device:
-            held = (torch.ones_like(mask, dtype=torch.bool), torch.ones(mask.shape[0], dtype=torch.bool,
-                                                                        device=mask.device))
-            self.__dict__["_all_set_flags"] = held
-        return held
+        return all_set(self, mask)
 
     def _unpadded(self, v: torch.Tensor) -> torch.Tensor:
         """The first ``out_channels`` channels of an output of filters padded to a multiple of 8
@@ -466,8 +459,22 @@ class DCConvTranspose2d(FoldsBatchNorm, DCModule):
         return 2.0 * self.in_channels * self.out_channels // self.groups * math.prod(self.kernel_size) / s
 
 
+def all_set(layer: nn.Module, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """An all-set mask of ``mask``'s shape and an all-set ``[N]`` key (a bias on every stream), kept by
+    ``layer`` while the shape and device stay (made outside a CUDA graph's capture: its first frame runs
+    eagerly)."""
+    held = layer.__dict__.get("_all_set_flags")
+    if held is None or held[0].shape != mask.shape or held[0].device != mask.device:
+        held = (torch.ones_like(mask, dtype=torch.bool), torch.ones(mask.shape[0], dtype=torch.bool,
+                                                                    device=mask.device))
+        layer.__dict__["_all_set_flags"] = held
+    return held
+
+
 class DCLinear(DCModule):
-    """Linear over the last dim (after flatten + pooling): ``d_out = W d_in``, bias on key frames."""
+    """Linear over the last dim (after flatten + pooling): ``d_out = W d_in``, bias on key frames.
+    In a whole head (an input of whole values, ``Delta.recomputed``: :attr:`DCAdaptiveAvgPool2d.takes_whole`)
+    its whole output from them, the bias included, on every sample."""
 
     kind = "linear"
 
@@ -482,6 +489,10 @@ class DCLinear(DCModule):
         return m
 
     def forward(self, x: Delta) -> Delta:
+        if x.recomputed:  # a whole head: whole values in and out, every sample; changed where its input did
+            mask, key = all_set(self, x.mask)
+            v, _ = self.ops.linear(x.value, mask, self.weight, self.bias, key)
+            return self.observe(Delta(v, x.mask, recomputed=True, whole=v))
         v, m = self.ops.linear(x.value, x.mask, self.weight, self.bias, self.key)
         return self.observe(Delta(v, m))
 
@@ -552,6 +563,14 @@ class DCAdaptiveAvgPool2d(DCModule):
     pixel of its window is."""
 
     kind = "adaptive_avg_pool2d"
+    #: a whole head (set by :func:`~deltaconv.convert`, ``recompute=True``, on a global pooling of a layer
+    #: that keeps its whole values, an activation's, read only by reshapes, linear layers, activations and
+    #: the output): the pooling of the whole values, every sample, every frame, handed on as whole values
+    #: (``Delta.recomputed``) to the linear layers after it, whose whole outputs the output takes as they
+    #: are (the masks still say which samples changed, as in delta mode). Summing the rounded changes of the mean and the fully connected layers in the output's float32
+    #: accumulator instead cost float16 classifiers up to a fifth more error against float64 than the dense
+    #: model's (resnet18: benchmarks/results/stem_value_mode.txt).
+    takes_whole = False
 
     def __init__(self, output_size) -> None:
         super().__init__()
@@ -567,6 +586,10 @@ class DCAdaptiveAvgPool2d(DCModule):
         return tuple(x.shape[-2 + i] if s is None else int(s) for i, s in enumerate(size))
 
     def forward(self, x: Delta) -> Delta:
+        if self.takes_whole and x.whole is not None and not x.tf32:  # global: every sample's mean of its values
+            v, _ = self.ops.adaptive_avg_pool2d(x.whole, all_set(self, x.mask)[0], self._resolved_size(x))
+            changed = x.mask.flatten(1).any(dim=1).view(-1, 1, 1, 1)  # the samples whose mean changed
+            return self.observe(Delta(v, changed, recomputed=True, whole=v))
         v, m = self.ops.adaptive_avg_pool2d(x.value, x.mask, self._resolved_size(x))
         return self.observe(Delta(v, m))
 
@@ -584,7 +607,10 @@ class DCSpatialMean(DCAdaptiveAvgPool2d):
 
     def forward(self, x: Delta) -> Delta:
         out = super().forward(x)  # [N, C, 1, 1], observed
-        return out if self.keepdim else Delta(out.value.flatten(1), out.mask.flatten(1))
+        if self.keepdim:
+            return out
+        value = out.value.flatten(1)
+        return Delta(value, out.mask.flatten(1), recomputed=out.recomputed, whole=value if out.recomputed else None)
 
     def extra_repr(self) -> str:
         return f"keepdim={self.keepdim}, " + super().extra_repr()
@@ -868,6 +894,9 @@ class DCLinearFunction(DCModule):
             out = self._pixel_shuffle(args, kwargs)
         if out is not None:
             return self.observe(out) if isinstance(out, Delta) else out
+        if any(isinstance(a, Delta) and a.recomputed for a in list(args) + list(kwargs.values())):
+            raise RuntimeError(f"{self.layer_name}: whole values (a whole head) reach {self.fn!r}, which only "
+                               "takes changes; convert with recompute=False")
         values = self.fn(*_map_deltas(args, lambda d: torch.where(d.mask, d.value, 0)),
                          **_map_deltas(kwargs, lambda d: torch.where(d.mask, d.value, 0)))
         masks = self.fn(*_map_deltas(args, _expanded_mask), **_map_deltas(kwargs, _expanded_mask))
@@ -876,21 +905,24 @@ class DCLinearFunction(DCModule):
 
     def _per_sample_reshape(self, args: tuple, kwargs: dict) -> Optional[Delta]:
         """The classifier head's ``flatten(x, 1)`` of a globally pooled ``[N, C, 1, 1]`` delta
-        (and a reshape or view of it to ``[N, K, 1, ...]``) without launching anything: each sample
-        is one pixel, so each output row is one sample and the mask is the input's, reshaped; the
-        general path's masking and mask reduction took four kernels. ``None`` where this does not
-        apply (the general path then runs)."""
-        if not _reshapes_samples(self.fn) or len(args) == 0 or not isinstance(args[0], Delta):
+        (and a reshape or view of it, or of an ``[N, C]`` delta with one flag per sample, to
+        ``[N, K, 1, ...]``) without launching anything: each sample is one pixel, so each output row
+        is one sample and the mask is the input's, reshaped; the general path's masking and mask
+        reduction took four kernels. Whole values (a whole head) stay whole. ``None`` where this does
+        not apply (the general path then runs)."""
+        if not reshapes_samples(self.fn) or len(args) == 0 or not isinstance(args[0], Delta):
             return None
         d = args[0]
-        if d.value.dim() < 3 or any(n != 1 for n in d.value.shape[2:]) or any(
+        per_sample = d.value.dim() >= 3 or (d.value.dim() == 2 and tuple(d.mask.shape) == (d.value.shape[0], 1))
+        if not per_sample or any(n != 1 for n in d.value.shape[2:]) or any(
                 isinstance(a, Delta) for a in list(args[1:]) + list(kwargs.values())):
             return None
         value = self.fn(d.value, *args[1:], **kwargs)
         if not torch.is_tensor(value) or value.dim() < 2 or value.shape[0] != d.value.shape[0] or any(
                 n != 1 for n in value.shape[2:]):
             return None  # its mask would not be one flag per sample
-        return Delta(value, d.mask.reshape(mask_shape(value.shape)))
+        return Delta(value, d.mask.reshape(mask_shape(value.shape)), recomputed=d.recomputed,
+                     whole=value if d.recomputed else None)
 
     def _channels_only(self, args: tuple, kwargs: dict):
         """A channel shuffle, or a chunk, split or narrow along the channels, of one 4-D delta: each
@@ -1022,7 +1054,7 @@ def shuffled_concatenate(tensors, groups: int, chunks: Optional[int] = None):
     return out if chunks is None else out.chunk(chunks, 1)
 
 
-def _reshapes_samples(fn) -> bool:
+def reshapes_samples(fn) -> bool:
     """Whether ``fn`` only reshapes (flatten, reshape, view): with dim 0 of its output equal to the
     batch, each output row then holds exactly one sample's elements."""
     return isinstance(fn, nn.Flatten) or fn in (torch.flatten, torch.reshape, torch.Tensor.flatten,
