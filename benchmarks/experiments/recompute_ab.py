@@ -74,7 +74,8 @@ def reading_sent(dm) -> None:
 #: channels) recompute too (``MIN_RECOMPUTE_CHANNELS`` 1, the default since 2026-12-07); "value_delta_stem": they
 #: do not (8, the default before); "value_stem_reading_sent": the stems recompute from the sparsifier's ``sent``
 #: instead of the frame's values (``DCSparsify.whole_from_frame`` off, the default before 2026-12-07 22:00 UTC,
-#: :func:`reading_sent`); "value_before_sums": value mode as it was before the
+#: :func:`reading_sent`); "value_delta_heads": the classifier heads in delta mode (``WHOLE_HEADS`` off, the
+#: default before branch whole-head); "value_before_sums": value mode as it was before the
 #: residual adds took it (ResNet's first two ReLUs per block only, every activation writing its changes,
 #: :func:`~helpers.without_kept_outputs`); "value_on_row_lists": the residual adds in value mode only where the
 #: kept outputs are on row lists (:func:`only_on_row_lists`)
@@ -87,6 +88,7 @@ VARIANTS = {"delta": (False, None, {}), "value": (True, None, {}),
             "value_with_stem": (True, None, {"MIN_RECOMPUTE_CHANNELS": 1}),
             "value_delta_stem": (True, None, {"MIN_RECOMPUTE_CHANNELS": 8}),
             "value_stem_reading_sent": (True, reading_sent, {}),
+            "value_delta_heads": (True, None, {"WHOLE_HEADS": False}),
             "value_before_sums": (True, without_kept_outputs, {}),
             "value_on_row_lists": (True, only_on_row_lists, {}),
             "delta_again": (False, None, {})}
