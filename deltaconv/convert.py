@@ -647,8 +647,9 @@ class _Converter:
                 self._append_note(out.target, "returns the whole head's values")
 
     def _head_after(self, node: fx.Node, sites: dict) -> Optional[list]:
-        """The output nodes (``DCDensify``) that ``node``'s readers reach through per-sample reshapes, linear
-        layers and activations only, each called at one site; ``None`` where any other reader is on the way."""
+        """The output nodes (``DCDensify``) that ``node``'s readers reach through per-sample reshapes (to ``[N, K,
+        1, ...]`` as traced: one row per sample), linear layers and activations only, each called at one site;
+        ``None`` where any other reader is on the way."""
         outputs, todo, seen = [], list(node.users), set()
         while todo:
             user = todo.pop()
@@ -661,8 +662,10 @@ class _Converter:
             if isinstance(layer, DCDensify):
                 outputs.append(user)
                 continue
+            meta = user.meta.get("tensor_meta")
+            per_sample = meta is not None and len(meta.shape) >= 2 and all(n == 1 for n in meta.shape[2:])
             if not (isinstance(layer, (DCLinear, DCActivation))
-                    or (isinstance(layer, DCLinearFunction) and reshapes_samples(layer.fn))):
+                    or (isinstance(layer, DCLinearFunction) and reshapes_samples(layer.fn) and per_sample)):
                 return None
             todo.extend(user.users)
         return outputs or None

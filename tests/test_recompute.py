@@ -1096,3 +1096,24 @@ def test_whole_heads_pool_whole_values_and_return_them():
         with torch.no_grad():
             differing.append(sum(int((dm(f) != model(f)).sum()) for f in frames) / (30 * 100))
     assert differing[0] <= 0.05 and differing[1] >= 0.3, differing
+
+
+def test_a_head_reshaped_to_more_than_a_row_per_sample_stays_in_delta_mode():
+    """A head whose reshape gives each sample more than one row (``[N, 5, 2]``: not a per-sample reshape as
+    traced) is not a whole head; it runs in delta mode and equals the dense model (float64, threshold 0)."""
+    class SplitHead(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.fc = torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.Linear(8, 10)
+
+        def forward(self, x):
+            y = torch.nn.functional.adaptive_avg_pool2d(torch.relu(self.conv(x)), 1).flatten(1)
+            return self.fc(y).reshape(-1, 5, 2)
+
+    model = SplitHead().double().eval()
+    frames = moving_frames(4)
+    dm = deltaconv.convert(model, backend="reference", example_input=frames[0])
+    assert not any(getattr(m, "takes_whole", False) for m in dm.delta_layers())
+    with torch.no_grad():
+        for f in frames:
+            torch.testing.assert_close(dm(f), model(f), rtol=0, atol=1e-12)
