@@ -72,9 +72,9 @@ WHOLE_MAX_POOLING = True
 #: whole values (an activation), read only by reshapes, linear layers, activations and the outputs, pools
 #: those whole values and the linear layers after it compute their whole outputs from them, which the outputs
 #: return as they are (``DCAdaptiveAvgPool2d.takes_whole``, ``DCDensify.takes_whole``): no rounded changes of
-#: the mean and the logits summed in float32 accumulators. float16 resnet18 at threshold 0 came 1.21x the
-#: dense model's error against float64, most of it from its head (a dense head on the same activations:
-#: 1.02x; this CPU, 2026-12-07, ``benchmarks/results/stem_value_mode.txt``). ``False``: the heads in delta mode.
+#: the mean and the logits summed in float32 accumulators. float16 resnet18 and resnet50 at threshold 0 came
+#: 1.21x and 1.13x the dense model's error against float64, nearly all of it from their heads (1.02x and 0.99x
+#: with whole heads; this CPU, 2026-12-07, ``benchmarks/results/stem_value_mode.txt``). ``False``: delta mode.
 WHOLE_HEADS = True
 
 #: An activation whose readers all take its whole values (convolutions in value mode, adds keeping whole

@@ -567,9 +567,10 @@ class DCAdaptiveAvgPool2d(DCModule):
     #: that keeps its whole values, an activation's, read only by reshapes, linear layers, activations and
     #: the output): the pooling of the whole values, every sample, every frame, handed on as whole values
     #: (``Delta.recomputed``) to the linear layers after it, whose whole outputs the output takes as they
-    #: are (the masks still say which samples changed, as in delta mode). Summing the rounded changes of the mean and the fully connected layers in the output's float32
-    #: accumulator instead cost float16 classifiers up to a fifth more error against float64 than the dense
-    #: model's (resnet18: benchmarks/results/stem_value_mode.txt).
+    #: are (the masks still say which samples changed, as in delta mode). Summing the rounded changes of the
+    #: mean and the fully connected layers in the output's float32 accumulator instead cost float16
+    #: classifiers up to a fifth more error against float64 than the dense model's (resnet18, resnet50:
+    #: benchmarks/results/stem_value_mode.txt).
     takes_whole = False
 
     def __init__(self, output_size) -> None:
