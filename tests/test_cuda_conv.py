@@ -1499,6 +1499,9 @@ AVGPOOL_CASES = [
     (17, 3, 1, 1, False, True, 5, (13, 17)),
     (96, 5, 3, 2, True, False, None, (31, 45)),
     (32, 3, 2, 1, True, True, 4, (31, 45)),
+    (16, 64, 64, 0, False, True, None, (64, 64)),    # a global pooling as a fixed window: the adaptive kernel
+    (24, 8, 8, 0, True, False, None, (32, 48)),      # 8x8 windows tiling the map: the adaptive kernel, 4x6 out
+    (40, 8, 8, 0, False, True, None, (31, 45)),      # 8x8 windows that leave rows over: the window kernel
 ]
 
 
@@ -1517,6 +1520,21 @@ def test_avg_pool2d(case, dtype):
         check_layout(out, mo, 2, C, r_out.shape[2], r_out.shape[3], dtype)
         assert torch.equal(mo.cpu(), r_mask), f"avg_pool2d mask differs (fracs {fracs})"
         assert_active_close(out, r_out, r_mask, dtype, f"avg_pool2d (fracs {fracs})")
+
+
+@pytest.mark.gpu
+def test_a_global_average_pool_window_runs_on_the_adaptive_kernel():
+    """``AvgPool2d(64)`` over a 64x64 map (exported squeeze-excite blocks' global pooling) launches the
+    adaptive pooling's chunked kernels, not the window kernel's thread per output element."""
+    gen = torch.Generator().manual_seed(0)
+    mask = make_mask((0.3,), 64, 64, gen)
+    delta = make_delta(1, 16, 64, 64, mask, torch.float16, gen)
+    names = cuda_kernel_names(lambda: ops().avg_pool2d(delta, mask.cuda(), [64, 64], [64, 64], [0, 0], False,
+                                                       True, None))
+    if not names:
+        pytest.skip("the profiler recorded no kernels (CUPTI unavailable)")
+    assert any("adaptive_avgpool_kernel" in n for n in names), names
+    assert not any(re.search(r"\bavgpool_kernel", n) for n in names), names
 
 
 # (C, output_size, (H, W))

@@ -102,3 +102,24 @@ def test_states4_hands_4d_views_and_copies_back_only_what_it_copied():
             c.fill_(2.0)
             raise RuntimeError("op failed")
     assert bool((nchw == 1).all())  # the failed op's copy is not written back
+
+
+@pytest.mark.parametrize("size, kernel, stride, padding, ceil_mode, divisor, expected", [
+    ((64, 64), 64, 64, 0, False, None, [1, 1]),     # a global pooling as a fixed window (TFLite squeeze-excite)
+    ((64, 64), 64, None, 0, True, None, [1, 1]),     # stride None is the window
+    ((32, 48), 8, 8, 0, True, None, [4, 6]),         # 8x8 windows tiling the map
+    ((32, 48), (16, 4), (16, 4), 0, False, None, [2, 12]),
+    ((31, 45), 8, 8, 0, False, None, None),          # rows left over: not the adaptive windows
+    ((31, 45), 8, 8, 0, True, None, None),           # a ceil-mode partial window: not either
+    ((64, 64), 4, 4, 0, False, None, None),          # a small window: the window kernel
+    ((64, 64), 64, 32, 0, False, None, None),        # overlapping windows
+    ((64, 64), 64, 64, 1, False, None, None),        # padding
+    ((64, 64), 64, 64, 0, False, 7, None),           # a divisor override
+])
+def test_large_tiling_average_poolings_run_as_adaptive_poolings(size, kernel, stride, padding, ceil_mode, divisor,
+                                                                expected):
+    """The CUDA backend's ``avg_pool2d`` hands a window of at least ``LARGE_POOL_WINDOW`` pixels that tiles
+    the map exactly to the adaptive pooling (the same windows), and nothing else."""
+    from deltaconv.backends import cuda as cuda_backend
+
+    assert cuda_backend._tiling_pool_output(size, kernel, stride, padding, ceil_mode, divisor) == expected

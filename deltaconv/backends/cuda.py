@@ -753,12 +753,35 @@ def _pool_stride(stride, kernel_size) -> list[int]:
     return _pair(kernel_size) if stride is None or (not isinstance(stride, int) and len(stride) == 0) else _pair(stride)
 
 
+#: the smallest window (pixels) that :func:`avg_pool2d` hands to the adaptive pooling when it tiles the map:
+#: ``avgpool_kernel`` sums a window in one thread per output element, which for the whole-map windows of
+#: exported squeeze-excite blocks (``AvgPool2d(64)`` over a 64x64 map: TFLite and ONNX files spell global
+#: pooling so) is a few dozen threads each reading thousands of pixels; the adaptive kernel splits windows
+#: into chunks of 256 pixels over a block each
+LARGE_POOL_WINDOW = 64
+
+
+def _tiling_pool_output(size, kernel_size, stride, padding, ceil_mode, divisor_override) -> Optional[list[int]]:
+    """The output size ``[Ho, Wo]`` of an average pooling that is the adaptive pooling to that size (windows
+    that tile the ``size`` map exactly: stride the window, no padding, no divisor) with a window of at least
+    :data:`LARGE_POOL_WINDOW` pixels; else None."""
+    (kh, kw), (sh, sw), (ph, pw) = _pair(kernel_size), _pool_stride(stride, kernel_size), _pair(padding)
+    if (kh, kw) != (sh, sw) or ph or pw or divisor_override is not None or kh * kw < LARGE_POOL_WINDOW:
+        return None
+    out = [_pool_out(n, k, 0, k, 1, ceil_mode) for n, k in zip(size, (kh, kw))]
+    return out if all(o * k == n for o, k, n in zip(out, (kh, kw), size)) else None
+
+
 def avg_pool2d(delta: Tensor, mask: Tensor, kernel_size, stride, padding, ceil_mode: bool,
                count_include_pad: bool, divisor_override: Optional[int]) -> tuple[Tensor, Tensor]:
-    """Average pooling (``F.avg_pool2d`` arguments): linear."""
+    """Average pooling (``F.avg_pool2d`` arguments): linear. A large window that tiles the map (a global
+    pooling spelled as a fixed window) runs as the adaptive pooling to the same output size."""
     if not (_native("avg_pool2d", delta, mask) and delta.dim() == 4 and delta.dtype in _ACT_DTYPES):
         return _ref.avg_pool2d(delta, mask, kernel_size, stride, padding, ceil_mode, count_include_pad,
                                divisor_override)
+    tiles = _tiling_pool_output(delta.shape[2:], kernel_size, stride, padding, ceil_mode, divisor_override)
+    if tiles is not None:  # a large window that tiles the map: the adaptive pooling's chunked kernel
+        return adaptive_avg_pool2d(delta, mask, tiles)
     return torch.ops.deltaconv.avg_pool2d(_value4(delta), _mask4(mask), _pair(kernel_size),
                                           _pool_stride(stride, kernel_size), _pair(padding), bool(ceil_mode),
                                           bool(count_include_pad),
