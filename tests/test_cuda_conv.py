@@ -1499,9 +1499,9 @@ AVGPOOL_CASES = [
     (17, 3, 1, 1, False, True, 5, (13, 17)),
     (96, 5, 3, 2, True, False, None, (31, 45)),
     (32, 3, 2, 1, True, True, 4, (31, 45)),
-    (16, 64, 64, 0, False, True, None, (64, 64)),    # a global pooling as a fixed window: the adaptive kernel
-    (24, 8, 8, 0, True, False, None, (32, 48)),      # 8x8 windows tiling the map: the adaptive kernel, 4x6 out
-    (40, 8, 8, 0, False, True, None, (31, 45)),      # 8x8 windows that leave rows over: the window kernel
+    (16, 64, 64, 0, False, True, None, (64, 64)),    # large windows on the op's own kernel (the backend's
+    (24, 8, 8, 0, True, False, None, (32, 48)),      # avg_pool2d hands the first two to the adaptive pooling:
+    (40, 8, 8, 0, False, True, None, (31, 45)),      # test_backend_avg_pool2d_runs_large_tiling_windows_...)
 ]
 
 
@@ -1522,19 +1522,38 @@ def test_avg_pool2d(case, dtype):
         assert_active_close(out, r_out, r_mask, dtype, f"avg_pool2d (fracs {fracs})")
 
 
+# (C, kernel, (H, W), adaptive): windows of at least LARGE_POOL_WINDOW pixels, tiling the map or not
+LARGE_WINDOW_CASES = [
+    (16, 64, (64, 64), True),     # a global pooling as a fixed window (TFLite squeeze-excite blocks)
+    (24, 8, (32, 48), True),      # 8x8 windows tiling the map: 4x6 outputs
+    (40, 8, (31, 45), False),     # rows and columns left over: the window kernel
+]
+
+
 @pytest.mark.gpu
-def test_a_global_average_pool_window_runs_on_the_adaptive_kernel():
-    """``AvgPool2d(64)`` over a 64x64 map (exported squeeze-excite blocks' global pooling) launches the
-    adaptive pooling's chunked kernels, not the window kernel's thread per output element."""
-    gen = torch.Generator().manual_seed(0)
-    mask = make_mask((0.3,), 64, 64, gen)
-    delta = make_delta(1, 16, 64, 64, mask, torch.float16, gen)
-    names = cuda_kernel_names(lambda: ops().avg_pool2d(delta, mask.cuda(), [64, 64], [64, 64], [0, 0], False,
-                                                       True, None))
-    if not names:
-        pytest.skip("the profiler recorded no kernels (CUPTI unavailable)")
-    assert any("adaptive_avgpool_kernel" in n for n in names), names
-    assert not any(re.search(r"\bavgpool_kernel", n) for n in names), names
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", LARGE_WINDOW_CASES, ids=_pool_id)
+def test_backend_avg_pool2d_runs_large_tiling_windows_on_the_adaptive_kernels(case, dtype):
+    """The backend's ``avg_pool2d`` (what ``DCAvgPool2d`` calls) hands a large window that tiles the map to
+    the adaptive pooling's chunked kernels (not ``avgpool_kernel``'s thread per output element) and equals
+    the reference either way."""
+    from deltaconv.backends import cuda as cuda_backend
+
+    C, k, (H, W), adaptive = case
+    for i, fracs in enumerate(FRACS):
+        gen = torch.Generator().manual_seed(i)
+        mask = make_mask(fracs, H, W, gen)
+        delta = make_delta(2, C, H, W, mask, dtype, gen)
+        result = []
+        names = cuda_kernel_names(lambda: result.extend(
+            cuda_backend.avg_pool2d(delta, mask.cuda(), k, k, 0, False, True, None)))
+        out, mo = result
+        r_out, r_mask = ref.avg_pool2d(delta.cpu().double(), mask, k, k, 0, False, True, None)
+        assert torch.equal(mo.cpu(), r_mask), f"avg_pool2d mask differs (fracs {fracs})"
+        assert_active_close(out, r_out, r_mask, dtype, f"avg_pool2d (fracs {fracs})")
+        if names:  # empty where the profiler records no kernels (CUPTI unavailable)
+            assert any("adaptive_avgpool_kernel" in n for n in names) == adaptive, names
+            assert any(re.search(r"\bavgpool_kernel", n) for n in names) != adaptive, names
 
 
 # (C, output_size, (H, W))
