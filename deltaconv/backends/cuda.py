@@ -755,7 +755,7 @@ def _pool_stride(stride, kernel_size) -> list[int]:
 
 #: the smallest window (pixels) that :func:`avg_pool2d` hands to the adaptive pooling when it tiles the map:
 #: ``avgpool_kernel`` sums a window in one thread per output element, which for the whole-map windows of
-#: exported squeeze-excite blocks (``AvgPool2d(64)`` over a 64x64 map: TFLite and ONNX files spell global
+#: exported squeeze-excite blocks (``AvgPool2d(64)`` over a 64x64 map: TFLite files spell a global
 #: pooling so) is a few dozen threads each reading thousands of pixels; the adaptive kernel splits windows
 #: into chunks of 256 pixels over a block each
 LARGE_POOL_WINDOW = 64
