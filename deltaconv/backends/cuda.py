@@ -757,7 +757,9 @@ def _pool_stride(stride, kernel_size) -> list[int]:
 #: ``avgpool_kernel`` sums a window in one thread per output element, which for the whole-map windows of
 #: exported squeeze-excite blocks (``AvgPool2d(64)`` over a 64x64 map: TFLite files spell a global
 #: pooling so) is a few dozen threads each reading thousands of pixels; the adaptive kernel splits windows
-#: into chunks of 256 pixels over a block each
+#: into chunks of 256 pixels over a block each. Measured on windows of 256 to 16,384 pixels (MediaPipe's selfie
+#: segmentation 3.8x faster per frame, ``benchmarks/results/mediapipe_cuda.txt``); 64 is a bound below that, the
+#: windows of 64-255 pixels not timed on both kernels
 LARGE_POOL_WINDOW = 64
 
 
