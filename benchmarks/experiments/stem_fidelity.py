@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import importlib
 import sys
 from pathlib import Path
@@ -52,10 +53,19 @@ def clip_arguments(p: argparse.ArgumentParser, frames: int) -> None:
 
 
 def model_and_clip(a: argparse.Namespace) -> tuple:
-    """``(zoo entry, frames)`` of :func:`clip_arguments`' ``a``: the model loaded, the frames at its input size."""
+    """``(zoo entry, frames)`` of :func:`clip_arguments`' ``a``: the model loaded, the frames at its input size.
+    A torchvision classification or segmentation model without real weights (the zoo's random ones) comes as the
+    video sweep builds it (``video_sweep.build``: seeded, its BatchNorm statistics re-estimated on the first 4
+    frames), so that its activations keep a trained network's scale: with the default statistics deep random
+    networks (efficientnet_b0, mobilenet_v3_large) overflow float16."""
     entry = zoo.load(a.model)
     frames = list(read_frames(find_sample_video(a.video), max_frames=a.frames, size=input_size(entry, a.size),
                               start=a.start, crop=tuple(a.crop) if a.crop else None))
+    if "random" in entry.weights and zoo.torchvision_names().get(a.model) in ("classification", "segmentation"):
+        from video_sweep import build
+
+        entry = dataclasses.replace(entry, model=build(a.model, frames[:4], device="cpu").eval(),
+                                    weights="random, BatchNorm statistics re-estimated on the clip's first 4 frames")
     return entry, frames
 
 
