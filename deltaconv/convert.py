@@ -75,7 +75,7 @@ WHOLE_MAX_POOLING = True
 #: the mean and the logits summed in float32 accumulators. float16 resnet18 and resnet50 at threshold 0 came
 #: 1.21x and 1.13x the dense model's error against float64, nearly all of it from their heads (1.02x and 0.99x
 #: with whole heads; this CPU, 2026-12-07, ``benchmarks/results/stem_value_mode.txt``). The cost on an H100:
-#: busy frames within noise, frames with nothing changed 13-17 us slower (the pooling reads the whole map).
+#: busy frames within noise, frames with nothing changed 10-17 us slower (the pooling reads the whole map).
 #: ``False``: delta mode.
 WHOLE_HEADS = True
 
