@@ -9,7 +9,8 @@ backend's availability (no GPU) and ``torch.cuda.is_current_stream_capturing``, 
 BatchNorm fold's rounding (``round_keeping_sums``) runs its fixed rounds instead of stopping on a value it cannot
 read.
 
-Why a process of its own: after such a run the process's heap was corrupted (torch 2.11, this CPU, 2026-12-08: a
+Models whose constructors compute with tensors (torchvision's RegNets derive their widths so) do not build under the
+fake mode (``DataDependentOutputException``). Why a process of its own: after such a run the process's heap was corrupted (torch 2.11, this CPU, 2026-12-08: a
 later allocation or garbage collection aborted with "corrupted double-linked list" or a segfault, also with no
 deltaconv op lacking a fake implementation); the census prints its result and leaves with ``os._exit``."""
 from __future__ import annotations
