@@ -2,6 +2,7 @@
 non-trivial BatchNorm statistics, a small U-Net, and dense-vs-delta comparison."""
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Iterable, Sequence
 
@@ -302,3 +303,14 @@ def without_kept_outputs(dm):
             if getattr(layer, flag, False):
                 setattr(layer, flag, False)
     return writing_changes(dm)
+
+
+@contextlib.contextmanager
+def cudnn_tf32_off():
+    """cuDNN's TF32 convolutions off inside the block (a float32 reference at full precision), restored after."""
+    allow_tf32 = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32 = allow_tf32

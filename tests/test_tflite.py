@@ -18,7 +18,7 @@ from deltaconv.fidelity import flops_density
 from deltaconv.tflite_models import TFLiteModule, _same_padding, load_tflite
 from deltaconv.video import read_frames
 from deltaconv.weights import blazepose_full_tflite
-from helpers import cuda_backend_reason
+from helpers import cuda_backend_reason, cuda_kernel_names, cudnn_tf32_off
 
 
 @functools.lru_cache(maxsize=None)
@@ -403,15 +403,10 @@ def test_hand_landmarks_on_the_cuda_backend():
     dm = deltaconv.convert(model, threshold=0, backend="cuda", example_input=frames[0].half(), cuda_graph=True,
                            check_finite=False)
     assert not dm.report.fallbacks
-    allow_tf32 = torch.backends.cudnn.allow_tf32
-    torch.backends.cudnn.allow_tf32 = False
-    try:
-        with torch.no_grad():
-            want = [exact(f) for f in frames]
-            dense = _errors([model(f.half()) for f in frames], want)
-            delta = _errors([tuple(o.clone() for o in dm(f.half())) for f in frames], want)
-    finally:
-        torch.backends.cudnn.allow_tf32 = allow_tf32
+    with cudnn_tf32_off(), torch.no_grad():
+        want = [exact(f) for f in frames]
+        dense = _errors([model(f.half()) for f in frames], want)
+        delta = _errors([tuple(o.clone() for o in dm(f.half())) for f in frames], want)
     for i in (0, 3):  # landmarks, world landmarks
         assert delta[i] <= 2 * dense[i], (i, delta[i], dense[i])
 
@@ -426,7 +421,6 @@ def test_selfie_segmentation_on_the_cuda_backend():
     its mask is within 2x the dense float16 model's error against the float32 model (TF32 off; 1.4x over 40 vtest
     frames in ``zoo_speed.py``, H100, 2026-12-07; passed there 2026-12-08 00:04 UTC)."""
     from deltaconv import zoo
-    from helpers import cuda_kernel_names
 
     entry = zoo.load(str(_mediapipe_file("selfie_segmentation.tflite")))
     frames = [f.cuda() for f in read_frames(max_frames=8, start=200, size=entry.input_size)]
@@ -435,17 +429,12 @@ def test_selfie_segmentation_on_the_cuda_backend():
     dm = deltaconv.convert(model, threshold=0, backend="cuda", example_input=frames[0].half(), cuda_graph=True,
                            check_finite=False)
     assert not dm.report.fallbacks
-    allow_tf32 = torch.backends.cudnn.allow_tf32
-    torch.backends.cudnn.allow_tf32 = False
-    try:
-        with torch.no_grad():
-            want = [(exact(f),) for f in frames]
-            dense = _errors([(model(f.half()),) for f in frames], want)
-            delta = [(dm(f.half()).clone(),) for f in frames[:3]]  # the key frame, then the graph's capture
-            names = cuda_kernel_names(lambda: delta.append((dm(frames[3].half()).clone(),)))
-            delta += [(dm(f.half()).clone(),) for f in frames[4:]]
-    finally:
-        torch.backends.cudnn.allow_tf32 = allow_tf32
+    with cudnn_tf32_off(), torch.no_grad():
+        want = [(exact(f),) for f in frames]
+        dense = _errors([(model(f.half()),) for f in frames], want)
+        delta = [(dm(f.half()).clone(),) for f in frames[:3]]  # the key frame, then the graph's capture
+        names = cuda_kernel_names(lambda: delta.append((dm(frames[3].half()).clone(),)))
+        delta += [(dm(f.half()).clone(),) for f in frames[4:]]
     assert delta[0][0].shape == want[0][0].shape
     if names:  # empty where the profiler records no kernels
         assert any("adaptive_avgpool_kernel" in n for n in names), names

@@ -301,7 +301,7 @@ class DCConv2d(FoldsBatchNorm, DCModule):
         if not values:
             require_changes(self.layer_name, x)
         source, input_tf32 = (x.whole, False) if values else (x.value, x.tf32)
-        load_mask, bias_key = self._all_set(x.mask) if values else (None, None)
+        load_mask, bias_key = all_set(self, x.mask) if values else (None, None)
         keep = values and self.keeps_output
         rows = x.rows if self.takes_rows else None
         if rows is not None and rows.filled and self.key is None and self.row_list_ok():
@@ -340,9 +340,6 @@ class DCConv2d(FoldsBatchNorm, DCModule):
     def _kept_output(self, shape, like: torch.Tensor) -> torch.Tensor:
         """The kept whole output (``keeps_output``): the ``output`` state of ``shape``, ``like``'s dtype."""
         return self.state("output", shape, like.device, like.dtype, sent=True)
-
-    def _all_set(self, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return all_set(self, mask)
 
     def _unpadded(self, v: torch.Tensor) -> torch.Tensor:
         """The first ``out_channels`` channels of an output of filters padded to a multiple of 8
